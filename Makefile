@@ -1,0 +1,75 @@
+# Development tasks. Run `make help` for the list.
+#
+# The database: if DATABASE_URL is set in the environment it is used as is.
+# Otherwise scripts/dbenv.py starts an embedded PostgreSQL with its data in
+# .pgdata/ (left running between runs; `make db-stop` stops it) and the URL of
+# its `k2b_workflows` database is exported to the commands below.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.k2b-installed
+PYTEST_ARGS ?=
+
+# Prefix for a recipe line that needs a database: sets and exports DATABASE_URL,
+# and stops the recipe if no database could be had.
+WITH_DB = url="$$($(PY) scripts/dbenv.py)" || exit $$?; export DATABASE_URL="$$url";
+
+.PHONY: help venv db db-stop demo test lint format bench clean distclean
+
+help:
+	@echo "make demo      set everything up and run the demo workflows with real workers"
+	@echo "make test      run the test suite on PostgreSQL (PYTEST_ARGS='-k foo' to pass options)"
+	@echo "make lint      ruff check and ruff format --check"
+	@echo "make format    ruff format and ruff check --fix"
+	@echo "make bench     run bench/run.py"
+	@echo "make venv      create .venv and install the project with its dev extras"
+	@echo "make db        start the embedded PostgreSQL (unless DATABASE_URL is set) and print its URL"
+	@echo "make db-stop   stop the embedded PostgreSQL"
+	@echo "make clean     remove build and cache files (keeps .venv and .pgdata)"
+	@echo "make distclean clean, stop the embedded PostgreSQL, remove .venv, .pgdata and .tox"
+
+venv: $(STAMP)
+
+# Re-installed when pyproject.toml changes, and once k2b_workflows/__init__.py
+# appears (an editable install made before it existed maps the package as a
+# namespace package, which Django rejects).
+$(STAMP): pyproject.toml $(wildcard k2b_workflows/__init__.py)
+	@test -x $(PY) || { echo "creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); }
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -e '.[dev]'
+	@touch $@
+
+db: venv
+	@$(WITH_DB) echo "DATABASE_URL=$$DATABASE_URL"
+
+db-stop:
+	@if [ -x $(PY) ]; then $(PY) scripts/dbenv.py stop; fi
+
+demo: venv db
+	@$(WITH_DB) $(PY) manage.py migrate --noinput && $(PY) manage.py demo
+
+test: venv db
+	@$(WITH_DB) $(PY) -m pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: venv
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+bench: venv db
+	@$(WITH_DB) $(PY) bench/run.py
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache .ruff_cache test-artifacts staticfiles
+	find . -path ./.venv -prune -o -path ./.tox -prune -o -path ./.pgdata -prune -o \
+		-name __pycache__ -type d -exec rm -rf {} +
+
+distclean: db-stop clean
+	rm -rf $(VENV) .pgdata .tox

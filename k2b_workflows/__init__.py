@@ -1,0 +1,97 @@
+"""Durable workflows on PostgreSQL that never repeat an external effect that may have happened.
+
+The public API, re-exported flat: import from here, not from the modules.
+Names that need the models resolve on first access (PEP 562), so importing
+the package never touches the app registry before Django is set up.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .actions import Action, Dependency, Effect, ambiguous, failed, succeeded, unknown, waiting
+from .exceptions import (
+    InvalidInput,
+    LeaseLost,
+    NotRetryable,
+    ResolutionRefused,
+    RunCanceled,
+    StepFailed,
+    UnknownWorkflow,
+)
+from .workflows import workflow
+
+_LAZY = {
+    "EFFECT_ABSENT": "control",
+    "EFFECT_CONFIRMED": "control",
+    "cancel_workflow_run": "control",
+    "count_child_workflow_runs": "control",
+    "create_child_workflow_runs": "control",
+    "notify_workflow_worker": "control",
+    "resolve_effect": "control",
+    "retry_workflow_run": "control",
+    "start_workflow_run": "control",
+    "wake_workflow_runs_waiting_on": "control",
+    "DryRunReport": "dryrun",
+    "dry_run": "dryrun",
+    "ai_provider": "kernel.ai",
+}
+
+if TYPE_CHECKING:
+    from .control import (
+        EFFECT_ABSENT,
+        EFFECT_CONFIRMED,
+        cancel_workflow_run,
+        count_child_workflow_runs,
+        create_child_workflow_runs,
+        notify_workflow_worker,
+        resolve_effect,
+        retry_workflow_run,
+        start_workflow_run,
+        wake_workflow_runs_waiting_on,
+    )
+    from .dryrun import DryRunReport, dry_run
+    from .kernel.ai import ai_provider
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'k2b_workflows' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "EFFECT_ABSENT",
+    "EFFECT_CONFIRMED",
+    "Action",
+    "Dependency",
+    "DryRunReport",
+    "Effect",
+    "InvalidInput",
+    "LeaseLost",
+    "NotRetryable",
+    "ResolutionRefused",
+    "RunCanceled",
+    "StepFailed",
+    "UnknownWorkflow",
+    "ai_provider",
+    "ambiguous",
+    "cancel_workflow_run",
+    "count_child_workflow_runs",
+    "create_child_workflow_runs",
+    "dry_run",
+    "failed",
+    "notify_workflow_worker",
+    "resolve_effect",
+    "retry_workflow_run",
+    "start_workflow_run",
+    "succeeded",
+    "unknown",
+    "waiting",
+    "wake_workflow_runs_waiting_on",
+    "workflow",
+]

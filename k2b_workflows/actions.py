@@ -1,0 +1,239 @@
+"""Actions, effect classes and the results their hooks return.
+
+An action is the only place a workflow touches the world. Its effect class
+tells the kernel what is safe after a crash (see ``kernel/execute.py``).
+Results are validated once, where they enter the kernel: ``validate_result``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import hashlib
+import inspect
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from .exceptions import InvalidInput
+
+if TYPE_CHECKING:
+    from .kernel.context import StepContext
+
+
+class Effect(str, enum.Enum):
+    """What the kernel may do with a step after a crash."""
+
+    PURE = "pure"
+    TRANSACTIONAL = "transactional"
+    IDEMPOTENT = "idempotent"
+    EXTERNAL = "external"
+    IRREVERSIBLE = "irreversible"
+    SNAPSHOT_RESTORE = "snapshot_restore"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def is_external(self) -> bool:
+        """True for the classes whose dispatch is recorded in the ledger first."""
+        return self in (Effect.EXTERNAL, Effect.IRREVERSIBLE, Effect.SNAPSHOT_RESTORE)
+
+
+# -- results ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Dependency:
+    """What a waiting step waits for: ``(app_id, kind, key)``, with an optional deadline."""
+
+    kind: str
+    key: str
+    deadline: dt.datetime | dt.timedelta | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, str) or not self.kind:
+            raise InvalidInput("Dependency.kind must be a non-empty string")
+        if not isinstance(self.key, str) or not self.key:
+            raise InvalidInput("Dependency.key must be a non-empty string")
+        if self.deadline is not None and not isinstance(self.deadline, (dt.datetime, dt.timedelta)):
+            raise InvalidInput("Dependency.deadline must be a datetime, a timedelta or None")
+
+
+class Result:
+    """Base of the values an action hook returns."""
+
+    kind: ClassVar[str] = ""
+
+
+@dataclass(frozen=True)
+class Succeeded(Result):
+    output: Any = None
+    summary: str | None = None
+    kind: ClassVar[str] = "succeeded"
+
+
+@dataclass(frozen=True)
+class Failed(Result):
+    message: str = ""
+    code: str | None = None
+    retryable: bool = False
+    kind: ClassVar[str] = "failed"
+
+
+@dataclass(frozen=True)
+class Waiting(Result):
+    dependency: Dependency = field(default=None)  # type: ignore[assignment]
+    kind: ClassVar[str] = "waiting"
+
+
+@dataclass(frozen=True)
+class Ambiguous(Result):
+    message: str | None = None
+    kind: ClassVar[str] = "ambiguous"
+
+
+@dataclass(frozen=True)
+class Unknown(Result):
+    message: str | None = None
+    kind: ClassVar[str] = "unknown"
+
+
+def succeeded(output: Any = None, summary: str | None = None) -> Succeeded:
+    """The step happened; ``output`` (a JSON value) is what replay returns."""
+    return Succeeded(output, summary)
+
+
+def failed(message: str, code: str | None = None, retryable: bool = False) -> Failed:
+    """The step did not happen. Retryable failures are tried again with backoff."""
+    return Failed(message, code, retryable)
+
+
+def waiting(dependency: Dependency) -> Waiting:
+    """Park the run until ``dependency`` is woken or its deadline passes. Only before any effect."""
+    if not isinstance(dependency, Dependency):
+        raise InvalidInput("waiting() takes a Dependency")
+    return Waiting(dependency)
+
+
+def ambiguous(message: str | None = None) -> Ambiguous:
+    """The effect may or may not have happened: handled like a crash after dispatch."""
+    return Ambiguous(message)
+
+
+def unknown(message: str | None = None) -> Unknown:
+    """From ``reconcile()`` only: the provider cannot tell whether the effect happened."""
+    return Unknown(message)
+
+
+class InvalidResult(Exception):
+    """A hook returned something that is not an allowed result, or a non-JSON output."""
+
+
+def canonical_json(value: Any) -> str:
+    """The one JSON text of a value: sorted keys, no spaces, no NaN. Raises ``TypeError``/``ValueError``."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def to_json_value(value: Any, what: str) -> Any:
+    """Return ``value`` as it will read back from the database, or raise ``InvalidInput``."""
+    try:
+        return json.loads(canonical_json(value))
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"{what} is not a JSON value: {exc}") from None
+
+
+def validate_result(result: Any, allowed: tuple[type[Result], ...], hook: str) -> Result:
+    """Check a hook's return value once, where it enters the kernel."""
+    if not isinstance(result, allowed):
+        names = ", ".join(cls.kind for cls in allowed)
+        raise InvalidResult(f"{hook}() returned {type(result).__name__}, expected one of: {names}")
+    if isinstance(result, Succeeded):
+        try:
+            output = to_json_value(result.output, f"{hook}() output")
+        except InvalidInput as exc:
+            raise InvalidResult(str(exc)) from None
+        if result.summary is not None and not isinstance(result.summary, str):
+            raise InvalidResult(f"{hook}() summary must be a string")
+        return Succeeded(output, result.summary)
+    if isinstance(result, Failed):
+        if not isinstance(result.message, str) or (
+            result.code is not None and not isinstance(result.code, str)
+        ):
+            raise InvalidResult(f"{hook}() failed(): message and code must be strings")
+    return result
+
+
+# -- actions ---------------------------------------------------------------
+
+
+class Action:
+    """One kind of step. Subclass it, set ``name`` and ``effect``, write ``run``.
+
+    Hooks are plain functions called by the worker thread: ``cost`` (cheap,
+    side-effect free), ``plan`` (dry runs), ``authorize`` (just before the
+    effect), ``run`` (the effect) and ``reconcile`` (after an unknown outcome).
+    """
+
+    name: ClassVar[str] = ""
+    effect: ClassVar[Effect] = Effect.PURE
+    #: Part of the definition hash: bump it when ``run`` changes meaning.
+    version: ClassVar[int] = 1
+    #: Seconds the worker keeps renewing the lease while ``run`` executes (None: the setting).
+    timeout: ClassVar[float | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not isinstance(cls.effect, Effect):
+            raise TypeError(f"{cls.__name__}.effect must be an Effect, not {cls.effect!r}")
+
+    def cost(self, input: Any) -> dict[str, int]:
+        return {}
+
+    def plan(self, ctx: StepContext, input: Any) -> Result:
+        raise NotImplementedError
+
+    def authorize(self, ctx: StepContext, input: Any) -> Result | None:
+        return None
+
+    def run(self, ctx: StepContext, input: Any) -> Result:
+        raise NotImplementedError(f"{type(self).__name__} has no run()")
+
+    def reconcile(self, ctx: StepContext, input: Any) -> Result:
+        raise NotImplementedError
+
+    # -- introspection the kernel relies on --
+
+    @classmethod
+    def action_name(cls) -> str:
+        return cls.name or f"{cls.__module__}.{cls.__qualname__}"
+
+    @classmethod
+    def defines(cls, hook: str) -> bool:
+        """True when the subclass overrides ``hook`` (an omitted hook is not called)."""
+        return getattr(cls, hook) is not getattr(Action, hook)
+
+    @classmethod
+    def definition_hash(cls) -> str:
+        """sha256 over name, version and the class source: evidence of what ran."""
+        cached = cls.__dict__.get("_k2b_definition_hash")
+        if cached:
+            return cached
+        try:
+            code = inspect.getsource(cls)
+        except (OSError, TypeError):
+            code = repr(cls.run.__code__.co_code)
+        digest = hashlib.sha256(
+            canonical_json([cls.action_name(), cls.version, cls.effect.value, code]).encode()
+        ).hexdigest()
+        cls._k2b_definition_hash = digest  # type: ignore[attr-defined]
+        return digest
+
+
+def as_action(action: Any) -> Action:
+    """Accept an ``Action`` subclass or instance, as ``run.step`` does."""
+    if isinstance(action, type) and issubclass(action, Action):
+        return action()
+    if isinstance(action, Action):
+        return action
+    raise InvalidInput(f"run.step() takes an Action subclass or instance, not {action!r}")

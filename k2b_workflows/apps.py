@@ -1,0 +1,15 @@
+from django.apps import AppConfig
+from django.utils.module_loading import autodiscover_modules
+
+
+class K2BWorkflowsConfig(AppConfig):
+    name = "k2b_workflows"
+    verbose_name = "Workflows"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import checks  # noqa: F401  (registers the system checks)
+
+        # Each installed app's ``workflows`` module defines its actions and
+        # workflows, as ``admin.py`` modules register admin classes.
+        autodiscover_modules("workflows")

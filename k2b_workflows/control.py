@@ -1,0 +1,293 @@
+"""Starting, canceling, waking, resolving and retrying runs: what user code calls.
+
+Every function joins the caller's transaction when there is one: nothing it
+does is visible (or wakes a worker) unless that transaction commits.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.utils import timezone
+
+from . import store
+from .actions import to_json_value
+from .exceptions import InvalidInput, NotRetryable, ResolutionRefused
+from .kernel import children, db, waits
+from .kernel import evidence as chain
+from .kernel.context import StepContext
+from .models import (
+    TERMINAL_STATUSES,
+    BudgetAccount,
+    JournalEntry,
+    LedgerEntry,
+    RunStatus,
+    WorkflowRun,
+)
+from .workflows import RunHandle, get_workflow
+
+EFFECT_CONFIRMED = "effect_confirmed"
+EFFECT_ABSENT = "effect_absent"
+RESOLUTION_DECISIONS = (EFFECT_CONFIRMED, EFFECT_ABSENT)
+RESOLVABLE_CODES = (store.EFFECT_OUTCOME_UNKNOWN, store.WORKFLOW_RETRY_EXHAUSTED)
+
+
+def start_workflow_run(
+    name: str,
+    input: Any,
+    *,
+    idempotency_key: str | None = None,
+    principal: Any = None,
+    parent: WorkflowRun | Any = None,
+) -> WorkflowRun:
+    """Queue a run of workflow ``name``. The same ``idempotency_key`` returns the same run.
+
+    Raises ``UnknownWorkflow`` or ``InvalidInput`` before creating anything.
+    """
+    definition = get_workflow(name)
+    input = to_json_value(input, "the workflow input")
+    principal = to_json_value(principal, "the principal")
+    if idempotency_key is not None and (not isinstance(idempotency_key, str) or not idempotency_key):
+        raise InvalidInput("idempotency_key must be a non-empty string or None")
+    using = store.database()
+    with transaction.atomic(using=using):
+        parent_run = None
+        if parent is not None:
+            parent_id = parent.pk if isinstance(parent, WorkflowRun) else parent
+            parent_run = WorkflowRun.objects.using(using).filter(pk=parent_id).first()
+            if parent_run is None:
+                raise InvalidInput(f"parent run {parent_id} does not exist")
+        run_id = uuid.uuid4()
+        now = timezone.now()
+        run = WorkflowRun(
+            id=run_id, workflow_name=name, workflow_version=definition.version,
+            app_id=definition.app_id, status=RunStatus.QUEUED, input=input,
+            idempotency_key=idempotency_key, principal=principal, run_after=now,
+            created_at=now, updated_at=now,
+            parent=parent_run,
+            root_id=(parent_run.root_id or parent_run.id) if parent_run else run_id,
+        )
+        # ON CONFLICT DO NOTHING without a target, then read by key: two
+        # concurrent starts with one key never raise a unique violation.
+        created = WorkflowRun.objects.using(using).bulk_create([run], ignore_conflicts=True)
+        if idempotency_key is not None:
+            run = WorkflowRun.objects.using(using).get(
+                workflow_name=name, idempotency_key=idempotency_key
+            )
+            if run.id != run_id:
+                return run
+        elif not created:
+            raise AssertionError("run was not created")
+        if parent_run is None:
+            BudgetAccount.objects.using(using).create(
+                root_id=run_id, effect_budget=definition.effect_budget,
+                max_ai_calls=definition.max_ai_calls, max_steps=definition.max_steps,
+            )
+    return WorkflowRun.objects.using(using).get(pk=run_id)
+
+
+def cancel_workflow_run(run_id: Any, reason: str) -> WorkflowRun:
+    """Cancel a run and its whole subtree of children, with their AI tasks.
+
+    Running actions and providers see ``ctx.canceled`` / their abort event;
+    whatever they return afterwards is discarded. A run that already ended is
+    returned unchanged.
+    """
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidInput("cancel_workflow_run() needs a reason")
+    using = store.database()
+    with transaction.atomic(using=using):
+        row = db.lock_run(using, run_id)
+        if row is None:
+            raise WorkflowRun.DoesNotExist(f"no run {run_id}")
+        if row[0] in TERMINAL_STATUSES:
+            return WorkflowRun.objects.using(using).get(pk=run_id)
+        canceled = db.fetchall(
+            using,
+            """WITH RECURSIVE tree AS (
+                   SELECT id FROM k2b_run WHERE id = %s
+                   UNION ALL
+                   SELECT r.id FROM k2b_run r JOIN tree t ON r.parent_id = t.id)
+               UPDATE k2b_run SET status = 'canceled', error_code = %s, error_message = %s,
+                      finished_at = now(), lease_expires_at = NULL, updated_at = now()
+                WHERE id IN (SELECT id FROM tree)
+                  AND status NOT IN ('succeeded', 'failed', 'canceled')
+               RETURNING id""",
+            [run_id, store.CANCELED, reason],
+        )
+        ids = [r[0] for r in canceled]
+        db.execute(
+            using,
+            """UPDATE k2b_ai_task SET status = 'canceled', finished_at = now(), updated_at = now(),
+                      lease_expires_at = NULL
+                WHERE run_id = ANY(%s) AND status IN ('queued', 'running')""",
+            [ids],
+        )
+        chain.append_ledger(using, run_id=run_id, kind=LedgerEntry.Kind.CANCELED, message=reason)
+        run = WorkflowRun.objects.using(using).get(pk=run_id)
+        if run.parent_id:
+            from .kernel.execute import wake_parent
+
+            wake_parent(using, run)
+    return run
+
+
+def wake_workflow_runs_waiting_on(*, app_id: str, kind: str, key: str) -> int:
+    """Record a wake for ``(app_id, kind, key)`` and re-queue the runs parked on it.
+
+    Durable and safe in any order relative to the waiter parking. Returns the
+    number of runs re-queued now (a waiter that parks later finds the signal).
+    """
+    for value, what in ((app_id, "app_id"), (kind, "kind"), (key, "key")):
+        if not isinstance(value, str) or not value:
+            raise InvalidInput(f"{what} must be a non-empty string")
+    return waits.wake(store.database(), app_id=app_id, kind=kind, key=key)
+
+
+def notify_workflow_worker(app_id: str) -> None:
+    """Wake idle workers of ``app_id`` now (on commit). Runs are found without it, only later."""
+    waits.notify(store.database(), app_id)
+
+
+def create_child_workflow_runs(
+    ctx_or_run: StepContext | RunHandle, name: str, inputs: list[Any]
+) -> list[WorkflowRun]:
+    """Create child runs of the current step without waiting for them (idempotently)."""
+    if isinstance(ctx_or_run, RunHandle):
+        ids = ctx_or_run._execution.children(name, inputs, wait=False)
+    elif isinstance(ctx_or_run, StepContext):
+        ctx = ctx_or_run
+        inputs = to_json_value(list(inputs), "child inputs")
+        if len(inputs) > store.max_children_per_step():
+            raise InvalidInput(
+                f"{len(inputs)} children asked, at most {store.max_children_per_step()} per step"
+            )
+        with ctx.fenced(ctx.using):
+            parent = WorkflowRun.objects.using(ctx.using).get(pk=ctx.run_id)
+            ids = children.create(ctx.using, parent=parent, step=ctx.step, name=name,
+                                  inputs=inputs)
+    else:
+        raise InvalidInput("create_child_workflow_runs() takes a step's ctx or a workflow's run")
+    runs = WorkflowRun.objects.using(store.database()).in_bulk([str(i) for i in ids])
+    return [runs[uuid.UUID(str(i))] for i in ids]
+
+
+def count_child_workflow_runs(run_id: Any) -> dict[str, int]:
+    """``{"queued": n, "running": n, "succeeded": n, ..., "total": n}`` in one query."""
+    return children.count(store.database(), run_id)
+
+
+def resolve_effect(
+    run_id: Any, decision: str, *, evidence: str, actor: Any, output: Any = None
+) -> WorkflowRun:
+    """An operator's decision on an effect whose outcome the kernel cannot know.
+
+    ``EFFECT_CONFIRMED`` journals ``output`` as the step's result without calling
+    the provider; ``EFFECT_ABSENT`` re-queues the run so the step runs again
+    under a new invocation key and the same ``effect_key``. Both append a
+    ledger entry naming the operator with the evidence text.
+    """
+    if decision not in RESOLUTION_DECISIONS:
+        raise InvalidInput(f"decision must be EFFECT_CONFIRMED or EFFECT_ABSENT, not {decision!r}")
+    if not isinstance(evidence, str) or not evidence.strip():
+        raise InvalidInput("a resolution needs evidence text")
+    if actor is None or not getattr(actor, "is_active", False) or not actor.has_perm(
+        "k2b_workflows.resolve_effect"
+    ):
+        raise PermissionDenied("resolving an effect needs the permission k2b_workflows.resolve_effect")
+    if decision == EFFECT_CONFIRMED:
+        output = to_json_value(output, "the confirmed output")
+    using = store.database()
+    with transaction.atomic(using=using):
+        row = db.lock_run(using, run_id)
+        if row is None:
+            raise WorkflowRun.DoesNotExist(f"no run {run_id}")
+        run = WorkflowRun.objects.using(using).get(pk=run_id)
+        status, _, step = row
+        if status != RunStatus.NEEDS_ATTENTION or step is None or (
+            run.error_code not in RESOLVABLE_CODES
+        ):
+            raise ResolutionRefused(
+                f"run {run_id} is {status}"
+                + (f" ({run.error_code})" if run.error_code else "")
+                + ": it is not waiting for a decision on an effect"
+            )
+        dispatched = (
+            LedgerEntry.objects.using(using)
+            .filter(run_id=run_id, seq=step, kind=LedgerEntry.Kind.DISPATCHED)
+            .order_by("-id")
+            .first()
+        )
+        if dispatched is None:
+            raise ResolutionRefused(f"run {run_id} step {step} has no dispatched effect")
+        common = dict(
+            run_id=run_id, seq=step, action_name=dispatched.action_name, effect=dispatched.effect,
+            invocation_key=dispatched.invocation_key, effect_key=dispatched.effect_key,
+            generation=run.generation, actor=actor.get_username(), actor_id=actor.pk,
+            evidence=evidence.strip(),
+        )
+        if decision == EFFECT_CONFIRMED:
+            chain.append_ledger(
+                using, kind=LedgerEntry.Kind.RESOLVED_CONFIRMED,
+                output_hash=chain.hash_value(output), **common,
+            )
+            last = (
+                JournalEntry.objects.using(using).filter(run_id=run_id).order_by("-seq").first()
+            )
+            entry = JournalEntry(
+                run_id=run_id, seq=step, action_name=dispatched.action_name,
+                effect=dispatched.effect, state=JournalEntry.State.SUCCEEDED, output=output,
+                summary=f"confirmed by {actor.get_username()}", input_hash=dispatched.input_hash,
+                generation=run.generation, created_at=timezone.now(),
+            )
+            chain.append_journal(
+                entry, last.entry_hash if last else chain.GENESIS, using
+            )
+        else:
+            chain.append_ledger(using, kind=LedgerEntry.Kind.RESOLVED_ABSENT, **common)
+        db.execute(
+            using,
+            """UPDATE k2b_run SET status = 'queued', attention_step = NULL, error_code = '',
+                      error_message = '', consecutive_failures = 0, run_after = now(),
+                      updated_at = now() WHERE id = %s""",
+            [run_id],
+        )
+    return WorkflowRun.objects.using(using).get(pk=run_id)
+
+
+
+def retry_workflow_run(run_id: Any, *, actor: Any, reason: str = "") -> WorkflowRun:
+    """An operator's "retry now" for a run that failed after exhausting its retries.
+
+    A run that failed on a journaled step failure would replay to the same
+    failure, so it is refused.
+    """
+    if actor is None or not actor.has_perm("k2b_workflows.retry_workflowrun"):
+        raise PermissionDenied("retrying a run needs the permission k2b_workflows.retry_workflowrun")
+    using = store.database()
+    with transaction.atomic(using=using):
+        row = db.lock_run(using, run_id)
+        if row is None:
+            raise WorkflowRun.DoesNotExist(f"no run {run_id}")
+        run = WorkflowRun.objects.using(using).get(pk=run_id)
+        if run.status != RunStatus.FAILED:
+            raise NotRetryable(f"run {run_id} is {run.status}, not failed")
+        if run.error_code != store.WORKFLOW_RETRY_EXHAUSTED:
+            raise NotRetryable(
+                f"run {run_id} failed with {run.error_code}, a journaled outcome that a retry"
+                " would replay; only runs that exhausted their retries can be retried"
+            )
+        chain.append_ledger(
+            using, run_id=run_id, kind=LedgerEntry.Kind.RETRIED, message=reason,
+            actor=actor.get_username(), actor_id=actor.pk, generation=run.generation,
+        )
+        db.execute(
+            using,
+            """UPDATE k2b_run SET status = 'queued', consecutive_failures = 0, run_after = now(),
+                      finished_at = NULL, updated_at = now() WHERE id = %s""",
+            [run_id],
+        )
+    return WorkflowRun.objects.using(using).get(pk=run_id)

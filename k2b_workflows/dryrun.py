@@ -1,0 +1,187 @@
+"""Dry runs: execute a workflow with ``plan()`` in place of every effect.
+
+Nothing is written to the database and no non-PURE ``run()`` is ever called.
+``cost()`` and ``authorize()`` run as they would in execution, so the report
+tells what a real run would be charged and whether it would be allowed.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.core.exceptions import PermissionDenied
+
+from . import store
+from .actions import (
+    Effect,
+    Failed,
+    InvalidResult,
+    Succeeded,
+    Waiting,
+    as_action,
+    to_json_value,
+    validate_result,
+)
+from .exceptions import InvalidInput, StepFailed, Suspend
+from .kernel.budgets import validate_cost
+from .kernel.context import StepContext
+from .kernel.execute import ChildResult
+from .workflows import get_workflow
+
+MAX_DEPTH = 5
+
+
+@dataclass
+class DryRunStep:
+    seq: int
+    action: str
+    effect: str
+    summary: str
+    output: Any
+    cost: dict[str, int]
+    run: str = ""  # "" for the root, else the child path such as "children[2]"
+
+
+@dataclass
+class DryRunReport:
+    workflow: str
+    steps: list[DryRunStep] = field(default_factory=list)
+    cost: dict[str, int] = field(default_factory=dict)
+    budget: dict[str, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    output: Any = None
+    failed: str | None = None
+
+    @property
+    def within_budget(self) -> bool:
+        return all(self.cost.get(unit, 0) <= limit for unit, limit in self.budget.items())
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and self.failed is None and self.within_budget
+
+
+class _DryExecution:
+    """Enough of an ``Execution`` for workflow code and ``ctx``, writing nothing."""
+
+    def __init__(self, report: DryRunReport, principal: Any, app_id: str, path: str,
+                 depth: int) -> None:
+        self.report = report
+        self.run_id = uuid.uuid4()
+        self.root_id = self.run_id
+        self.app_id = app_id
+        self.generation = 0
+        self.principal = principal
+        self.canceled = threading.Event()
+        self.using = store.database()
+        self.path = path
+        self.depth = depth
+        self.next_seq = 0
+
+    def _error(self, message: str) -> None:
+        self.report.errors.append(f"{self.path or 'root'}: {message}")
+        raise Suspend
+
+    def step(self, action: Any, input: Any, *, approval_ref: str | None = None,
+             backup_ref: str | None = None) -> Any:
+        seq = self.next_seq
+        self.next_seq += 1
+        action = as_action(action)
+        name = action.action_name()
+        try:
+            input = to_json_value(input, f"input of step {seq} ({name})")
+        except InvalidInput as exc:
+            self._error(str(exc))
+        effect = action.effect
+        if effect == Effect.IRREVERSIBLE and not approval_ref:
+            raise StepFailed(store.APPROVAL_REQUIRED, f"{name} needs approval_ref")
+        if effect == Effect.SNAPSHOT_RESTORE and not backup_ref:
+            raise StepFailed(store.BACKUP_REQUIRED, f"{name} needs backup_ref")
+        ctx = StepContext(self, seq, dry_run=True)  # type: ignore[arg-type]
+        try:
+            cost = validate_cost(action.cost(input)) if action.defines("cost") else {}
+        except Exception as exc:
+            self._error(f"step {seq} ({name}): cost() failed: {exc}")
+        if action.defines("authorize"):
+            try:
+                denial = action.authorize(ctx, input)
+            except PermissionDenied as exc:
+                denial = Failed(str(exc) or "permission denied", store.FORBIDDEN)
+            if isinstance(denial, Failed):
+                raise StepFailed(denial.code or store.FORBIDDEN, denial.message)
+        if effect == Effect.PURE:
+            hook = "run"
+        elif action.defines("plan"):
+            hook = "plan"
+        else:
+            self._error(f"step {seq} ({name}): a {effect.name} action must define plan()")
+        try:
+            result = validate_result(getattr(action, hook)(ctx, input), (Succeeded, Failed, Waiting),
+                                     hook)
+        except InvalidResult as exc:
+            self._error(f"step {seq} ({name}): {exc}")
+        except Exception as exc:
+            self._error(f"step {seq} ({name}): {hook}() raised {type(exc).__name__}: {exc}")
+        if isinstance(result, Failed):
+            raise StepFailed(result.code or store.ACTION_FAILED, result.message)
+        if isinstance(result, Waiting):
+            self._error(f"step {seq} ({name}): {hook}() returned waiting; a plan must succeed")
+        if hook == "plan" and not (isinstance(result.output, dict) and result.output.get("planned") is True):
+            self._error(f"step {seq} ({name}): plan() output must say \"planned\": True")
+        for unit, amount in cost.items():
+            self.report.cost[unit] = self.report.cost.get(unit, 0) + amount
+        self.report.steps.append(DryRunStep(
+            seq=seq, action=name, effect=effect.value, summary=result.summary or "",
+            output=result.output, cost=cost, run=self.path,
+        ))
+        return copy.deepcopy(result.output)
+
+    def children(self, name: str, inputs: list[Any], *, wait: bool = True) -> Any:
+        seq = self.next_seq
+        self.next_seq += 1
+        if self.depth >= MAX_DEPTH:
+            self._error(f"children nested deeper than {MAX_DEPTH} levels")
+        if len(inputs) > store.max_children_per_step():
+            raise StepFailed(store.FAN_OUT_EXCEEDED, f"{len(inputs)} children in one step")
+        results = []
+        for i, child_input in enumerate(inputs):
+            path = f"{self.path + '.' if self.path else ''}{seq}[{i}]"
+            output, failure = _execute(self.report, name, child_input, self.principal, path,
+                                       self.depth + 1)
+            results.append(ChildResult("failed" if failure else "succeeded", output,
+                                       failure or ""))
+        if not wait:
+            return [f"dry-run-child-{i}" for i in range(len(inputs))]
+        return results
+
+
+def _execute(report: DryRunReport, name: str, input: Any, principal: Any, path: str,
+             depth: int) -> tuple[Any, str | None]:
+    from .workflows import RunHandle
+
+    definition = get_workflow(name)
+    execution = _DryExecution(report, principal, definition.app_id, path, depth)
+    try:
+        output = definition.fn(RunHandle(execution), copy.deepcopy(input))  # type: ignore[arg-type]
+        return output, None
+    except StepFailed as exc:
+        return None, exc.code
+    except Suspend:
+        return None, "DRY_RUN_ERROR"
+
+
+def dry_run(name: str, input: Any, principal: Any = None) -> DryRunReport:
+    """Execute workflow ``name`` with ``plan()`` for every effect; report steps, costs, errors."""
+    definition = get_workflow(name)
+    input = to_json_value(input, "the workflow input")
+    principal = to_json_value(principal, "the principal")
+    report = DryRunReport(workflow=name, budget=dict(definition.effect_budget))
+    output, failure = _execute(report, name, input, principal, "", 0)
+    report.output = output
+    if failure and failure != "DRY_RUN_ERROR":
+        report.failed = failure
+    return report

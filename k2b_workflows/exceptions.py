@@ -1,0 +1,54 @@
+"""Exceptions users see, and the kernel's internal control-flow signals."""
+
+from __future__ import annotations
+
+
+class WorkflowError(Exception):
+    """Base class of the errors this app raises on purpose."""
+
+
+class UnknownWorkflow(WorkflowError, LookupError):
+    """No workflow is registered under that name (nothing was created)."""
+
+
+class InvalidInput(WorkflowError, ValueError):
+    """A value that must be JSON is not, or an argument is malformed."""
+
+
+class StepFailed(WorkflowError):
+    """A step failed for good; the workflow may catch it.
+
+    Uncaught, the run fails with ``code``.
+    """
+
+    def __init__(self, code: str, message: str = "") -> None:
+        super().__init__(f"{code}: {message}" if message else code)
+        self.code = code
+        self.message = message
+
+
+class LeaseLost(WorkflowError):
+    """This worker no longer holds the run: another generation owns it.
+
+    Nothing this worker writes for the run afterwards can commit.
+    """
+
+
+class RunCanceled(WorkflowError):
+    """The run was canceled while this worker executed it."""
+
+
+class ResolutionRefused(WorkflowError):
+    """``resolve_effect`` was called on a run that is not waiting for that decision."""
+
+
+class NotRetryable(WorkflowError):
+    """An operator asked to retry a run that is not failed."""
+
+
+class Suspend(BaseException):
+    """Unwinds workflow code when the kernel stops executing a run for now.
+
+    A ``BaseException`` on purpose: workflow code that catches ``Exception``
+    must not swallow a park, a retry or a lost lease and carry on.
+    """

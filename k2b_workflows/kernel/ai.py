@@ -1,0 +1,154 @@
+"""Durable AI tasks: created once per step, run by workers, cancelable.
+
+The task is keyed by the step's ``effect_key`` and charged one ``max_ai_calls``
+unit when it is created; a replay finds it and pays nothing. The step waits
+on ``("k2b.ai_task", effect_key)``; the task's result wakes it. After a
+cancellation the result is discarded and wakes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections, transaction
+
+from .. import store
+from ..actions import Dependency, Result, canonical_json, failed, succeeded, to_json_value, waiting
+from ..exceptions import InvalidInput
+from . import budgets, db, waits
+from .context import _holding
+
+if TYPE_CHECKING:
+    from .context import StepContext
+
+logger = logging.getLogger("k2b_workflows")
+
+KIND = "k2b.ai_task"
+
+Provider = Callable[[Any, threading.Event], Any]
+_providers: dict[str, Provider] = {}
+
+
+def ai_provider(name: str) -> Callable[[Provider], Provider]:
+    """Register ``fn(request, abort) -> result`` as the provider ``name``.
+
+    ``abort`` is a ``threading.Event`` set when the run is canceled or the
+    task's lease is lost: long calls should check it and stop.
+    """
+    if not isinstance(name, str) or not name:
+        raise InvalidInput("ai_provider() takes a non-empty name")
+
+    def register(fn: Provider) -> Provider:
+        _providers[name] = fn
+        return fn
+
+    return register
+
+
+def providers() -> dict[str, Provider]:
+    return dict(_providers)
+
+
+def step_task(ctx: StepContext, provider: str, request: Any) -> Result:
+    if provider not in _providers:
+        return failed(f"no AI provider {provider!r} is registered", code="UNKNOWN_AI_PROVIDER")
+    request = to_json_value(request, "the AI request")
+    using = ctx.using
+    with transaction.atomic(using=using), _holding():
+        db.fence(using, ctx.run_id, ctx.generation, store.lease_ms())
+        rows = db.fetchall(
+            using, "SELECT status, result, error_message FROM k2b_ai_task WHERE effect_key = %s",
+            [ctx.effect_key],
+        )
+        if not rows:
+            try:
+                budgets.charge_ai_call(using, root_id=ctx.root_run_id, run_id=ctx.run_id,
+                                       seq=ctx.step)
+            except budgets.BudgetExceeded as exc:
+                return failed(str(exc), code=store.EFFECT_BUDGET_EXCEEDED)
+            db.execute(
+                using,
+                """INSERT INTO k2b_ai_task (id, run_id, seq, app_id, effect_key, provider, request,
+                       status, attempts, generation, created_at, updated_at, error_message)
+                   VALUES (gen_random_uuid(), %s, %s, %s, %s, %s, %s, 'queued', 0, 0, now(), now(),
+                           '')""",
+                [ctx.run_id, ctx.step, ctx.app_id, ctx.effect_key, provider,
+                 canonical_json(request)],
+            )
+            return waiting(Dependency(KIND, ctx.effect_key))
+        status, result, error = rows[0]
+    if status == "succeeded":
+        return succeeded(result)
+    if status == "failed":
+        return failed(error or "the AI task failed", code=store.AI_TASK_FAILED)
+    if status == "canceled":
+        return failed("the AI task was canceled", code=store.CANCELED)
+    return waiting(Dependency(KIND, ctx.effect_key))
+
+
+_CLAIM_SQL = """
+UPDATE k2b_ai_task t
+   SET status = 'running', generation = t.generation + 1, attempts = t.attempts + 1,
+       lease_expires_at = now() + %s * interval '1 millisecond', updated_at = now()
+ WHERE t.id IN (SELECT id FROM k2b_ai_task
+                 WHERE status = 'queued' AND provider = ANY(%s) {app_filter}
+                 ORDER BY created_at LIMIT %s FOR UPDATE SKIP LOCKED)
+RETURNING t.id, t.generation, t.provider, t.request, t.app_id, t.effect_key
+"""
+
+
+def claim_tasks(using: str, *, app_ids: list[str] | None, limit: int) -> list[tuple]:
+    names = list(_providers)
+    if limit <= 0 or not names:
+        return []
+    params: list[Any] = [store.lease_ms(), names]
+    app_filter = ""
+    if app_ids:
+        app_filter = "AND app_id = ANY(%s)"
+        params.append(list(app_ids))
+    params.append(limit)
+    with connections[using].cursor() as cursor:
+        cursor.execute(_CLAIM_SQL.format(app_filter=app_filter), params)
+        return cursor.fetchall()
+
+
+def reap_expired(using: str) -> int:
+    """A worker died while running a provider: queue the task again."""
+    return db.execute(
+        using,
+        """UPDATE k2b_ai_task SET status = 'queued', lease_expires_at = NULL, updated_at = now()
+            WHERE id IN (SELECT id FROM k2b_ai_task WHERE status = 'running'
+                          AND lease_expires_at < now() LIMIT 500 FOR UPDATE SKIP LOCKED)""",
+    )
+
+
+def run_task(using: str, task: tuple, abort: threading.Event) -> str:
+    """Call the provider and store its result, unless the task was canceled meanwhile."""
+    task_id, generation, provider, request, app_id, effect_key = task
+    try:
+        output = to_json_value(_providers[provider](request, abort), f"{provider} result")
+        status, error = "succeeded", ""
+    except Exception as exc:
+        logger.warning("AI task %s (%s) failed: %r", task_id, provider, exc)
+        output, status, error = None, "failed", f"{type(exc).__name__}: {exc}"
+
+    def finish() -> int:
+        updated = db.execute(
+            using,
+            """UPDATE k2b_ai_task SET status = %s, result = %s, error_message = %s,
+                      finished_at = now(), updated_at = now(), lease_expires_at = NULL
+                WHERE id = %s AND generation = %s AND status = 'running'""",
+            [status, None if output is None else canonical_json(output), error, task_id,
+             generation],
+        )
+        if updated:
+            waits.wake(using, app_id=app_id, kind=KIND, key=effect_key)
+        return updated
+
+    if not db.run_in_transaction(finish, using):
+        logger.info("AI task %s: result discarded (canceled or taken over)", task_id)
+        return "discarded"
+    return status

@@ -1,0 +1,127 @@
+"""Effect budgets on the root run: charged once per step, never overshot.
+
+A charge locks the root's ``BudgetAccount`` row, so concurrent children
+serialize on it. ``BudgetCharge`` is unique per (account, run, step, unit): a
+retried, resumed or re-woken step finds its charge and pays nothing again.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.db import connections
+
+from ..exceptions import InvalidInput
+
+AI_CALLS = "ai_calls"
+
+
+class BudgetExceeded(Exception):
+    def __init__(self, unit: str, limit: int, spent: int, amount: int) -> None:
+        super().__init__(f"budget for {unit!r} is {limit}: {spent} spent, {amount} more asked")
+        self.unit = unit
+
+
+def validate_cost(cost: Any) -> dict[str, int]:
+    if cost is None:
+        return {}
+    if not isinstance(cost, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+        for k, v in cost.items()
+    ):
+        raise InvalidInput(f"cost() must return a dict of unit -> non-negative int, not {cost!r}")
+    return {k: v for k, v in cost.items() if v}
+
+
+def charge(using: str, *, root_id: Any, run_id: Any, seq: int, cost: dict[str, int]) -> bool:
+    """Charge ``cost`` for one step, inside the caller's transaction.
+
+    Returns False when this step was already charged (nothing is paid twice).
+    Raises ``BudgetExceeded`` before writing anything when a unit would go over.
+    """
+    if not cost:
+        return True
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            "SELECT effect_budget, spent FROM k2b_budget_account WHERE root_id = %s FOR UPDATE",
+            [root_id],
+        )
+        row = cursor.fetchone()
+        if row is None:
+            return True
+        budget, spent = _json(row[0]), _json(row[1])
+        cursor.execute(
+            "SELECT 1 FROM k2b_budget_charge WHERE account_id = %s AND run_id = %s AND seq = %s"
+            " AND unit <> %s LIMIT 1",
+            [root_id, run_id, seq, AI_CALLS],
+        )
+        if cursor.fetchone():
+            return False
+        for unit, amount in cost.items():
+            if unit in budget and spent.get(unit, 0) + amount > budget[unit]:
+                raise BudgetExceeded(unit, budget[unit], spent.get(unit, 0), amount)
+        for unit, amount in cost.items():
+            spent[unit] = spent.get(unit, 0) + amount
+            cursor.execute(
+                "INSERT INTO k2b_budget_charge (account_id, run_id, seq, unit, amount, created_at)"
+                " VALUES (%s, %s, %s, %s, %s, now())",
+                [root_id, run_id, seq, unit, amount],
+            )
+        cursor.execute(
+            "UPDATE k2b_budget_account SET spent = %s WHERE root_id = %s",
+            [json.dumps(spent), root_id],
+        )
+    return True
+
+
+def charge_ai_call(using: str, *, root_id: Any, run_id: Any, seq: int) -> None:
+    """One ``max_ai_calls`` unit for the AI task this step creates (called once, at creation)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            "SELECT max_ai_calls, ai_calls FROM k2b_budget_account WHERE root_id = %s FOR UPDATE",
+            [root_id],
+        )
+        row = cursor.fetchone()
+        if row is None:
+            return
+        limit, used = row
+        if limit is not None and used + 1 > limit:
+            raise BudgetExceeded(AI_CALLS, limit, used, 1)
+        cursor.execute(
+            "INSERT INTO k2b_budget_charge (account_id, run_id, seq, unit, amount, created_at)"
+            " VALUES (%s, %s, %s, %s, 1, now()) ON CONFLICT DO NOTHING",
+            [root_id, run_id, seq, AI_CALLS],
+        )
+        if cursor.rowcount:
+            cursor.execute(
+                "UPDATE k2b_budget_account SET ai_calls = ai_calls + 1 WHERE root_id = %s",
+                [root_id],
+            )
+
+
+def reserve_children(using: str, *, root_id: Any, count: int) -> None:
+    """Count ``count`` new child runs against the root's ``max_steps``."""
+    if not count:
+        return
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            "SELECT max_steps, children FROM k2b_budget_account WHERE root_id = %s FOR UPDATE",
+            [root_id],
+        )
+        row = cursor.fetchone()
+        if row is None:
+            return
+        limit, used = row
+        if limit is not None and used + count > limit:
+            raise BudgetExceeded("steps", limit, used, count)
+        cursor.execute(
+            "UPDATE k2b_budget_account SET children = children + %s WHERE root_id = %s",
+            [count, root_id],
+        )
+
+
+def _json(value: Any) -> dict:
+    if isinstance(value, str):
+        return json.loads(value)
+    return dict(value or {})

@@ -1,0 +1,89 @@
+"""Child runs: created once per parent step, counted against the root's loop budget."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.utils import timezone
+
+from ..actions import Dependency
+from ..models import TERMINAL_STATUSES, RunStatus, WorkflowRun
+from . import budgets, db
+
+KIND = "k2b.children"
+
+
+def dependency(parent_id: Any, step: int) -> Dependency:
+    """What a parent waits on while its children of one step run."""
+    return Dependency(KIND, f"{parent_id}:{step}")
+
+
+def create(
+    using: str, *, parent: WorkflowRun, step: int, name: str, inputs: list[Any]
+) -> list[Any]:
+    """Create the children of ``parent``'s step ``step`` that do not exist yet.
+
+    Idempotent: a replayed parent finds its children by (parent, step, index)
+    and creates none twice. The caller holds the parent's fence. Raises
+    ``UnknownWorkflow`` or ``budgets.BudgetExceeded`` before creating anything.
+    Returns the ids of all children of that step, in input order.
+    """
+    from ..workflows import get_workflow
+
+    definition = get_workflow(name)
+    existing = dict(
+        db.fetchall(
+            using,
+            "SELECT child_index, id FROM k2b_run WHERE parent_id = %s AND parent_step = %s",
+            [parent.id, step],
+        )
+    )
+    missing = [i for i in range(len(inputs)) if i not in existing]
+    root_id = parent.root_id or parent.id
+    budgets.reserve_children(using, root_id=root_id, count=len(missing))
+    now = timezone.now()
+    rows = [
+        WorkflowRun(
+            id=uuid.uuid4(), workflow_name=definition.name,
+            workflow_version=definition.version, app_id=definition.app_id,
+            status=RunStatus.QUEUED, input=inputs[i], principal=parent.principal,
+            parent_id=parent.id, parent_step=step, child_index=i, root_id=root_id,
+            run_after=now, created_at=now, updated_at=now,
+        )
+        for i in missing
+    ]
+    WorkflowRun.objects.using(using).bulk_create(rows, ignore_conflicts=True)
+    existing.update({row.child_index: row.id for row in rows})
+    return [existing[i] for i in range(len(inputs))]
+
+
+def results(using: str, parent_id: Any, step: int) -> list[dict[str, Any]]:
+    """The children of one parent step, in input order, with whether each has ended."""
+    rows = db.fetchall(
+        using,
+        """SELECT id, status, output, error_code FROM k2b_run
+            WHERE parent_id = %s AND parent_step = %s ORDER BY child_index""",
+        [parent_id, step],
+    )
+    return [
+        {"run_id": str(run_id), "status": status, "output": output, "error_code": code,
+         "done": status in TERMINAL_STATUSES}
+        for run_id, status, output, code in rows
+    ]
+
+
+def public(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: row[k] for k in ("status", "output", "error_code", "run_id")}
+
+
+def count(using: str, run_id: Any) -> dict[str, int]:
+    """Children of ``run_id`` per status, every status present, in one query."""
+    counts = {status: 0 for status in RunStatus.values}
+    for status, n in db.fetchall(
+        using, "SELECT status, count(*) FROM k2b_run WHERE parent_id = %s GROUP BY status",
+        [run_id],
+    ):
+        counts[status] = n
+    counts["total"] = sum(counts[s] for s in RunStatus.values)
+    return counts

@@ -1,0 +1,154 @@
+"""Claiming runs, the fence number, and what happens when a lease runs out.
+
+A claim is one set-based statement over ``FOR UPDATE SKIP LOCKED``: claimers
+never wait for each other and never claim the same run. Each claim raises
+``generation``; that number is the fence every later write of the claimer
+checks under the run lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import connections
+
+from .. import store
+
+_CLAIM_SQL = """
+UPDATE k2b_run r
+   SET status = 'running',
+       generation = r.generation + 1,
+       lease_expires_at = now() + %s * interval '1 millisecond',
+       claimed_by = %s,
+       updated_at = now()
+ WHERE r.id IN (
+        SELECT id FROM k2b_run
+         WHERE status = 'queued' AND run_after <= now()
+           AND workflow_name = ANY(%s) {app_filter}
+         ORDER BY run_after
+         LIMIT %s
+           FOR UPDATE SKIP LOCKED)
+RETURNING r.id, r.generation
+"""
+
+
+def claim_runs(
+    using: str, *, worker_id: str, workflow_names: Sequence[str], app_ids: Sequence[str] | None,
+    limit: int,
+) -> list[tuple[Any, int]]:
+    """Claim up to ``limit`` due runs of workflows this process knows. Returns (id, generation)."""
+    if limit <= 0 or not workflow_names:
+        return []
+    params: list[Any] = [store.lease_ms(), worker_id, list(workflow_names)]
+    app_filter = ""
+    if app_ids:
+        app_filter = "AND app_id = ANY(%s)"
+        params.append(list(app_ids))
+    params.append(limit)
+    with connections[using].cursor() as cursor:
+        cursor.execute(_CLAIM_SQL.format(app_filter=app_filter), params)
+        return cursor.fetchall()
+
+
+_REAP_SQL = """
+UPDATE k2b_run
+   SET status = 'queued',
+       consecutive_failures = consecutive_failures + 1,
+       run_after = now() + LEAST(%s * power(2, LEAST(consecutive_failures, 30)), %s)
+                           * interval '1 millisecond',
+       lease_expires_at = NULL,
+       claimed_by = '',
+       error_message = 'lease expired (worker crashed, froze or timed out) at step '
+                       || COALESCE(current_step::text, '-'),
+       updated_at = now()
+ WHERE id IN (SELECT id FROM k2b_run
+               WHERE status = 'running' AND lease_expires_at < now()
+               LIMIT 500 FOR UPDATE SKIP LOCKED)
+"""
+
+_PROMOTE_SQL = """
+UPDATE k2b_run
+   SET status = 'queued', run_after = now(), updated_at = now()
+ WHERE id IN (SELECT id FROM k2b_run
+               WHERE status = 'waiting' AND wait_deadline <= now()
+               LIMIT 500 FOR UPDATE SKIP LOCKED)
+"""
+
+
+def reap_expired(using: str) -> int:
+    """Re-queue runs whose lease expired: a crash counts as a consecutive failure.
+
+    The run keeps its generation until the next claim raises it, and the
+    status change alone already fences the old holder out.
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute(_REAP_SQL, [store.retry_backoff_ms(), store.retry_backoff_max_ms()])
+        return cursor.rowcount
+
+
+def promote_due_waits(using: str) -> int:
+    """Re-queue waiting runs whose deadline passed. A deadline never fails a step by itself."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(_PROMOTE_SQL)
+        return cursor.rowcount
+
+
+def next_due_in_ms(using: str) -> float | None:
+    """Milliseconds until the next delayed run or deadline is due (None: nothing pending)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            """SELECT EXTRACT(EPOCH FROM (LEAST(
+                   (SELECT min(run_after) FROM k2b_run WHERE status = 'queued'),
+                   (SELECT min(wait_deadline) FROM k2b_run WHERE status = 'waiting'),
+                   (SELECT min(lease_expires_at) FROM k2b_run WHERE status = 'running')
+               ) - now())) * 1000"""
+        )
+        value = cursor.fetchone()[0]
+    return None if value is None else max(0.0, float(value))
+
+
+_RENEW_SQL = """
+UPDATE k2b_run r
+   SET lease_expires_at = now() + %s * interval '1 millisecond'
+  FROM (SELECT k.id FROM k2b_run k
+          JOIN unnest(%s::uuid[], %s::bigint[]) AS a(id, gen)
+            ON k.id = a.id AND k.generation = a.gen AND k.status = 'running'
+           FOR NO KEY UPDATE OF k SKIP LOCKED) s
+ WHERE r.id = s.id
+RETURNING r.id
+"""
+
+
+def renew_leases(conn: Any, held: dict[Any, int], lease: int) -> tuple[set, dict[Any, tuple]]:
+    """Renew the leases of ``held`` (run id -> generation) on a raw autocommit connection.
+
+    Rows locked by our own step transactions are skipped, not waited for
+    (the step's commit extends the lease itself). Returns the renewed ids and,
+    for the others, their current (status, generation) when visible.
+    """
+    if not held:
+        return set(), {}
+    ids = list(held)
+    rows = conn.execute(_RENEW_SQL, [lease, ids, [held[i] for i in ids]]).fetchall()
+    renewed = {row[0] for row in rows}
+    others = [i for i in ids if i not in renewed]
+    states: dict[Any, tuple] = {}
+    if others:
+        for run_id, status, generation in conn.execute(
+            "SELECT id, status, generation FROM k2b_run WHERE id = ANY(%s)", [others]
+        ).fetchall():
+            states[run_id] = (status, generation)
+    return renewed, states
+
+
+def release(using: str, run_id: Any, generation: int) -> bool:
+    """Hand a run we still own back to the queue, without counting a failure."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            """UPDATE k2b_run SET status = 'queued', run_after = now(), lease_expires_at = NULL,
+                      claimed_by = '', updated_at = now()
+                WHERE id = %s AND generation = %s AND status = 'running'""",
+            [run_id, generation],
+        )
+        return cursor.rowcount == 1

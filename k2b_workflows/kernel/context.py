@@ -1,0 +1,132 @@
+"""``ctx``: what every action hook receives, and the fence it can take."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections, transaction
+
+from .. import store
+from ..exceptions import InvalidInput, LeaseLost, RunCanceled
+from . import db
+
+if TYPE_CHECKING:
+    from ..actions import Result
+    from .execute import Execution
+
+_held = threading.local()
+
+
+def holds_run_lock() -> bool:
+    """True while this thread is inside a transaction that locked its run row."""
+    return getattr(_held, "depth", 0) > 0
+
+
+@contextmanager
+def _holding() -> Iterator[None]:
+    _held.depth = getattr(_held, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _held.depth -= 1
+
+
+_side_lock = threading.Lock()
+_side_connections: dict[str, Any] = {}
+
+
+def side_connection(using: str) -> Any:
+    """A process-wide autocommit psycopg connection, outside every Django transaction.
+
+    Used to renew a lease without touching the caller's transaction. Callers
+    must hold ``_side_lock``.
+    """
+    conn = _side_connections.get(using)
+    if conn is None or conn.closed:
+        wrapper = connections[using]
+        conn = wrapper.get_new_connection(wrapper.get_connection_params())
+        conn.autocommit = True
+        _side_connections[using] = conn
+    return conn
+
+
+class StepContext:
+    """Identity of a run and step, and the kernel services an action may use."""
+
+    def __init__(self, execution: Execution, step: int, *, dry_run: bool = False) -> None:
+        self._execution = execution
+        self.run_id = execution.run_id
+        self.root_run_id = execution.root_id
+        self.app_id = execution.app_id
+        self.step = step
+        self.generation = execution.generation
+        self.principal = execution.principal
+        self.canceled: threading.Event = execution.canceled
+        self.effect_key = f"{execution.run_id}:{step}"
+        self.invocation_key: str | None = None
+        self.dry_run = dry_run
+        #: TRANSACTIONAL only: the open ``transaction.atomic`` the journal commits in.
+        self.tx: transaction.Atomic | None = None
+
+    def __repr__(self) -> str:
+        return f"<StepContext run={self.run_id} step={self.step} generation={self.generation}>"
+
+    @property
+    def using(self) -> str:
+        return self._execution.using
+
+    def heartbeat(self, tx: str | None = None) -> None:
+        """Check that this execution still owns the run, and extend its lease.
+
+        With ``tx`` (an alias inside an open ``transaction.atomic``): lock the run
+        row until that block commits, so a takeover waits for it or it fails.
+        Without: renew from a separate connection (never inside the run lock).
+        Raises ``LeaseLost`` or ``RunCanceled``.
+        """
+        if self.dry_run:
+            return
+        lease = store.lease_ms()
+        if tx is not None:
+            if tx != self.using:
+                raise InvalidInput(f"heartbeat(tx={tx!r}): the run lives on {self.using!r}")
+            if not connections[tx].in_atomic_block:
+                raise InvalidInput("heartbeat(tx=...) must be called inside transaction.atomic")
+            db.fence(tx, self.run_id, self.generation, lease)
+            return
+        if holds_run_lock():
+            raise RuntimeError(
+                "heartbeat() without tx while this thread holds the run lock would wait for itself;"
+                " pass tx=ctx.tx.using"
+            )
+        with _side_lock:
+            conn = side_connection(self.using)
+            row = conn.execute(
+                "UPDATE k2b_run SET lease_expires_at = now() + %s * interval '1 millisecond'"
+                " WHERE id = %s AND generation = %s AND status = 'running' RETURNING id",
+                [lease, self.run_id, self.generation],
+            ).fetchone()
+            if row is None:
+                status = conn.execute(
+                    "SELECT status FROM k2b_run WHERE id = %s", [self.run_id]
+                ).fetchone()
+        if row is None:
+            self.canceled.set()
+            if status and status[0] == "canceled":
+                raise RunCanceled(f"run {self.run_id} was canceled")
+            raise LeaseLost(f"run {self.run_id}: generation {self.generation} lost its lease")
+
+    @contextmanager
+    def fenced(self, using: str = "default") -> Iterator[None]:
+        """``transaction.atomic`` + ``heartbeat(tx)``: writes inside commit only if we still own the run."""
+        with transaction.atomic(using=using), _holding():
+            self.heartbeat(tx=using)
+            yield
+
+    def ai_task(self, provider: str, request: Any) -> Result:
+        """Succeeded once the durable AI task is done, failed if it failed, else waiting on it."""
+        from . import ai
+
+        return ai.step_task(self, provider, request)

@@ -1,0 +1,133 @@
+"""Transactions as the kernel needs them: conflicts retried, unknown commits named.
+
+PostgreSQL facts this relies on (measured, see the project's notes):
+40001, 40P01, 55P03 and 57014 roll the transaction back and are safe to
+retry. A connection lost during COMMIT does not tell the outcome: that is
+``CommitOutcomeUnknown``, and the caller must re-read the journal, never guess.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from django.db import DatabaseError, connections, transaction
+
+from ..exceptions import LeaseLost, RunCanceled
+
+logger = logging.getLogger("k2b_workflows")
+
+T = TypeVar("T")
+
+RETRYABLE_SQLSTATES = frozenset({"40001", "40P01", "55P03", "57014"})
+
+
+class CommitOutcomeUnknown(Exception):
+    """The connection failed while committing: the transaction may or may not have committed."""
+
+
+def sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE of a Django or psycopg error (Django wraps psycopg's as ``__cause__``)."""
+    while exc is not None:
+        state = getattr(exc, "sqlstate", None)
+        if state:
+            return state
+        exc = exc.__cause__  # type: ignore[assignment]
+    return None
+
+
+def is_conflict(exc: BaseException) -> bool:
+    return sqlstate(exc) in RETRYABLE_SQLSTATES
+
+
+@contextmanager
+def atomic(using: str) -> Iterator[transaction.Atomic]:
+    """``transaction.atomic`` that turns an error raised by COMMIT into ``CommitOutcomeUnknown``."""
+    body_done = False
+    block = transaction.atomic(using=using)
+    try:
+        with block:
+            yield block
+            body_done = True
+    except DatabaseError as exc:
+        if body_done and not is_conflict(exc):
+            raise CommitOutcomeUnknown(str(exc)) from exc
+        raise
+
+
+def run_in_transaction(fn: Callable[[], T], using: str, attempts: int = 5) -> T:
+    """Run ``fn`` in its own transaction, retrying the whole transaction on a conflict."""
+    for attempt in range(1, attempts + 1):
+        try:
+            with atomic(using):
+                return fn()
+        except DatabaseError as exc:
+            if not is_conflict(exc) or attempt == attempts:
+                raise
+            logger.info("transaction conflict (%s), retrying", sqlstate(exc))
+            time.sleep(random.uniform(0, 0.01 * attempt))
+    raise AssertionError("unreachable")
+
+
+FENCE_SQL = """
+UPDATE k2b_run
+   SET lease_expires_at = now() + %s * interval '1 millisecond',
+       updated_at = now(),
+       current_step = COALESCE(%s, current_step),
+       consecutive_failures = CASE WHEN %s THEN 0 ELSE consecutive_failures END
+ WHERE id = %s AND generation = %s AND status = 'running'
+RETURNING id
+"""
+
+
+def fence(
+    using: str, run_id: Any, generation: int, lease_ms: int, step: int | None = None,
+    *, reset_failures: bool = False,
+) -> None:
+    """Lock the run row until the surrounding transaction ends, and check we still own it.
+
+    The UPDATE takes the row lock (like ``FOR NO KEY UPDATE``): a takeover,
+    which raises ``generation``, waits for this transaction, and if it
+    committed first this check fails and nothing we write commits.
+    """
+    conn = connections[using]
+    if not conn.in_atomic_block:
+        raise RuntimeError("fence() must run inside transaction.atomic")
+    with conn.cursor() as cursor:
+        cursor.execute(FENCE_SQL, [lease_ms, step, reset_failures, run_id, generation])
+        if cursor.fetchone():
+            return
+        cursor.execute("SELECT status, generation FROM k2b_run WHERE id = %s", [run_id])
+        row = cursor.fetchone()
+    if row and row[0] == "canceled":
+        raise RunCanceled(f"run {run_id} was canceled")
+    raise LeaseLost(
+        f"run {run_id}: generation {generation} no longer holds the lease"
+        + (f" (now {row[0]}, generation {row[1]})" if row else "")
+    )
+
+
+def lock_run(using: str, run_id: Any) -> tuple[str, int, int | None] | None:
+    """``SELECT ... FOR UPDATE`` the run row; returns (status, generation, attention_step)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            "SELECT status, generation, attention_step FROM k2b_run WHERE id = %s FOR UPDATE",
+            [run_id],
+        )
+        return cursor.fetchone()
+
+
+def execute(using: str, sql: str, params: list[Any] | tuple[Any, ...] = ()) -> int:
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
+
+
+def fetchall(using: str, sql: str, params: list[Any] | tuple[Any, ...] = ()) -> list[tuple]:
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()

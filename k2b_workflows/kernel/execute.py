@@ -1,0 +1,824 @@
+"""Executing a claimed run: replay the journal, then run new steps per effect class.
+
+One file answers "what happens after a crash in a step of class X":
+
+=================  ==========================================  ======================================
+class              before ``run()``                            exception / crash after dispatch
+=================  ==========================================  ======================================
+PURE               nothing                                     retry (a retryable failure)
+TRANSACTIONAL      atomic block opened, run row fenced          rolled back with the journal entry:
+                   (``ctx.tx``); cost charged inside it         retry; the journal tells if it committed
+IDEMPOTENT         cost charged and committed                  retry with the same ``effect_key``
+EXTERNAL and up    ledger "dispatched" committed, with the     ``outcome_unknown``: never re-run
+                   evidence hashes                              blindly; ``reconcile()``, else an
+                                                               operator decides
+=================  ==========================================  ======================================
+
+Every write that advances the run happens in a transaction that first fences
+it (``db.fence``): a worker whose lease was taken over can compute but never
+commit. Control leaves workflow code through ``Suspend`` (a BaseException) so
+that a workflow's ``except Exception`` cannot swallow a park or a lost lease.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.core.exceptions import PermissionDenied
+from django.db import DatabaseError, transaction
+from django.utils import timezone
+
+from .. import store
+from ..actions import (
+    Action,
+    Ambiguous,
+    Effect,
+    Failed,
+    InvalidResult,
+    Succeeded,
+    Unknown,
+    Waiting,
+    as_action,
+    canonical_json,
+    to_json_value,
+    validate_result,
+)
+from ..exceptions import InvalidInput, LeaseLost, RunCanceled, StepFailed, Suspend, UnknownWorkflow
+from ..models import JournalEntry, LedgerEntry, WorkflowRun
+from . import budgets, db, evidence, waits
+from .context import StepContext, _holding
+
+if TYPE_CHECKING:
+    from ..workflows import WorkflowDefinition
+    from .leases import LeaseKeeper
+
+logger = logging.getLogger("k2b_workflows")
+
+CHILDREN_KIND = "k2b.children"
+# Ledger kinds that close an invocation of an effect: after one of these the
+# next dispatch is a new invocation with a new key (and the same effect key).
+_CLOSING = {
+    LedgerEntry.Kind.SUCCEEDED,
+    LedgerEntry.Kind.FAILED,
+    LedgerEntry.Kind.RECONCILED,
+    LedgerEntry.Kind.RESOLVED_CONFIRMED,
+    LedgerEntry.Kind.RESOLVED_ABSENT,
+    LedgerEntry.Kind.REJECTED,
+}
+
+
+class Nondeterministic(Exception):
+    pass
+
+
+class _Rollback(Exception):
+    """Leave a TRANSACTIONAL step's atomic block without committing, carrying the result."""
+
+    def __init__(self, result: Any) -> None:
+        self.result = result
+
+
+@dataclass
+class _Denied:
+    failed: Failed
+
+
+@dataclass
+class _EffectState:
+    """What the ledger says about one step's external effect."""
+
+    attempts: int = 0  # invocations dispatched so far
+    open_key: str | None = None  # invocation dispatched with no known outcome
+
+
+@dataclass
+class ChildResult:
+    """One child's outcome as ``run.children`` returns it."""
+
+    status: str
+    output: Any
+    error_code: str
+    run_id: str = ""
+
+
+class Execution:
+    """One claim of one run: replays it and executes steps until it stops, parks or ends."""
+
+    def __init__(
+        self,
+        run_id: Any,
+        generation: int,
+        *,
+        using: str | None = None,
+        keeper: LeaseKeeper | None = None,
+    ) -> None:
+        self.run_id = run_id
+        self.generation = generation
+        self.using = using or store.database()
+        self.keeper = keeper
+        self.canceled = threading.Event()
+        self.next_seq = 0
+        self.steps_executed = 0
+        self.outcome = "dropped"
+        #: Set by a worker shutting down: stop before the next step and release the run.
+        self.stop_requested: threading.Event | None = None
+
+    # -- entry point ---------------------------------------------------------
+
+    def execute(self) -> str:
+        """Run until the workflow ends, parks, retries later or loses its lease. Returns the outcome."""
+        from ..workflows import get_workflow
+
+        run = WorkflowRun.objects.using(self.using).filter(pk=self.run_id).first()
+        if run is None or run.generation != self.generation or run.status != "running":
+            return "dropped"
+        self.run = run
+        self.root_id = run.root_id or run.id
+        self.app_id = run.app_id
+        self.principal = copy.deepcopy(run.principal)
+        if self.keeper:
+            self.keeper.track(self.run_id, self.generation, self.canceled)
+        try:
+            try:
+                self.definition: WorkflowDefinition = get_workflow(run.workflow_name)
+            except UnknownWorkflow:
+                self._fail_run("UNKNOWN_WORKFLOW", f"no workflow {run.workflow_name!r} is registered")
+                return self.outcome
+            self._load()
+            if run.consecutive_failures >= store.max_consecutive_failures():
+                self._exhausted(run.consecutive_failures, run.error_message)
+            self._run_workflow()
+        except Suspend:
+            pass
+        except (LeaseLost, RunCanceled) as exc:
+            logger.info("run %s: stopped: %s", self.run_id, exc)
+            self.outcome = "canceled" if isinstance(exc, RunCanceled) else "lease_lost"
+        except db.CommitOutcomeUnknown as exc:
+            # Drop what we believe: the next claim re-reads the journal, which
+            # committed (or not) in the very transaction whose outcome we lost.
+            logger.warning("run %s: commit outcome unknown (%s); re-reading later", self.run_id, exc)
+            self.outcome = "commit_unknown"
+            self._release_after_unknown_commit()
+        finally:
+            if self.keeper:
+                self.keeper.untrack(self.run_id)
+        return self.outcome
+
+    def _load(self) -> None:
+        entries = list(
+            JournalEntry.objects.using(self.using).filter(run_id=self.run_id).order_by("seq")
+        )
+        self.journal = {e.seq: e for e in entries}
+        self.last_hash = entries[-1].entry_hash if entries else evidence.GENESIS
+        self.effects: dict[int, _EffectState] = {}
+        for entry in LedgerEntry.objects.using(self.using).filter(
+            run_id=self.run_id, seq__isnull=False
+        ).order_by("id"):
+            if entry.seq in self.journal:
+                continue
+            state = self.effects.setdefault(entry.seq, _EffectState())
+            if entry.kind == LedgerEntry.Kind.DISPATCHED:
+                state.attempts += 1
+                state.open_key = entry.invocation_key
+            elif entry.kind in _CLOSING:
+                state.open_key = None
+
+    def _run_workflow(self) -> None:
+        from ..workflows import RunHandle
+
+        handle = RunHandle(self)
+        try:
+            output = self.definition.fn(handle, copy.deepcopy(self.run.input))
+        except StepFailed as exc:
+            self._fail_run(exc.code, exc.message)
+            return
+        except Nondeterministic as exc:
+            self._needs_attention(store.WORKFLOW_NONDETERMINISTIC, str(exc), step=None)
+            return
+        except (Suspend, LeaseLost, RunCanceled, db.CommitOutcomeUnknown):
+            raise
+        except Exception as exc:
+            logger.exception("run %s: workflow code raised", self.run_id)
+            self._retry_later(f"workflow code raised {type(exc).__name__}: {exc}")
+            return
+        try:
+            output = to_json_value(output, "the workflow's return value")
+        except InvalidInput as exc:
+            self._fail_run(store.INVALID_WORKFLOW_OUTPUT, str(exc))
+            return
+        self._succeed_run(output)
+
+    # -- run.step --------------------------------------------------------------
+
+    def step(
+        self, action: Any, input: Any, *, approval_ref: str | None = None,
+        backup_ref: str | None = None,
+    ) -> Any:
+        self._check_shutdown()
+        seq = self.next_seq
+        self.next_seq += 1
+        action = as_action(action)
+        name = action.action_name()
+        try:
+            input = to_json_value(input, f"input of step {seq} ({name})")
+        except InvalidInput as exc:
+            self._fail_run(store.INVALID_STEP_INPUT, str(exc))
+        input_hash = evidence.hash_value(input)
+        entry = self.journal.get(seq)
+        if entry is not None:
+            return self._replay(entry, name, input_hash)
+        ctx = StepContext(self, seq)
+        started = timezone.now()
+        step = _Step(seq, action, name, input, input_hash, started, ctx)
+        if seq >= self.definition.max_steps:
+            return self._step_failed(step, store.MAX_STEPS_EXCEEDED,
+                                     f"step {seq} is past max_steps={self.definition.max_steps}")
+        effect = action.effect
+        if effect == Effect.IRREVERSIBLE and not approval_ref:
+            return self._step_failed(step, store.APPROVAL_REQUIRED,
+                                     f"{name} is IRREVERSIBLE: the step must pin approval_ref")
+        if effect == Effect.SNAPSHOT_RESTORE and not backup_ref:
+            return self._step_failed(step, store.BACKUP_REQUIRED,
+                                     f"{name} is SNAPSHOT_RESTORE: the step must pin backup_ref")
+        step.refs = {"approval_ref": approval_ref, "backup_ref": backup_ref}
+        try:
+            step.cost = budgets.validate_cost(action.cost(input)) if action.defines("cost") else {}
+        except Exception as exc:
+            self._retry_later(f"step {seq} ({name}): cost() raised {exc!r}")
+        self.steps_executed += 1
+        if effect.is_external:
+            return self._external(step)
+        if effect == Effect.TRANSACTIONAL:
+            return self._transactional(step)
+        return self._pure_or_idempotent(step)
+
+    def _check_shutdown(self) -> None:
+        if self.stop_requested is not None and self.stop_requested.is_set():
+            from .claim import release
+
+            release(self.using, self.run_id, self.generation)
+            self.outcome = "released"
+            raise Suspend
+
+    def _replay(self, entry: JournalEntry, name: str, input_hash: str) -> Any:
+        if entry.action_name != name:
+            raise Nondeterministic(
+                f"step {entry.seq} was {entry.action_name!r} when journaled, now {name!r}"
+            )
+        if entry.input_hash != input_hash:
+            raise Nondeterministic(
+                f"step {entry.seq} ({name}) was journaled with another input (hash differs)"
+            )
+        if entry.state == JournalEntry.State.SUCCEEDED:
+            return copy.deepcopy(entry.output)
+        raise StepFailed(entry.error_code, entry.error_message)
+
+    # -- PURE and IDEMPOTENT -------------------------------------------------
+
+    def _pure_or_idempotent(self, step: _Step) -> Any:
+        idempotent = step.action.effect == Effect.IDEMPOTENT
+        if idempotent and step.cost:
+            self._charge_before_dispatch(step)
+        denial = self._authorize_outside_tx(step)
+        if denial is not None:
+            return self._step_failed(step, denial.code or store.FORBIDDEN, denial.message)
+        allowed = (Succeeded, Failed, Waiting, Ambiguous) if idempotent else (Succeeded, Failed, Waiting)
+        try:
+            result = self._call(step, "run", allowed)
+        except InvalidResult as exc:
+            if idempotent:  # repeating with the same effect_key is safe
+                self._retry_later(f"step {step.seq} ({step.name}): {exc}")
+            self._fail_run(store.INVALID_ACTION_RESULT, f"step {step.seq} ({step.name}): {exc}",
+                           step=step)
+        if isinstance(result, Ambiguous):
+            self._retry_later(f"step {step.seq} ({step.name}) ambiguous: {result.message or ''}")
+        if isinstance(result, Succeeded) and not idempotent and step.cost:
+            # PURE steps have no effect to protect: charge with the journal entry.
+            return self._journal_success(step, result, charge=True)
+        return self._apply(step, result)
+
+    # -- TRANSACTIONAL -------------------------------------------------------
+
+    def _transactional(self, step: _Step) -> Any:
+        for attempt in range(3):
+            try:
+                return self._transactional_once(step)
+            except _Rollback as rb:
+                result = rb.result
+                if isinstance(result, InvalidResult):
+                    self._fail_run(store.INVALID_ACTION_RESULT,
+                                   f"step {step.seq} ({step.name}): {result}", step=step)
+                if isinstance(result, budgets.BudgetExceeded):
+                    return self._step_failed(step, store.EFFECT_BUDGET_EXCEEDED, str(result))
+                if isinstance(result, _Denied):
+                    return self._step_failed(step, result.failed.code or store.FORBIDDEN,
+                                             result.failed.message)
+                return self._apply(step, result)
+            except (LeaseLost, RunCanceled, db.CommitOutcomeUnknown, Suspend):
+                raise
+            except DatabaseError as exc:
+                if db.is_conflict(exc) and attempt < 2:
+                    logger.info("run %s step %s: conflict, retrying", self.run_id, step.seq)
+                    continue
+                self._retry_later(f"step {step.seq} ({step.name}): database error: {exc}")
+            except Exception as exc:
+                self._retry_later(f"step {step.seq} ({step.name}) raised {type(exc).__name__}: {exc}")
+        raise AssertionError("unreachable")
+
+    def _transactional_once(self, step: _Step) -> Any:
+        with db.atomic(self.using) as block, _holding():
+            step.ctx.tx = block
+            db.fence(self.using, self.run_id, self.generation, store.lease_ms(), step.seq)
+            if step.cost:
+                try:
+                    budgets.charge(self.using, root_id=self.root_id, run_id=self.run_id,
+                                   seq=step.seq, cost=step.cost)
+                except budgets.BudgetExceeded as exc:
+                    raise _Rollback(exc) from None
+            try:
+                denial = self._authorize(step)
+                if denial is not None:
+                    raise _Rollback(_Denied(denial))
+                result = self._call(step, "run", (Succeeded, Failed, Waiting))
+            except InvalidResult as exc:
+                raise _Rollback(exc) from None
+            if not isinstance(result, Succeeded):
+                raise _Rollback(result)
+            # The action may have run for long: extend the lease as we commit.
+            db.fence(self.using, self.run_id, self.generation, store.lease_ms(), step.seq,
+                     reset_failures=True)
+            entry = self._new_entry(step, JournalEntry.State.SUCCEEDED, result)
+            evidence.append_journal(entry, self.last_hash, self.using)
+        step.ctx.tx = None
+        self._journaled(entry)
+        return copy.deepcopy(entry.output)
+
+    # -- EXTERNAL, IRREVERSIBLE, SNAPSHOT_RESTORE ----------------------------
+
+    def _external(self, step: _Step) -> Any:
+        state = self.effects.setdefault(step.seq, _EffectState())
+        if state.open_key:
+            # Dispatched before (a crash, an exception, a late result): never run
+            # it again blindly. Ask the provider, or an operator.
+            step.ctx.invocation_key = state.open_key
+            return self._reconcile(step, state)
+        denial = self._authorize_outside_tx(step)
+        if denial is not None:
+            self._ledger_event(step, LedgerEntry.Kind.REJECTED, message=denial.message, fenced=True)
+            return self._step_failed(step, denial.code or store.FORBIDDEN, denial.message)
+        invocation_key = f"{step.ctx.effect_key}:{state.attempts + 1}"
+        step.ctx.invocation_key = invocation_key
+
+        def dispatch() -> None:
+            db.fence(self.using, self.run_id, self.generation, store.lease_ms(), step.seq)
+            if step.cost:
+                budgets.charge(self.using, root_id=self.root_id, run_id=self.run_id,
+                               seq=step.seq, cost=step.cost)
+            self._ledger(step, LedgerEntry.Kind.DISPATCHED, with_hashes=True)
+
+        try:
+            db.run_in_transaction(dispatch, self.using)
+        except budgets.BudgetExceeded as exc:
+            self._ledger_event(step, LedgerEntry.Kind.REJECTED, message=str(exc), fenced=True)
+            return self._step_failed(step, store.EFFECT_BUDGET_EXCEEDED, str(exc))
+        state.attempts += 1
+        state.open_key = invocation_key
+
+        try:
+            result = self._call(step, "run", (Succeeded, Failed, Ambiguous))
+        except (LeaseLost, RunCanceled) as exc:
+            self._late_evidence(step, f"run() stopped: {exc}")
+            raise
+        except InvalidResult as exc:
+            result = Ambiguous(f"invalid result after dispatch: {exc}")
+        except Suspend:
+            raise
+        except Exception as exc:
+            result = Ambiguous(f"run() raised after dispatch: {type(exc).__name__}: {exc}")
+
+        if isinstance(result, Ambiguous):
+            self._ledger_event(step, LedgerEntry.Kind.OUTCOME_UNKNOWN, message=result.message or "",
+                               fenced=True)
+            return self._reconcile(step, state)
+        if isinstance(result, Succeeded):
+            return self._journal_success(step, result, ledger_kind=LedgerEntry.Kind.SUCCEEDED)
+        return self._external_failed(step, result, LedgerEntry.Kind.FAILED)
+
+    def _reconcile(self, step: _Step, state: _EffectState) -> Any:
+        if not step.action.defines("reconcile"):
+            self._ledger_event(step, LedgerEntry.Kind.RECONCILE_UNKNOWN,
+                               message="the action has no reconcile()", fenced=True)
+            self._needs_attention(store.EFFECT_OUTCOME_UNKNOWN,
+                                  f"step {step.seq} ({step.name}): outcome unknown and no reconcile()",
+                                  step=step.seq)
+        try:
+            result = self._call(step, "reconcile", (Succeeded, Failed, Unknown))
+        except (LeaseLost, RunCanceled, Suspend):
+            raise
+        except InvalidResult as exc:
+            result = Unknown(f"reconcile() returned an invalid result: {exc}")
+        except Exception as exc:
+            result = Unknown(f"reconcile() raised {type(exc).__name__}: {exc}")
+        if isinstance(result, Succeeded):
+            return self._journal_success(step, result, ledger_kind=LedgerEntry.Kind.RECONCILED)
+        if isinstance(result, Failed):
+            return self._external_failed(step, result, LedgerEntry.Kind.RECONCILED)
+        self._ledger_event(step, LedgerEntry.Kind.RECONCILE_UNKNOWN, message=result.message or "",
+                           fenced=True)
+        self._needs_attention(
+            store.EFFECT_OUTCOME_UNKNOWN,
+            f"step {step.seq} ({step.name}): reconcile() cannot tell: {result.message or ''}",
+            step=step.seq,
+        )
+        raise AssertionError("unreachable")
+
+    def _external_failed(self, step: _Step, result: Failed, kind: str) -> Any:
+        """The provider says the effect did not happen. Retryable: a new invocation later."""
+        state = self.effects[step.seq]
+
+        def record() -> None:
+            db.fence(self.using, self.run_id, self.generation, store.lease_ms(), step.seq)
+            self._ledger(step, kind, message=result.message,
+                         detail={"outcome": "failed", "code": result.code,
+                                 "retryable": result.retryable})
+
+        try:
+            db.run_in_transaction(record, self.using)
+        except (LeaseLost, RunCanceled):
+            self._late_evidence(step, f"failed result after losing the run: {result.message}")
+            raise
+        state.open_key = None
+        if result.retryable:
+            self._retry_later(f"step {step.seq} ({step.name}) failed: {result.message}")
+        return self._step_failed(step, result.code or store.ACTION_FAILED, result.message)
+
+    # -- common paths --------------------------------------------------------
+
+    def _call(self, step: _Step, hook: str, allowed: tuple) -> Any:
+        """Call an action hook with the lease kept alive, and validate what it returns."""
+        if self.keeper:
+            self.keeper.action_started(self.run_id, step.action.timeout)
+        try:
+            result = getattr(step.action, hook)(step.ctx, step.input)
+        finally:
+            if self.keeper:
+                self.keeper.action_finished(self.run_id)
+        return validate_result(result, allowed, hook)
+
+    def _authorize(self, step: _Step) -> Failed | None:
+        """Ask the action just before its effect. A denial is a ``Failed``; a result that
+        is not None, succeeded or failed raises ``InvalidResult``; other errors propagate."""
+        if not step.action.defines("authorize"):
+            return None
+        try:
+            result = step.action.authorize(step.ctx, step.input)
+        except PermissionDenied as exc:
+            return Failed(str(exc) or "permission denied", store.FORBIDDEN)
+        if result is None or isinstance(result, Succeeded):
+            return None
+        if isinstance(result, Failed):
+            return Failed(result.message, result.code or store.FORBIDDEN)
+        raise InvalidResult(f"authorize() returned {result!r}")
+
+    def _authorize_outside_tx(self, step: _Step) -> Failed | None:
+        try:
+            return self._authorize(step)
+        except InvalidResult as exc:
+            self._fail_run(store.INVALID_ACTION_RESULT, f"step {step.seq} ({step.name}): {exc}",
+                           step=step)
+        except (LeaseLost, RunCanceled, Suspend):
+            raise
+        except Exception as exc:
+            self._retry_later(f"step {step.seq} ({step.name}): authorize() raised {exc!r}")
+        raise AssertionError("unreachable")
+
+    def _charge_before_dispatch(self, step: _Step) -> None:
+        def charge() -> None:
+            db.fence(self.using, self.run_id, self.generation, store.lease_ms(), step.seq)
+            budgets.charge(self.using, root_id=self.root_id, run_id=self.run_id, seq=step.seq,
+                           cost=step.cost)
+
+        try:
+            db.run_in_transaction(charge, self.using)
+        except budgets.BudgetExceeded as exc:
+            self._step_failed(step, store.EFFECT_BUDGET_EXCEEDED, str(exc))
+
+    def _apply(self, step: _Step, result: Any) -> Any:
+        if isinstance(result, Succeeded):
+            return self._journal_success(step, result)
+        if isinstance(result, Waiting):
+            self._park(step.seq, result.dependency)
+        if result.retryable:
+            self._retry_later(f"step {step.seq} ({step.name}) failed: {result.message}")
+        return self._step_failed(step, result.code or store.ACTION_FAILED, result.message)
+
+    def _new_entry(self, step: _Step, state: str, result: Succeeded | None = None,
+                   code: str = "", message: str = "") -> JournalEntry:
+        return JournalEntry(
+            run_id=self.run_id, seq=step.seq, action_name=step.name,
+            effect=step.action.effect.value, state=state,
+            output=result.output if result else None,
+            summary=(result.summary or "") if result else "",
+            error_code=code, error_message=message, input_hash=step.input_hash,
+            generation=self.generation, started_at=step.started, created_at=timezone.now(),
+        )
+
+    def _journaled(self, entry: JournalEntry) -> None:
+        """Only after the commit: the in-memory journal follows the database, never leads it."""
+        self.journal[entry.seq] = entry
+        self.last_hash = entry.entry_hash
+        self.effects.pop(entry.seq, None)
+
+    def _journal_success(self, step: _Step, result: Succeeded, *, charge: bool = False,
+                         ledger_kind: str | None = None) -> Any:
+        entry = self._new_entry(step, JournalEntry.State.SUCCEEDED, result)
+
+        def write() -> None:
+            db.fence(self.using, self.run_id, self.generation, store.lease_ms(), step.seq,
+                     reset_failures=True)
+            if charge:
+                budgets.charge(self.using, root_id=self.root_id, run_id=self.run_id,
+                               seq=step.seq, cost=step.cost)
+            if ledger_kind:
+                self._ledger(step, ledger_kind, output_hash=evidence.hash_value(result.output))
+            evidence.append_journal(entry, self.last_hash, self.using)
+
+        try:
+            db.run_in_transaction(write, self.using)
+        except budgets.BudgetExceeded as exc:
+            return self._step_failed(step, store.EFFECT_BUDGET_EXCEEDED, str(exc))
+        except (LeaseLost, RunCanceled):
+            if ledger_kind:
+                self._late_evidence(step, "result arrived after the run was taken over or canceled",
+                                    output=result.output)
+            raise
+        self._journaled(entry)
+        return copy.deepcopy(entry.output)
+
+    def _step_failed(self, step: _Step, code: str, message: str) -> Any:
+        """Journal a final failure of the step and raise ``StepFailed`` into the workflow."""
+        entry = self._new_entry(step, JournalEntry.State.FAILED, code=code, message=message)
+
+        def write() -> None:
+            db.fence(self.using, self.run_id, self.generation, store.lease_ms(), step.seq,
+                     reset_failures=True)
+            evidence.append_journal(entry, self.last_hash, self.using)
+
+        db.run_in_transaction(write, self.using)
+        self._journaled(entry)
+        raise StepFailed(code, message)
+
+    def _ledger(self, step: _Step, kind: str, *, with_hashes: bool = False, **fields: Any) -> None:
+        values: dict[str, Any] = dict(
+            run_id=self.run_id, seq=step.seq, kind=kind, action_name=step.name,
+            effect=step.action.effect.value, invocation_key=step.ctx.invocation_key or "",
+            effect_key=step.ctx.effect_key, generation=self.generation,
+        )
+        if with_hashes:
+            values.update(
+                definition_hash=type(step.action).definition_hash(),
+                input_hash=step.input_hash,
+                preview_hash=evidence.hash_value({"action": step.name, "input": step.input_hash,
+                                                  **step.refs}),
+                principal_hash=evidence.hash_value(self.principal),
+                idempotency_key_hash=evidence.hash_optional(self.run.idempotency_key),
+                detail={k: v for k, v in step.refs.items() if v} or None,
+            )
+        values.update(fields)
+        evidence.append_ledger(self.using, **values)
+
+    def _ledger_event(self, step: _Step, kind: str, *, message: str = "", fenced: bool) -> None:
+        def write() -> None:
+            if fenced:
+                db.fence(self.using, self.run_id, self.generation, store.lease_ms(), step.seq)
+            self._ledger(step, kind, message=message)
+
+        db.run_in_transaction(write, self.using)
+
+    def _late_evidence(self, step: _Step, message: str, output: Any = None) -> None:
+        """A fenced-out worker's result is evidence for the operator, never applied."""
+        def write() -> None:
+            db.lock_run(self.using, self.run_id)
+            self._ledger(step, LedgerEntry.Kind.LATE_RESULT, message=message,
+                         output_hash=evidence.hash_value(output) if output is not None else "",
+                         detail={"output": output} if output is not None else None)
+
+        try:
+            db.run_in_transaction(write, self.using)
+        except Exception:
+            logger.exception("run %s step %s: could not record late evidence", self.run_id, step.seq)
+
+    # -- run transitions -----------------------------------------------------
+
+    def _transition(self, sql: str, params: list[Any], outcome: str, *, terminal: bool,
+                    step: _Step | None = None, entry: JournalEntry | None = None,
+                    verify: bool = False) -> None:
+        """Fence, then change the run's status (and wake a parent when it ends)."""
+        broken: list[str] = []
+
+        def write() -> None:
+            db.fence(self.using, self.run_id, self.generation, store.lease_ms())
+            if verify:
+                problem = evidence.verify_chains(self.run_id, self.using)
+                if problem:
+                    broken.append(problem)
+                    return
+            if entry is not None:
+                evidence.append_journal(entry, self.last_hash, self.using)
+            db.execute(self.using, sql, [*params, self.run_id])
+            if terminal and self.run.parent_id:
+                wake_parent(self.using, self.run)
+
+        db.run_in_transaction(write, self.using)
+        if broken:
+            logger.error("run %s: integrity chain broken: %s", self.run_id, broken[0])
+            self._needs_attention(store.INTEGRITY_CHAIN_BROKEN, broken[0], step=None)
+        if entry is not None:
+            self._journaled(entry)
+        self.outcome = outcome
+        raise Suspend
+
+    def _succeed_run(self, output: Any) -> None:
+        try:
+            self._transition(
+                """UPDATE k2b_run SET status = 'succeeded', output = %s, error_code = '',
+                          error_message = '', finished_at = now(), lease_expires_at = NULL,
+                          consecutive_failures = 0, updated_at = now() WHERE id = %s""",
+                [canonical_json(output)], "succeeded", terminal=True, verify=True,
+            )
+        except Suspend:
+            pass
+
+    def _fail_run(self, code: str, message: str, step: _Step | None = None) -> None:
+        """Fail the run for good (journaling the step's failure when there is one)."""
+        entry = None
+        if step is not None and step.seq not in self.journal:
+            entry = self._new_entry(step, JournalEntry.State.FAILED, code=code, message=message)
+        self._transition(
+            """UPDATE k2b_run SET status = 'failed', error_code = %s, error_message = %s,
+                      finished_at = now(), lease_expires_at = NULL, updated_at = now()
+                WHERE id = %s""",
+            [code, message], "failed", terminal=True, step=step, entry=entry,
+        )
+
+    def _needs_attention(self, code: str, message: str, step: int | None) -> None:
+        self._transition(
+            """UPDATE k2b_run SET status = 'needs_attention', error_code = %s, error_message = %s,
+                      attention_step = %s, lease_expires_at = NULL, updated_at = now()
+                WHERE id = %s""",
+            [code, message, step], "needs_attention", terminal=False,
+        )
+
+    def _retry_later(self, reason: str) -> None:
+        """A retryable failure: count it, back off, or give up past the limit."""
+        failures = self.run.consecutive_failures + 1
+        if failures >= store.max_consecutive_failures():
+            self._exhausted(failures, reason)
+        delay = store.backoff_ms(failures)
+        logger.info("run %s: retry %s in %s ms: %s", self.run_id, failures, delay, reason)
+        self._transition(
+            """UPDATE k2b_run SET status = 'queued', consecutive_failures = %s,
+                      run_after = now() + %s * interval '1 millisecond', error_message = %s,
+                      lease_expires_at = NULL, claimed_by = '', updated_at = now()
+                WHERE id = %s""",
+            [failures, delay, reason], "retry", terminal=False,
+        )
+
+    def _exhausted(self, failures: int, reason: str) -> None:
+        message = f"{failures} consecutive failures; last: {reason}"
+        open_steps = [seq for seq, state in self.effects.items() if state.open_key]
+        if open_steps:
+            # An effect may have happened: never just fail, an operator decides.
+            self._needs_attention(store.WORKFLOW_RETRY_EXHAUSTED, message, step=open_steps[0])
+        self._fail_run(store.WORKFLOW_RETRY_EXHAUSTED, message)
+
+    def _park(self, seq: int, dependency: Any) -> None:
+        parked: list[bool] = []
+
+        def write() -> None:
+            db.fence(self.using, self.run_id, self.generation, store.lease_ms(), seq)
+            parked.append(waits.park(
+                self.using, run_id=self.run_id, app_id=self.app_id, step=seq,
+                dependency=dependency, seen_kind=self.run.wait_kind, seen_key=self.run.wait_key,
+                seen_seq=self.run.wait_signal_seq,
+            ))
+
+        db.run_in_transaction(write, self.using)
+        self.outcome = "waiting" if parked[-1] else "rewoken"
+        raise Suspend
+
+    def _release_after_unknown_commit(self) -> None:
+        from django.db import connections
+
+        from .claim import release
+
+        connections[self.using].close()
+        try:
+            release(self.using, self.run_id, self.generation)
+        except DatabaseError:
+            logger.warning("run %s: could not release; the lease will expire", self.run_id)
+
+    # -- run.children --------------------------------------------------------
+
+    def children(self, name: str, inputs: list[Any], *, wait: bool = True) -> Any:
+        """``run.children`` (``wait``) or ``create_child_workflow_runs(run, ...)`` (not)."""
+        from . import children
+
+        self._check_shutdown()
+        seq = self.next_seq
+        self.next_seq += 1
+        action_name = f"{CHILDREN_KIND}:{name}"
+        try:
+            inputs = to_json_value(list(inputs), f"inputs of children step {seq}")
+        except (InvalidInput, TypeError) as exc:
+            self._fail_run(store.INVALID_STEP_INPUT, str(exc))
+        input_hash = evidence.hash_value(inputs)
+        if not wait:
+            action_name = f"{CHILDREN_KIND}.create:{name}"
+        entry = self.journal.get(seq)
+        if entry is not None:
+            replayed = self._replay(entry, action_name, input_hash)
+            return [r["run_id"] for r in replayed] if not wait else [
+                ChildResult(**r) for r in replayed]
+        step = _Step(seq, _ChildrenAction(), action_name, inputs, input_hash, timezone.now(),
+                     StepContext(self, seq))
+        if len(inputs) > store.max_children_per_step():
+            return self._step_failed(step, store.FAN_OUT_EXCEEDED,
+                                     f"{len(inputs)} children asked, at most "
+                                     f"{store.max_children_per_step()} per step")
+        results: list[dict] = []
+        failure: list[tuple[str, str]] = []
+
+        def write() -> None:
+            db.fence(self.using, self.run_id, self.generation, store.lease_ms(), seq)
+            try:
+                ids = children.create(self.using, parent=self.run, step=seq, name=name,
+                                      inputs=inputs)
+            except budgets.BudgetExceeded as exc:
+                failure.append((store.MAX_STEPS_EXCEEDED, str(exc)))
+                return
+            except UnknownWorkflow as exc:
+                failure.append(("UNKNOWN_WORKFLOW", str(exc)))
+                return
+            rows = children.results(self.using, self.run_id, seq)
+            if not wait or all(r["done"] for r in rows):
+                output = ([children.public(r) for r in rows] if wait
+                          else [{"run_id": str(i)} for i in ids])
+                entry = self._new_entry(step, JournalEntry.State.SUCCEEDED, Succeeded(output))
+                evidence.append_journal(entry, self.last_hash, self.using)
+                results.append({"entry": entry})
+                return
+            parked = waits.park(
+                self.using, run_id=self.run_id, app_id=self.app_id, step=seq,
+                dependency=children.dependency(self.run_id, seq), seen_kind=self.run.wait_kind,
+                seen_key=self.run.wait_key, seen_seq=self.run.wait_signal_seq,
+            )
+            results.append({"parked": parked})
+
+        db.run_in_transaction(write, self.using)
+        if failure:
+            return self._step_failed(step, *failure[0])
+        last = results[-1]
+        if "entry" in last:
+            self._journaled(last["entry"])
+            if not wait:
+                return [r["run_id"] for r in last["entry"].output]
+            return [ChildResult(**r) for r in last["entry"].output]
+        self.outcome = "waiting" if last["parked"] else "rewoken"
+        raise Suspend
+
+
+class _ChildrenAction(Action):
+    name = CHILDREN_KIND
+    effect = Effect.PURE
+
+
+@dataclass
+class _Step:
+    seq: int
+    action: Action
+    name: str
+    input: Any
+    input_hash: str
+    started: Any
+    ctx: StepContext
+    cost: dict[str, int] | None = None
+    refs: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        self.refs = self.refs or {}
+        self.cost = self.cost or {}
+
+
+def wake_parent(using: str, run: WorkflowRun) -> None:
+    """A child ended: wake its parent's children step (inside the child's transaction)."""
+    from . import children
+
+    rows = db.fetchall(using, "SELECT app_id FROM k2b_run WHERE id = %s", [run.parent_id])
+    if rows:
+        dep = children.dependency(run.parent_id, run.parent_step)
+        waits.wake(using, app_id=rows[0][0], kind=dep.kind, key=dep.key)

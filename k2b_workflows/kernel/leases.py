@@ -1,0 +1,167 @@
+"""The lease keeper: renews the leases of runs this process executes.
+
+It renews while an action runs, up to the action's timeout; a process that
+is stopped (SIGSTOP) or frozen renews nothing and is fenced out when its
+lease expires. It also notices cancellations and lost leases within a tick
+and sets the execution's ``ctx.canceled`` event (the abort signal).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import connections
+
+from .. import store
+from .claim import renew_leases
+
+logger = logging.getLogger("k2b_workflows")
+
+CHECK_INTERVAL_S = 0.25
+
+
+@dataclass
+class _Held:
+    generation: int
+    event: threading.Event
+    action_deadline: float | None = None
+    lost: bool = False
+
+
+@dataclass
+class LeaseKeeper:
+    using: str
+    _runs: dict[Any, _Held] = field(default_factory=dict)
+    _tasks: dict[Any, _Held] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _conn: Any = None
+
+    # -- bookkeeping, called by executing threads --
+
+    def track(self, run_id: Any, generation: int, event: threading.Event) -> None:
+        with self._lock:
+            self._runs[run_id] = _Held(generation, event)
+
+    def untrack(self, run_id: Any) -> None:
+        with self._lock:
+            self._runs.pop(run_id, None)
+
+    def action_started(self, run_id: Any, timeout_s: float | None) -> None:
+        timeout = timeout_s if timeout_s is not None else store.action_timeout_ms() / 1000
+        with self._lock:
+            if run_id in self._runs:
+                self._runs[run_id].action_deadline = time.monotonic() + timeout
+
+    def action_finished(self, run_id: Any) -> None:
+        with self._lock:
+            if run_id in self._runs:
+                self._runs[run_id].action_deadline = None
+
+    def is_lost(self, run_id: Any) -> bool:
+        with self._lock:
+            held = self._runs.get(run_id)
+            return bool(held and held.lost)
+
+    def track_task(self, task_id: Any, generation: int, event: threading.Event) -> None:
+        with self._lock:
+            self._tasks[task_id] = _Held(generation, event)
+
+    def untrack_task(self, task_id: Any) -> None:
+        with self._lock:
+            self._tasks.pop(task_id, None)
+
+    @property
+    def busy(self) -> int:
+        with self._lock:
+            return len(self._runs) + len(self._tasks)
+
+    # -- the thread --
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="k2b-lease-keeper", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=5)
+        if self._conn is not None:
+            self._conn.close()
+
+    def _connection(self) -> Any:
+        if self._conn is None or self._conn.closed:
+            wrapper = connections[self.using]
+            self._conn = wrapper.get_new_connection(wrapper.get_connection_params())
+            self._conn.autocommit = True
+        return self._conn
+
+    def _loop(self) -> None:
+        last_renew = 0.0
+        while not self._stop.wait(CHECK_INTERVAL_S):
+            try:
+                renew_every = store.lease_ms() / 3000
+                renew = time.monotonic() - last_renew >= renew_every
+                self.tick(renew=renew)
+                if renew:
+                    last_renew = time.monotonic()
+            except Exception:
+                logger.exception("lease keeper: tick failed; reconnecting")
+                if self._conn is not None:
+                    self._conn.close()
+                self._conn = None
+
+    def tick(self, *, renew: bool) -> None:
+        now = time.monotonic()
+        with self._lock:
+            runs = dict(self._runs)
+            tasks = dict(self._tasks)
+        if not runs and not tasks:
+            return
+        conn = self._connection()
+        lease = store.lease_ms()
+        if runs and renew:
+            keep = {}
+            for run_id, held in runs.items():
+                if held.action_deadline is not None and now > held.action_deadline:
+                    # Past the action's timeout: stop renewing, let the lease expire.
+                    held.event.set()
+                    continue
+                keep[run_id] = held.generation
+            _, states = renew_leases(conn, keep, lease)
+            self._mark(runs, states)
+        elif runs:
+            rows = conn.execute(
+                "SELECT id, status, generation FROM k2b_run WHERE id = ANY(%s)"
+                " AND (status <> 'running')",
+                [list(runs)],
+            ).fetchall()
+            self._mark(runs, {r[0]: (r[1], r[2]) for r in rows})
+        if tasks:
+            ids = list(tasks)
+            if renew:
+                conn.execute(
+                    "UPDATE k2b_ai_task SET lease_expires_at = now() + %s * interval '1 millisecond'"
+                    " WHERE id = ANY(%s) AND status = 'running'",
+                    [lease, ids],
+                )
+            for task_id, status, generation in conn.execute(
+                "SELECT id, status, generation FROM k2b_ai_task WHERE id = ANY(%s)", [ids]
+            ).fetchall():
+                held = tasks[task_id]
+                if status != "running" or generation != held.generation:
+                    held.event.set()
+
+    def _mark(self, runs: dict[Any, _Held], states: dict[Any, tuple]) -> None:
+        for run_id, (status, generation) in states.items():
+            held = runs.get(run_id)
+            if held is None:
+                continue
+            if status != "running" or generation != held.generation:
+                held.lost = True
+                held.event.set()

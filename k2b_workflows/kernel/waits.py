@@ -1,0 +1,115 @@
+"""Parking a run on a dependency and waking it, without ever losing a wake.
+
+Both sides lock the same rendezvous row for ``(app_id, kind, key)`` with an
+upsert, so a park and a wake serialize. "Insert my row, then look for the
+other side's" loses most wakes under READ COMMITTED; this does not.
+
+The rendezvous counts wakes in ``signal_seq``. A parking run compares it with
+the last signal it has seen on that key: a wake that committed before the
+park (even before the run ever parked) sends the run straight back to the
+queue instead of to sleep. A woken run whose action is still not ready just
+parks again; wakes are idempotent.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.db import connections, transaction
+from django.utils import timezone
+
+from ..actions import Dependency
+from ..store import CHANNEL
+
+_UPSERT_SQL = """
+INSERT INTO k2b_wait (app_id, kind, key, signal_seq, signaled_at, created_at)
+VALUES (%s, %s, %s, %s, CASE WHEN %s THEN now() END, now())
+ON CONFLICT (app_id, kind, key) DO UPDATE
+   SET signal_seq = k2b_wait.signal_seq + %s,
+       signaled_at = CASE WHEN %s THEN now() ELSE k2b_wait.signaled_at END
+RETURNING signal_seq
+"""
+
+
+def _lock_rendezvous(using: str, app_id: str, kind: str, key: str, signal: bool) -> int:
+    """Upsert and lock the rendezvous row; with ``signal``, count one more wake."""
+    step = 1 if signal else 0
+    with connections[using].cursor() as cursor:
+        cursor.execute(_UPSERT_SQL, [app_id, kind, key, step, signal, step, signal])
+        return cursor.fetchone()[0]
+
+
+def deadline_at(dependency: Dependency) -> dt.datetime | None:
+    deadline = dependency.deadline
+    if isinstance(deadline, dt.timedelta):
+        return timezone.now() + deadline
+    if deadline is not None and timezone.is_naive(deadline):
+        return timezone.make_aware(deadline)
+    return deadline
+
+
+def park(
+    using: str,
+    *,
+    run_id: Any,
+    app_id: str,
+    step: int,
+    dependency: Dependency,
+    seen_kind: str,
+    seen_key: str,
+    seen_seq: int,
+) -> bool:
+    """Park a running run (caller holds its fence) on ``dependency``.
+
+    Returns False when a wake the run has not seen is already recorded: the
+    run is re-queued at once instead of parked.
+    """
+    current = _lock_rendezvous(using, app_id, dependency.kind, dependency.key, signal=False)
+    same_key = (seen_kind, seen_key) == (dependency.kind, dependency.key)
+    already_seen = seen_seq if same_key else 0
+    deadline = deadline_at(dependency)
+    with connections[using].cursor() as cursor:
+        if current > already_seen:
+            cursor.execute(
+                """UPDATE k2b_run SET status = 'queued', run_after = now(), updated_at = now(),
+                          wait_kind = %s, wait_key = %s, wait_signal_seq = %s, wait_step = %s,
+                          wait_deadline = NULL, waiting_since = NULL, lease_expires_at = NULL,
+                          consecutive_failures = 0
+                    WHERE id = %s""",
+                [dependency.kind, dependency.key, current, step, run_id],
+            )
+            return False
+        cursor.execute(
+            """UPDATE k2b_run SET status = 'waiting', updated_at = now(),
+                      wait_kind = %s, wait_key = %s, wait_signal_seq = %s, wait_step = %s,
+                      wait_deadline = %s, waiting_since = now(), lease_expires_at = NULL,
+                      consecutive_failures = 0
+                WHERE id = %s""",
+            [dependency.kind, dependency.key, current, step, deadline, run_id],
+        )
+    return True
+
+
+def wake(using: str, *, app_id: str, kind: str, key: str) -> int:
+    """Record a wake for ``(app_id, kind, key)`` and re-queue every run parked on it.
+
+    Joins the caller's transaction if there is one: nothing happens unless it
+    commits. Returns the number of runs re-queued now.
+    """
+    with transaction.atomic(using=using):
+        seq = _lock_rendezvous(using, app_id, kind, key, signal=True)
+        with connections[using].cursor() as cursor:
+            cursor.execute(
+                """UPDATE k2b_run SET status = 'queued', run_after = now(), updated_at = now(),
+                          wait_signal_seq = %s, wait_deadline = NULL
+                    WHERE status = 'waiting' AND app_id = %s AND wait_kind = %s AND wait_key = %s""",
+                [seq, app_id, kind, key],
+            )
+            return cursor.rowcount
+
+
+def notify(using: str, app_id: str) -> None:
+    """Wake idle workers now; delivered only if the surrounding transaction commits."""
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, app_id])

@@ -1,0 +1,54 @@
+"""``manage.py runworkflows``: run workers until stopped (or, with --burst, until idle)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sys
+import time
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from k2b_workflows.worker import Worker, default_status_stream
+
+
+class Command(BaseCommand):
+    help = "Claim and execute workflow runs. SIGTERM/SIGINT stop gracefully; a second one forces."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--app", action="append", dest="apps", metavar="APP",
+                            help="only runs of this app id (repeatable); default: all")
+        parser.add_argument("--concurrency", type=int, default=4,
+                            help="threads executing runs (default 4)")
+        parser.add_argument("--burst", action="store_true",
+                            help="exit when nothing is left to run")
+        parser.add_argument("--no-listen", action="store_true",
+                            help="poll only; do not LISTEN for wake-ups")
+
+    def handle(self, *args: Any, apps: list[str] | None, concurrency: int, burst: bool,
+               no_listen: bool, **options: Any) -> None:
+        if concurrency < 1:
+            raise CommandError("--concurrency must be at least 1")
+        worker = Worker(app_ids=apps, concurrency=concurrency, burst=burst,
+                        listen=not no_listen, status_stream=default_status_stream())
+        stops = 0
+
+        def on_signal(signum: int, frame: Any) -> None:
+            nonlocal stops
+            stops += 1
+            if stops > 1:
+                # Forced: leases expire and other workers take over (the crash path).
+                os._exit(1)
+            self.stderr.write(f"received {signal.Signals(signum).name}: stopping after current steps")
+            worker.stop()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        # Jitter so a fleet restarted at once does not claim in lockstep.
+        if not burst:
+            time.sleep(random.uniform(0, 0.2))
+        worker.run()
+        if not sys.stdout.isatty():
+            self.stdout.write(f"worker stopped: {dict(worker.stats)}")

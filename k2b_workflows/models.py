@@ -1,0 +1,448 @@
+"""Runs, their journal, the evidence ledger, budgets, waits, AI tasks and dedup rows.
+
+The invariants that must survive a buggy worker or a hand-written ``UPDATE``
+live in the database as triggers (django-pgtrigger): journal and ledger are
+append-only, ``generation`` never decreases, and ``status`` only takes the
+transitions of the run lifecycle.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pgtrigger
+from django.db import models
+from django.utils import timezone
+
+from .actions import Effect
+
+
+class Notify(pgtrigger.Trigger):
+    """``pg_notify`` the workers' channel with the app id of a row that became runnable.
+
+    A notification is only a wake-up: a rolled-back transaction never
+    delivers one, and workers keep polling in case one is missed.
+    """
+
+    when = pgtrigger.After
+    channel = "k2b_workflows"
+
+    def __init__(self, *, channel: str = "k2b_workflows", **kwargs):
+        self.channel = channel
+        super().__init__(**kwargs)
+
+    def get_func(self, model):
+        return f"PERFORM pg_notify('{self.channel}', NEW.app_id); RETURN NULL;"
+
+
+class RunStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    WAITING = "waiting"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELED = "canceled"
+    NEEDS_ATTENTION = "needs_attention"
+
+
+TERMINAL_STATUSES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELED)
+FINAL_STATUSES = (RunStatus.SUCCEEDED, RunStatus.CANCELED)
+
+#: The run lifecycle. ``running -> running`` is not a transition: a takeover
+#: keeps the status and raises ``generation``.
+RUN_TRANSITIONS = [
+    ("queued", "running"),
+    ("queued", "canceled"),
+    ("running", "queued"),
+    ("running", "waiting"),
+    ("running", "succeeded"),
+    ("running", "failed"),
+    ("running", "needs_attention"),
+    ("running", "canceled"),
+    ("waiting", "queued"),
+    ("waiting", "canceled"),
+    ("needs_attention", "queued"),
+    ("needs_attention", "succeeded"),
+    ("needs_attention", "canceled"),
+    ("failed", "queued"),
+]
+
+_EFFECT_CHOICES = [(e.value, e.name.replace("_", " ").lower()) for e in Effect]
+
+
+def _append_only(name: str) -> pgtrigger.Protect:
+    return pgtrigger.Protect(name=name, operation=pgtrigger.Update | pgtrigger.Delete)
+
+
+class WorkflowRun(models.Model):
+    """One execution of a workflow: queued, claimed under a lease, parked, finished."""
+
+    Status = RunStatus
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    workflow_name = models.CharField(max_length=200)
+    workflow_version = models.PositiveIntegerField(default=1)
+    app_id = models.CharField(max_length=100)
+    status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.QUEUED)
+    input = models.JSONField()
+    output = models.JSONField(null=True, blank=True)
+    error_code = models.CharField(max_length=100, blank=True, default="")
+    error_message = models.TextField(blank=True, default="")
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    principal = models.JSONField(null=True, blank=True)
+
+    # Claiming, leases and the fence.
+    generation = models.BigIntegerField(default=0)
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    run_after = models.DateTimeField(default=timezone.now)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    claimed_by = models.CharField(max_length=200, blank=True, default="")
+    current_step = models.IntegerField(null=True, blank=True)
+    #: The step whose effect an operator must resolve (``needs_attention`` only).
+    attention_step = models.IntegerField(null=True, blank=True)
+
+    # Tree of runs: children are normal runs created by a parent's step.
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="children"
+    )
+    parent_step = models.IntegerField(null=True, blank=True)
+    child_index = models.IntegerField(null=True, blank=True)
+    root = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="descendants"
+    )
+
+    # What a waiting run waits for; kept after a wake so a second park on the
+    # same key knows which signals it has already seen.
+    wait_kind = models.CharField(max_length=200, blank=True, default="")
+    wait_key = models.CharField(max_length=500, blank=True, default="")
+    wait_deadline = models.DateTimeField(null=True, blank=True)
+    waiting_since = models.DateTimeField(null=True, blank=True)
+    wait_step = models.IntegerField(null=True, blank=True)
+    wait_signal_seq = models.BigIntegerField(default=0)
+
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "k2b_run"
+        ordering = ["-created_at"]
+        permissions = [
+            ("resolve_effect", "Can resolve an ambiguous effect"),
+            ("cancel_workflowrun", "Can cancel a workflow run"),
+            ("retry_workflowrun", "Can retry a failed workflow run"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workflow_name", "idempotency_key"],
+                condition=models.Q(idempotency_key__isnull=False),
+                name="k2b_run_idempotency_key",
+            ),
+            models.UniqueConstraint(
+                fields=["parent", "parent_step", "child_index"],
+                condition=models.Q(parent__isnull=False),
+                name="k2b_run_child_once",
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["run_after"],
+                condition=models.Q(status="queued"),
+                name="k2b_run_queued",
+            ),
+            models.Index(
+                fields=["lease_expires_at"],
+                condition=models.Q(status="running"),
+                name="k2b_run_leased",
+            ),
+            models.Index(
+                fields=["app_id", "wait_kind", "wait_key"],
+                condition=models.Q(status="waiting"),
+                name="k2b_run_waiting",
+            ),
+            models.Index(
+                fields=["wait_deadline"],
+                condition=models.Q(status="waiting", wait_deadline__isnull=False),
+                name="k2b_run_deadline",
+            ),
+            models.Index(fields=["status", "created_at"], name="k2b_run_status"),
+        ]
+        triggers = [
+            pgtrigger.FSM(name="status_transitions", field="status", transitions=RUN_TRANSITIONS),
+            pgtrigger.Protect(
+                name="generation_never_decreases",
+                operation=pgtrigger.Update,
+                condition=pgtrigger.Q(new__generation__lt=pgtrigger.F("old__generation")),
+            ),
+            Notify(
+                name="notify_queued_insert",
+                operation=pgtrigger.Insert,
+                condition=pgtrigger.Q(new__status="queued"),
+            ),
+            Notify(
+                name="notify_queued_update",
+                operation=pgtrigger.Update,
+                condition=pgtrigger.Q(new__status="queued")
+                & (
+                    pgtrigger.Q(old__status__df=pgtrigger.F("new__status"))
+                    | pgtrigger.Q(old__run_after__df=pgtrigger.F("new__run_after"))
+                ),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.workflow_name} {self.id}"
+
+    @property
+    def is_root(self) -> bool:
+        return self.parent_id is None
+
+
+class JournalEntry(models.Model):
+    """A step's final outcome, checkpointed: what replay returns instead of running it again.
+
+    Append-only and hash-chained per run: ``entry_hash = sha256(prev_hash ‖ canonical(entry))``.
+    """
+
+    class State(models.TextChoices):
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+
+    run = models.ForeignKey(WorkflowRun, on_delete=models.PROTECT, related_name="journal")
+    seq = models.IntegerField()
+    action_name = models.CharField(max_length=200)
+    effect = models.CharField(max_length=20, choices=_EFFECT_CHOICES)
+    state = models.CharField(max_length=20, choices=State.choices)
+    output = models.JSONField(null=True, blank=True)
+    summary = models.TextField(blank=True, default="")
+    error_code = models.CharField(max_length=100, blank=True, default="")
+    error_message = models.TextField(blank=True, default="")
+    input_hash = models.CharField(max_length=64)
+    generation = models.BigIntegerField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    prev_hash = models.CharField(max_length=64)
+    entry_hash = models.CharField(max_length=64)
+
+    class Meta:
+        db_table = "k2b_journal"
+        ordering = ["run", "seq"]
+        verbose_name_plural = "journal entries"
+        constraints = [models.UniqueConstraint(fields=["run", "seq"], name="k2b_journal_step_once")]
+        triggers = [_append_only("journal_append_only")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} #{self.seq} {self.action_name} {self.state}"
+
+
+class LedgerEntry(models.Model):
+    """Evidence of one event of an effect: dispatch, result, reconcile answer, resolution.
+
+    Holds hashes only, never raw input or credentials. Append-only and
+    hash-chained per run like the journal.
+    """
+
+    class Kind(models.TextChoices):
+        DISPATCHED = "dispatched"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        OUTCOME_UNKNOWN = "outcome_unknown"
+        RECONCILED = "reconciled"
+        RECONCILE_UNKNOWN = "reconcile_unknown"
+        LATE_RESULT = "late_result"
+        RESOLVED_CONFIRMED = "resolved_confirmed"
+        RESOLVED_ABSENT = "resolved_absent"
+        REJECTED = "rejected"
+        CANCELED = "canceled"
+        RETRIED = "retried"
+
+    run = models.ForeignKey(WorkflowRun, on_delete=models.PROTECT, related_name="ledger")
+    seq = models.IntegerField(null=True, blank=True)
+    kind = models.CharField(max_length=30, choices=Kind.choices)
+    action_name = models.CharField(max_length=200, blank=True, default="")
+    effect = models.CharField(max_length=20, choices=_EFFECT_CHOICES, blank=True, default="")
+    invocation_key = models.CharField(max_length=200, blank=True, default="")
+    effect_key = models.CharField(max_length=200, blank=True, default="")
+    generation = models.BigIntegerField(null=True, blank=True)
+    definition_hash = models.CharField(max_length=64, blank=True, default="")
+    input_hash = models.CharField(max_length=64, blank=True, default="")
+    preview_hash = models.CharField(max_length=64, blank=True, default="")
+    principal_hash = models.CharField(max_length=64, blank=True, default="")
+    idempotency_key_hash = models.CharField(max_length=64, blank=True, default="")
+    output_hash = models.CharField(max_length=64, blank=True, default="")
+    message = models.TextField(blank=True, default="")
+    #: Operator resolutions: who decided, and on what evidence.
+    actor = models.CharField(max_length=150, blank=True, default="")
+    actor_id = models.BigIntegerField(null=True, blank=True)
+    evidence = models.TextField(blank=True, default="")
+    detail = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    prev_hash = models.CharField(max_length=64)
+    entry_hash = models.CharField(max_length=64)
+
+    class Meta:
+        db_table = "k2b_ledger"
+        ordering = ["run", "id"]
+        verbose_name_plural = "ledger entries"
+        indexes = [models.Index(fields=["run", "seq"], name="k2b_ledger_step")]
+        triggers = [_append_only("ledger_append_only")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} #{self.seq} {self.kind}"
+
+
+class BudgetAccount(models.Model):
+    """The root run's budget: limits and what the whole tree has spent.
+
+    Every charge locks this row, so concurrent children serialize on it and
+    can never overshoot.
+    """
+
+    root = models.OneToOneField(
+        WorkflowRun, primary_key=True, on_delete=models.PROTECT, related_name="budget"
+    )
+    effect_budget = models.JSONField(default=dict, blank=True)
+    max_ai_calls = models.IntegerField(null=True, blank=True)
+    max_steps = models.IntegerField(null=True, blank=True)
+    spent = models.JSONField(default=dict, blank=True)
+    ai_calls = models.IntegerField(default=0)
+    children = models.IntegerField(default=0)
+
+    class Meta:
+        db_table = "k2b_budget_account"
+
+    def __str__(self) -> str:
+        return f"budget of {self.root_id}"
+
+
+class BudgetCharge(models.Model):
+    """One unit of cost paid by one step: unique per root, run, step and unit."""
+
+    account = models.ForeignKey(BudgetAccount, on_delete=models.PROTECT, related_name="charges")
+    run = models.ForeignKey(WorkflowRun, on_delete=models.PROTECT, related_name="charges")
+    seq = models.IntegerField()
+    unit = models.CharField(max_length=100)
+    amount = models.IntegerField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        db_table = "k2b_budget_charge"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["account", "run", "seq", "unit"], name="k2b_charge_once_per_step"
+            )
+        ]
+        triggers = [_append_only("charge_append_only")]
+
+    def __str__(self) -> str:
+        return f"{self.amount} {self.unit} for {self.run_id} #{self.seq}"
+
+
+class WaitRendezvous(models.Model):
+    """The one row per ``(app_id, kind, key)`` that parking and waking both lock.
+
+    ``signal_seq`` counts wakes; a run remembers the last one it has seen, so a
+    wake that commits before the waiter parks is never lost.
+    """
+
+    app_id = models.CharField(max_length=100)
+    kind = models.CharField(max_length=200)
+    key = models.CharField(max_length=500)
+    signal_seq = models.BigIntegerField(default=0)
+    signaled_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        db_table = "k2b_wait"
+        verbose_name_plural = "wait rendezvous"
+        constraints = [
+            models.UniqueConstraint(fields=["app_id", "kind", "key"], name="k2b_wait_occurrence")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.app_id}/{self.kind}/{self.key}"
+
+
+class AiTask(models.Model):
+    """A durable call to an AI provider, created once per step and run by workers."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        CANCELED = "canceled"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    run = models.ForeignKey(WorkflowRun, on_delete=models.PROTECT, related_name="ai_tasks")
+    seq = models.IntegerField()
+    app_id = models.CharField(max_length=100)
+    effect_key = models.CharField(max_length=200, unique=True)
+    provider = models.CharField(max_length=200)
+    request = models.JSONField()
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.QUEUED)
+    result = models.JSONField(null=True, blank=True)
+    error_message = models.TextField(blank=True, default="")
+    attempts = models.IntegerField(default=0)
+    generation = models.BigIntegerField(default=0)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "k2b_ai_task"
+        verbose_name = "AI task"
+        indexes = [
+            models.Index(
+                fields=["created_at"], condition=models.Q(status="queued"), name="k2b_ai_queued"
+            ),
+        ]
+        triggers = [
+            pgtrigger.FSM(
+                name="ai_status_transitions",
+                field="status",
+                transitions=[
+                    ("queued", "running"),
+                    ("queued", "canceled"),
+                    ("running", "queued"),
+                    ("running", "succeeded"),
+                    ("running", "failed"),
+                    ("running", "canceled"),
+                ],
+            ),
+            Notify(
+                name="notify_ai_queued",
+                operation=pgtrigger.Insert | pgtrigger.Update,
+                condition=pgtrigger.Q(new__status="queued"),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.provider} for {self.run_id} #{self.seq}"
+
+
+class DedupRecord(models.Model):
+    """A dedup table for idempotent actions whose provider does not deduplicate.
+
+    Two unique constraints on purpose (``key`` and ``(run, step, name)``):
+    write it with ``k2b_workflows.dedup.insert_once``, never ``get_or_create``.
+    """
+
+    key = models.CharField(max_length=255, unique=True)
+    run = models.ForeignKey(
+        WorkflowRun, null=True, blank=True, on_delete=models.PROTECT, related_name="dedup_records"
+    )
+    step = models.IntegerField(null=True, blank=True)
+    name = models.CharField(max_length=200, blank=True, default="")
+    value = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        db_table = "k2b_dedup"
+        constraints = [
+            models.UniqueConstraint(fields=["run", "step", "name"], name="k2b_dedup_run_step_name")
+        ]
+
+    def __str__(self) -> str:
+        return self.key

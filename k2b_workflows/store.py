@@ -1,0 +1,118 @@
+"""Settings access and the constants the kernel exports.
+
+Every key of the ``K2B_WORKFLOWS`` setting is read here, once, through a small
+function, so the defaults are documented in one place and tests can change a
+value with ``override_settings`` without restarting anything.
+
+=============================  ==========  ==========================================
+key                            default     meaning
+=============================  ==========  ==========================================
+``RUN_LEASE_MS``               30000       how long a claim lasts without renewal
+``RUN_MAX_CONSECUTIVE_FAILURES`` 5         retryable failures or crashes in a row
+                                           before a run fails (or needs attention)
+``RETRY_BACKOFF_MS``           1000        first retry delay, doubled each time
+``RETRY_BACKOFF_MAX_MS``       300000      cap of the retry delay
+``POLL_INTERVAL_MS``           1000        idle workers poll this often even when no
+                                           notification arrives (the safety net)
+``MAX_CHILDREN_PER_STEP``      1000        fan-out bound of one ``run.children`` call
+``ACTION_TIMEOUT_MS``          300000      leases are renewed at most this long while
+                                           one action runs (``Action.timeout`` wins)
+``DATABASE``                   "default"   the alias holding the kernel's tables
+=============================  ==========  ==========================================
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+
+#: Default lease of a claimed run, in milliseconds.
+WORKFLOW_RUN_LEASE_MS = 30_000
+#: Default number of consecutive failures (retryable failures or crashes) tolerated.
+WORKFLOW_RUN_MAX_CONSECUTIVE_FAILURES = 5
+WORKFLOW_RETRY_BACKOFF_MS = 1_000
+WORKFLOW_RETRY_BACKOFF_MAX_MS = 300_000
+WORKFLOW_POLL_INTERVAL_MS = 1_000
+WORKFLOW_MAX_CHILDREN_PER_STEP = 1_000
+WORKFLOW_ACTION_TIMEOUT_MS = 300_000
+
+# Error codes written to ``WorkflowRun.error_code`` by the kernel.
+WORKFLOW_RETRY_EXHAUSTED = "WORKFLOW_RETRY_EXHAUSTED"
+EFFECT_BUDGET_EXCEEDED = "EFFECT_BUDGET_EXCEEDED"
+INVALID_ACTION_RESULT = "INVALID_ACTION_RESULT"
+INVALID_STEP_INPUT = "INVALID_STEP_INPUT"
+INVALID_WORKFLOW_OUTPUT = "INVALID_WORKFLOW_OUTPUT"
+WORKFLOW_NONDETERMINISTIC = "WORKFLOW_NONDETERMINISTIC"
+INTEGRITY_CHAIN_BROKEN = "INTEGRITY_CHAIN_BROKEN"
+FORBIDDEN = "FORBIDDEN"
+APPROVAL_REQUIRED = "APPROVAL_REQUIRED"
+BACKUP_REQUIRED = "BACKUP_REQUIRED"
+MAX_STEPS_EXCEEDED = "MAX_STEPS_EXCEEDED"
+FAN_OUT_EXCEEDED = "FAN_OUT_EXCEEDED"
+EFFECT_OUTCOME_UNKNOWN = "EFFECT_OUTCOME_UNKNOWN"
+AI_TASK_FAILED = "AI_TASK_FAILED"
+CANCELED = "CANCELED"
+ACTION_FAILED = "ACTION_FAILED"
+
+_DEFAULTS: dict[str, Any] = {
+    "RUN_LEASE_MS": WORKFLOW_RUN_LEASE_MS,
+    "RUN_MAX_CONSECUTIVE_FAILURES": WORKFLOW_RUN_MAX_CONSECUTIVE_FAILURES,
+    "RETRY_BACKOFF_MS": WORKFLOW_RETRY_BACKOFF_MS,
+    "RETRY_BACKOFF_MAX_MS": WORKFLOW_RETRY_BACKOFF_MAX_MS,
+    "POLL_INTERVAL_MS": WORKFLOW_POLL_INTERVAL_MS,
+    "MAX_CHILDREN_PER_STEP": WORKFLOW_MAX_CHILDREN_PER_STEP,
+    "ACTION_TIMEOUT_MS": WORKFLOW_ACTION_TIMEOUT_MS,
+    "DATABASE": "default",
+}
+
+
+def _get(key: str) -> Any:
+    return getattr(settings, "K2B_WORKFLOWS", {}).get(key, _DEFAULTS[key])
+
+
+def known_settings() -> frozenset[str]:
+    return frozenset(_DEFAULTS)
+
+
+def lease_ms() -> int:
+    return int(_get("RUN_LEASE_MS"))
+
+
+def max_consecutive_failures() -> int:
+    return int(_get("RUN_MAX_CONSECUTIVE_FAILURES"))
+
+
+def retry_backoff_ms() -> int:
+    return int(_get("RETRY_BACKOFF_MS"))
+
+
+def retry_backoff_max_ms() -> int:
+    return int(_get("RETRY_BACKOFF_MAX_MS"))
+
+
+def poll_interval_ms() -> int:
+    return int(_get("POLL_INTERVAL_MS"))
+
+
+def max_children_per_step() -> int:
+    return int(_get("MAX_CHILDREN_PER_STEP"))
+
+
+def action_timeout_ms() -> int:
+    return int(_get("ACTION_TIMEOUT_MS"))
+
+
+def database() -> str:
+    return str(_get("DATABASE"))
+
+
+#: The LISTEN/NOTIFY channel. Fixed: the database triggers name it.
+CHANNEL = "k2b_workflows"
+
+
+def backoff_ms(failures: int) -> int:
+    """Delay before retry number ``failures`` (1-based): doubled each time, capped."""
+    if failures <= 0:
+        return 0
+    return min(retry_backoff_ms() * 2 ** min(failures - 1, 30), retry_backoff_max_ms())

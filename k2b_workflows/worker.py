@@ -1,0 +1,313 @@
+"""The worker: a pool of threads executing claimed runs, woken by LISTEN, polling as a fallback.
+
+``manage.py runworkflows`` is a thin shell around ``Worker``. Several worker
+processes on several hosts share one PostgreSQL; nothing else coordinates them.
+
+Threads:
+
+- the main loop claims runs (and AI tasks) in batches for free slots and
+  hands them to the pool, then sleeps until a notification, a free slot, the
+  next due run, or the poll interval;
+- a listener on its own autocommit psycopg connection (a pooled Django
+  connection would keep listening for its next borrower) sets the wake-up;
+- the lease keeper renews leases and notices cancellations.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TextIO
+
+from django.db import connections
+
+from . import store
+from .kernel import ai, claim
+from .kernel.execute import Execution
+from .kernel.leases import LeaseKeeper
+from .workflows import registered_workflows
+
+logger = logging.getLogger("k2b_workflows")
+
+
+class Listener(threading.Thread):
+    """LISTENs on the workers' channel and sets ``wake`` for notifications of our apps."""
+
+    def __init__(self, using: str, app_ids: Sequence[str] | None, wake: threading.Event) -> None:
+        super().__init__(name="k2b-listener", daemon=True)
+        self.using = using
+        self.app_ids = set(app_ids or ())
+        self.wake = wake
+        self.stopping = threading.Event()
+        self.connected = threading.Event()
+        self.received = 0
+
+    def run(self) -> None:
+        backoff = 0.1
+        while not self.stopping.is_set():
+            conn = None
+            try:
+                wrapper = connections[self.using]
+                conn = wrapper.get_new_connection(wrapper.get_connection_params())
+                conn.autocommit = True
+                conn.execute(f"LISTEN {store.CHANNEL}")
+                self.connected.set()
+                backoff = 0.1
+                # Anything committed while we were not listening is found by polling.
+                self.wake.set()
+                while not self.stopping.is_set():
+                    for note in conn.notifies(timeout=0.5):
+                        if not self.app_ids or note.payload in self.app_ids:
+                            self.received += 1
+                            self.wake.set()
+            except Exception as exc:
+                self.connected.clear()
+                logger.warning("listener: %s; polling until reconnected", exc)
+                self.stopping.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+            finally:
+                if conn is not None:
+                    try:
+                        conn.close()
+                    except Exception:
+                        pass
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+
+class Worker:
+    """Claims and executes runs until stopped (or, with ``burst``, until nothing is left)."""
+
+    def __init__(
+        self,
+        *,
+        app_ids: Sequence[str] | None = None,
+        concurrency: int = 1,
+        burst: bool = False,
+        using: str | None = None,
+        worker_id: str | None = None,
+        listen: bool = True,
+        status_stream: TextIO | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.app_ids = list(app_ids) if app_ids else None
+        self.concurrency = concurrency
+        self.burst = burst
+        self.using = using or store.database()
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.listen = listen
+        self.status_stream = status_stream
+        self.stats: Counter[str] = Counter()
+        self.stopping = threading.Event()
+        self.wake = threading.Event()
+        self.keeper = LeaseKeeper(self.using)
+        self._inflight: set[Future] = set()
+        self._lock = threading.Lock()
+        self._last_housekeeping = 0.0
+        self._last_status = 0.0
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def run(self) -> None:
+        names = self._workflow_names()
+        logger.info(
+            "worker %s: %d thread(s), apps %s, %d workflow(s)%s",
+            self.worker_id, self.concurrency, self.app_ids or "all", len(names),
+            " (burst)" if self.burst else "",
+        )
+        self.keeper.start()
+        listener = None
+        if self.listen:
+            listener = Listener(self.using, self.app_ids, self.wake)
+            listener.start()
+        pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="k2b-worker")
+        try:
+            self._loop(pool)
+        finally:
+            # Graceful: executions stop after their current step and release their runs.
+            pool.shutdown(wait=True)
+            if listener:
+                listener.stop()
+            self.keeper.stop()
+            self._print_status(final=True)
+            connections[self.using].close()
+        logger.info("worker %s stopped: %s", self.worker_id, dict(self.stats))
+
+    def stop(self) -> None:
+        """Stop claiming; running executions finish their current step and release the run."""
+        self.stopping.set()
+        self.wake.set()
+
+    # -- the loop ------------------------------------------------------------
+
+    def _loop(self, pool: ThreadPoolExecutor) -> None:
+        poll = store.poll_interval_ms() / 1000
+        while not self.stopping.is_set():
+            self.wake.clear()
+            self._housekeeping(poll)
+            started = self._fill(pool)
+            self._print_status()
+            if started:
+                continue
+            with self._lock:
+                busy = len(self._inflight)
+            if self.burst and busy == 0 and not self._pending():
+                return
+            timeout = poll
+            due = claim.next_due_in_ms(self.using)
+            if due is not None:
+                timeout = min(timeout, max(due / 1000, 0.005))
+            self.wake.wait(timeout)
+        self._drain()
+
+    def _fill(self, pool: ThreadPoolExecutor) -> int:
+        with self._lock:
+            free = self.concurrency - len(self._inflight)
+        if free <= 0:
+            return 0
+        runs = claim.claim_runs(
+            self.using, worker_id=self.worker_id, workflow_names=self._workflow_names(),
+            app_ids=self.app_ids, limit=free,
+        )
+        for run_id, generation in runs:
+            self._submit(pool, self._execute_run, run_id, generation)
+        tasks = ai.claim_tasks(self.using, app_ids=self.app_ids, limit=free - len(runs))
+        for task in tasks:
+            self._submit(pool, self._execute_task, task)
+        return len(runs) + len(tasks)
+
+    def _submit(self, pool: ThreadPoolExecutor, fn: Any, *args: Any) -> None:
+        future = pool.submit(fn, *args)
+        with self._lock:
+            self._inflight.add(future)
+        future.add_done_callback(self._done)
+
+    def _done(self, future: Future) -> None:
+        with self._lock:
+            self._inflight.discard(future)
+        self.wake.set()
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                pending = list(self._inflight)
+            if not pending:
+                return
+            for future in pending:
+                future.result()
+
+    def _housekeeping(self, poll: float) -> None:
+        now = time.monotonic()
+        if now - self._last_housekeeping < min(poll, 0.5):
+            return
+        self._last_housekeeping = now
+        reaped = claim.reap_expired(self.using)
+        promoted = claim.promote_due_waits(self.using)
+        ai.reap_expired(self.using)
+        if reaped:
+            logger.warning("re-queued %d run(s) whose lease expired", reaped)
+        self.stats["reaped"] += reaped
+        self.stats["deadlines"] += promoted
+
+    def _pending(self) -> bool:
+        """For ``burst``: is anything of ours queued (even delayed) or claimable soon?"""
+        names = self._workflow_names()
+        params: list[Any] = [names]
+        app_filter = ""
+        if self.app_ids:
+            app_filter = "AND app_id = ANY(%s)"
+            params.append(self.app_ids)
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(
+                f"""SELECT EXISTS (SELECT 1 FROM k2b_run WHERE workflow_name = ANY(%s) {app_filter}
+                        AND (status = 'queued'
+                             OR (status = 'running' AND lease_expires_at < now())))""",
+                params,
+            )
+            if cursor.fetchone()[0]:
+                return True
+            providers = list(ai.providers())
+            if not providers:
+                return False
+            cursor.execute(
+                "SELECT EXISTS (SELECT 1 FROM k2b_ai_task WHERE status = 'queued'"
+                " AND provider = ANY(%s))",
+                [providers],
+            )
+            return bool(cursor.fetchone()[0])
+
+    def _workflow_names(self) -> list[str]:
+        return [
+            name for name, d in registered_workflows().items()
+            if not self.app_ids or d.app_id in self.app_ids
+        ]
+
+    # -- executing (pool threads) ---------------------------------------------
+
+    def _execute_run(self, run_id: Any, generation: int) -> None:
+        try:
+            execution = Execution(run_id, generation, using=self.using, keeper=self.keeper)
+            execution.stop_requested = self.stopping
+            outcome = execution.execute()
+            with self._lock:
+                self.stats["runs"] += 1
+                self.stats[outcome] += 1
+                self.stats["steps"] += execution.steps_executed
+        except Exception:
+            logger.exception("run %s: unexpected error in the worker", run_id)
+            self.stats["errors"] += 1
+        finally:
+            connections[self.using].close_if_unusable_or_obsolete()
+
+    def _execute_task(self, task: tuple) -> None:
+        abort = threading.Event()
+        task_id, generation = task[0], task[1]
+        self.keeper.track_task(task_id, generation, abort)
+        try:
+            outcome = ai.run_task(self.using, task, abort)
+            with self._lock:
+                self.stats[f"ai_{outcome}"] += 1
+        except Exception:
+            logger.exception("AI task %s: unexpected error in the worker", task_id)
+        finally:
+            self.keeper.untrack_task(task_id)
+            connections[self.using].close_if_unusable_or_obsolete()
+
+    # -- status line -----------------------------------------------------------
+
+    def _print_status(self, final: bool = False) -> None:
+        stream = self.status_stream
+        if stream is None:
+            return
+        now = time.monotonic()
+        if not final and now - self._last_status < 1.0:
+            return
+        self._last_status = now
+        with self._lock:
+            busy = len(self._inflight)
+        s = self.stats
+        line = (
+            f"k2b worker {self.worker_id}: busy {busy}/{self.concurrency} · runs {s['runs']} · "
+            f"steps {s['steps']} · succeeded {s['succeeded']} · failed {s['failed']} · "
+            f"waiting {s['waiting']} · attention {s['needs_attention']} · retries {s['retry']}"
+        )
+        tty = getattr(stream, "isatty", lambda: False)()
+        if tty:
+            stream.write("\r\x1b[2K" + line + ("\n" if final else ""))
+        elif final:
+            stream.write(line + "\n")
+        stream.flush()
+
+
+def default_status_stream() -> TextIO | None:
+    return sys.stdout if sys.stdout.isatty() else None

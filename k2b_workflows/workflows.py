@@ -1,0 +1,126 @@
+"""``@workflow``, the registry, and the handle workflow code receives as ``run``.
+
+Replay is deterministic: the n-th ``run.step`` call is step n. A journaled
+step returns its stored output without calling the action; a different
+action (or input) at a journaled position is a ``WORKFLOW_NONDETERMINISTIC``
+incident, never a silent run. Workflow code must do no I/O outside steps.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .exceptions import InvalidInput, UnknownWorkflow
+
+if TYPE_CHECKING:
+    from .kernel.execute import ChildResult, Execution
+
+WorkflowFn = Callable[["RunHandle", Any], Any]
+
+DEFAULT_MAX_STEPS = 1000
+
+
+@dataclass(frozen=True)
+class WorkflowDefinition:
+    name: str
+    fn: WorkflowFn
+    app_id: str
+    version: int = 1
+    effect_budget: dict[str, int] = field(default_factory=dict)
+    max_ai_calls: int | None = None
+    max_steps: int = DEFAULT_MAX_STEPS
+
+
+_registry: dict[str, WorkflowDefinition] = {}
+
+
+def workflow(
+    name: str,
+    *,
+    app_id: str = "default",
+    version: int = 1,
+    effect_budget: dict[str, int] | None = None,
+    max_ai_calls: int | None = None,
+    max_steps: int = DEFAULT_MAX_STEPS,
+) -> Callable[[WorkflowFn], WorkflowFn]:
+    """Register ``fn(run, input)`` as the workflow ``name``.
+
+    ``effect_budget`` and ``max_ai_calls`` bound the whole tree of runs started
+    from a root of this workflow; ``max_steps`` bounds each run's steps and the
+    number of children the tree may create.
+    """
+    if not isinstance(name, str) or not name:
+        raise InvalidInput("workflow() takes a non-empty name")
+    budget = dict(effect_budget or {})
+    if not all(isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in budget.items()):
+        raise InvalidInput("effect_budget must map unit names to non-negative ints")
+    if max_ai_calls is not None and (not isinstance(max_ai_calls, int) or max_ai_calls < 0):
+        raise InvalidInput("max_ai_calls must be a non-negative int or None")
+    if not isinstance(max_steps, int) or max_steps <= 0:
+        raise InvalidInput("max_steps must be a positive int")
+
+    def register(fn: WorkflowFn) -> WorkflowFn:
+        if len(inspect.signature(fn).parameters) != 2:
+            raise InvalidInput(f"workflow {name!r} must take (run, input)")
+        existing = _registry.get(name)
+        if existing is not None and existing.fn.__qualname__ != fn.__qualname__:
+            raise InvalidInput(f"workflow {name!r} is already registered by {existing.fn!r}")
+        _registry[name] = WorkflowDefinition(
+            name=name, fn=fn, app_id=app_id, version=version, effect_budget=budget,
+            max_ai_calls=max_ai_calls, max_steps=max_steps,
+        )
+        fn.workflow_name = name  # type: ignore[attr-defined]
+        return fn
+
+    return register
+
+
+def get_workflow(name: str) -> WorkflowDefinition:
+    try:
+        return _registry[name]
+    except KeyError:
+        known = ", ".join(sorted(_registry)) or "none"
+        raise UnknownWorkflow(f"no workflow named {name!r} is registered (known: {known})") from None
+
+
+def registered_workflows() -> dict[str, WorkflowDefinition]:
+    return dict(_registry)
+
+
+class RunHandle:
+    """What workflow code gets as ``run``: identity, ``step`` and ``children``."""
+
+    def __init__(self, execution: Execution) -> None:
+        self._execution = execution
+
+    @property
+    def id(self) -> Any:
+        return self._execution.run_id
+
+    @property
+    def app_id(self) -> str:
+        return self._execution.app_id
+
+    @property
+    def principal(self) -> Any:
+        return self._execution.principal
+
+    def step(
+        self, action: Any, input: Any = None, *, approval_ref: str | None = None,
+        backup_ref: str | None = None,
+    ) -> Any:
+        """Run ``action`` with ``input`` as the next step and return its output.
+
+        Raises ``StepFailed`` when the step fails for good (the workflow may catch it).
+        """
+        return self._execution.step(action, input, approval_ref=approval_ref, backup_ref=backup_ref)
+
+    def children(self, name: str, inputs: list[Any]) -> list[ChildResult]:
+        """Start one child run of ``name`` per input and wait until all have ended.
+
+        Returns one result per input, in order, with ``status``, ``output`` and ``error_code``.
+        """
+        return self._execution.children(name, inputs)

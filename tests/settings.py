@@ -1,0 +1,15 @@
+"""Settings for the test suite: the example project plus the ``tests`` app."""
+
+from example_project.settings import *  # noqa: F403
+from example_project.settings import INSTALLED_APPS
+
+INSTALLED_APPS = [*INSTALLED_APPS, "tests"]
+
+# Short timings so that lease expiry, retries and polling happen quickly in tests.
+K2B_WORKFLOWS = {
+    "RUN_LEASE_MS": 2000,
+    "RETRY_BACKOFF_MS": 50,
+    "POLL_INTERVAL_MS": 200,
+}
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
