@@ -13,3 +13,10 @@ K2B_WORKFLOWS = {
 }
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+# Worker subprocesses started by the crash tests connect to the test database.
+import os  # noqa: E402
+
+if os.environ.get("K2B_TEST_DB_NAME"):
+    DATABASES["default"]["NAME"] = os.environ["K2B_TEST_DB_NAME"]  # noqa: F405
+    DATABASES["default"].setdefault("TEST", {})["NAME"] = os.environ["K2B_TEST_DB_NAME"]  # noqa: F405
