@@ -446,3 +446,22 @@ class DedupRecord(models.Model):
 
     def __str__(self) -> str:
         return self.key
+
+
+class IncidentManager(models.Manager):
+    def get_queryset(self) -> models.QuerySet:
+        return super().get_queryset().filter(status=RunStatus.NEEDS_ATTENTION)
+
+
+class Incident(WorkflowRun):
+    """A run in ``needs_attention``: the admin's incident queue, oldest first.
+
+    A proxy (no table of its own) so that the queue is its own admin entry
+    with its own changelist, next to the list of all runs.
+    """
+
+    objects = IncidentManager()
+
+    class Meta:
+        proxy = True
+        ordering = ["updated_at", "created_at"]
