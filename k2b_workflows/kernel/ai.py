@@ -81,7 +81,7 @@ def step_task(ctx: StepContext, provider: str, request: Any) -> Result:
             return waiting(Dependency(KIND, ctx.effect_key))
         status, result, error = rows[0]
     if status == "succeeded":
-        return succeeded(result)
+        return succeeded(db.from_json(result))
     if status == "failed":
         return failed(error or "the AI task failed", code=store.AI_TASK_FAILED)
     if status == "canceled":
@@ -129,6 +129,7 @@ def run_task(using: str, task: tuple, abort: threading.Event) -> str:
     """Call the provider and store its result, unless the task was canceled meanwhile."""
     task_id, generation, provider, request, app_id, effect_key = task
     try:
+        request = db.from_json(request)
         output = to_json_value(_providers[provider](request, abort), f"{provider} result")
         status, error = "succeeded", ""
     except Exception as exc:

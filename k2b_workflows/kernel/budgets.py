@@ -13,6 +13,7 @@ from typing import Any
 from django.db import connections
 
 from ..exceptions import InvalidInput
+from . import db
 
 AI_CALLS = "ai_calls"
 
@@ -122,6 +123,4 @@ def reserve_children(using: str, *, root_id: Any, count: int) -> None:
 
 
 def _json(value: Any) -> dict:
-    if isinstance(value, str):
-        return json.loads(value)
-    return dict(value or {})
+    return dict(db.from_json(value) or {})

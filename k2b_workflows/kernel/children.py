@@ -67,7 +67,8 @@ def results(using: str, parent_id: Any, step: int) -> list[dict[str, Any]]:
         [parent_id, step],
     )
     return [
-        {"run_id": str(run_id), "status": status, "output": output, "error_code": code,
+        {"run_id": str(run_id), "status": status, "output": db.from_json(output),
+         "error_code": code,
          "done": status in TERMINAL_STATUSES}
         for run_id, status, output, code in rows
     ]

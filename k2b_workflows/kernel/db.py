@@ -8,6 +8,7 @@ retry. A connection lost during COMMIT does not tell the outcome: that is
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
@@ -119,6 +120,15 @@ def lock_run(using: str, run_id: Any) -> tuple[str, int, int | None] | None:
             [run_id],
         )
         return cursor.fetchone()
+
+
+def from_json(value: Any) -> Any:
+    """Decode a jsonb column read with raw SQL.
+
+    Django configures psycopg to hand jsonb over as text (its ``JSONField``
+    decodes it), so raw queries must decode it themselves.
+    """
+    return json.loads(value) if isinstance(value, str) else value
 
 
 def execute(using: str, sql: str, params: list[Any] | tuple[Any, ...] = ()) -> int:
