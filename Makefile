@@ -18,10 +18,11 @@ PYTEST_ARGS ?=
 # and stops the recipe if no database could be had.
 WITH_DB = url="$$($(PY) scripts/dbenv.py)" || exit $$?; export DATABASE_URL="$$url";
 
-.PHONY: help venv db db-stop demo test lint format bench clean distclean
+.PHONY: help venv db db-stop demo serve test lint format bench clean distclean
 
 help:
 	@echo "make demo      set everything up and run the demo workflows with real workers"
+	@echo "make serve     run the example site (admin at http://127.0.0.1:8000/admin/)"
 	@echo "make test      run the test suite on PostgreSQL (PYTEST_ARGS='-k foo' to pass options)"
 	@echo "make lint      ruff check and ruff format --check"
 	@echo "make format    ruff format and ruff check --fix"
@@ -51,6 +52,9 @@ db-stop:
 
 demo: venv db
 	@$(WITH_DB) $(PY) manage.py migrate --noinput && $(PY) manage.py demo
+
+serve: venv db
+	@$(WITH_DB) $(PY) manage.py migrate --noinput && $(PY) manage.py runserver
 
 test: venv db
 	@$(WITH_DB) $(PY) -m pytest $(PYTEST_ARGS)
