@@ -12,7 +12,9 @@ from django.db import connections
 from . import store
 
 
-@register(Tags.database, Tags.compatibility)
+# Not tagged "database": Django runs those only with ``check --database``, and
+# the vendor is known without connecting.
+@register(Tags.compatibility)
 def check_database(app_configs: Any = None, **kwargs: Any) -> list:
     errors = []
     alias = store.database()
