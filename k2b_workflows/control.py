@@ -15,9 +15,10 @@ from django.utils import timezone
 
 from . import store
 from .actions import to_json_value
-from .exceptions import InvalidInput, NotRetryable, ResolutionRefused
+from .exceptions import InvalidInput, NotRetryable, ResolutionRefused, StepFailed
 from .kernel import children, db, waits
 from .kernel import evidence as chain
+from .kernel.budgets import BudgetExceeded
 from .kernel.context import StepContext
 from .models import (
     TERMINAL_STATUSES,
@@ -161,14 +162,19 @@ def create_child_workflow_runs(
     elif isinstance(ctx_or_run, StepContext):
         ctx = ctx_or_run
         inputs = to_json_value(list(inputs), "child inputs")
+        # StepFailed fails the calling step with this code, before anything is created.
         if len(inputs) > store.max_children_per_step():
-            raise InvalidInput(
-                f"{len(inputs)} children asked, at most {store.max_children_per_step()} per step"
+            raise StepFailed(
+                store.FAN_OUT_EXCEEDED,
+                f"{len(inputs)} children asked, at most {store.max_children_per_step()} per step",
             )
-        with ctx.fenced(ctx.using):
-            parent = WorkflowRun.objects.using(ctx.using).get(pk=ctx.run_id)
-            ids = children.create(ctx.using, parent=parent, step=ctx.step, name=name,
-                                  inputs=inputs)
+        try:
+            with ctx.fenced(ctx.using):
+                parent = WorkflowRun.objects.using(ctx.using).get(pk=ctx.run_id)
+                ids = children.create(ctx.using, parent=parent, step=ctx.step, name=name,
+                                      inputs=inputs)
+        except BudgetExceeded as exc:
+            raise StepFailed(store.MAX_STEPS_EXCEEDED, str(exc)) from None
     else:
         raise InvalidInput("create_child_workflow_runs() takes a step's ctx or a workflow's run")
     runs = WorkflowRun.objects.using(store.database()).in_bulk([str(i) for i in ids])

@@ -464,6 +464,12 @@ class Execution:
             self.keeper.action_started(self.run_id, step.action.timeout)
         try:
             result = getattr(step.action, hook)(step.ctx, step.input)
+        except StepFailed as exc:
+            if step.action.effect.is_external:
+                raise  # after dispatch nothing proves the effect absent: outcome unknown
+            # A kernel service the hook used (create_child_workflow_runs) refused before
+            # any effect: the step fails with that code, journaled like any other failure.
+            result = Failed(exc.message, exc.code)
         finally:
             if self.keeper:
                 self.keeper.action_finished(self.run_id)
