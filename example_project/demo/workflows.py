@@ -83,7 +83,7 @@ class ChargeCard(Action):
     def reconcile(self, ctx, input):
         charge_id = PaymentGateway().find(ctx.effect_key)
         if charge_id is None:
-            return failed("the gateway has no charge under this key", retryable=True)
+            return failed("the gateway has no charge under this key", code="CHARGE_NOT_FOUND")
         return succeeded({"charge_id": charge_id, "reconciled": True}, summary=charge_id)
 
 

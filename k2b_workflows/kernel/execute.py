@@ -426,7 +426,11 @@ class Execution:
         if isinstance(result, Succeeded):
             return self._journal_success(step, result, ledger_kind=LedgerEntry.Kind.RECONCILED)
         if isinstance(result, Failed):
-            return self._external_failed(step, result, LedgerEntry.Kind.RECONCILED)
+            # The provider says it did not happen. Still no automatic re-run: a
+            # lookup can lag behind the provider's own writes, and the contract
+            # is that only an operator's "effect absent" runs a doubted step again.
+            return self._external_failed(step, result, LedgerEntry.Kind.RECONCILED,
+                                         may_retry=False)
         self._ledger_event(step, LedgerEntry.Kind.RECONCILE_UNKNOWN, message=result.message or "",
                            fenced=True)
         self._needs_attention(
@@ -436,8 +440,14 @@ class Execution:
         )
         raise AssertionError("unreachable")
 
-    def _external_failed(self, step: _Step, result: Failed, kind: str) -> Any:
-        """The provider says the effect did not happen. Retryable: a new invocation later."""
+    def _external_failed(self, step: _Step, result: Failed, kind: str, *,
+                         may_retry: bool = True) -> Any:
+        """The provider says the effect did not happen.
+
+        A retryable failure answered by ``run()`` itself is a clean answer: the
+        step runs again later under a new invocation key. After doubt
+        (``may_retry=False``) the step fails instead.
+        """
         state = self.effects[step.seq]
 
         def record() -> None:
@@ -452,7 +462,7 @@ class Execution:
             self._late_evidence(step, f"failed result after losing the run: {result.message}")
             raise
         state.open_key = None
-        if result.retryable:
+        if result.retryable and may_retry:
             self._retry_later(f"step {step.seq} ({step.name}) failed: {result.message}")
         return self._step_failed(step, result.code or store.ACTION_FAILED, result.message)
 
@@ -538,6 +548,9 @@ class Execution:
         self.journal[entry.seq] = entry
         self.last_hash = entry.entry_hash
         self.effects.pop(entry.seq, None)
+        # A completed step resets the counter (the fence did it in the row): a later
+        # failure in this claim must count from zero, not from before the step.
+        self.run.consecutive_failures = 0
 
     def _journal_success(self, step: _Step, result: Succeeded, *, charge: bool = False,
                          ledger_kind: str | None = None) -> Any:
