@@ -100,7 +100,8 @@ def cancel_workflow_run(run_id: Any, reason: str) -> WorkflowRun:
     if not isinstance(reason, str) or not reason.strip():
         raise InvalidInput("cancel_workflow_run() needs a reason")
     using = store.database()
-    with transaction.atomic(using=using):
+
+    def cancel() -> WorkflowRun:
         row = db.lock_run(using, run_id)
         if row is None:
             raise WorkflowRun.DoesNotExist(f"no run {run_id}")
@@ -133,7 +134,11 @@ def cancel_workflow_run(run_id: Any, reason: str) -> WorkflowRun:
             from .kernel.execute import wake_parent
 
             wake_parent(using, run)
-    return run
+        return run
+
+    # A finishing child locks itself, then its parent (to wake it); this locks the
+    # parent, then the subtree. When the two deadlock, PostgreSQL aborts one: retry.
+    return db.run_in_transaction(cancel, using)
 
 
 def wake_workflow_runs_waiting_on(*, app_id: str, kind: str, key: str) -> int:
