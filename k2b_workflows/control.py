@@ -162,8 +162,13 @@ def create_child_workflow_runs(
     ctx_or_run: StepContext | RunHandle, name: str, inputs: list[Any]
 ) -> list[WorkflowRun]:
     """Create child runs of the current step without waiting for them (idempotently)."""
+    if isinstance(ctx_or_run, StepContext) and ctx_or_run.dry_run:
+        # A dry run executes the children dry and returns unsaved runs: nothing a worker sees.
+        return ctx_or_run._execution.planned_children(ctx_or_run.step, name, inputs)
     if isinstance(ctx_or_run, RunHandle):
         ids = ctx_or_run._execution.children(name, inputs, wait=False)
+        if getattr(ctx_or_run._execution, "dry_run", False):
+            return ids
     elif isinstance(ctx_or_run, StepContext):
         ctx = ctx_or_run
         inputs = to_json_value(list(inputs), "child inputs")

@@ -20,16 +20,20 @@ from .actions import (
     Effect,
     Failed,
     InvalidResult,
+    Result,
     Succeeded,
     Waiting,
     as_action,
+    failed,
     to_json_value,
     validate_result,
 )
 from .exceptions import InvalidInput, StepFailed, Suspend
-from .kernel.budgets import validate_cost
+from .kernel import ai
+from .kernel.budgets import AI_CALLS, validate_cost
 from .kernel.context import StepContext
 from .kernel.execute import ChildResult
+from .models import WorkflowRun
 from .workflows import get_workflow
 
 MAX_DEPTH = 5
@@ -43,7 +47,8 @@ class DryRunStep:
     summary: str
     output: Any
     cost: dict[str, int]
-    run: str = ""  # "" for the root, else the child path such as "children[2]"
+    run: str = ""  # "" for the root, else the child path such as "1[2]" (step 1, child 2)
+    error: str = ""  # the code the step would fail with, such as FORBIDDEN
 
 
 @dataclass
@@ -58,6 +63,7 @@ class DryRunReport:
 
     @property
     def within_budget(self) -> bool:
+        """Each unit of the budget (and ``ai_calls``, for ``max_ai_calls``) is within limit."""
         return all(self.cost.get(unit, 0) <= limit for unit, limit in self.budget.items())
 
     @property
@@ -67,6 +73,8 @@ class DryRunReport:
 
 class _DryExecution:
     """Enough of an ``Execution`` for workflow code and ``ctx``, writing nothing."""
+
+    dry_run = True
 
     def __init__(self, report: DryRunReport, principal: Any, app_id: str, path: str,
                  depth: int) -> None:
@@ -81,6 +89,7 @@ class _DryExecution:
         self.path = path
         self.depth = depth
         self.next_seq = 0
+        self.ai_calls = 0  # AI tasks the current step asked for
 
     def _error(self, message: str) -> None:
         self.report.errors.append(f"{self.path or 'root'}: {message}")
@@ -98,9 +107,9 @@ class _DryExecution:
             self._error(str(exc))
         effect = action.effect
         if effect == Effect.IRREVERSIBLE and not approval_ref:
-            raise StepFailed(store.APPROVAL_REQUIRED, f"{name} needs approval_ref")
+            self._refused(seq, name, effect, store.APPROVAL_REQUIRED, f"{name} needs approval_ref")
         if effect == Effect.SNAPSHOT_RESTORE and not backup_ref:
-            raise StepFailed(store.BACKUP_REQUIRED, f"{name} needs backup_ref")
+            self._refused(seq, name, effect, store.BACKUP_REQUIRED, f"{name} needs backup_ref")
         ctx = StepContext(self, seq, dry_run=True)  # type: ignore[arg-type]
         try:
             cost = validate_cost(action.cost(input)) if action.defines("cost") else {}
@@ -112,37 +121,69 @@ class _DryExecution:
             except PermissionDenied as exc:
                 denial = Failed(str(exc) or "permission denied", store.FORBIDDEN)
             if isinstance(denial, Failed):
-                raise StepFailed(denial.code or store.FORBIDDEN, denial.message)
+                self._refused(seq, name, effect, denial.code or store.FORBIDDEN,
+                              denial.message)
         if effect == Effect.PURE:
             hook = "run"
         elif action.defines("plan"):
             hook = "plan"
         else:
             self._error(f"step {seq} ({name}): a {effect.name} action must define plan()")
+        self.ai_calls = 0
         try:
             result = validate_result(getattr(action, hook)(ctx, input), (Succeeded, Failed, Waiting),
                                      hook)
         except InvalidResult as exc:
             self._error(f"step {seq} ({name}): {exc}")
+        except StepFailed as exc:  # a kernel service refused, as it would in execution
+            self._refused(seq, name, effect, exc.code, exc.message)
         except Exception as exc:
             self._error(f"step {seq} ({name}): {hook}() raised {type(exc).__name__}: {exc}")
         if isinstance(result, Failed):
-            raise StepFailed(result.code or store.ACTION_FAILED, result.message)
+            self._refused(seq, name, effect, result.code or store.ACTION_FAILED,
+                          result.message)
         if isinstance(result, Waiting):
             self._error(f"step {seq} ({name}): {hook}() returned waiting; a plan must succeed")
         if hook == "plan" and not (isinstance(result.output, dict) and result.output.get("planned") is True):
             self._error(f"step {seq} ({name}): plan() output must say \"planned\": True")
-        for unit, amount in cost.items():
-            self.report.cost[unit] = self.report.cost.get(unit, 0) + amount
+        if self.ai_calls:
+            cost = {**cost, AI_CALLS: cost.get(AI_CALLS, 0) + self.ai_calls}
+        self._count(cost)
         self.report.steps.append(DryRunStep(
             seq=seq, action=name, effect=effect.value, summary=result.summary or "",
             output=result.output, cost=cost, run=self.path,
         ))
         return copy.deepcopy(result.output)
 
+    def _count(self, cost: dict[str, int]) -> None:
+        for unit, amount in cost.items():
+            self.report.cost[unit] = self.report.cost.get(unit, 0) + amount
+
+    def _refused(self, seq: int, name: str, effect: Effect, code: str, message: str) -> None:
+        """The step would fail (a denial, a failed plan): report it, then fail it as a run would."""
+        self.report.steps.append(DryRunStep(
+            seq=seq, action=name, effect=effect.value, summary=message, output=None, cost={},
+            run=self.path, error=code,
+        ))
+        raise StepFailed(code, message)
+
+    def ai_task(self, provider: str, request: Any) -> Result:
+        """``ctx.ai_task`` in a dry run: no task, no provider call; one ``ai_calls`` unit."""
+        if provider not in ai.providers():
+            return failed(f"no AI provider {provider!r} is registered", code="UNKNOWN_AI_PROVIDER")
+        to_json_value(request, "the AI request")
+        self.ai_calls += 1
+        return Succeeded({"planned": True, "ai_provider": provider}, f"AI task {provider}")
+
     def children(self, name: str, inputs: list[Any], *, wait: bool = True) -> Any:
         seq = self.next_seq
         self.next_seq += 1
+        return self.planned_children(seq, name, inputs, wait=wait)
+
+    def planned_children(self, seq: int, name: str, inputs: list[Any], *,
+                         wait: bool = False) -> Any:
+        """Execute the children of step ``seq`` dry, in order. Without ``wait``: unsaved runs."""
+        inputs = list(inputs)
         if self.depth >= MAX_DEPTH:
             self._error(f"children nested deeper than {MAX_DEPTH} levels")
         if len(inputs) > store.max_children_per_step():
@@ -155,7 +196,12 @@ class _DryExecution:
             results.append(ChildResult("failed" if failure else "succeeded", output,
                                        failure or ""))
         if not wait:
-            return [f"dry-run-child-{i}" for i in range(len(inputs))]
+            definition = get_workflow(name)
+            return [
+                WorkflowRun(workflow_name=name, app_id=definition.app_id, input=child_input,
+                            status=WorkflowRun.Status.QUEUED, child_index=i, parent_step=seq)
+                for i, child_input in enumerate(inputs)
+            ]
         return results
 
 
@@ -179,7 +225,10 @@ def dry_run(name: str, input: Any, principal: Any = None) -> DryRunReport:
     definition = get_workflow(name)
     input = to_json_value(input, "the workflow input")
     principal = to_json_value(principal, "the principal")
-    report = DryRunReport(workflow=name, budget=dict(definition.effect_budget))
+    budget = dict(definition.effect_budget)
+    if definition.max_ai_calls is not None:
+        budget[AI_CALLS] = definition.max_ai_calls
+    report = DryRunReport(workflow=name, budget=budget)
     output, failure = _execute(report, name, input, principal, "", 0)
     report.output = output
     if failure and failure != "DRY_RUN_ERROR":

@@ -127,6 +127,8 @@ class StepContext:
 
     def ai_task(self, provider: str, request: Any) -> Result:
         """Succeeded once the durable AI task is done, failed if it failed, else waiting on it."""
+        if self.dry_run:  # a dry run creates no task and calls no provider
+            return self._execution.ai_task(provider, request)  # type: ignore[attr-defined]
         from . import ai
 
         return ai.step_task(self, provider, request)
