@@ -323,3 +323,6 @@ def nondeterministic_workflow(run, input):
 @workflow("test.non_json_output", app_id="tests")
 def non_json_output_workflow(run, input):
     return {"when": object()}
+
+
+from . import workflows_fanout  # noqa: E402, F401
