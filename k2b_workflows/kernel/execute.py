@@ -281,11 +281,12 @@ class Execution:
 
     def _pure_or_idempotent(self, step: _Step) -> Any:
         idempotent = step.action.effect == Effect.IDEMPOTENT
-        if idempotent and step.cost:
-            self._charge_before_dispatch(step)
         denial = self._authorize_outside_tx(step)
         if denial is not None:
             return self._step_failed(step, denial.code or store.FORBIDDEN, denial.message)
+        # After authorize, as for EXTERNAL: a refused step spends nothing.
+        if idempotent and step.cost:
+            self._charge_before_dispatch(step)
         allowed = (Succeeded, Failed, Waiting, Ambiguous) if idempotent else (Succeeded, Failed, Waiting)
         try:
             result = self._call(step, "run", allowed)
