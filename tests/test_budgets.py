@@ -81,6 +81,18 @@ def test_step_without_cost_is_still_refused_by_authorize():
     assert not ProviderCall.objects.filter(action="fanout.note").exists()
 
 
+def test_step_refused_by_authorize_spends_no_budget():
+    root = start_workflow_run("fanout.guarded_send", {"to": "x", "deny": True})
+
+    run_until_idle(app_ids=APPS)
+
+    root.refresh_from_db()
+    assert (root.status, root.error_code) == ("failed", "FORBIDDEN")
+    assert not ProviderCall.objects.filter(action="fanout.send").exists()
+    assert BudgetCharge.objects.filter(account_id=root.id).count() == 0
+    assert BudgetAccount.objects.get(root=root).spent == {}
+
+
 def test_max_ai_calls_refuses_the_second_ai_task_before_creating_it():
     root = start_workflow_run("fanout.ai_twice", {})
 

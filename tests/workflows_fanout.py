@@ -72,6 +72,16 @@ class Send(Action):
         return succeeded({"sent": input.get("to")})
 
 
+class GuardedSend(Send):
+    """``Send`` behind ``authorize()``: a denied step must not spend the budget."""
+
+    name = "fanout.guarded_send"
+
+    def authorize(self, ctx, input):
+        if input.get("deny"):
+            raise PermissionDenied("sending is not allowed")
+
+
 class Note(Action):
     """IDEMPOTENT without ``cost()``: charges nothing, still authorized and journaled."""
 
@@ -236,6 +246,11 @@ def budget_20(run, input):
 @workflow("fanout.retry_send", app_id=APP, effect_budget={"sends": 1})
 def retry_send(run, input):
     return run.step(Send, {"to": "x", "fail_times": input.get("fail_times", 1)})
+
+
+@workflow("fanout.guarded_send", app_id=APP, effect_budget={"sends": 1})
+def guarded_send(run, input):
+    return run.step(GuardedSend, input)
 
 
 @workflow("fanout.note", app_id=APP, effect_budget={"sends": 0})
