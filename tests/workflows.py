@@ -326,3 +326,6 @@ def non_json_output_workflow(run, input):
 
 
 from . import workflows_fanout  # noqa: E402, F401
+
+
+from . import workflows_waits  # noqa: E402, F401

@@ -1,0 +1,156 @@
+"""``manage.py workflowruns``: list runs, and what each waiting run waits for."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
+
+from k2b_workflows import store
+from k2b_workflows.models import RunStatus, WorkflowRun
+
+
+def _when(value: Any) -> str:
+    if value is None:
+        return "-"
+    return timezone.localtime(value).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _ago(value: Any, now: Any) -> str:
+    """``3m12s`` since ``value``: how long a run has been waiting, at a glance."""
+    if value is None:
+        return "-"
+    seconds = max(0, int((now - value).total_seconds()))
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Left-aligned columns as wide as their widest cell, a rule under the header."""
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines.extend(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    )
+    return "\n".join(lines)
+
+
+class Command(BaseCommand):
+    help = (
+        "List workflow runs, newest first. --waiting shows what each waiting run waits for: "
+        "kind, key, deadline and since when."
+    )
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument(
+            "--status",
+            action="append",
+            dest="statuses",
+            metavar="STATUS",
+            choices=RunStatus.values,
+            help="only runs with this status (repeatable)",
+        )
+        parser.add_argument(
+            "--app",
+            action="append",
+            dest="apps",
+            metavar="APP",
+            help="only runs of this app id (repeatable)",
+        )
+        parser.add_argument(
+            "--waiting",
+            action="store_true",
+            help="only waiting runs, with their dependency; longest waiting first",
+        )
+        parser.add_argument(
+            "--limit", type=int, default=50, help="at most this many runs (default 50; 0 = all)"
+        )
+
+    def handle(
+        self,
+        *args: Any,
+        statuses: list[str] | None,
+        apps: list[str] | None,
+        waiting: bool,
+        limit: int,
+        **options: Any,
+    ) -> None:
+        if limit < 0:
+            raise CommandError("--limit must be 0 or more")
+        runs = WorkflowRun.objects.using(store.database()).all()
+        if waiting:
+            if statuses and statuses != [RunStatus.WAITING]:
+                raise CommandError("--waiting lists waiting runs only; drop --status")
+            runs = runs.filter(status=RunStatus.WAITING).order_by("waiting_since")
+        elif statuses:
+            runs = runs.filter(status__in=statuses)
+        if apps:
+            runs = runs.filter(app_id__in=apps)
+        total = runs.count()
+        if limit:
+            runs = runs[:limit]
+        now = timezone.now()
+        if waiting:
+            headers = [
+                "RUN",
+                "APP",
+                "WORKFLOW",
+                "STEP",
+                "KIND",
+                "KEY",
+                "DEADLINE",
+                "WAITING SINCE",
+                "FOR",
+            ]
+            rows = [
+                [
+                    str(r.id),
+                    r.app_id,
+                    r.workflow_name,
+                    "-" if r.wait_step is None else str(r.wait_step),
+                    r.wait_kind,
+                    r.wait_key,
+                    _when(r.wait_deadline),
+                    _when(r.waiting_since),
+                    _ago(r.waiting_since, now),
+                ]
+                for r in runs
+            ]
+        else:
+            headers = [
+                "RUN",
+                "APP",
+                "WORKFLOW",
+                "STATUS",
+                "GEN",
+                "STEP",
+                "ERROR",
+                "CREATED",
+                "UPDATED",
+            ]
+            rows = [
+                [
+                    str(r.id),
+                    r.app_id,
+                    r.workflow_name,
+                    r.status,
+                    str(r.generation),
+                    "-" if r.current_step is None else str(r.current_step),
+                    r.error_code or "-",
+                    _when(r.created_at),
+                    _when(r.updated_at),
+                ]
+                for r in runs
+            ]
+        if not rows:
+            self.stdout.write("no waiting runs" if waiting else "no runs")
+            return
+        self.stdout.write(format_table(headers, rows))
+        if total > len(rows):
+            self.stdout.write(f"({len(rows)} of {total}; --limit 0 shows all)")
