@@ -766,6 +766,9 @@ class Execution:
                 ChildResult(**r) for r in replayed]
         step = _Step(seq, _ChildrenAction(), action_name, inputs, input_hash, timezone.now(),
                      StepContext(self, seq))
+        if seq >= self.definition.max_steps:  # a children call is a step of the loop budget too
+            return self._step_failed(step, store.MAX_STEPS_EXCEEDED,
+                                     f"step {seq} is past max_steps={self.definition.max_steps}")
         if len(inputs) > store.max_children_per_step():
             return self._step_failed(step, store.FAN_OUT_EXCEEDED,
                                      f"{len(inputs)} children asked, at most "
