@@ -144,3 +144,30 @@ def test_cancel_aborts_a_running_provider_and_discards_its_late_result(start_wor
     rendezvous = WaitRendezvous.objects.get(kind="k2b.ai_task", key=f"{run.id}:0")
     assert rendezvous.signal_seq == signals_before  # the late result woke nothing
     print(f"provider saw the abort {stopped.payload['seen_at'] - canceled_at:.3f} s after cancel")
+
+
+@pytest.mark.crash
+def test_cancel_sets_ctx_canceled_for_a_running_action_and_drops_its_result(start_worker, wait):
+    worker = start_worker("--concurrency", "1", "--app", "fanout")
+    run = start_workflow_run("fanout.linger", {"limit_s": 30})
+    wait(
+        lambda: ProviderCall.objects.filter(action="linger.started").exists(),
+        timeout=30,
+        message="the action to start in the worker",
+    )
+
+    canceled_at = time.time()
+    cancel_workflow_run(run.id, "stop it")
+
+    stopped = wait(
+        lambda: ProviderCall.objects.filter(action="linger.stopped").first(),
+        timeout=30,
+        message="the action to stop",
+    )
+    assert stopped.payload["saw_cancel"] is True  # ctx.canceled, not its own 30 s limit
+    assert stopped.pid == worker.pid
+    wait(lambda: "stopped: run" in worker.output(), message="the worker to drop the run")
+    run.refresh_from_db()
+    assert (run.status, run.error_code) == ("canceled", "CANCELED")
+    assert not JournalEntry.objects.filter(run=run).exists()  # the result was not journaled
+    print(f"action saw ctx.canceled {stopped.payload['seen_at'] - canceled_at:.3f} s after cancel")

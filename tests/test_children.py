@@ -213,6 +213,16 @@ def test_children_past_the_roots_max_steps_fail_before_anything_is_created():
     assert BudgetAccount.objects.get(root=parent).children == 0
 
 
+def test_children_calls_are_steps_of_the_loop_budget():
+    parent = start_workflow_run("fanout.loop_children", {})
+
+    run_until_idle(app_ids=APPS, timeout=20)
+
+    parent.refresh_from_db()
+    assert (parent.status, parent.error_code) == ("failed", "MAX_STEPS_EXCEEDED")
+    assert JournalEntry.objects.filter(run=parent).count() == 3  # two calls, then the failure
+
+
 def test_children_created_from_an_action_count_against_the_roots_max_steps():
     parent = start_workflow_run(
         "fanout.create_from_ctx", {"inputs": [{"value": v} for v in range(4)]}

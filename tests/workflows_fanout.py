@@ -155,6 +155,20 @@ class Spawn(Action):
         return succeeded({"children": [str(r.pk) for r in runs]})
 
 
+class Linger(Action):
+    """PURE: runs until the run is canceled (or ``limit_s``) and records when it noticed."""
+
+    name = "fanout.linger"
+    effect = Effect.PURE
+    timeout = 60
+
+    def run(self, ctx, input):
+        _record("linger.started", ctx)
+        saw_cancel = ctx.canceled.wait(float(input.get("limit_s", 30)))
+        _record("linger.stopped", ctx, saw_cancel=saw_cancel, seen_at=time.time())
+        return succeeded({"lingered": True})
+
+
 class AskAi(Action):
     """PURE: a durable AI task; the step waits until the task is done."""
 
@@ -291,3 +305,15 @@ def dry_tree(run, input):
     run.step(AskAi, {"request": "summarize"})
     results = run.children("fanout.send_one", [{"to": t} for t in input["to"]])
     return {"sent": [r.status for r in results]}
+
+
+@workflow("fanout.linger", app_id=APP)
+def linger(run, input):
+    run.step(Linger, input)
+    return run.step(Echo, {"value": "after"})
+
+
+@workflow("fanout.loop_children", app_id=APP, max_steps=2)
+def loop_children(run, input):
+    while True:  # a bug: only the loop budget ends it
+        run.children("fanout.child", [])
