@@ -28,6 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TextIO
 
 from django.db import connections
+from django.db.backends.signals import connection_created
 
 from . import store
 from .kernel import ai, claim
@@ -125,6 +126,7 @@ class Worker:
             self.worker_id, self.concurrency, self.app_ids or "all", len(names),
             " (burst)" if self.burst else "",
         )
+        connection_created.connect(self._limit_idle_transactions, weak=False)
         self.keeper.start()
         listener = None
         if self.listen:
@@ -141,7 +143,24 @@ class Worker:
             self.keeper.stop()
             self._print_status(final=True)
             connections[self.using].close()
+            connection_created.disconnect(self._limit_idle_transactions)
         logger.info("worker %s stopped: %s", self.worker_id, dict(self.stats))
+
+    def _limit_idle_transactions(self, sender: Any, connection: Any, **kwargs: Any) -> None:
+        """Let the server end a transaction this process leaves idle for longer than a lease.
+
+        A TRANSACTIONAL step (or ``ctx.fenced()``) holds the run row lock in its
+        transaction. If the process freezes there (SIGSTOP, a stuck VM), no lease
+        keeper and no reaper can take the run over: the row stays locked. With this
+        timeout the server rolls the transaction back and closes the session, the
+        lease expires, another worker takes over, and the thawed process cannot
+        commit. A TRANSACTIONAL action must therefore finish within one lease.
+        """
+        if connection.alias != self.using:
+            return
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+                           [str(store.lease_ms())])
 
     def stop(self) -> None:
         """Stop claiming; running executions finish their current step and release the run."""
