@@ -325,7 +325,7 @@ def non_json_output_workflow(run, input):
     return {"when": object()}
 
 
+from . import workflows_kernel  # noqa: E402,F401
+
 from . import workflows_fanout  # noqa: E402, F401
-
-
 from . import workflows_waits  # noqa: E402, F401

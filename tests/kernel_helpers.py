@@ -1,0 +1,89 @@
+"""Small helpers shared by the kernel's tests: execute one claim, read state, check invariants."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from django.db import connection
+
+from k2b_workflows.kernel import claim, evidence
+from k2b_workflows.kernel.execute import Execution
+from k2b_workflows.models import JournalEntry, LedgerEntry, WorkflowRun
+from k2b_workflows.testing import run_until_idle
+
+SETTLED = {"succeeded", "failed", "canceled", "needs_attention"}
+
+
+def run_to_end(timeout: float = 60.0) -> Counter[str]:
+    """``run_until_idle`` for the tests app and the kernel tests' second app."""
+    return run_until_idle(timeout=timeout)
+
+
+def execute_once(run: WorkflowRun) -> str:
+    """Claim ``run`` (it must be due) and execute that one claim in this thread."""
+    claimed = claim.claim_runs(
+        "default", worker_id="test", workflow_names=[run.workflow_name], app_ids=None, limit=1
+    )
+    assert claimed, f"run {run.pk} was not claimable"
+    run_id, generation = claimed[0]
+    assert run_id == run.pk
+    return Execution(run_id, generation).execute()
+
+
+def make_due(run: WorkflowRun) -> None:
+    """Skip a retry's backoff: the tests check the delay, not wait it out."""
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE k2b_run SET run_after = now() WHERE id = %s", [run.pk])
+
+
+def expire_lease(run: WorkflowRun) -> None:
+    """What the passing of time does to a crashed worker's lease."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE k2b_run SET lease_expires_at = now() - interval '1 second' WHERE id = %s",
+            [run.pk],
+        )
+
+
+def fresh(run: WorkflowRun) -> WorkflowRun:
+    return WorkflowRun.objects.get(pk=run.pk)
+
+
+def ledger_kinds(run: WorkflowRun) -> list[str]:
+    return list(LedgerEntry.objects.filter(run=run).order_by("id").values_list("kind", flat=True))
+
+
+def journal(run: WorkflowRun) -> list[JournalEntry]:
+    return list(JournalEntry.objects.filter(run=run).order_by("seq"))
+
+
+def assert_invariants() -> None:
+    """What must hold for every run after any crash: nothing lost, nothing stale, chains intact."""
+    for run in WorkflowRun.objects.all():
+        assert run.status in SETTLED, f"run {run.pk} ({run.workflow_name}) is lost: {run.status}"
+        problem = evidence.verify_chains(run.pk, "default")
+        assert problem is None, f"run {run.pk}: {problem}"
+        for entry in journal(run):
+            assert entry.generation <= run.generation, (
+                f"run {run.pk} step {entry.seq} journaled by generation {entry.generation}, "
+                f"above the run's {run.generation}"
+            )
+        seqs = [e.seq for e in journal(run)]
+        assert seqs == list(range(len(seqs))), f"run {run.pk}: journal has gaps: {seqs}"
+
+
+def status_of(run: WorkflowRun) -> tuple[str, str]:
+    run = fresh(run)
+    return run.status, run.error_code
+
+
+def describe(run: WorkflowRun) -> dict[str, Any]:
+    run = fresh(run)
+    return {
+        "status": run.status,
+        "code": run.error_code,
+        "message": run.error_message,
+        "generation": run.generation,
+        "failures": run.consecutive_failures,
+    }
