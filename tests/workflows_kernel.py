@@ -488,3 +488,28 @@ def charge_freeze_workflow(run, input):
 @workflow("kernel.other_app", app_id="kernel_other")
 def other_app_workflow(run, input):
     return run.step(Record, {"n": 0})
+
+
+class BlindOnce(Action):
+    """EXTERNAL without reconcile: the first invocation's answer is lost (ambiguous)."""
+
+    name = "kernel.blind_once"
+    effect = Effect.EXTERNAL
+
+    def plan(self, ctx, input):
+        return succeeded({"planned": True})
+
+    def run(self, ctx, input):
+        ProviderCall.objects.create(
+            action=self.name, effect_key=ctx.effect_key, invocation_key=ctx.invocation_key or ""
+        )
+        if ctx.invocation_key.endswith(":1"):
+            return ambiguous("the provider's answer was lost")
+        return succeeded({"sent": ctx.invocation_key})
+
+
+@workflow("kernel.blind_once", app_id="tests")
+def blind_once_workflow(run, input):
+    sent = run.step(BlindOnce, {})
+    run.step(Record, {"n": 1})
+    return sent

@@ -1,0 +1,102 @@
+"""``insert_once`` on tables with two unique constraints: every case told apart, never a 23505."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import IntegrityError, connections
+
+from k2b_workflows import start_workflow_run
+from k2b_workflows.dedup import DedupConflict, insert_once
+from k2b_workflows.models import DedupRecord
+from tests.models import Dedup
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+VALUES = {"run": "r1", "step": 0, "recipient": "ann@example.com"}
+
+
+def test_first_insert_creates_the_row():
+    row, created = insert_once(Dedup, "k1", **VALUES)
+    assert created is True
+    assert Dedup.objects.get(key="k1").pk == row.pk
+
+
+def test_same_key_and_values_return_the_existing_row():
+    first, _ = insert_once(Dedup, "k1", **VALUES)
+    again, created = insert_once(Dedup, "k1", **VALUES)
+    assert (again.pk, created) == (first.pk, False)
+    assert Dedup.objects.count() == 1
+
+
+def test_same_key_with_other_values_is_a_conflict():
+    insert_once(Dedup, "k1", **VALUES)
+    with pytest.raises(DedupConflict, match="recipient"):
+        insert_once(Dedup, "k1", **{**VALUES, "recipient": "bob@example.com"})
+    assert Dedup.objects.get(key="k1").recipient == "ann@example.com"
+
+
+def test_another_key_holding_the_run_step_recipient_constraint_is_a_conflict():
+    insert_once(Dedup, "k1", **VALUES)
+    with pytest.raises(DedupConflict, match="another row"):
+        insert_once(Dedup, "k2", **VALUES)
+    assert not Dedup.objects.filter(key="k2").exists()
+
+
+def _race(fn, n: int) -> list:
+    barrier = threading.Barrier(n)
+    results: list = []
+
+    def body() -> None:
+        try:
+            barrier.wait()
+            results.append(fn())
+        except BaseException as exc:  # collected, asserted by the test
+            results.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=body) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results
+
+
+def test_concurrent_identical_calls_create_one_row_and_never_raise_integrity_error():
+    for round_ in range(5):
+        key = f"race-{round_}"
+        results = _race(lambda key=key: insert_once(Dedup, key, **{**VALUES, "run": key}), 8)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        assert not errors, errors
+        assert sum(1 for _, created in results if created) == 1
+        assert len({row.pk for row, _ in results}) == 1
+    assert Dedup.objects.count() == 5
+
+
+def test_concurrent_calls_with_other_keys_on_one_constraint_conflict_cleanly():
+    results = _race(lambda: insert_once(Dedup, f"k-{threading.get_ident()}", **VALUES), 6)
+    assert not [r for r in results if isinstance(r, IntegrityError)]
+    created = [r for r in results if isinstance(r, tuple)]
+    conflicts = [r for r in results if isinstance(r, DedupConflict)]
+    assert len(created) == 1 and len(conflicts) == 5
+    assert Dedup.objects.count() == 1
+
+
+def test_the_apps_dedup_record_uses_the_same_rules():
+    run = start_workflow_run("test.pure", {"a": 1, "b": 1})
+    row, created = insert_once(
+        DedupRecord, "mail:1", run=run, step=0, name="welcome", value={"to": "ann"}
+    )
+    assert created
+    again, created = insert_once(
+        DedupRecord, "mail:1", run=run, step=0, name="welcome", value={"to": "ann"}
+    )
+    assert (again.pk, created) == (row.pk, False)
+    with pytest.raises(DedupConflict):
+        insert_once(DedupRecord, "mail:2", run=run, step=0, name="welcome", value={"to": "ann"})
+    with pytest.raises(DedupConflict):
+        insert_once(DedupRecord, "mail:1", run=run, step=0, name="welcome", value={"to": "bob"})
+    assert DedupRecord.objects.count() == 1
