@@ -58,7 +58,7 @@ def doubted_run() -> WorkflowRun:
 
 
 def test_an_unknown_workflow_is_a_clear_error_that_creates_nothing():
-    with pytest.raises(UnknownWorkflow, match="no.such"):
+    with pytest.raises(UnknownWorkflow, match=r"no\.such"):
         start_workflow_run("no.such", {})
     assert not WorkflowRun.objects.exists() and not BudgetAccount.objects.exists()
 
