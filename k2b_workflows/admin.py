@@ -1,0 +1,441 @@
+"""The operators' admin: runs, the incident queue, journal and ledger, all read-only.
+
+Nothing here writes to the kernel's tables directly: cancel, retry and the
+resolution of an incident go through ``k2b_workflows.control``, which checks
+the permission again, locks the run and appends the ledger entry naming the
+operator. The views live in ``admin_views``; what the run page draws is
+computed in ``admin_display``.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import Prefetch, Q, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import path, reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.timesince import timesince
+
+from . import admin_views
+from .admin_display import incident_answers, incident_dispatch, run_page_context
+from .kernel.evidence import hash_value
+from .models import Incident, JournalEntry, LedgerEntry, RunStatus, WorkflowRun
+
+HASH_PREVIEW = 8
+
+
+def status_badge(status: str) -> str:
+    label = RunStatus(status).label if status in RunStatus.values else status
+    return format_html('<span class="k2b-badge k2b-status-{}">{}</span>', status, label)
+
+
+def short_hash(value: str) -> str:
+    if not value:
+        return "—"
+    return format_html('<code class="k2b-hash" title="{}">{}…</code>', value, value[:HASH_PREVIEW])
+
+
+def pretty_json(value: Any) -> str:
+    return format_html(
+        '<pre class="k2b-json">{}</pre>', json.dumps(value, indent=2, sort_keys=True)
+    )
+
+
+class ReadOnlyMixin:
+    """Journal, ledger and runs are never added, edited or deleted from the admin."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(WorkflowRun)
+class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
+    list_display = (
+        "short_id",
+        "status_badge",
+        "workflow_name",
+        "app_id",
+        "step_column",
+        "generation_column",
+        "failures_column",
+        "age",
+    )
+    list_display_links = ("short_id",)
+    list_filter = ("status", "app_id", "workflow_name", "error_code", "created_at")
+    search_fields = ("=idempotency_key", "workflow_name")
+    search_help_text = "Run id (full), idempotency key (exact) or workflow name."
+    date_hierarchy = None
+    list_per_page = 50
+    show_full_result_count = False
+    actions = ["cancel_runs", "retry_runs"]
+    change_form_template = "admin/k2b_workflows/workflowrun/change_form.html"
+    change_list_template = "admin/k2b_workflows/workflowrun/change_list.html"
+    fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    "id",
+                    "status_badge",
+                    "workflow_name",
+                    "workflow_version",
+                    "app_id",
+                    "idempotency_key",
+                    "principal_hash",
+                    "parent_link",
+                    "root_link",
+                )
+            },
+        ),
+        (
+            "Input and result",
+            {"fields": ("input_json", "output_json", "error_code", "error_message")},
+        ),
+        (
+            "Execution",
+            {
+                "classes": ["collapse"],
+                "fields": (
+                    "current_step",
+                    "attention_step",
+                    "generation",
+                    "consecutive_failures",
+                    "claimed_by",
+                    "lease_expires_at",
+                    "run_after",
+                    "created_at",
+                    "updated_at",
+                    "finished_at",
+                ),
+            },
+        ),
+        (
+            "Waiting for",
+            {"fields": ("wait_kind", "wait_key", "wait_deadline", "waiting_since", "wait_step")},
+        ),
+    )
+    readonly_fields = tuple(f for _, options in fieldsets for f in options["fields"])
+
+    class Media:
+        css = {"all": ["k2b_workflows/admin.css"]}
+
+    # Columns and fields --------------------------------------------------------------------
+
+    @admin.display(description="run", ordering="id")
+    def short_id(self, run: WorkflowRun) -> str:
+        return str(run.pk)[:8]
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, run: WorkflowRun) -> str:
+        return status_badge(run.status)
+
+    @admin.display(description="step", ordering="current_step")
+    def step_column(self, run: WorkflowRun) -> Any:
+        return run.current_step
+
+    @admin.display(description="gen.", ordering="generation")
+    def generation_column(self, run: WorkflowRun) -> int:
+        return run.generation
+
+    @admin.display(description="failures", ordering="consecutive_failures")
+    def failures_column(self, run: WorkflowRun) -> int:
+        return run.consecutive_failures
+
+    @admin.display(description="age", ordering="-created_at")
+    def age(self, run: WorkflowRun) -> str:
+        return timesince(run.created_at)
+
+    @admin.display(description="input")
+    def input_json(self, run: WorkflowRun) -> str:
+        return pretty_json(run.input)
+
+    @admin.display(description="output")
+    def output_json(self, run: WorkflowRun) -> str:
+        return pretty_json(run.output) if run.output is not None else "—"
+
+    @admin.display(description="principal (hash)")
+    def principal_hash(self, run: WorkflowRun) -> str:
+        return short_hash(hash_value(run.principal)) if run.principal is not None else "—"
+
+    @admin.display(description="parent")
+    def parent_link(self, run: WorkflowRun) -> str:
+        if run.parent_id is None:
+            return "—"
+        return format_html(
+            '<a href="{}">{}</a> (step {}, child {})',
+            admin_views.run_url(run.parent_id),
+            run.parent_id,
+            run.parent_step,
+            run.child_index,
+        )
+
+    @admin.display(description="root")
+    def root_link(self, run: WorkflowRun) -> str:
+        if run.root_id is None or run.root_id == run.pk:
+            return "this run"
+        return format_html('<a href="{}">{}</a>', admin_views.run_url(run.root_id), run.root_id)
+
+    def get_fieldsets(self, request: HttpRequest, obj: WorkflowRun | None = None) -> Any:
+        # "Waiting for" only matters while a run waits, or when it last waited.
+        if obj is not None and not obj.wait_kind:
+            return self.fieldsets[:-1]
+        return self.fieldsets
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet, search_term: str
+    ) -> tuple[QuerySet, bool]:
+        """A full run id matches that run; anything else searches keys and workflow names."""
+        term = search_term.strip()
+        try:
+            run_id = uuid.UUID(term)
+        except ValueError:
+            return super().get_search_results(request, queryset, search_term)
+        return queryset.filter(Q(pk=run_id) | Q(idempotency_key=term)), False
+
+    # Permissions and actions ---------------------------------------------------------------
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("k2b_workflows.cancel_workflowrun")
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("k2b_workflows.retry_workflowrun")
+
+    def has_resolve_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(admin_views.RESOLVE_PERMISSION)
+
+    @admin.action(description="Cancel selected runs…", permissions=["cancel"])
+    def cancel_runs(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        return admin_views.confirm_operation(
+            self, request, queryset, "cancel", action_name="cancel_runs"
+        )
+
+    @admin.action(description="Retry selected failed runs now…", permissions=["retry"])
+    def retry_runs(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        return admin_views.confirm_operation(
+            self, request, queryset, "retry", action_name="retry_runs"
+        )
+
+    # Views ---------------------------------------------------------------------------------
+
+    def get_urls(self) -> list:
+        wrap = self.admin_site.admin_view
+        prefix = f"{self.opts.app_label}_{self.opts.model_name}"
+        return [
+            path(
+                "dry-run/",
+                wrap(lambda request: admin_views.dry_run_view(self, request)),
+                name=f"{prefix}_dry_run",
+            ),
+            path(
+                "<path:object_id>/cancel/",
+                wrap(
+                    lambda request, object_id: admin_views.run_operation_view(
+                        self, request, object_id, "cancel"
+                    )
+                ),
+                name=f"{prefix}_cancel",
+            ),
+            path(
+                "<path:object_id>/retry/",
+                wrap(
+                    lambda request, object_id: admin_views.run_operation_view(
+                        self, request, object_id, "retry"
+                    )
+                ),
+                name=f"{prefix}_retry",
+            ),
+            *super().get_urls(),
+        ]
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        run = self.get_object(request, object_id)
+        extra = dict(extra_context or {})
+        if run is not None:
+            extra.update(run_page_context(run))
+            extra.update(
+                status_badge=status_badge(run.status),
+                can_resolve=run.status == RunStatus.NEEDS_ATTENTION
+                and self.has_resolve_permission(request),
+                can_cancel=run.status not in ("succeeded", "failed", "canceled")
+                and self.has_cancel_permission(request),
+                can_retry=not admin_views._can_retry(run) and self.has_retry_permission(request),
+            )
+        return super().change_view(request, object_id, form_url, extra)
+
+
+@admin.register(Incident)
+class IncidentAdmin(WorkflowRunAdmin):
+    """The queue of runs that need an operator's decision, oldest first."""
+
+    # Few, dense columns: the queue must fit next to the filters on a laptop.
+    list_display = ("incident", "step", "answers", "evidence_hashes", "resolve_link")
+    list_display_links = None
+    list_filter = ("app_id", "workflow_name")
+    actions = ["cancel_runs"]
+    change_list_template = "admin/k2b_workflows/incident/change_list.html"
+    ordering = ("updated_at", "created_at")
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # An operator who may resolve, or see runs, may see the queue.
+        return (
+            super().has_view_permission(request, obj)
+            or request.user.has_perm("k2b_workflows.view_workflowrun")
+            or self.has_resolve_permission(request)
+        )
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return (
+            super()
+            .get_queryset(request)
+            .filter(status=RunStatus.NEEDS_ATTENTION)
+            .prefetch_related(
+                Prefetch("ledger", queryset=LedgerEntry.objects.order_by("id"), to_attr="entries")
+            )
+        )
+
+    @admin.display(description="step", ordering="attention_step")
+    def step(self, run: Incident) -> str:
+        dispatch = incident_dispatch(run, run.entries)
+        if dispatch is None:
+            return str(run.attention_step)
+        return format_html(
+            '{}: {}<div class="k2b-effect">{}</div>',
+            run.attention_step,
+            dispatch.action_name,
+            dispatch.get_effect_display(),
+        )
+
+    @admin.display(description="answers so far")
+    def answers(self, run: Incident) -> str:
+        answers = incident_answers(run, run.entries)
+        if not answers:
+            return format_html("<span>{}</span>", run.error_code or "—")
+        return format_html(
+            '<ul class="k2b-answers">{}</ul>',
+            format_html_join(
+                "",
+                '<li><span class="k2b-kind k2b-kind-{}">{}</span> {}</li>',
+                ((a.kind, a.kind, a.message) for a in answers),
+            ),
+        )
+
+    @admin.display(description="evidence")
+    def evidence_hashes(self, run: Incident) -> str:
+        dispatch = incident_dispatch(run, run.entries)
+        if dispatch is None:
+            return "—"
+        rows = (
+            ("def.", short_hash(dispatch.definition_hash)),
+            ("input", short_hash(dispatch.input_hash)),
+            ("preview", short_hash(dispatch.preview_hash)),
+        )
+        return format_html(
+            '<dl class="k2b-hashes">{}</dl>',
+            format_html_join("", "<dt>{}</dt><dd>{}</dd>", rows),
+        )
+
+    @admin.display(description="run", ordering="updated_at")
+    def incident(self, run: Incident) -> str:
+        return format_html(
+            '<a href="{}">{}</a><div class="k2b-sub">{}</div>'
+            '<div class="k2b-sub" title="{}">{} ago</div>',
+            admin_views.run_url(run),
+            str(run.pk)[:8],
+            run.workflow_name,
+            run.updated_at.isoformat(),
+            timesince(run.updated_at),
+        )
+
+    @admin.display(description="")
+    def resolve_link(self, run: Incident) -> str:
+        url = reverse("admin:k2b_workflows_incident_resolve", args=[run.pk])
+        return format_html('<a class="button k2b-resolve" href="{}">Resolve…</a>', url)
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        if self.has_resolve_permission(request):
+            return self.list_display
+        return tuple(c for c in self.list_display if c != "resolve_link")
+
+    def get_urls(self) -> list:
+        wrap = self.admin_site.admin_view
+        return [
+            path(
+                "<path:object_id>/resolve/",
+                wrap(
+                    lambda request, object_id: admin_views.resolve_incident_view(
+                        self, request, object_id
+                    )
+                ),
+                name="k2b_workflows_incident_resolve",
+            ),
+            *admin.ModelAdmin.get_urls(self),
+        ]
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        # A resolved incident leaves the queue; its page is the run's page.
+        return HttpResponseRedirect(admin_views.run_url(object_id))
+
+
+class _EntryAdmin(ReadOnlyMixin, admin.ModelAdmin):
+    list_select_related = ("run",)
+    list_per_page = 100
+    show_full_result_count = False
+
+    class Media:
+        css = {"all": ["k2b_workflows/admin.css"]}
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet, search_term: str
+    ) -> tuple[QuerySet, bool]:
+        try:
+            return queryset.filter(run_id=uuid.UUID(search_term.strip())), False
+        except ValueError:
+            return super().get_search_results(request, queryset, search_term)
+
+
+@admin.register(JournalEntry)
+class JournalEntryAdmin(_EntryAdmin):
+    list_display = ("run", "seq", "action_name", "effect", "state", "error_code", "created_at")
+    list_filter = ("state", "effect", "action_name")
+    search_fields = ("action_name",)
+    search_help_text = "Run id (full) or action name."
+
+
+@admin.register(LedgerEntry)
+class LedgerEntryAdmin(_EntryAdmin):
+    list_display = (
+        "run",
+        "seq",
+        "kind",
+        "action_name",
+        "effect",
+        "generation",
+        "invocation_key",
+        "actor",
+        "created_at",
+    )
+    list_filter = ("kind", "effect", "action_name")
+    search_fields = ("action_name", "invocation_key", "actor")
+    search_help_text = "Run id (full), action name, invocation key or operator."

@@ -1,0 +1,254 @@
+"""The operators' admin in a real browser: headless Chromium driven by Selenium.
+
+An operator logs in, opens the incident queue, resolves one incident as
+"effect absent" (the run is queued again) and another as "effect confirmed"
+with an output (the run completes). Screenshots of the run page, the queue
+and the resolution form, in light and dark mode, go to ``test-artifacts/``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.urls import reverse
+
+from k2b_workflows import start_workflow_run
+from k2b_workflows.models import LedgerEntry, WorkflowRun
+from k2b_workflows.testing import run_until_idle
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()) or shutil.which(str(CHROMIUM)) is None:
+        pytest.skip("headless Chromium (/usr/bin/chromium, /usr/bin/chromedriver) is not installed")
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1000",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    driver.implicitly_wait(5)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def operator(browser, live_server) -> User:
+    """An on-call engineer with the permissions of an operator, logged in."""
+    from selenium.webdriver.common.by import By
+
+    user = User.objects.create_user("olga", password="night-shift-2024", is_staff=True)
+    user.user_permissions.add(
+        *Permission.objects.filter(
+            content_type__app_label="k2b_workflows",
+            codename__in=["view_workflowrun", "resolve_effect", "cancel_workflowrun"],
+        )
+    )
+    browser.delete_all_cookies()
+    set_theme(browser, "light")
+    browser.get(live_server.url + reverse("admin:login"))
+    browser.find_element(By.NAME, "username").send_keys("olga")
+    browser.find_element(By.NAME, "password").send_keys("night-shift-2024")
+    click_and_wait(browser, browser.find_element(By.CSS_SELECTOR, "input[type=submit]"))
+    assert browser.find_element(By.ID, "user-tools").text.upper().startswith("WELCOME")
+    return user
+
+
+def click_and_wait(browser, element) -> None:
+    """Click something that loads a new page, and wait until the old one is gone."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.expected_conditions import staleness_of
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    page = browser.find_element(By.TAG_NAME, "html")
+    element.click()
+    WebDriverWait(browser, 15).until(staleness_of(page))
+
+
+def make_incident() -> WorkflowRun:
+    run = start_workflow_run("test.charge_blind", {"behaviour": "ambiguous", "amount": 4200})
+    run_until_idle()
+    run.refresh_from_db()
+    assert run.status == "needs_attention"
+    return run
+
+
+def set_theme(browser, theme: str) -> None:
+    """Emulate the operating system's colour scheme, which the admin follows by default."""
+    browser.execute_cdp_cmd(
+        "Emulation.setEmulatedMedia",
+        {"features": [{"name": "prefers-color-scheme", "value": theme}]},
+    )
+
+
+def screenshot(browser, name: str) -> Path:
+    """The whole page, not only the viewport (Chromium's DevTools protocol)."""
+    import base64
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    size = browser.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
+    shot = browser.execute_cdp_cmd(
+        "Page.captureScreenshot",
+        {
+            "format": "png",
+            "captureBeyondViewport": True,
+            "clip": {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1},
+        },
+    )
+    path = ARTIFACTS / f"{name}.png"
+    path.write_bytes(base64.b64decode(shot["data"]))
+    return path
+
+
+def open_resolution_form(browser, live_server, run: WorkflowRun) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.get(live_server.url + reverse("admin:k2b_workflows_incident_changelist"))
+    row = browser.find_element(By.XPATH, f"//tr[.//a[contains(@href, '{run.pk}')]]")
+    click_and_wait(browser, row.find_element(By.LINK_TEXT, "Resolve…"))
+    assert browser.find_element(By.TAG_NAME, "h1").text.startswith("Resolve step 0")
+
+
+def fill_and_confirm(browser, decision: str, evidence: str, output: str = "") -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.find_element(By.CSS_SELECTOR, f"input[name=decision][value={decision}]").click()
+    browser.find_element(By.NAME, "evidence").send_keys(evidence)
+    if output:
+        browser.find_element(By.NAME, "output").send_keys(output)
+    click_and_wait(browser, browser.find_element(By.CSS_SELECTOR, "input[value^='Review']"))
+    assert browser.find_element(By.TAG_NAME, "h1").text.startswith("Confirm: Resolve step 0")
+    click_and_wait(browser, browser.find_element(By.NAME, "_confirm"))
+
+
+def test_operator_resolves_an_incident_as_effect_absent_and_the_run_is_requeued(
+    browser, live_server, operator
+):
+    from selenium.webdriver.common.by import By
+
+    first, second = make_incident(), make_incident()
+    browser.get(live_server.url + reverse("admin:k2b_workflows_incident_changelist"))
+    rows = browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
+    assert [r.find_element(By.CSS_SELECTOR, ".field-incident a").text for r in rows] == [
+        str(first.pk)[:8],
+        str(second.pk)[:8],
+    ]
+
+    open_resolution_form(browser, live_server, first)
+    fill_and_confirm(browser, "effect_absent", "Stripe dashboard: no charge with this key.")
+
+    assert "effect absent recorded" in browser.find_element(By.CSS_SELECTOR, ".messagelist").text
+    badge = browser.find_element(By.CSS_SELECTOR, ".field-status_badge .k2b-badge")
+    assert badge.text.lower() == "queued"
+    first.refresh_from_db()
+    assert first.status == "queued"
+    assert LedgerEntry.objects.get(run=first, kind="resolved_absent").actor == "olga"
+
+
+def test_operator_confirms_an_effect_with_its_output_and_the_run_completes(
+    browser, live_server, operator
+):
+    from selenium.webdriver.common.by import By
+
+    run = make_incident()
+    open_resolution_form(browser, live_server, run)
+    fill_and_confirm(
+        browser,
+        "effect_confirmed",
+        "Provider support confirmed charge ch_77.",
+        '{"charge_id": "ch_77"}',
+    )
+    assert "effect confirmed recorded" in browser.find_element(By.CSS_SELECTOR, ".messagelist").text
+
+    run_until_idle()
+    browser.refresh()
+    badge = browser.find_element(By.CSS_SELECTOR, ".field-status_badge .k2b-badge")
+    assert badge.text.lower() == "succeeded"
+    assert "ch_77" in browser.find_element(By.CSS_SELECTOR, ".field-output_json").text
+    states = [
+        td.text for td in browser.find_elements(By.CSS_SELECTOR, ".k2b-timeline td .k2b-state")
+    ]
+    assert states == ["succeeded", "succeeded"]
+
+
+def test_malformed_output_is_shown_as_a_form_error_in_the_browser(browser, live_server, operator):
+    from selenium.webdriver.common.by import By
+
+    run = make_incident()
+    open_resolution_form(browser, live_server, run)
+    browser.find_element(By.CSS_SELECTOR, "input[name=decision][value=effect_confirmed]").click()
+    browser.find_element(By.NAME, "evidence").send_keys("Looked it up.")
+    browser.find_element(By.NAME, "output").send_keys('{"charge_id": ')
+    click_and_wait(browser, browser.find_element(By.CSS_SELECTOR, "input[value^='Review']"))
+    assert (
+        "not valid JSON" in browser.find_element(By.CSS_SELECTOR, ".field-output .errorlist").text
+    )
+    run.refresh_from_db()
+    assert run.status == "needs_attention"
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_screens_render_in_light_and_dark_mode(browser, live_server, operator, theme):
+    """Saves screenshots to look at; asserts the theme really applied to our own styles."""
+    from selenium.webdriver.common.by import By
+
+    done = make_incident()
+    pending = make_incident()
+    # One resolved and completed run, so the run page has a full timeline and ledger.
+    open_resolution_form(browser, live_server, done)
+    fill_and_confirm(
+        browser,
+        "effect_confirmed",
+        "Confirmed on the provider's dashboard.",
+        '{"charge_id": "ch_1"}',
+    )
+    run_until_idle()
+    set_theme(browser, theme)
+
+    browser.get(live_server.url + reverse("admin:k2b_workflows_incident_changelist"))
+    screenshot(browser, f"incident-queue-{theme}")
+
+    open_resolution_form(browser, live_server, pending)
+    screenshot(browser, f"resolution-form-{theme}")
+    browser.find_element(By.CSS_SELECTOR, "input[name=decision][value=effect_absent]").click()
+    browser.find_element(By.NAME, "evidence").send_keys("No charge on the dashboard.")
+    click_and_wait(browser, browser.find_element(By.CSS_SELECTOR, "input[value^='Review']"))
+    screenshot(browser, f"resolution-confirm-{theme}")
+
+    browser.get(
+        live_server.url + reverse("admin:k2b_workflows_workflowrun_change", args=[pending.pk])
+    )
+    screenshot(browser, f"run-page-incident-{theme}")
+    browser.get(live_server.url + reverse("admin:k2b_workflows_workflowrun_change", args=[done.pk]))
+    screenshot(browser, f"run-page-succeeded-{theme}")
+    browser.get(live_server.url + reverse("admin:k2b_workflows_workflowrun_changelist"))
+    screenshot(browser, f"runs-changelist-{theme}")
+
+    body_bg = browser.execute_script("return getComputedStyle(document.body).backgroundColor")
+    assert body_bg == ("rgb(18, 18, 18)" if theme == "dark" else "rgb(255, 255, 255)")
+    badge = browser.find_element(By.CSS_SELECTOR, ".k2b-badge.k2b-status-succeeded")
+    badge_bg = browser.execute_script(
+        "return getComputedStyle(arguments[0]).backgroundColor", badge
+    )
+    assert badge_bg == ("rgb(0, 107, 27)" if theme == "dark" else "rgb(221, 255, 221)")
