@@ -133,9 +133,13 @@ class Execution:
         """Run until the workflow ends, parks, retries later or loses its lease. Returns the outcome."""
         from ..workflows import get_workflow
 
-        run = WorkflowRun.objects.using(self.using).filter(pk=self.run_id).first()
-        if run is None or run.generation != self.generation or run.status != "running":
-            return "dropped"
+        # One read-only transaction for the run, its journal and its ledger:
+        # one commit per claim instead of three.
+        with transaction.atomic(using=self.using):
+            run = WorkflowRun.objects.using(self.using).filter(pk=self.run_id).first()
+            if run is None or run.generation != self.generation or run.status != "running":
+                return "dropped"
+            self._load()
         self.run = run
         self.root_id = run.root_id or run.id
         self.app_id = run.app_id
@@ -148,7 +152,6 @@ class Execution:
             except UnknownWorkflow:
                 self._fail_run("UNKNOWN_WORKFLOW", f"no workflow {run.workflow_name!r} is registered")
                 return self.outcome
-            self._load()
             if run.consecutive_failures >= store.max_consecutive_failures():
                 self._exhausted(run.consecutive_failures, run.error_message)
             self._run_workflow()
