@@ -7,6 +7,7 @@ the ledger entries), and writes what it did to Django's admin log.
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import messages
@@ -329,6 +330,11 @@ def dry_run_view(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
         title="Dry run",
         form=form,
         report=report,
+        # Outputs as JSON, as the workflow and the operator write them, not Python reprs.
+        step_rows=[(step, json.dumps(step.output, sort_keys=True)) for step in report.steps]
+        if report
+        else [],
+        output_json=json.dumps(report.output, indent=2, sort_keys=True) if report else "",
         budget_rows=[(unit, report.cost.get(unit, 0), report.budget.get(unit)) for unit in units]
         if report
         else [],

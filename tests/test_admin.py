@@ -598,6 +598,7 @@ def test_dry_run_shows_the_steps_and_cost_against_the_budget(viewer):
     assert response.context["budget_rows"] == [("charges", 1, 2)]
     html = response.content.decode()
     assert "Charge 9" in html and "would run" in html
+    assert '"planned": true' in unescape(html)
 
 
 def test_dry_run_with_malformed_input_is_a_form_error(viewer):

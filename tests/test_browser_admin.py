@@ -76,14 +76,27 @@ def operator(browser, live_server) -> User:
 
 
 def click_and_wait(browser, element) -> None:
-    """Click something that loads a new page, and wait until the old one is gone."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.expected_conditions import staleness_of
+    """Click something that loads a new page, and wait until the new page has loaded.
+
+    The old page is marked with a window property that a new page does not
+    have; polling for it (rather than for a stale element) never races with
+    Chromium tearing the old document down.
+    """
+    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.support.wait import WebDriverWait
 
-    page = browser.find_element(By.TAG_NAME, "html")
+    browser.execute_script("window.k2bOldPage = true")
     element.click()
-    WebDriverWait(browser, 15).until(staleness_of(page))
+
+    def loaded(driver) -> bool:
+        try:
+            return driver.execute_script(
+                "return window.k2bOldPage === undefined && document.readyState === 'complete'"
+            )
+        except WebDriverException:
+            return False
+
+    WebDriverWait(browser, 15).until(loaded)
 
 
 def make_incident() -> WorkflowRun:
@@ -212,6 +225,7 @@ def test_malformed_output_is_shown_as_a_form_error_in_the_browser(browser, live_
 def test_screens_render_in_light_and_dark_mode(browser, live_server, operator, theme):
     """Saves screenshots to look at; asserts the theme really applied to our own styles."""
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.select import Select
 
     done = make_incident()
     pending = make_incident()
@@ -244,6 +258,13 @@ def test_screens_render_in_light_and_dark_mode(browser, live_server, operator, t
     screenshot(browser, f"run-page-succeeded-{theme}")
     browser.get(live_server.url + reverse("admin:k2b_workflows_workflowrun_changelist"))
     screenshot(browser, f"runs-changelist-{theme}")
+    browser.get(live_server.url + reverse("admin:k2b_workflows_workflowrun_dry_run"))
+    Select(browser.find_element(By.NAME, "workflow")).select_by_value("test.charge")
+    field = browser.find_element(By.NAME, "input")
+    field.clear()
+    field.send_keys('{"amount": 1200}')
+    click_and_wait(browser, browser.find_element(By.CSS_SELECTOR, "input[value='Dry run']"))
+    screenshot(browser, f"dry-run-{theme}")
 
     body_bg = browser.execute_script("return getComputedStyle(document.body).backgroundColor")
     assert body_bg == ("rgb(18, 18, 18)" if theme == "dark" else "rgb(255, 255, 255)")
