@@ -110,7 +110,11 @@ def failed(message: str, code: str | None = None, retryable: bool = False) -> Fa
 
 
 def waiting(dependency: Dependency) -> Waiting:
-    """Park the run until ``dependency`` is woken or its deadline passes. Only before any effect."""
+    """Park the run until ``dependency`` is woken or its deadline passes.
+
+    From ``run()`` only before any effect. From ``reconcile()``: the provider has
+    the request but not the answer yet; it is asked again on a wake or at the deadline.
+    """
     if not isinstance(dependency, Dependency):
         raise InvalidInput("waiting() takes a Dependency")
     return Waiting(dependency)

@@ -249,6 +249,8 @@ class LedgerEntry(models.Model):
         OUTCOME_UNKNOWN = "outcome_unknown"
         RECONCILED = "reconciled"
         RECONCILE_UNKNOWN = "reconcile_unknown"
+        #: reconcile() says the provider has not finished: polled again later.
+        PENDING = "pending"
         LATE_RESULT = "late_result"
         RESOLVED_CONFIRMED = "resolved_confirmed"
         RESOLVED_ABSENT = "resolved_absent"

@@ -329,3 +329,4 @@ from . import workflows_kernel  # noqa: E402,F401
 
 from . import workflows_fanout  # noqa: E402, F401
 from . import workflows_waits  # noqa: E402, F401
+from . import workflows_polling  # noqa: E402, F401

@@ -420,7 +420,7 @@ class Execution:
                                   f"step {step.seq} ({step.name}): outcome unknown and no reconcile()",
                                   step=step.seq)
         try:
-            result = self._call(step, "reconcile", (Succeeded, Failed, Unknown))
+            result = self._call(step, "reconcile", (Succeeded, Failed, Unknown, Waiting))
         except (LeaseLost, RunCanceled, Suspend):
             raise
         except InvalidResult as exc:
@@ -429,6 +429,11 @@ class Execution:
             result = Unknown(f"reconcile() raised {type(exc).__name__}: {exc}")
         if isinstance(result, Succeeded):
             return self._journal_success(step, result, ledger_kind=LedgerEntry.Kind.RECONCILED)
+        if isinstance(result, Waiting):
+            # Still pending at the provider: poll again on a wake or at the deadline,
+            # each poll a new ledger operation under the same effect key.
+            dep = result.dependency
+            self._park(step.seq, dep, pending=(step, f"pending: waiting on {dep.kind}/{dep.key}"))
         if isinstance(result, Failed):
             # The provider says it did not happen. Still no automatic re-run: a
             # lookup can lag behind the provider's own writes, and the contract
@@ -719,11 +724,14 @@ class Execution:
             self._needs_attention(store.WORKFLOW_RETRY_EXHAUSTED, message, step=open_steps[0])
         self._fail_run(store.WORKFLOW_RETRY_EXHAUSTED, message)
 
-    def _park(self, seq: int, dependency: Any) -> None:
+    def _park(self, seq: int, dependency: Any, pending: tuple[_Step, str] | None = None) -> None:
+        """Park on ``dependency``; with ``pending``, also record the provider's "pending"."""
         parked: list[bool] = []
 
         def write() -> None:
             db.fence(self.using, self.run_id, self.generation, store.lease_ms(), seq)
+            if pending is not None:
+                self._ledger(pending[0], LedgerEntry.Kind.PENDING, message=pending[1])
             parked.append(waits.park(
                 self.using, run_id=self.run_id, app_id=self.app_id, step=seq,
                 dependency=dependency, seen_kind=self.run.wait_kind, seen_key=self.run.wait_key,
