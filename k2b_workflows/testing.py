@@ -44,18 +44,13 @@ def run_until_idle(
                 raise TimeoutError(f"run_until_idle: still busy after {timeout} s ({dict(stats)})")
             worker._last_housekeeping = 0.0
             worker._housekeeping(0)
-            runs = claim.claim_runs(
-                using, worker_id=worker.worker_id, workflow_names=worker._workflow_names(),
-                app_ids=worker.app_ids, limit=1,
-            )
+            runs, loaded, tasks = worker.claim(1)
             for run_id, generation in runs:
-                execution = Execution(run_id, generation, using=using, keeper=keeper)
+                execution = Execution(run_id, generation, using=using, keeper=keeper,
+                                      preloaded=loaded.get(run_id))
                 stats[execution.execute()] += 1
                 stats["runs"] += 1
                 stats["steps"] += execution.steps_executed
-            if runs:
-                continue
-            tasks = ai.claim_tasks(using, app_ids=worker.app_ids, limit=1)
             for task in tasks:
                 abort = threading.Event()
                 keeper.track_task(task[0], task[1], abort)
@@ -63,7 +58,7 @@ def run_until_idle(
                     stats["ai_" + ai.run_task(using, task, abort)] += 1
                 finally:
                     keeper.untrack_task(task[0])
-            if tasks:
+            if runs or tasks:
                 continue
             if worker._pending():
                 due = claim.next_due_in_ms(using) or 0

@@ -27,12 +27,12 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TextIO
 
-from django.db import connections
+from django.db import connections, transaction
 from django.db.backends.signals import connection_created
 
 from . import store
 from .kernel import ai, claim
-from .kernel.execute import Execution
+from .kernel.execute import Execution, Preloaded, preload
 from .kernel.leases import LeaseKeeper
 from .workflows import registered_workflows
 
@@ -197,16 +197,25 @@ class Worker:
             free = self.concurrency - len(self._inflight)
         if free <= 0:
             return 0
-        runs = claim.claim_runs(
-            self.using, worker_id=self.worker_id, workflow_names=self._workflow_names(),
-            app_ids=self.app_ids, limit=free,
-        )
+        runs, loaded, tasks = self.claim(free)
         for run_id, generation in runs:
-            self._submit(pool, self._execute_run, run_id, generation)
-        tasks = ai.claim_tasks(self.using, app_ids=self.app_ids, limit=free - len(runs))
+            self._submit(pool, self._execute_run, run_id, generation, loaded.get(run_id))
         for task in tasks:
             self._submit(pool, self._execute_task, task)
         return len(runs) + len(tasks)
+
+    def claim(self, limit: int) -> tuple[list[tuple[Any, int]], dict[Any, Preloaded], list]:
+        """Claim runs, read their state, and claim AI tasks for the slots left: one commit."""
+        with transaction.atomic(using=self.using):
+            runs = claim.claim_runs(
+                self.using, worker_id=self.worker_id, workflow_names=self._workflow_names(),
+                app_ids=self.app_ids, limit=limit,
+            )
+            loaded = preload(self.using, [run_id for run_id, _ in runs])
+            tasks = []
+            if limit > len(runs):
+                tasks = ai.claim_tasks(self.using, app_ids=self.app_ids, limit=limit - len(runs))
+        return runs, loaded, tasks
 
     def _submit(self, pool: ThreadPoolExecutor, fn: Any, *args: Any) -> None:
         future = pool.submit(fn, *args)
@@ -233,9 +242,10 @@ class Worker:
         if now - self._last_housekeeping < min(poll, 0.5):
             return
         self._last_housekeeping = now
-        reaped = claim.reap_expired(self.using)
-        promoted = claim.promote_due_waits(self.using)
-        ai.reap_expired(self.using)
+        with transaction.atomic(using=self.using):
+            reaped = claim.reap_expired(self.using)
+            promoted = claim.promote_due_waits(self.using)
+            ai.reap_expired(self.using)
         if reaped:
             logger.warning("re-queued %d run(s) whose lease expired", reaped)
         self.stats["reaped"] += reaped
@@ -276,9 +286,10 @@ class Worker:
 
     # -- executing (pool threads) ---------------------------------------------
 
-    def _execute_run(self, run_id: Any, generation: int) -> None:
+    def _execute_run(self, run_id: Any, generation: int, loaded: Preloaded | None) -> None:
         try:
-            execution = Execution(run_id, generation, using=self.using, keeper=self.keeper)
+            execution = Execution(run_id, generation, using=self.using, keeper=self.keeper,
+                                  preloaded=loaded)
             execution.stop_requested = self.stopping
             outcome = execution.execute()
             with self._lock:
