@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from .kernel.context import StepContext
 
 
-class Effect(str, enum.Enum):
+class Effect(enum.StrEnum):
     """What the kernel may do with a step after a crash."""
 
     PURE = "pure"
@@ -135,8 +135,13 @@ class InvalidResult(Exception):
 
 
 def canonical_json(value: Any) -> str:
-    """The one JSON text of a value: sorted keys, no spaces, no NaN. Raises ``TypeError``/``ValueError``."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    """The one JSON text of a value: sorted keys, no spaces, no NaN.
+
+    Raises ``TypeError`` or ``ValueError`` for values JSON cannot hold.
+    """
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
 
 
 def to_json_value(value: Any, what: str) -> Any:
@@ -160,11 +165,11 @@ def validate_result(result: Any, allowed: tuple[type[Result], ...], hook: str) -
         if result.summary is not None and not isinstance(result.summary, str):
             raise InvalidResult(f"{hook}() summary must be a string")
         return Succeeded(output, result.summary)
-    if isinstance(result, Failed):
-        if not isinstance(result.message, str) or (
-            result.code is not None and not isinstance(result.code, str)
-        ):
-            raise InvalidResult(f"{hook}() failed(): message and code must be strings")
+    if isinstance(result, Failed) and (
+        not isinstance(result.message, str)
+        or (result.code is not None and not isinstance(result.code, str))
+    ):
+        raise InvalidResult(f"{hook}() failed(): message and code must be strings")
     return result
 
 

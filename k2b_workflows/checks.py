@@ -19,15 +19,21 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list:
     errors = []
     alias = store.database()
     if alias not in connections.databases:
-        return [Error(f"K2B_WORKFLOWS['DATABASE'] names {alias!r}, which is not in DATABASES",
-                      id="k2b_workflows.E001")]
+        return [
+            Error(
+                f"K2B_WORKFLOWS['DATABASE'] names {alias!r}, which is not in DATABASES",
+                id="k2b_workflows.E001",
+            )
+        ]
     vendor = connections[alias].vendor
     if vendor != "postgresql":
-        errors.append(Error(
-            f"k2b_workflows needs PostgreSQL; the database {alias!r} is {vendor}",
-            hint="Its fencing, claiming and wake-ups rely on PostgreSQL row locks and NOTIFY.",
-            id="k2b_workflows.E002",
-        ))
+        errors.append(
+            Error(
+                f"k2b_workflows needs PostgreSQL; the database {alias!r} is {vendor}",
+                hint="Its fencing, claiming and wake-ups rely on PostgreSQL row locks and NOTIFY.",
+                id="k2b_workflows.E002",
+            )
+        )
     return errors
 
 
@@ -35,26 +41,32 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list:
 def check_pgtrigger(app_configs: Any = None, **kwargs: Any) -> list:
     errors = []
     if not apps.is_installed("pgtrigger"):
-        errors.append(Error(
-            "k2b_workflows needs 'pgtrigger' in INSTALLED_APPS",
-            hint="The journal and ledger are append-only and the run lifecycle is enforced by "
-            "django-pgtrigger triggers.",
-            id="k2b_workflows.E003",
-        ))
+        errors.append(
+            Error(
+                "k2b_workflows needs 'pgtrigger' in INSTALLED_APPS",
+                hint="The journal and ledger are append-only and the run lifecycle is enforced by "
+                "django-pgtrigger triggers.",
+                id="k2b_workflows.E003",
+            )
+        )
     if getattr(settings, "PGTRIGGER_MIGRATIONS", True) is False and not getattr(
         settings, "PGTRIGGER_INSTALL_ON_MIGRATE", False
     ):
-        errors.append(Error(
-            "PGTRIGGER_MIGRATIONS=False without PGTRIGGER_INSTALL_ON_MIGRATE drops the triggers "
-            "k2b_workflows relies on",
-            id="k2b_workflows.E004",
-        ))
+        errors.append(
+            Error(
+                "PGTRIGGER_MIGRATIONS=False without PGTRIGGER_INSTALL_ON_MIGRATE drops the "
+                "triggers k2b_workflows relies on",
+                id="k2b_workflows.E004",
+            )
+        )
     meta = getattr(settings, "PGTRIGGER_MODEL_META", True)
     if meta is False:
-        errors.append(Error(
-            "PGTRIGGER_MODEL_META=False ignores the triggers declared on k2b_workflows models",
-            id="k2b_workflows.E005",
-        ))
+        errors.append(
+            Error(
+                "PGTRIGGER_MODEL_META=False ignores the triggers declared on k2b_workflows models",
+                id="k2b_workflows.E005",
+            )
+        )
     return errors
 
 
@@ -66,20 +78,38 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         return [Error("K2B_WORKFLOWS must be a dict", id="k2b_workflows.E006")]
     unknown = set(configured) - store.known_settings()
     if unknown:
-        errors.append(Warning(f"unknown K2B_WORKFLOWS keys: {', '.join(sorted(unknown))}",
-                              id="k2b_workflows.W001"))
-    for key in ("RUN_LEASE_MS", "POLL_INTERVAL_MS", "RETRY_BACKOFF_MS", "RETRY_BACKOFF_MAX_MS",
-                "MAX_CHILDREN_PER_STEP", "RUN_MAX_CONSECUTIVE_FAILURES", "ACTION_TIMEOUT_MS"):
+        errors.append(
+            Warning(
+                f"unknown K2B_WORKFLOWS keys: {', '.join(sorted(unknown))}", id="k2b_workflows.W001"
+            )
+        )
+    for key in (
+        "RUN_LEASE_MS",
+        "POLL_INTERVAL_MS",
+        "RETRY_BACKOFF_MS",
+        "RETRY_BACKOFF_MAX_MS",
+        "MAX_CHILDREN_PER_STEP",
+        "RUN_MAX_CONSECUTIVE_FAILURES",
+        "ACTION_TIMEOUT_MS",
+    ):
         value = configured.get(key)
         if value is not None and (not isinstance(value, int) or value <= 0):
-            errors.append(Error(f"K2B_WORKFLOWS[{key!r}] must be a positive int, not {value!r}",
-                                id="k2b_workflows.E007"))
+            errors.append(
+                Error(
+                    f"K2B_WORKFLOWS[{key!r}] must be a positive int, not {value!r}",
+                    id="k2b_workflows.E007",
+                )
+            )
     if not errors and store.lease_ms() < 500:
-        errors.append(Warning(
-            "RUN_LEASE_MS below 500 ms: leases renewed every third of it will expire under load",
-            id="k2b_workflows.W002",
-        ))
+        errors.append(
+            Warning(
+                "RUN_LEASE_MS below 500 ms: leases renewed every third of it will expire "
+                "under load",
+                id="k2b_workflows.W002",
+            )
+        )
     if not errors and store.retry_backoff_max_ms() < store.retry_backoff_ms():
-        errors.append(Error("RETRY_BACKOFF_MAX_MS is smaller than RETRY_BACKOFF_MS",
-                            id="k2b_workflows.E008"))
+        errors.append(
+            Error("RETRY_BACKOFF_MAX_MS is smaller than RETRY_BACKOFF_MS", id="k2b_workflows.E008")
+        )
     return errors

@@ -51,7 +51,9 @@ def start_workflow_run(
     definition = get_workflow(name)
     input = to_json_value(input, "the workflow input")
     principal = to_json_value(principal, "the principal")
-    if idempotency_key is not None and (not isinstance(idempotency_key, str) or not idempotency_key):
+    if idempotency_key is not None and (
+        not isinstance(idempotency_key, str) or not idempotency_key
+    ):
         raise InvalidInput("idempotency_key must be a non-empty string or None")
     using = store.database()
     with transaction.atomic(using=using):
@@ -64,10 +66,17 @@ def start_workflow_run(
         run_id = uuid.uuid4()
         now = timezone.now()
         run = WorkflowRun(
-            id=run_id, workflow_name=name, workflow_version=definition.version,
-            app_id=definition.app_id, status=RunStatus.QUEUED, input=input,
-            idempotency_key=idempotency_key, principal=principal, run_after=now,
-            created_at=now, updated_at=now,
+            id=run_id,
+            workflow_name=name,
+            workflow_version=definition.version,
+            app_id=definition.app_id,
+            status=RunStatus.QUEUED,
+            input=input,
+            idempotency_key=idempotency_key,
+            principal=principal,
+            run_after=now,
+            created_at=now,
+            updated_at=now,
             parent=parent_run,
             root_id=(parent_run.root_id or parent_run.id) if parent_run else run_id,
         )
@@ -84,8 +93,10 @@ def start_workflow_run(
             raise AssertionError("run was not created")
         if parent_run is None:
             BudgetAccount.objects.using(using).create(
-                root_id=run_id, effect_budget=definition.effect_budget,
-                max_ai_calls=definition.max_ai_calls, max_steps=definition.max_steps,
+                root_id=run_id,
+                effect_budget=definition.effect_budget,
+                max_ai_calls=definition.max_ai_calls,
+                max_steps=definition.max_steps,
             )
     return WorkflowRun.objects.using(using).get(pk=run_id)
 
@@ -181,8 +192,9 @@ def create_child_workflow_runs(
         try:
             with ctx.fenced(ctx.using):
                 parent = WorkflowRun.objects.using(ctx.using).get(pk=ctx.run_id)
-                ids = children.create(ctx.using, parent=parent, step=ctx.step, name=name,
-                                      inputs=inputs)
+                ids = children.create(
+                    ctx.using, parent=parent, step=ctx.step, name=name, inputs=inputs
+                )
         except BudgetExceeded as exc:
             raise StepFailed(store.MAX_STEPS_EXCEEDED, str(exc)) from None
     else:
@@ -210,10 +222,14 @@ def resolve_effect(
         raise InvalidInput(f"decision must be EFFECT_CONFIRMED or EFFECT_ABSENT, not {decision!r}")
     if not isinstance(evidence, str) or not evidence.strip():
         raise InvalidInput("a resolution needs evidence text")
-    if actor is None or not getattr(actor, "is_active", False) or not actor.has_perm(
-        "k2b_workflows.resolve_effect"
+    if (
+        actor is None
+        or not getattr(actor, "is_active", False)
+        or not actor.has_perm("k2b_workflows.resolve_effect")
     ):
-        raise PermissionDenied("resolving an effect needs the permission k2b_workflows.resolve_effect")
+        raise PermissionDenied(
+            "resolving an effect needs the permission k2b_workflows.resolve_effect"
+        )
     if decision == EFFECT_CONFIRMED:
         output = to_json_value(output, "the confirmed output")
     using = store.database()
@@ -223,8 +239,10 @@ def resolve_effect(
             raise WorkflowRun.DoesNotExist(f"no run {run_id}")
         run = WorkflowRun.objects.using(using).get(pk=run_id)
         status, _, step = row
-        if status != RunStatus.NEEDS_ATTENTION or step is None or (
-            run.error_code not in RESOLVABLE_CODES
+        if (
+            status != RunStatus.NEEDS_ATTENTION
+            or step is None
+            or (run.error_code not in RESOLVABLE_CODES)
         ):
             raise ResolutionRefused(
                 f"run {run_id} is {status}"
@@ -240,28 +258,38 @@ def resolve_effect(
         if dispatched is None:
             raise ResolutionRefused(f"run {run_id} step {step} has no dispatched effect")
         common = dict(
-            run_id=run_id, seq=step, action_name=dispatched.action_name, effect=dispatched.effect,
-            invocation_key=dispatched.invocation_key, effect_key=dispatched.effect_key,
-            generation=run.generation, actor=actor.get_username(), actor_id=actor.pk,
+            run_id=run_id,
+            seq=step,
+            action_name=dispatched.action_name,
+            effect=dispatched.effect,
+            invocation_key=dispatched.invocation_key,
+            effect_key=dispatched.effect_key,
+            generation=run.generation,
+            actor=actor.get_username(),
+            actor_id=actor.pk,
             evidence=evidence.strip(),
         )
         if decision == EFFECT_CONFIRMED:
             chain.append_ledger(
-                using, kind=LedgerEntry.Kind.RESOLVED_CONFIRMED,
-                output_hash=chain.hash_value(output), **common,
+                using,
+                kind=LedgerEntry.Kind.RESOLVED_CONFIRMED,
+                output_hash=chain.hash_value(output),
+                **common,
             )
-            last = (
-                JournalEntry.objects.using(using).filter(run_id=run_id).order_by("-seq").first()
-            )
+            last = JournalEntry.objects.using(using).filter(run_id=run_id).order_by("-seq").first()
             entry = JournalEntry(
-                run_id=run_id, seq=step, action_name=dispatched.action_name,
-                effect=dispatched.effect, state=JournalEntry.State.SUCCEEDED, output=output,
-                summary=f"confirmed by {actor.get_username()}", input_hash=dispatched.input_hash,
-                generation=run.generation, created_at=timezone.now(),
+                run_id=run_id,
+                seq=step,
+                action_name=dispatched.action_name,
+                effect=dispatched.effect,
+                state=JournalEntry.State.SUCCEEDED,
+                output=output,
+                summary=f"confirmed by {actor.get_username()}",
+                input_hash=dispatched.input_hash,
+                generation=run.generation,
+                created_at=timezone.now(),
             )
-            chain.append_journal(
-                entry, last.entry_hash if last else chain.GENESIS, using
-            )
+            chain.append_journal(entry, last.entry_hash if last else chain.GENESIS, using)
         else:
             chain.append_ledger(using, kind=LedgerEntry.Kind.RESOLVED_ABSENT, **common)
         db.execute(
@@ -274,7 +302,6 @@ def resolve_effect(
     return WorkflowRun.objects.using(using).get(pk=run_id)
 
 
-
 def retry_workflow_run(run_id: Any, *, actor: Any, reason: str = "") -> WorkflowRun:
     """An operator's "retry now" for a run that failed after exhausting its retries.
 
@@ -282,7 +309,9 @@ def retry_workflow_run(run_id: Any, *, actor: Any, reason: str = "") -> Workflow
     failure, so it is refused.
     """
     if actor is None or not actor.has_perm("k2b_workflows.retry_workflowrun"):
-        raise PermissionDenied("retrying a run needs the permission k2b_workflows.retry_workflowrun")
+        raise PermissionDenied(
+            "retrying a run needs the permission k2b_workflows.retry_workflowrun"
+        )
     using = store.database()
     with transaction.atomic(using=using):
         row = db.lock_run(using, run_id)
@@ -297,8 +326,13 @@ def retry_workflow_run(run_id: Any, *, actor: Any, reason: str = "") -> Workflow
                 " would replay; only runs that exhausted their retries can be retried"
             )
         chain.append_ledger(
-            using, run_id=run_id, kind=LedgerEntry.Kind.RETRIED, message=reason,
-            actor=actor.get_username(), actor_id=actor.pk, generation=run.generation,
+            using,
+            run_id=run_id,
+            kind=LedgerEntry.Kind.RETRIED,
+            message=reason,
+            actor=actor.get_username(),
+            actor_id=actor.pk,
+            generation=run.generation,
         )
         db.execute(
             using,

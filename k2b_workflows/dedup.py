@@ -24,7 +24,9 @@ class DedupConflict(WorkflowError):
     """Another row holds one of the constraints, or the row under ``key`` has other values."""
 
 
-def insert_once(model: type[M], key: Any, *, using: str | None = None, **values: Any) -> tuple[M, bool]:
+def insert_once(
+    model: type[M], key: Any, *, using: str | None = None, **values: Any
+) -> tuple[M, bool]:
     """Insert ``model(key=key, **values)`` unless a row with ``key`` exists.
 
     Returns ``(row, created)``. Raises ``DedupConflict`` when no row with that

@@ -76,8 +76,9 @@ class _DryExecution:
 
     dry_run = True
 
-    def __init__(self, report: DryRunReport, principal: Any, app_id: str, path: str,
-                 depth: int) -> None:
+    def __init__(
+        self, report: DryRunReport, principal: Any, app_id: str, path: str, depth: int
+    ) -> None:
         self.report = report
         self.run_id = uuid.uuid4()
         self.root_id = self.run_id
@@ -95,8 +96,14 @@ class _DryExecution:
         self.report.errors.append(f"{self.path or 'root'}: {message}")
         raise Suspend
 
-    def step(self, action: Any, input: Any, *, approval_ref: str | None = None,
-             backup_ref: str | None = None) -> Any:
+    def step(
+        self,
+        action: Any,
+        input: Any,
+        *,
+        approval_ref: str | None = None,
+        backup_ref: str | None = None,
+    ) -> Any:
         seq = self.next_seq
         self.next_seq += 1
         action = as_action(action)
@@ -121,8 +128,7 @@ class _DryExecution:
             except PermissionDenied as exc:
                 denial = Failed(str(exc) or "permission denied", store.FORBIDDEN)
             if isinstance(denial, Failed):
-                self._refused(seq, name, effect, denial.code or store.FORBIDDEN,
-                              denial.message)
+                self._refused(seq, name, effect, denial.code or store.FORBIDDEN, denial.message)
         if effect == Effect.PURE:
             hook = "run"
         elif action.defines("plan"):
@@ -131,8 +137,9 @@ class _DryExecution:
             self._error(f"step {seq} ({name}): a {effect.name} action must define plan()")
         self.ai_calls = 0
         try:
-            result = validate_result(getattr(action, hook)(ctx, input), (Succeeded, Failed, Waiting),
-                                     hook)
+            result = validate_result(
+                getattr(action, hook)(ctx, input), (Succeeded, Failed, Waiting), hook
+            )
         except InvalidResult as exc:
             self._error(f"step {seq} ({name}): {exc}")
         except StepFailed as exc:  # a kernel service refused, as it would in execution
@@ -140,19 +147,27 @@ class _DryExecution:
         except Exception as exc:
             self._error(f"step {seq} ({name}): {hook}() raised {type(exc).__name__}: {exc}")
         if isinstance(result, Failed):
-            self._refused(seq, name, effect, result.code or store.ACTION_FAILED,
-                          result.message)
+            self._refused(seq, name, effect, result.code or store.ACTION_FAILED, result.message)
         if isinstance(result, Waiting):
             self._error(f"step {seq} ({name}): {hook}() returned waiting; a plan must succeed")
-        if hook == "plan" and not (isinstance(result.output, dict) and result.output.get("planned") is True):
-            self._error(f"step {seq} ({name}): plan() output must say \"planned\": True")
+        if hook == "plan" and not (
+            isinstance(result.output, dict) and result.output.get("planned") is True
+        ):
+            self._error(f'step {seq} ({name}): plan() output must say "planned": True')
         if self.ai_calls:
             cost = {**cost, AI_CALLS: cost.get(AI_CALLS, 0) + self.ai_calls}
         self._count(cost)
-        self.report.steps.append(DryRunStep(
-            seq=seq, action=name, effect=effect.value, summary=result.summary or "",
-            output=result.output, cost=cost, run=self.path,
-        ))
+        self.report.steps.append(
+            DryRunStep(
+                seq=seq,
+                action=name,
+                effect=effect.value,
+                summary=result.summary or "",
+                output=result.output,
+                cost=cost,
+                run=self.path,
+            )
+        )
         return copy.deepcopy(result.output)
 
     def _count(self, cost: dict[str, int]) -> None:
@@ -161,10 +176,18 @@ class _DryExecution:
 
     def _refused(self, seq: int, name: str, effect: Effect, code: str, message: str) -> None:
         """The step would fail (a denial, a failed plan): report it, then fail it as a run would."""
-        self.report.steps.append(DryRunStep(
-            seq=seq, action=name, effect=effect.value, summary=message, output=None, cost={},
-            run=self.path, error=code,
-        ))
+        self.report.steps.append(
+            DryRunStep(
+                seq=seq,
+                action=name,
+                effect=effect.value,
+                summary=message,
+                output=None,
+                cost={},
+                run=self.path,
+                error=code,
+            )
+        )
         raise StepFailed(code, message)
 
     def ai_task(self, provider: str, request: Any) -> Result:
@@ -180,8 +203,9 @@ class _DryExecution:
         self.next_seq += 1
         return self.planned_children(seq, name, inputs, wait=wait)
 
-    def planned_children(self, seq: int, name: str, inputs: list[Any], *,
-                         wait: bool = False) -> Any:
+    def planned_children(
+        self, seq: int, name: str, inputs: list[Any], *, wait: bool = False
+    ) -> Any:
         """Execute the children of step ``seq`` dry, in order. Without ``wait``: unsaved runs."""
         inputs = list(inputs)
         if self.depth >= MAX_DEPTH:
@@ -191,22 +215,29 @@ class _DryExecution:
         results = []
         for i, child_input in enumerate(inputs):
             path = f"{self.path + '.' if self.path else ''}{seq}[{i}]"
-            output, failure = _execute(self.report, name, child_input, self.principal, path,
-                                       self.depth + 1)
-            results.append(ChildResult("failed" if failure else "succeeded", output,
-                                       failure or ""))
+            output, failure = _execute(
+                self.report, name, child_input, self.principal, path, self.depth + 1
+            )
+            results.append(ChildResult("failed" if failure else "succeeded", output, failure or ""))
         if not wait:
             definition = get_workflow(name)
             return [
-                WorkflowRun(workflow_name=name, app_id=definition.app_id, input=child_input,
-                            status=WorkflowRun.Status.QUEUED, child_index=i, parent_step=seq)
+                WorkflowRun(
+                    workflow_name=name,
+                    app_id=definition.app_id,
+                    input=child_input,
+                    status=WorkflowRun.Status.QUEUED,
+                    child_index=i,
+                    parent_step=seq,
+                )
                 for i, child_input in enumerate(inputs)
             ]
         return results
 
 
-def _execute(report: DryRunReport, name: str, input: Any, principal: Any, path: str,
-             depth: int) -> tuple[Any, str | None]:
+def _execute(
+    report: DryRunReport, name: str, input: Any, principal: Any, path: str, depth: int
+) -> tuple[Any, str | None]:
     from .workflows import RunHandle
 
     definition = get_workflow(name)

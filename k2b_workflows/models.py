@@ -88,7 +88,8 @@ class WorkflowRun(models.Model):
     output = models.JSONField(null=True, blank=True)
     error_code = models.CharField(max_length=100, blank=True, default="")
     error_message = models.TextField(blank=True, default="")
-    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    # NULL, not "": runs without a key must not collide on the unique constraint.
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     principal = models.JSONField(null=True, blank=True)
 
     # Claiming, leases and the fence.

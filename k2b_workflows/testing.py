@@ -46,8 +46,9 @@ def run_until_idle(
             worker._housekeeping(0)
             runs, loaded, tasks = worker.claim(1)
             for run_id, generation in runs:
-                execution = Execution(run_id, generation, using=using, keeper=keeper,
-                                      preloaded=loaded.get(run_id))
+                execution = Execution(
+                    run_id, generation, using=using, keeper=keeper, preloaded=loaded.get(run_id)
+                )
                 stats[execution.execute()] += 1
                 stats["runs"] += 1
                 stats["steps"] += execution.steps_executed

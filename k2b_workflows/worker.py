@@ -15,6 +15,7 @@ Threads:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -76,10 +77,8 @@ class Listener(threading.Thread):
                 backoff = min(backoff * 2, 5.0)
             finally:
                 if conn is not None:
-                    try:
+                    with contextlib.suppress(Exception):
                         conn.close()
-                    except Exception:
-                        pass
 
     def stop(self) -> None:
         self.stopping.set()
@@ -123,7 +122,10 @@ class Worker:
         names = self._workflow_names()
         logger.info(
             "worker %s: %d thread(s), apps %s, %d workflow(s)%s",
-            self.worker_id, self.concurrency, self.app_ids or "all", len(names),
+            self.worker_id,
+            self.concurrency,
+            self.app_ids or "all",
+            len(names),
             " (burst)" if self.burst else "",
         )
         connection_created.connect(self._limit_idle_transactions, weak=False)
@@ -159,8 +161,10 @@ class Worker:
         if connection.alias != self.using:
             return
         with connection.cursor() as cursor:
-            cursor.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
-                           [str(store.lease_ms())])
+            cursor.execute(
+                "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+                [str(store.lease_ms())],
+            )
 
     def stop(self) -> None:
         """Stop claiming; running executions finish their current step and release the run."""
@@ -208,8 +212,11 @@ class Worker:
         """Claim runs, read their state, and claim AI tasks for the slots left: one commit."""
         with transaction.atomic(using=self.using):
             runs = claim.claim_runs(
-                self.using, worker_id=self.worker_id, workflow_names=self._workflow_names(),
-                app_ids=self.app_ids, limit=limit,
+                self.using,
+                worker_id=self.worker_id,
+                workflow_names=self._workflow_names(),
+                app_ids=self.app_ids,
+                limit=limit,
             )
             loaded = preload(self.using, [run_id for run_id, _ in runs])
             tasks = []
@@ -280,7 +287,8 @@ class Worker:
 
     def _workflow_names(self) -> list[str]:
         return [
-            name for name, d in registered_workflows().items()
+            name
+            for name, d in registered_workflows().items()
             if not self.app_ids or d.app_id in self.app_ids
         ]
 
@@ -288,8 +296,9 @@ class Worker:
 
     def _execute_run(self, run_id: Any, generation: int, loaded: Preloaded | None) -> None:
         try:
-            execution = Execution(run_id, generation, using=self.using, keeper=self.keeper,
-                                  preloaded=loaded)
+            execution = Execution(
+                run_id, generation, using=self.using, keeper=self.keeper, preloaded=loaded
+            )
             execution.stop_requested = self.stopping
             outcome = execution.execute()
             with self._lock:

@@ -69,8 +69,13 @@ def workflow(
         if existing is not None and existing.fn.__qualname__ != fn.__qualname__:
             raise InvalidInput(f"workflow {name!r} is already registered by {existing.fn!r}")
         _registry[name] = WorkflowDefinition(
-            name=name, fn=fn, app_id=app_id, version=version, effect_budget=budget,
-            max_ai_calls=max_ai_calls, max_steps=max_steps,
+            name=name,
+            fn=fn,
+            app_id=app_id,
+            version=version,
+            effect_budget=budget,
+            max_ai_calls=max_ai_calls,
+            max_steps=max_steps,
         )
         fn.workflow_name = name  # type: ignore[attr-defined]
         return fn
@@ -83,7 +88,9 @@ def get_workflow(name: str) -> WorkflowDefinition:
         return _registry[name]
     except KeyError:
         known = ", ".join(sorted(_registry)) or "none"
-        raise UnknownWorkflow(f"no workflow named {name!r} is registered (known: {known})") from None
+        raise UnknownWorkflow(
+            f"no workflow named {name!r} is registered (known: {known})"
+        ) from None
 
 
 def registered_workflows() -> dict[str, WorkflowDefinition]:
@@ -109,7 +116,11 @@ class RunHandle:
         return self._execution.principal
 
     def step(
-        self, action: Any, input: Any = None, *, approval_ref: str | None = None,
+        self,
+        action: Any,
+        input: Any = None,
+        *,
+        approval_ref: str | None = None,
         backup_ref: str | None = None,
     ) -> Any:
         """Run ``action`` with ``input`` as the next step and return its output.

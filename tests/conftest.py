@@ -7,6 +7,7 @@ Tests that commit (almost all: the kernel's guarantees are about commits) use
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -20,8 +21,12 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def wait_for(predicate: Callable[[], object], timeout: float = 20.0, interval: float = 0.05,
-             message: str = "condition") -> object:
+def wait_for(
+    predicate: Callable[[], object],
+    timeout: float = 20.0,
+    interval: float = 0.05,
+    message: str = "condition",
+) -> object:
     """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
@@ -44,11 +49,17 @@ class WorkerProcess:
             "PYTHONUNBUFFERED": "1",
             **env,
         }
-        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"k2b-worker-{os.getpid()}-{time.monotonic_ns()}.log"
+        self.log_path = (
+            Path(os.environ.get("TMPDIR", "/tmp"))
+            / f"k2b-worker-{os.getpid()}-{time.monotonic_ns()}.log"
+        )
         self.log = open(self.log_path, "w")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, str(ROOT / "manage.py"), "runworkflows", *args],
-            cwd=ROOT, env=full_env, stdout=self.log, stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=full_env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
         )
 
     @property
@@ -72,10 +83,8 @@ class WorkerProcess:
 
     def close(self) -> None:
         if self.proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(signal.SIGCONT)
-            except ProcessLookupError:
-                pass
             self.proc.kill()
             self.proc.wait(timeout=10)
         self.log.close()

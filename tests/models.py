@@ -14,6 +14,9 @@ class ProviderCall(models.Model):
     payload = models.JSONField(null=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
+    def __str__(self) -> str:
+        return f"{self.action} {self.effect_key}"
+
 
 class DomainRow(models.Model):
     """What a TRANSACTIONAL or fenced IDEMPOTENT action writes."""
@@ -22,6 +25,9 @@ class DomainRow(models.Model):
     value = models.JSONField(null=True)
     generation = models.BigIntegerField(default=0)
     pid = models.IntegerField(default=0)
+
+    def __str__(self) -> str:
+        return self.key
 
 
 class Dedup(models.Model):
@@ -36,3 +42,6 @@ class Dedup(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["run", "step", "recipient"], name="tests_dedup_rsr")
         ]
+
+    def __str__(self) -> str:
+        return self.key

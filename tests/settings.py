@@ -18,5 +18,5 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 import os  # noqa: E402
 
 if os.environ.get("K2B_TEST_DB_NAME"):
-    DATABASES["default"]["NAME"] = os.environ["K2B_TEST_DB_NAME"]  # noqa: F405
-    DATABASES["default"].setdefault("TEST", {})["NAME"] = os.environ["K2B_TEST_DB_NAME"]  # noqa: F405
+    DATABASES["default"]["NAME"] = os.environ["K2B_TEST_DB_NAME"]
+    DATABASES["default"].setdefault("TEST", {})["NAME"] = os.environ["K2B_TEST_DB_NAME"]

@@ -31,9 +31,11 @@ from .models import DomainRow, ProviderCall
 
 
 def crash_point(input, point: str) -> None:
-    if isinstance(input, dict) and input.get("crash") == point and os.environ.get(
-        "K2B_TEST_CRASH"
-    ) == point:
+    if (
+        isinstance(input, dict)
+        and input.get("crash") == point
+        and os.environ.get("K2B_TEST_CRASH") == point
+    ):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -82,15 +84,20 @@ class SendIdempotent(Action):
 
     def run(self, ctx, input):
         ProviderCall.objects.create(
-            action=self.name, effect_key=ctx.effect_key, generation=ctx.generation,
-            pid=os.getpid(), payload={"to": input.get("to")},
+            action=self.name,
+            effect_key=ctx.effect_key,
+            generation=ctx.generation,
+            pid=os.getpid(),
+            payload={"to": input.get("to")},
         )
         crash_point(input, "idem_after_effect")
         pause_point(input, "idem_after_effect")
         with ctx.fenced():
             DomainRow.objects.create(
-                key=f"idem:{ctx.effect_key}:{ctx.generation}", value=input.get("to"),
-                generation=ctx.generation, pid=os.getpid(),
+                key=f"idem:{ctx.effect_key}:{ctx.generation}",
+                value=input.get("to"),
+                generation=ctx.generation,
+                pid=os.getpid(),
             )
         return succeeded({"message_id": ctx.effect_key})
 
@@ -105,14 +112,20 @@ class Charge(Action):
         return {"charges": 1}
 
     def plan(self, ctx, input):
-        return succeeded({"planned": True, "amount": input.get("amount")},
-                         summary=f"Charge {input.get('amount')}")
+        return succeeded(
+            {"planned": True, "amount": input.get("amount")},
+            summary=f"Charge {input.get('amount')}",
+        )
 
     def run(self, ctx, input):
         crash_point(input, "external_before_effect")
         call = ProviderCall.objects.create(
-            action=self.name, effect_key=ctx.effect_key, invocation_key=ctx.invocation_key,
-            generation=ctx.generation, pid=os.getpid(), payload={"amount": input.get("amount")},
+            action=self.name,
+            effect_key=ctx.effect_key,
+            invocation_key=ctx.invocation_key,
+            generation=ctx.generation,
+            pid=os.getpid(),
+            payload={"amount": input.get("amount")},
         )
         crash_point(input, "external_after_effect")
         pause_point(input, "external_after_effect")
@@ -227,21 +240,29 @@ class WaitFor(Action):
 
     def run(self, ctx, input):
         row = DomainRow.objects.filter(key=input["key"]).first()
-        ProviderCall.objects.create(action=self.name, effect_key=ctx.effect_key,
-                                    generation=ctx.generation)
+        ProviderCall.objects.create(
+            action=self.name, effect_key=ctx.effect_key, generation=ctx.generation
+        )
         if row is None:
             deadline = input.get("deadline_s")
             import datetime as dt
 
-            return waiting(Dependency("signal", input["key"],
-                                      deadline=dt.timedelta(seconds=deadline) if deadline else None))
+            return waiting(
+                Dependency(
+                    "signal",
+                    input["key"],
+                    deadline=dt.timedelta(seconds=deadline) if deadline else None,
+                )
+            )
         return succeeded({"value": row.value})
 
 
 @workflow("test.pure", app_id="tests")
 def pure_workflow(run, input):
     a = run.step(Add, {"a": input["a"], "b": input["b"]})
-    b = run.step(Add, {"a": a["sum"], "b": 1, **({"crash": input["crash"]} if "crash" in input else {})})
+    b = run.step(
+        Add, {"a": a["sum"], "b": 1, **({"crash": input["crash"]} if "crash" in input else {})}
+    )
     return {"total": b["sum"]}
 
 
@@ -325,8 +346,10 @@ def non_json_output_workflow(run, input):
     return {"when": object()}
 
 
-from . import workflows_kernel  # noqa: E402,F401
-
-from . import workflows_fanout  # noqa: E402, F401
-from . import workflows_waits  # noqa: E402, F401
-from . import workflows_polling  # noqa: E402, F401
+# The topic modules register their actions and workflows on import.
+from . import (  # noqa: E402
+    workflows_fanout,  # noqa: F401
+    workflows_kernel,  # noqa: F401
+    workflows_polling,  # noqa: F401
+    workflows_waits,  # noqa: F401
+)

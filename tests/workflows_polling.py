@@ -19,17 +19,30 @@ class Payout(Action):
         return succeeded({"planned": True})
 
     def run(self, ctx, input):
-        ProviderCall.objects.create(action="payout.submit", effect_key=ctx.effect_key,
-                                    invocation_key=ctx.invocation_key, generation=ctx.generation)
+        ProviderCall.objects.create(
+            action="payout.submit",
+            effect_key=ctx.effect_key,
+            invocation_key=ctx.invocation_key,
+            generation=ctx.generation,
+        )
         return ambiguous("accepted; settlement pending")
 
     def reconcile(self, ctx, input):
-        ProviderCall.objects.create(action="payout.poll", effect_key=ctx.effect_key,
-                                    invocation_key=ctx.invocation_key, generation=ctx.generation)
+        ProviderCall.objects.create(
+            action="payout.poll",
+            effect_key=ctx.effect_key,
+            invocation_key=ctx.invocation_key,
+            generation=ctx.generation,
+        )
         polls = ProviderCall.objects.filter(action="payout.poll", effect_key=ctx.effect_key)
         if polls.count() < input["polls"]:
-            return waiting(Dependency("payout", ctx.effect_key,
-                                      deadline=dt.timedelta(milliseconds=input.get("every_ms", 50))))
+            return waiting(
+                Dependency(
+                    "payout",
+                    ctx.effect_key,
+                    deadline=dt.timedelta(milliseconds=input.get("every_ms", 50)),
+                )
+            )
         return succeeded({"settled": True, "polls": polls.count()})
 
 

@@ -53,5 +53,8 @@ def summarize(request: dict, abort: threading.Event) -> dict:
     text = request.get("text", "")
     words = text.split()
     digest = hashlib.sha256(text.encode()).hexdigest()[:8]
-    return {"summary": " ".join(words[:12]) + ("…" if len(words) > 12 else ""),
-            "words": len(words), "fingerprint": digest}
+    return {
+        "summary": " ".join(words[:12]) + ("…" if len(words) > 12 else ""),
+        "words": len(words),
+        "fingerprint": digest,
+    }

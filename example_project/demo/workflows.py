@@ -32,16 +32,19 @@ class CreateOrder(Action):
     effect = Effect.TRANSACTIONAL
 
     def plan(self, ctx, input):
-        return succeeded({"planned": True, "order_id": None, "items": input["items"]},
-                         summary=f"Create order for {input['sku']}")
+        return succeeded(
+            {"planned": True, "order_id": None, "items": input["items"]},
+            summary=f"Create order for {input['sku']}",
+        )
 
     def run(self, ctx, input):
         order = Order.objects.using(ctx.tx.using).create(
-            sku=input["sku"], items=input["items"], amount_cents=input["amount_cents"],
+            sku=input["sku"],
+            items=input["items"],
+            amount_cents=input["amount_cents"],
             customer=input["customer"],
         )
-        return succeeded({"order_id": order.pk, "items": order.items},
-                         summary=f"order {order.pk}")
+        return succeeded({"order_id": order.pk, "items": order.items}, summary=f"order {order.pk}")
 
 
 class WaitForApproval(Action):
@@ -55,8 +58,11 @@ class WaitForApproval(Action):
             return succeeded({"approved_by": "auto"})
         approval = Approval.objects.filter(order_id=input["order_id"]).first()
         if approval is None:
-            return waiting(Dependency("approval", f"order-{input['order_id']}",
-                                      deadline=dt.timedelta(hours=24)))
+            return waiting(
+                Dependency(
+                    "approval", f"order-{input['order_id']}", deadline=dt.timedelta(hours=24)
+                )
+            )
         return succeeded({"approved_by": approval.approved_by})
 
 
@@ -70,12 +76,15 @@ class ChargeCard(Action):
         return {"charges": 1}
 
     def plan(self, ctx, input):
-        return succeeded({"planned": True, "charge_id": None},
-                         summary=f"Charge {input['amount_cents'] / 100:.2f} EUR")
+        return succeeded(
+            {"planned": True, "charge_id": None},
+            summary=f"Charge {input['amount_cents'] / 100:.2f} EUR",
+        )
 
     def run(self, ctx, input):
         charge_id = PaymentGateway().charge(
-            idempotency_key=ctx.effect_key, amount_cents=input["amount_cents"],
+            idempotency_key=ctx.effect_key,
+            amount_cents=input["amount_cents"],
             timeout=input.get("simulate_timeout", False),
         )
         return succeeded({"charge_id": charge_id}, summary=charge_id)
@@ -100,8 +109,12 @@ class SendReceipt(Action):
         return succeeded({"planned": True}, summary=f"Email receipt to {input['to']}")
 
     def run(self, ctx, input):
-        insert_once(OutboxEmail, key=ctx.effect_key, to=input["to"],
-                    subject=f"Receipt for order {input['order_id']}")
+        insert_once(
+            OutboxEmail,
+            key=ctx.effect_key,
+            to=input["to"],
+            subject=f"Receipt for order {input['order_id']}",
+        )
         return succeeded({"message_key": ctx.effect_key})
 
 
@@ -142,8 +155,9 @@ class BankPayout(Action):
         return succeeded({"planned": True}, summary=f"Pay out {input['amount_cents']} cents")
 
     def run(self, ctx, input):
-        transfer = LegacyBank().transfer(reference=ctx.effect_key,
-                                         amount_cents=input["amount_cents"])
+        transfer = LegacyBank().transfer(
+            reference=ctx.effect_key, amount_cents=input["amount_cents"]
+        )
         return succeeded({"transfer": transfer})
 
 
@@ -152,26 +166,45 @@ def ship_item(run, input):
     return run.step(ReserveStock, input)
 
 
-@workflow("shop.checkout", app_id="shop", effect_budget={"charges": 1, "emails": 3},
-          max_ai_calls=2, max_steps=50)
+@workflow(
+    "shop.checkout",
+    app_id="shop",
+    effect_budget={"charges": 1, "emails": 3},
+    max_ai_calls=2,
+    max_steps=50,
+)
 def checkout(run, input):
     order = run.step(CreateOrder, input)
-    approval = run.step(WaitForApproval, {"order_id": order["order_id"],
-                                          "amount_cents": input["amount_cents"]})
-    charge = run.step(ChargeCard, {"order_id": order["order_id"],
-                                   "amount_cents": input["amount_cents"],
-                                   "simulate_timeout": input.get("simulate_timeout", False)})
+    approval = run.step(
+        WaitForApproval, {"order_id": order["order_id"], "amount_cents": input["amount_cents"]}
+    )
+    charge = run.step(
+        ChargeCard,
+        {
+            "order_id": order["order_id"],
+            "amount_cents": input["amount_cents"],
+            "simulate_timeout": input.get("simulate_timeout", False),
+        },
+    )
     run.step(SendReceipt, {"order_id": order["order_id"], "to": input["customer"]})
-    shipped = run.children("shop.ship_item", [
-        {"order_id": order["order_id"], "item": item} for item in order["items"]
-    ])
-    summary = run.step(SummarizeOrder, {"text": f"Order {order['order_id']} of {input['sku']} "
-                                                f"for {input['customer']}, approved by "
-                                                f"{approval['approved_by']}, items "
-                                                f"{', '.join(order['items'])}."})
-    return {"order_id": order["order_id"], "charge_id": charge["charge_id"],
-            "shipped": sum(1 for r in shipped if r.status == "succeeded"),
-            "summary": summary["summary"]}
+    shipped = run.children(
+        "shop.ship_item", [{"order_id": order["order_id"], "item": item} for item in order["items"]]
+    )
+    summary = run.step(
+        SummarizeOrder,
+        {
+            "text": f"Order {order['order_id']} of {input['sku']} "
+            f"for {input['customer']}, approved by "
+            f"{approval['approved_by']}, items "
+            f"{', '.join(order['items'])}."
+        },
+    )
+    return {
+        "order_id": order["order_id"],
+        "charge_id": charge["charge_id"],
+        "shipped": sum(1 for r in shipped if r.status == "succeeded"),
+        "summary": summary["summary"],
+    }
 
 
 @workflow("shop.payout", app_id="shop")

@@ -60,13 +60,15 @@ def step_task(ctx: StepContext, provider: str, request: Any) -> Result:
     with transaction.atomic(using=using), _holding():
         db.fence(using, ctx.run_id, ctx.generation, store.lease_ms())
         rows = db.fetchall(
-            using, "SELECT status, result, error_message FROM k2b_ai_task WHERE effect_key = %s",
+            using,
+            "SELECT status, result, error_message FROM k2b_ai_task WHERE effect_key = %s",
             [ctx.effect_key],
         )
         if not rows:
             try:
-                budgets.charge_ai_call(using, root_id=ctx.root_run_id, run_id=ctx.run_id,
-                                       seq=ctx.step)
+                budgets.charge_ai_call(
+                    using, root_id=ctx.root_run_id, run_id=ctx.run_id, seq=ctx.step
+                )
             except budgets.BudgetExceeded as exc:
                 return failed(str(exc), code=store.EFFECT_BUDGET_EXCEEDED)
             db.execute(
@@ -75,8 +77,14 @@ def step_task(ctx: StepContext, provider: str, request: Any) -> Result:
                        status, attempts, generation, created_at, updated_at, error_message)
                    VALUES (gen_random_uuid(), %s, %s, %s, %s, %s, %s, 'queued', 0, 0, now(), now(),
                            '')""",
-                [ctx.run_id, ctx.step, ctx.app_id, ctx.effect_key, provider,
-                 canonical_json(request)],
+                [
+                    ctx.run_id,
+                    ctx.step,
+                    ctx.app_id,
+                    ctx.effect_key,
+                    provider,
+                    canonical_json(request),
+                ],
             )
             return waiting(Dependency(KIND, ctx.effect_key))
         status, result, error = rows[0]
@@ -142,8 +150,13 @@ def run_task(using: str, task: tuple, abort: threading.Event) -> str:
             """UPDATE k2b_ai_task SET status = %s, result = %s, error_message = %s,
                       finished_at = now(), updated_at = now(), lease_expires_at = NULL
                 WHERE id = %s AND generation = %s AND status = 'running'""",
-            [status, None if output is None else canonical_json(output), error, task_id,
-             generation],
+            [
+                status,
+                None if output is None else canonical_json(output),
+                error,
+                task_id,
+                generation,
+            ],
         )
         if updated:
             waits.wake(using, app_id=app_id, kind=KIND, key=effect_key)

@@ -45,11 +45,20 @@ def create(
     now = timezone.now()
     rows = [
         WorkflowRun(
-            id=uuid.uuid4(), workflow_name=definition.name,
-            workflow_version=definition.version, app_id=definition.app_id,
-            status=RunStatus.QUEUED, input=inputs[i], principal=parent.principal,
-            parent_id=parent.id, parent_step=step, child_index=i, root_id=root_id,
-            run_after=now, created_at=now, updated_at=now,
+            id=uuid.uuid4(),
+            workflow_name=definition.name,
+            workflow_version=definition.version,
+            app_id=definition.app_id,
+            status=RunStatus.QUEUED,
+            input=inputs[i],
+            principal=parent.principal,
+            parent_id=parent.id,
+            parent_step=step,
+            child_index=i,
+            root_id=root_id,
+            run_after=now,
+            created_at=now,
+            updated_at=now,
         )
         for i in missing
     ]
@@ -67,9 +76,13 @@ def results(using: str, parent_id: Any, step: int) -> list[dict[str, Any]]:
         [parent_id, step],
     )
     return [
-        {"run_id": str(run_id), "status": status, "output": db.from_json(output),
-         "error_code": code,
-         "done": status in TERMINAL_STATUSES}
+        {
+            "run_id": str(run_id),
+            "status": status,
+            "output": db.from_json(output),
+            "error_code": code,
+            "done": status in TERMINAL_STATUSES,
+        }
         for run_id, status, output, code in rows
     ]
 
@@ -82,7 +95,8 @@ def count(using: str, run_id: Any) -> dict[str, int]:
     """Children of ``run_id`` per status, every status present, in one query."""
     counts = {status: 0 for status in RunStatus.values}
     for status, n in db.fetchall(
-        using, "SELECT status, count(*) FROM k2b_run WHERE parent_id = %s GROUP BY status",
+        using,
+        "SELECT status, count(*) FROM k2b_run WHERE parent_id = %s GROUP BY status",
         [run_id],
     ):
         counts[status] = n

@@ -34,7 +34,11 @@ RETURNING r.id, r.generation
 
 
 def claim_runs(
-    using: str, *, worker_id: str, workflow_names: Sequence[str], app_ids: Sequence[str] | None,
+    using: str,
+    *,
+    worker_id: str,
+    workflow_names: Sequence[str],
+    app_ids: Sequence[str] | None,
     limit: int,
 ) -> list[tuple[Any, int]]:
     """Claim up to ``limit`` due runs of workflows this process knows. Returns (id, generation)."""

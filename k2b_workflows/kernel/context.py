@@ -120,7 +120,10 @@ class StepContext:
 
     @contextmanager
     def fenced(self, using: str = "default") -> Iterator[None]:
-        """``transaction.atomic`` + ``heartbeat(tx)``: writes inside commit only if we still own the run."""
+        """``transaction.atomic`` + ``heartbeat(tx)``.
+
+        Writes inside the block commit only if this execution still owns the run.
+        """
         with transaction.atomic(using=using), _holding():
             self.heartbeat(tx=using)
             yield

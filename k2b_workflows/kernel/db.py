@@ -86,8 +86,13 @@ RETURNING id
 
 
 def fence(
-    using: str, run_id: Any, generation: int, lease_ms: int, step: int | None = None,
-    *, reset_failures: bool = False,
+    using: str,
+    run_id: Any,
+    generation: int,
+    lease_ms: int,
+    step: int | None = None,
+    *,
+    reset_failures: bool = False,
 ) -> None:
     """Lock the run row until the surrounding transaction ends, and check we still own it.
 

@@ -34,13 +34,37 @@ def hash_optional(value: str | None) -> str:
 
 
 _JOURNAL_FIELDS = (
-    "run_id", "seq", "action_name", "effect", "state", "output", "error_code",
-    "error_message", "input_hash", "generation",
+    "run_id",
+    "seq",
+    "action_name",
+    "effect",
+    "state",
+    "output",
+    "error_code",
+    "error_message",
+    "input_hash",
+    "generation",
 )
 _LEDGER_FIELDS = (
-    "run_id", "seq", "kind", "action_name", "effect", "invocation_key", "effect_key",
-    "generation", "definition_hash", "input_hash", "preview_hash", "principal_hash",
-    "idempotency_key_hash", "output_hash", "message", "actor", "actor_id", "evidence", "detail",
+    "run_id",
+    "seq",
+    "kind",
+    "action_name",
+    "effect",
+    "invocation_key",
+    "effect_key",
+    "generation",
+    "definition_hash",
+    "input_hash",
+    "preview_hash",
+    "principal_hash",
+    "idempotency_key_hash",
+    "output_hash",
+    "message",
+    "actor",
+    "actor_id",
+    "evidence",
+    "detail",
 )
 
 

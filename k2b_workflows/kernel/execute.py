@@ -2,17 +2,16 @@
 
 One file answers "what happens after a crash in a step of class X":
 
-=================  ==========================================  ======================================
-class              before ``run()``                            exception / crash after dispatch
-=================  ==========================================  ======================================
-PURE               nothing                                     retry (a retryable failure)
-TRANSACTIONAL      atomic block opened, run row fenced          rolled back with the journal entry:
-                   (``ctx.tx``); cost charged inside it         retry; the journal tells if it committed
-IDEMPOTENT         cost charged and committed                  retry with the same ``effect_key``
-EXTERNAL and up    ledger "dispatched" committed, with the     ``outcome_unknown``: never re-run
-                   evidence hashes                              blindly; ``reconcile()``, else an
-                                                               operator decides
-=================  ==========================================  ======================================
+- PURE: nothing happens before ``run()``; an exception is a retryable failure.
+- TRANSACTIONAL: ``run()`` executes inside the atomic block (``ctx.tx``) that
+  fenced the run row and commits the journal entry; an exception or a crash
+  rolls both back, and the journal tells on replay whether it committed.
+- IDEMPOTENT: the cost is charged and committed first; after an exception or a
+  crash the step runs again with the same ``effect_key``.
+- EXTERNAL, IRREVERSIBLE, SNAPSHOT_RESTORE: a "dispatched" ledger entry with
+  the evidence hashes commits before ``run()``; after an exception, a crash, an
+  invalid or late result the outcome is unknown: never re-run blindly, but
+  ``reconcile()``, else an operator decides.
 
 Every write that advances the run happens in a transaction that first fences
 it (``db.fence``): a worker whose lease was taken over can compute but never
@@ -22,6 +21,7 @@ that a workflow's ``except Exception`` cannot swallow a park or a lost lease.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import threading
@@ -114,13 +114,15 @@ def preload(using: str, run_ids: list[Any]) -> dict[Any, Preloaded]:
     runs = WorkflowRun.objects.using(using).in_bulk(run_ids)
     journals: dict[Any, list[JournalEntry]] = {pk: [] for pk in runs}
     ledgers: dict[Any, list[LedgerEntry]] = {pk: [] for pk in runs}
-    for entry in JournalEntry.objects.using(using).filter(run_id__in=run_ids).order_by(
-        "run_id", "seq"
+    for entry in (
+        JournalEntry.objects.using(using).filter(run_id__in=run_ids).order_by("run_id", "seq")
     ):
         journals[entry.run_id].append(entry)
-    for entry in LedgerEntry.objects.using(using).filter(
-        run_id__in=run_ids, seq__isnull=False
-    ).order_by("id"):
+    for entry in (
+        LedgerEntry.objects.using(using)
+        .filter(run_id__in=run_ids, seq__isnull=False)
+        .order_by("id")
+    ):
         ledgers[entry.run_id].append(entry)
     return {pk: Preloaded(run, journals[pk], ledgers[pk]) for pk, run in runs.items()}
 
@@ -163,7 +165,10 @@ class Execution:
     # -- entry point ---------------------------------------------------------
 
     def execute(self) -> str:
-        """Run until the workflow ends, parks, retries later or loses its lease. Returns the outcome."""
+        """Run until the workflow ends, parks, retries later or loses its lease.
+
+        Returns the outcome, a short label for the worker's statistics.
+        """
         from ..workflows import get_workflow
 
         loaded = self.preloaded
@@ -171,8 +176,10 @@ class Execution:
             # One read-only transaction for the run, its journal and its ledger.
             with transaction.atomic(using=self.using):
                 loaded = preload(self.using, [self.run_id]).get(self.run_id)
-        if loaded is None or loaded.run.generation != self.generation or (
-            loaded.run.status != "running"
+        if (
+            loaded is None
+            or loaded.run.generation != self.generation
+            or (loaded.run.status != "running")
         ):
             return "dropped"
         run = loaded.run
@@ -187,7 +194,9 @@ class Execution:
             try:
                 self.definition: WorkflowDefinition = get_workflow(run.workflow_name)
             except UnknownWorkflow:
-                self._fail_run("UNKNOWN_WORKFLOW", f"no workflow {run.workflow_name!r} is registered")
+                self._fail_run(
+                    "UNKNOWN_WORKFLOW", f"no workflow {run.workflow_name!r} is registered"
+                )
                 return self.outcome
             if run.consecutive_failures >= store.max_consecutive_failures():
                 self._exhausted(run.consecutive_failures, run.error_message)
@@ -200,7 +209,9 @@ class Execution:
         except db.CommitOutcomeUnknown as exc:
             # Drop what we believe: the next claim re-reads the journal, which
             # committed (or not) in the very transaction whose outcome we lost.
-            logger.warning("run %s: commit outcome unknown (%s); re-reading later", self.run_id, exc)
+            logger.warning(
+                "run %s: commit outcome unknown (%s); re-reading later", self.run_id, exc
+            )
             self.outcome = "commit_unknown"
             self._release_after_unknown_commit()
         finally:
@@ -251,7 +262,11 @@ class Execution:
     # -- run.step --------------------------------------------------------------
 
     def step(
-        self, action: Any, input: Any, *, approval_ref: str | None = None,
+        self,
+        action: Any,
+        input: Any,
+        *,
+        approval_ref: str | None = None,
         backup_ref: str | None = None,
     ) -> Any:
         self._check_shutdown()
@@ -271,15 +286,24 @@ class Execution:
         started = timezone.now()
         step = _Step(seq, action, name, input, input_hash, started, ctx)
         if seq >= self.definition.max_steps:
-            return self._step_failed(step, store.MAX_STEPS_EXCEEDED,
-                                     f"step {seq} is past max_steps={self.definition.max_steps}")
+            return self._step_failed(
+                step,
+                store.MAX_STEPS_EXCEEDED,
+                f"step {seq} is past max_steps={self.definition.max_steps}",
+            )
         effect = action.effect
         if effect == Effect.IRREVERSIBLE and not approval_ref:
-            return self._step_failed(step, store.APPROVAL_REQUIRED,
-                                     f"{name} is IRREVERSIBLE: the step must pin approval_ref")
+            return self._step_failed(
+                step,
+                store.APPROVAL_REQUIRED,
+                f"{name} is IRREVERSIBLE: the step must pin approval_ref",
+            )
         if effect == Effect.SNAPSHOT_RESTORE and not backup_ref:
-            return self._step_failed(step, store.BACKUP_REQUIRED,
-                                     f"{name} is SNAPSHOT_RESTORE: the step must pin backup_ref")
+            return self._step_failed(
+                step,
+                store.BACKUP_REQUIRED,
+                f"{name} is SNAPSHOT_RESTORE: the step must pin backup_ref",
+            )
         step.refs = {"approval_ref": approval_ref, "backup_ref": backup_ref}
         try:
             step.cost = budgets.validate_cost(action.cost(input)) if action.defines("cost") else {}
@@ -323,14 +347,17 @@ class Execution:
         # After authorize, as for EXTERNAL: a refused step spends nothing.
         if idempotent and step.cost:
             self._charge_before_dispatch(step)
-        allowed = (Succeeded, Failed, Waiting, Ambiguous) if idempotent else (Succeeded, Failed, Waiting)
+        allowed = (
+            (Succeeded, Failed, Waiting, Ambiguous) if idempotent else (Succeeded, Failed, Waiting)
+        )
         try:
             result = self._call(step, "run", allowed)
         except InvalidResult as exc:
             if idempotent:  # repeating with the same effect_key is safe
                 self._retry_later(f"step {step.seq} ({step.name}): {exc}")
-            self._fail_run(store.INVALID_ACTION_RESULT, f"step {step.seq} ({step.name}): {exc}",
-                           step=step)
+            self._fail_run(
+                store.INVALID_ACTION_RESULT, f"step {step.seq} ({step.name}): {exc}", step=step
+            )
         if isinstance(result, Ambiguous):
             self._retry_later(f"step {step.seq} ({step.name}) ambiguous: {result.message or ''}")
         if isinstance(result, Succeeded) and not idempotent and step.cost:
@@ -347,13 +374,17 @@ class Execution:
             except _Rollback as rb:
                 result = rb.result
                 if isinstance(result, InvalidResult):
-                    self._fail_run(store.INVALID_ACTION_RESULT,
-                                   f"step {step.seq} ({step.name}): {result}", step=step)
+                    self._fail_run(
+                        store.INVALID_ACTION_RESULT,
+                        f"step {step.seq} ({step.name}): {result}",
+                        step=step,
+                    )
                 if isinstance(result, budgets.BudgetExceeded):
                     return self._step_failed(step, store.EFFECT_BUDGET_EXCEEDED, str(result))
                 if isinstance(result, _Denied):
-                    return self._step_failed(step, result.failed.code or store.FORBIDDEN,
-                                             result.failed.message)
+                    return self._step_failed(
+                        step, result.failed.code or store.FORBIDDEN, result.failed.message
+                    )
                 return self._apply(step, result)
             except (LeaseLost, RunCanceled, db.CommitOutcomeUnknown, Suspend):
                 raise
@@ -363,7 +394,9 @@ class Execution:
                     continue
                 self._retry_later(f"step {step.seq} ({step.name}): database error: {exc}")
             except Exception as exc:
-                self._retry_later(f"step {step.seq} ({step.name}) raised {type(exc).__name__}: {exc}")
+                self._retry_later(
+                    f"step {step.seq} ({step.name}) raised {type(exc).__name__}: {exc}"
+                )
         raise AssertionError("unreachable")
 
     def _transactional_once(self, step: _Step) -> Any:
@@ -372,8 +405,13 @@ class Execution:
             db.fence(self.using, self.run_id, self.generation, store.lease_ms(), step.seq)
             if step.cost:
                 try:
-                    budgets.charge(self.using, root_id=self.root_id, run_id=self.run_id,
-                                   seq=step.seq, cost=step.cost)
+                    budgets.charge(
+                        self.using,
+                        root_id=self.root_id,
+                        run_id=self.run_id,
+                        seq=step.seq,
+                        cost=step.cost,
+                    )
                 except budgets.BudgetExceeded as exc:
                     raise _Rollback(exc) from None
             try:
@@ -386,8 +424,14 @@ class Execution:
             if not isinstance(result, Succeeded):
                 raise _Rollback(result)
             # The action may have run for long: extend the lease as we commit.
-            db.fence(self.using, self.run_id, self.generation, store.lease_ms(), step.seq,
-                     reset_failures=True)
+            db.fence(
+                self.using,
+                self.run_id,
+                self.generation,
+                store.lease_ms(),
+                step.seq,
+                reset_failures=True,
+            )
             entry = self._new_entry(step, JournalEntry.State.SUCCEEDED, result)
             evidence.append_journal(entry, self.last_hash, self.using)
         step.ctx.tx = None
@@ -413,8 +457,13 @@ class Execution:
         def dispatch() -> None:
             db.fence(self.using, self.run_id, self.generation, store.lease_ms(), step.seq)
             if step.cost:
-                budgets.charge(self.using, root_id=self.root_id, run_id=self.run_id,
-                               seq=step.seq, cost=step.cost)
+                budgets.charge(
+                    self.using,
+                    root_id=self.root_id,
+                    run_id=self.run_id,
+                    seq=step.seq,
+                    cost=step.cost,
+                )
             self._ledger(step, LedgerEntry.Kind.DISPATCHED, with_hashes=True)
 
         try:
@@ -438,8 +487,9 @@ class Execution:
             result = Ambiguous(f"run() raised after dispatch: {type(exc).__name__}: {exc}")
 
         if isinstance(result, Ambiguous):
-            self._ledger_event(step, LedgerEntry.Kind.OUTCOME_UNKNOWN, message=result.message or "",
-                               fenced=True)
+            self._ledger_event(
+                step, LedgerEntry.Kind.OUTCOME_UNKNOWN, message=result.message or "", fenced=True
+            )
             return self._reconcile(step, state)
         if isinstance(result, Succeeded):
             return self._journal_success(step, result, ledger_kind=LedgerEntry.Kind.SUCCEEDED)
@@ -447,11 +497,17 @@ class Execution:
 
     def _reconcile(self, step: _Step, state: _EffectState) -> Any:
         if not step.action.defines("reconcile"):
-            self._ledger_event(step, LedgerEntry.Kind.RECONCILE_UNKNOWN,
-                               message="the action has no reconcile()", fenced=True)
-            self._needs_attention(store.EFFECT_OUTCOME_UNKNOWN,
-                                  f"step {step.seq} ({step.name}): outcome unknown and no reconcile()",
-                                  step=step.seq)
+            self._ledger_event(
+                step,
+                LedgerEntry.Kind.RECONCILE_UNKNOWN,
+                message="the action has no reconcile()",
+                fenced=True,
+            )
+            self._needs_attention(
+                store.EFFECT_OUTCOME_UNKNOWN,
+                f"step {step.seq} ({step.name}): outcome unknown and no reconcile()",
+                step=step.seq,
+            )
         try:
             result = self._call(step, "reconcile", (Succeeded, Failed, Unknown, Waiting))
         except (LeaseLost, RunCanceled, Suspend):
@@ -471,10 +527,10 @@ class Execution:
             # The provider says it did not happen. Still no automatic re-run: a
             # lookup can lag behind the provider's own writes, and the contract
             # is that only an operator's "effect absent" runs a doubted step again.
-            return self._external_failed(step, result, LedgerEntry.Kind.RECONCILED,
-                                         may_retry=False)
-        self._ledger_event(step, LedgerEntry.Kind.RECONCILE_UNKNOWN, message=result.message or "",
-                           fenced=True)
+            return self._external_failed(step, result, LedgerEntry.Kind.RECONCILED, may_retry=False)
+        self._ledger_event(
+            step, LedgerEntry.Kind.RECONCILE_UNKNOWN, message=result.message or "", fenced=True
+        )
         self._needs_attention(
             store.EFFECT_OUTCOME_UNKNOWN,
             f"step {step.seq} ({step.name}): reconcile() cannot tell: {result.message or ''}",
@@ -482,8 +538,9 @@ class Execution:
         )
         raise AssertionError("unreachable")
 
-    def _external_failed(self, step: _Step, result: Failed, kind: str, *,
-                         may_retry: bool = True) -> Any:
+    def _external_failed(
+        self, step: _Step, result: Failed, kind: str, *, may_retry: bool = True
+    ) -> Any:
         """The provider says the effect did not happen.
 
         A retryable failure answered by ``run()`` itself is a clean answer: the
@@ -494,9 +551,12 @@ class Execution:
 
         def record() -> None:
             db.fence(self.using, self.run_id, self.generation, store.lease_ms(), step.seq)
-            self._ledger(step, kind, message=result.message,
-                         detail={"outcome": "failed", "code": result.code,
-                                 "retryable": result.retryable})
+            self._ledger(
+                step,
+                kind,
+                message=result.message,
+                detail={"outcome": "failed", "code": result.code, "retryable": result.retryable},
+            )
 
         try:
             db.run_in_transaction(record, self.using)
@@ -546,8 +606,9 @@ class Execution:
         try:
             return self._authorize(step)
         except InvalidResult as exc:
-            self._fail_run(store.INVALID_ACTION_RESULT, f"step {step.seq} ({step.name}): {exc}",
-                           step=step)
+            self._fail_run(
+                store.INVALID_ACTION_RESULT, f"step {step.seq} ({step.name}): {exc}", step=step
+            )
         except (LeaseLost, RunCanceled, Suspend):
             raise
         except Exception as exc:
@@ -557,8 +618,9 @@ class Execution:
     def _charge_before_dispatch(self, step: _Step) -> None:
         def charge() -> None:
             db.fence(self.using, self.run_id, self.generation, store.lease_ms(), step.seq)
-            budgets.charge(self.using, root_id=self.root_id, run_id=self.run_id, seq=step.seq,
-                           cost=step.cost)
+            budgets.charge(
+                self.using, root_id=self.root_id, run_id=self.run_id, seq=step.seq, cost=step.cost
+            )
 
         try:
             db.run_in_transaction(charge, self.using)
@@ -574,15 +636,28 @@ class Execution:
             self._retry_later(f"step {step.seq} ({step.name}) failed: {result.message}")
         return self._step_failed(step, result.code or store.ACTION_FAILED, result.message)
 
-    def _new_entry(self, step: _Step, state: str, result: Succeeded | None = None,
-                   code: str = "", message: str = "") -> JournalEntry:
+    def _new_entry(
+        self,
+        step: _Step,
+        state: str,
+        result: Succeeded | None = None,
+        code: str = "",
+        message: str = "",
+    ) -> JournalEntry:
         return JournalEntry(
-            run_id=self.run_id, seq=step.seq, action_name=step.name,
-            effect=step.action.effect.value, state=state,
+            run_id=self.run_id,
+            seq=step.seq,
+            action_name=step.name,
+            effect=step.action.effect.value,
+            state=state,
             output=result.output if result else None,
             summary=(result.summary or "") if result else "",
-            error_code=code, error_message=message, input_hash=step.input_hash,
-            generation=self.generation, started_at=step.started, created_at=timezone.now(),
+            error_code=code,
+            error_message=message,
+            input_hash=step.input_hash,
+            generation=self.generation,
+            started_at=step.started,
+            created_at=timezone.now(),
         )
 
     def _journaled(self, entry: JournalEntry) -> None:
@@ -594,16 +669,33 @@ class Execution:
         # failure in this claim must count from zero, not from before the step.
         self.run.consecutive_failures = 0
 
-    def _journal_success(self, step: _Step, result: Succeeded, *, charge: bool = False,
-                         ledger_kind: str | None = None) -> Any:
+    def _journal_success(
+        self,
+        step: _Step,
+        result: Succeeded,
+        *,
+        charge: bool = False,
+        ledger_kind: str | None = None,
+    ) -> Any:
         entry = self._new_entry(step, JournalEntry.State.SUCCEEDED, result)
 
         def write() -> None:
-            db.fence(self.using, self.run_id, self.generation, store.lease_ms(), step.seq,
-                     reset_failures=True)
+            db.fence(
+                self.using,
+                self.run_id,
+                self.generation,
+                store.lease_ms(),
+                step.seq,
+                reset_failures=True,
+            )
             if charge:
-                budgets.charge(self.using, root_id=self.root_id, run_id=self.run_id,
-                               seq=step.seq, cost=step.cost)
+                budgets.charge(
+                    self.using,
+                    root_id=self.root_id,
+                    run_id=self.run_id,
+                    seq=step.seq,
+                    cost=step.cost,
+                )
             if ledger_kind:
                 self._ledger(step, ledger_kind, output_hash=evidence.hash_value(result.output))
             evidence.append_journal(entry, self.last_hash, self.using)
@@ -614,8 +706,11 @@ class Execution:
             return self._step_failed(step, store.EFFECT_BUDGET_EXCEEDED, str(exc))
         except (LeaseLost, RunCanceled):
             if ledger_kind:
-                self._late_evidence(step, "result arrived after the run was taken over or canceled",
-                                    output=result.output)
+                self._late_evidence(
+                    step,
+                    "result arrived after the run was taken over or canceled",
+                    output=result.output,
+                )
             raise
         self._journaled(entry)
         return copy.deepcopy(entry.output)
@@ -625,8 +720,14 @@ class Execution:
         entry = self._new_entry(step, JournalEntry.State.FAILED, code=code, message=message)
 
         def write() -> None:
-            db.fence(self.using, self.run_id, self.generation, store.lease_ms(), step.seq,
-                     reset_failures=True)
+            db.fence(
+                self.using,
+                self.run_id,
+                self.generation,
+                store.lease_ms(),
+                step.seq,
+                reset_failures=True,
+            )
             evidence.append_journal(entry, self.last_hash, self.using)
 
         db.run_in_transaction(write, self.using)
@@ -635,16 +736,22 @@ class Execution:
 
     def _ledger(self, step: _Step, kind: str, *, with_hashes: bool = False, **fields: Any) -> None:
         values: dict[str, Any] = dict(
-            run_id=self.run_id, seq=step.seq, kind=kind, action_name=step.name,
-            effect=step.action.effect.value, invocation_key=step.ctx.invocation_key or "",
-            effect_key=step.ctx.effect_key, generation=self.generation,
+            run_id=self.run_id,
+            seq=step.seq,
+            kind=kind,
+            action_name=step.name,
+            effect=step.action.effect.value,
+            invocation_key=step.ctx.invocation_key or "",
+            effect_key=step.ctx.effect_key,
+            generation=self.generation,
         )
         if with_hashes:
             values.update(
                 definition_hash=type(step.action).definition_hash(),
                 input_hash=step.input_hash,
-                preview_hash=evidence.hash_value({"action": step.name, "input": step.input_hash,
-                                                  **step.refs}),
+                preview_hash=evidence.hash_value(
+                    {"action": step.name, "input": step.input_hash, **step.refs}
+                ),
                 principal_hash=evidence.hash_value(self.principal),
                 idempotency_key_hash=evidence.hash_optional(self.run.idempotency_key),
                 detail={k: v for k, v in step.refs.items() if v} or None,
@@ -662,22 +769,37 @@ class Execution:
 
     def _late_evidence(self, step: _Step, message: str, output: Any = None) -> None:
         """A fenced-out worker's result is evidence for the operator, never applied."""
+
         def write() -> None:
             db.lock_run(self.using, self.run_id)
-            self._ledger(step, LedgerEntry.Kind.LATE_RESULT, message=message,
-                         output_hash=evidence.hash_value(output) if output is not None else "",
-                         detail={"output": output} if output is not None else None)
+            self._ledger(
+                step,
+                LedgerEntry.Kind.LATE_RESULT,
+                message=message,
+                output_hash=evidence.hash_value(output) if output is not None else "",
+                detail={"output": output} if output is not None else None,
+            )
 
         try:
             db.run_in_transaction(write, self.using)
         except Exception:
-            logger.exception("run %s step %s: could not record late evidence", self.run_id, step.seq)
+            logger.exception(
+                "run %s step %s: could not record late evidence", self.run_id, step.seq
+            )
 
     # -- run transitions -----------------------------------------------------
 
-    def _transition(self, sql: str, params: list[Any], outcome: str, *, terminal: bool,
-                    step: _Step | None = None, entry: JournalEntry | None = None,
-                    verify: bool = False) -> None:
+    def _transition(
+        self,
+        sql: str,
+        params: list[Any],
+        outcome: str,
+        *,
+        terminal: bool,
+        step: _Step | None = None,
+        entry: JournalEntry | None = None,
+        verify: bool = False,
+    ) -> None:
         """Fence, then change the run's status (and wake a parent when it ends)."""
         broken: list[str] = []
 
@@ -704,15 +826,16 @@ class Execution:
         raise Suspend
 
     def _succeed_run(self, output: Any) -> None:
-        try:
+        with contextlib.suppress(Suspend):
             self._transition(
                 """UPDATE k2b_run SET status = 'succeeded', output = %s, error_code = '',
                           error_message = '', finished_at = now(), lease_expires_at = NULL,
                           consecutive_failures = 0, updated_at = now() WHERE id = %s""",
-                [canonical_json(output)], "succeeded", terminal=True, verify=True,
+                [canonical_json(output)],
+                "succeeded",
+                terminal=True,
+                verify=True,
             )
-        except Suspend:
-            pass
 
     def _fail_run(self, code: str, message: str, step: _Step | None = None) -> None:
         """Fail the run for good (journaling the step's failure when there is one)."""
@@ -723,7 +846,11 @@ class Execution:
             """UPDATE k2b_run SET status = 'failed', error_code = %s, error_message = %s,
                       finished_at = now(), lease_expires_at = NULL, updated_at = now()
                 WHERE id = %s""",
-            [code, message], "failed", terminal=True, step=step, entry=entry,
+            [code, message],
+            "failed",
+            terminal=True,
+            step=step,
+            entry=entry,
         )
 
     def _needs_attention(self, code: str, message: str, step: int | None) -> None:
@@ -731,7 +858,9 @@ class Execution:
             """UPDATE k2b_run SET status = 'needs_attention', error_code = %s, error_message = %s,
                       attention_step = %s, lease_expires_at = NULL, updated_at = now()
                 WHERE id = %s""",
-            [code, message, step], "needs_attention", terminal=False,
+            [code, message, step],
+            "needs_attention",
+            terminal=False,
         )
 
     def _retry_later(self, reason: str) -> None:
@@ -746,7 +875,9 @@ class Execution:
                       run_after = now() + %s * interval '1 millisecond', error_message = %s,
                       lease_expires_at = NULL, claimed_by = '', updated_at = now()
                 WHERE id = %s""",
-            [failures, delay, reason], "retry", terminal=False,
+            [failures, delay, reason],
+            "retry",
+            terminal=False,
         )
 
     def _exhausted(self, failures: int, reason: str) -> None:
@@ -765,11 +896,18 @@ class Execution:
             db.fence(self.using, self.run_id, self.generation, store.lease_ms(), seq)
             if pending is not None:
                 self._ledger(pending[0], LedgerEntry.Kind.PENDING, message=pending[1])
-            parked.append(waits.park(
-                self.using, run_id=self.run_id, app_id=self.app_id, step=seq,
-                dependency=dependency, seen_kind=self.run.wait_kind, seen_key=self.run.wait_key,
-                seen_seq=self.run.wait_signal_seq,
-            ))
+            parked.append(
+                waits.park(
+                    self.using,
+                    run_id=self.run_id,
+                    app_id=self.app_id,
+                    step=seq,
+                    dependency=dependency,
+                    seen_kind=self.run.wait_kind,
+                    seen_key=self.run.wait_key,
+                    seen_seq=self.run.wait_signal_seq,
+                )
+            )
 
         db.run_in_transaction(write, self.using)
         self.outcome = "waiting" if parked[-1] else "rewoken"
@@ -806,25 +944,41 @@ class Execution:
         entry = self.journal.get(seq)
         if entry is not None:
             replayed = self._replay(entry, action_name, input_hash)
-            return [r["run_id"] for r in replayed] if not wait else [
-                ChildResult(**r) for r in replayed]
-        step = _Step(seq, _ChildrenAction(), action_name, inputs, input_hash, timezone.now(),
-                     StepContext(self, seq))
+            return (
+                [r["run_id"] for r in replayed]
+                if not wait
+                else [ChildResult(**r) for r in replayed]
+            )
+        step = _Step(
+            seq,
+            _ChildrenAction(),
+            action_name,
+            inputs,
+            input_hash,
+            timezone.now(),
+            StepContext(self, seq),
+        )
         if seq >= self.definition.max_steps:  # a children call is a step of the loop budget too
-            return self._step_failed(step, store.MAX_STEPS_EXCEEDED,
-                                     f"step {seq} is past max_steps={self.definition.max_steps}")
+            return self._step_failed(
+                step,
+                store.MAX_STEPS_EXCEEDED,
+                f"step {seq} is past max_steps={self.definition.max_steps}",
+            )
         if len(inputs) > store.max_children_per_step():
-            return self._step_failed(step, store.FAN_OUT_EXCEEDED,
-                                     f"{len(inputs)} children asked, at most "
-                                     f"{store.max_children_per_step()} per step")
+            return self._step_failed(
+                step,
+                store.FAN_OUT_EXCEEDED,
+                f"{len(inputs)} children asked, at most {store.max_children_per_step()} per step",
+            )
         results: list[dict] = []
         failure: list[tuple[str, str]] = []
 
         def write() -> None:
             db.fence(self.using, self.run_id, self.generation, store.lease_ms(), seq)
             try:
-                ids = children.create(self.using, parent=self.run, step=seq, name=name,
-                                      inputs=inputs)
+                ids = children.create(
+                    self.using, parent=self.run, step=seq, name=name, inputs=inputs
+                )
             except budgets.BudgetExceeded as exc:
                 failure.append((store.MAX_STEPS_EXCEEDED, str(exc)))
                 return
@@ -833,16 +987,24 @@ class Execution:
                 return
             rows = children.results(self.using, self.run_id, seq)
             if not wait or all(r["done"] for r in rows):
-                output = ([children.public(r) for r in rows] if wait
-                          else [{"run_id": str(i)} for i in ids])
+                output = (
+                    [children.public(r) for r in rows]
+                    if wait
+                    else [{"run_id": str(i)} for i in ids]
+                )
                 entry = self._new_entry(step, JournalEntry.State.SUCCEEDED, Succeeded(output))
                 evidence.append_journal(entry, self.last_hash, self.using)
                 results.append({"entry": entry})
                 return
             parked = waits.park(
-                self.using, run_id=self.run_id, app_id=self.app_id, step=seq,
-                dependency=children.dependency(self.run_id, seq), seen_kind=self.run.wait_kind,
-                seen_key=self.run.wait_key, seen_seq=self.run.wait_signal_seq,
+                self.using,
+                run_id=self.run_id,
+                app_id=self.app_id,
+                step=seq,
+                dependency=children.dependency(self.run_id, seq),
+                seen_kind=self.run.wait_kind,
+                seen_key=self.run.wait_key,
+                seen_seq=self.run.wait_signal_seq,
             )
             results.append({"parked": parked})
 

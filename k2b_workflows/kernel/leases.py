@@ -146,7 +146,8 @@ class LeaseKeeper:
             ids = list(tasks)
             if renew:
                 conn.execute(
-                    "UPDATE k2b_ai_task SET lease_expires_at = now() + %s * interval '1 millisecond'"
+                    "UPDATE k2b_ai_task"
+                    " SET lease_expires_at = now() + %s * interval '1 millisecond'"
                     " WHERE id = ANY(%s) AND status = 'running'",
                     [lease, ids],
                 )

@@ -103,7 +103,8 @@ def wake(using: str, *, app_id: str, kind: str, key: str) -> int:
             cursor.execute(
                 """UPDATE k2b_run SET status = 'queued', run_after = now(), updated_at = now(),
                           wait_signal_seq = %s, wait_deadline = NULL
-                    WHERE status = 'waiting' AND app_id = %s AND wait_kind = %s AND wait_key = %s""",
+                    WHERE status = 'waiting'
+                      AND app_id = %s AND wait_kind = %s AND wait_key = %s""",
                 [seq, app_id, kind, key],
             )
             return cursor.rowcount

@@ -4,22 +4,20 @@ from django.db import migrations
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('k2b_workflows', '0001_initial'),
+        ("k2b_workflows", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Incident',
-            fields=[
-            ],
+            name="Incident",
+            fields=[],
             options={
-                'ordering': ['updated_at', 'created_at'],
-                'proxy': True,
-                'indexes': [],
-                'constraints': [],
+                "ordering": ["updated_at", "created_at"],
+                "proxy": True,
+                "indexes": [],
+                "constraints": [],
             },
-            bases=('k2b_workflows.workflowrun',),
+            bases=("k2b_workflows.workflowrun",),
         ),
     ]

@@ -4,15 +4,31 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('k2b_workflows', '0002_incident'),
+        ("k2b_workflows", "0002_incident"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='ledgerentry',
-            name='kind',
-            field=models.CharField(choices=[('dispatched', 'Dispatched'), ('succeeded', 'Succeeded'), ('failed', 'Failed'), ('outcome_unknown', 'Outcome Unknown'), ('reconciled', 'Reconciled'), ('reconcile_unknown', 'Reconcile Unknown'), ('pending', 'Pending'), ('late_result', 'Late Result'), ('resolved_confirmed', 'Resolved Confirmed'), ('resolved_absent', 'Resolved Absent'), ('rejected', 'Rejected'), ('canceled', 'Canceled'), ('retried', 'Retried')], max_length=30),
+            model_name="ledgerentry",
+            name="kind",
+            field=models.CharField(
+                choices=[
+                    ("dispatched", "Dispatched"),
+                    ("succeeded", "Succeeded"),
+                    ("failed", "Failed"),
+                    ("outcome_unknown", "Outcome Unknown"),
+                    ("reconciled", "Reconciled"),
+                    ("reconcile_unknown", "Reconcile Unknown"),
+                    ("pending", "Pending"),
+                    ("late_result", "Late Result"),
+                    ("resolved_confirmed", "Resolved Confirmed"),
+                    ("resolved_absent", "Resolved Absent"),
+                    ("rejected", "Rejected"),
+                    ("canceled", "Canceled"),
+                    ("retried", "Retried"),
+                ],
+                max_length=30,
+            ),
         ),
     ]

@@ -4,47 +4,64 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='DomainRow',
+            name="DomainRow",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('key', models.CharField(max_length=200, unique=True)),
-                ('value', models.JSONField(null=True)),
-                ('generation', models.BigIntegerField(default=0)),
-                ('pid', models.IntegerField(default=0)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("key", models.CharField(max_length=200, unique=True)),
+                ("value", models.JSONField(null=True)),
+                ("generation", models.BigIntegerField(default=0)),
+                ("pid", models.IntegerField(default=0)),
             ],
         ),
         migrations.CreateModel(
-            name='ProviderCall',
+            name="ProviderCall",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('action', models.CharField(max_length=100)),
-                ('effect_key', models.CharField(max_length=200)),
-                ('invocation_key', models.CharField(blank=True, default='', max_length=200)),
-                ('generation', models.BigIntegerField(default=0)),
-                ('pid', models.IntegerField(default=0)),
-                ('payload', models.JSONField(null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("action", models.CharField(max_length=100)),
+                ("effect_key", models.CharField(max_length=200)),
+                ("invocation_key", models.CharField(blank=True, default="", max_length=200)),
+                ("generation", models.BigIntegerField(default=0)),
+                ("pid", models.IntegerField(default=0)),
+                ("payload", models.JSONField(null=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
         ),
         migrations.CreateModel(
-            name='Dedup',
+            name="Dedup",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('key', models.CharField(max_length=100, unique=True)),
-                ('run', models.CharField(max_length=100)),
-                ('step', models.IntegerField()),
-                ('recipient', models.CharField(max_length=100)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("key", models.CharField(max_length=100, unique=True)),
+                ("run", models.CharField(max_length=100)),
+                ("step", models.IntegerField()),
+                ("recipient", models.CharField(max_length=100)),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('run', 'step', 'recipient'), name='tests_dedup_rsr')],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("run", "step", "recipient"), name="tests_dedup_rsr"
+                    )
+                ],
             },
         ),
     ]

@@ -18,21 +18,39 @@ class Command(BaseCommand):
     help = "Claim and execute workflow runs. SIGTERM/SIGINT stop gracefully; a second one forces."
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--app", action="append", dest="apps", metavar="APP",
-                            help="only runs of this app id (repeatable); default: all")
-        parser.add_argument("--concurrency", type=int, default=4,
-                            help="threads executing runs (default 4)")
-        parser.add_argument("--burst", action="store_true",
-                            help="exit when nothing is left to run")
-        parser.add_argument("--no-listen", action="store_true",
-                            help="poll only; do not LISTEN for wake-ups")
+        parser.add_argument(
+            "--app",
+            action="append",
+            dest="apps",
+            metavar="APP",
+            help="only runs of this app id (repeatable); default: all",
+        )
+        parser.add_argument(
+            "--concurrency", type=int, default=4, help="threads executing runs (default 4)"
+        )
+        parser.add_argument("--burst", action="store_true", help="exit when nothing is left to run")
+        parser.add_argument(
+            "--no-listen", action="store_true", help="poll only; do not LISTEN for wake-ups"
+        )
 
-    def handle(self, *args: Any, apps: list[str] | None, concurrency: int, burst: bool,
-               no_listen: bool, **options: Any) -> None:
+    def handle(
+        self,
+        *args: Any,
+        apps: list[str] | None,
+        concurrency: int,
+        burst: bool,
+        no_listen: bool,
+        **options: Any,
+    ) -> None:
         if concurrency < 1:
             raise CommandError("--concurrency must be at least 1")
-        worker = Worker(app_ids=apps, concurrency=concurrency, burst=burst,
-                        listen=not no_listen, status_stream=default_status_stream())
+        worker = Worker(
+            app_ids=apps,
+            concurrency=concurrency,
+            burst=burst,
+            listen=not no_listen,
+            status_stream=default_status_stream(),
+        )
         stops = 0
 
         def on_signal(signum: int, frame: Any) -> None:
@@ -41,7 +59,9 @@ class Command(BaseCommand):
             if stops > 1:
                 # Forced: leases expire and other workers take over (the crash path).
                 os._exit(1)
-            self.stderr.write(f"received {signal.Signals(signum).name}: stopping after current steps")
+            self.stderr.write(
+                f"received {signal.Signals(signum).name}: stopping after current steps"
+            )
             worker.stop()
 
         signal.signal(signal.SIGTERM, on_signal)

@@ -40,13 +40,19 @@ class Command(BaseCommand):
         runs: dict[str, WorkflowRun] = {}
         for i, order in enumerate(ORDERS):
             runs[f"checkout {order['sku']}"] = start_workflow_run(
-                "shop.checkout", {**order, "customer": f"customer{i}@example.com"},
-                idempotency_key=f"demo-{batch}-{i}", principal={"user": "demo", "roles": ["shop"]},
+                "shop.checkout",
+                {**order, "customer": f"customer{i}@example.com"},
+                idempotency_key=f"demo-{batch}-{i}",
+                principal={"user": "demo", "roles": ["shop"]},
             )
-        runs["bank payout"] = start_workflow_run("shop.payout", {"amount_cents": 12_500},
-                                                 idempotency_key=f"demo-{batch}-payout")
-        doomed = start_workflow_run("shop.checkout", {**ORDERS[0], "customer": "late@example.com"},
-                                    idempotency_key=f"demo-{batch}-canceled")
+        runs["bank payout"] = start_workflow_run(
+            "shop.payout", {"amount_cents": 12_500}, idempotency_key=f"demo-{batch}-payout"
+        )
+        doomed = start_workflow_run(
+            "shop.checkout",
+            {**ORDERS[0], "customer": "late@example.com"},
+            idempotency_key=f"demo-{batch}-canceled",
+        )
         runs["checkout canceled"] = doomed
         cancel_workflow_run(doomed.pk, "customer changed their mind")
 
@@ -73,17 +79,22 @@ class Command(BaseCommand):
         deadline = time.monotonic() + timeout
         pending = {r.pk for r in runs.values() if r.workflow_name == "shop.checkout"}
         while pending and time.monotonic() < deadline:
-            for run in WorkflowRun.objects.filter(pk__in=pending, status="waiting",
-                                                  wait_kind="approval"):
+            for run in WorkflowRun.objects.filter(
+                pk__in=pending, status="waiting", wait_kind="approval"
+            ):
                 order_id = int(run.wait_key.removeprefix("order-"))
-                Approval.objects.get_or_create(order_id=order_id,
-                                               defaults={"approved_by": "manager@example.com"})
+                Approval.objects.get_or_create(
+                    order_id=order_id, defaults={"approved_by": "manager@example.com"}
+                )
                 wake_workflow_runs_waiting_on(app_id="shop", kind="approval", key=run.wait_key)
                 self.stdout.write(f"  approved order {order_id} (woke run {run.pk})")
                 pending.discard(run.pk)
-            pending -= set(WorkflowRun.objects.filter(
-                pk__in=pending, status__in=["succeeded", "failed", "canceled", "needs_attention"]
-            ).values_list("pk", flat=True))
+            pending -= set(
+                WorkflowRun.objects.filter(
+                    pk__in=pending,
+                    status__in=["succeeded", "failed", "canceled", "needs_attention"],
+                ).values_list("pk", flat=True)
+            )
             time.sleep(0.1)
 
     def _wait_until_settled(self, runs: dict[str, WorkflowRun], timeout: float) -> None:
@@ -109,8 +120,11 @@ class Command(BaseCommand):
             if isinstance(result, dict):
                 result = ", ".join(f"{k}={v}" for k, v in result.items() if k != "summary")
             doubts = LedgerEntry.objects.filter(run=run, kind="outcome_unknown").count()
-            note = "  (provider timed out; reconciled by key)" if doubts and (
-                run.status == "succeeded") else ""
+            note = (
+                "  (provider timed out; reconciled by key)"
+                if doubts and (run.status == "succeeded")
+                else ""
+            )
             w(f"{label:<22} {run.status:<16} {steps:>5}  {result or ''}{note}")
         ids = [r.pk for r in runs.values()]
         children = WorkflowRun.objects.filter(parent__in=ids)
@@ -119,13 +133,19 @@ class Command(BaseCommand):
         for run_id in [*ids, *children.values_list("pk", flat=True)]:
             keys |= Q(key__startswith=str(run_id))
         payments = Payment.objects.filter(
-            **{"idempotency_key__in": [f"{r.pk}:2" for r in runs.values()]})
+            **{"idempotency_key__in": [f"{r.pk}:2" for r in runs.values()]}
+        )
         w("")
         w("Effects on the simulated providers, for this demo's runs:")
-        w(f"  card charges {payments.count()}, receipts {OutboxEmail.objects.filter(keys).count()},"
-          f" shipments {Shipment.objects.filter(keys).count()}")
-        w(f"  ledger entries {LedgerEntry.objects.filter(run__in=ids).count()}; "
-          f"worker: {dict(worker.stats)}")
+        w(
+            f"  card charges {payments.count()},"
+            f" receipts {OutboxEmail.objects.filter(keys).count()},"
+            f" shipments {Shipment.objects.filter(keys).count()}"
+        )
+        w(
+            f"  ledger entries {LedgerEntry.objects.filter(run__in=ids).count()}; "
+            f"worker: {dict(worker.stats)}"
+        )
         incidents = WorkflowRun.objects.filter(pk__in=ids, status="needs_attention")
         w("")
         w(f"Incidents waiting for an operator: {incidents.count()}")
@@ -133,8 +153,12 @@ class Command(BaseCommand):
             w(f"  {run.workflow_name} {run.pk}: {run.error_code} — {run.error_message}")
         w("")
         w("Where to look: start the admin with  make serve  and open")
-        w("  http://127.0.0.1:8000/admin/k2b_workflows/workflowrun/   every run, its journal"
-          " timeline and evidence ledger")
-        w("  http://127.0.0.1:8000/admin/k2b_workflows/incident/      the incident queue: resolve"
-          " the bank payout with evidence")
+        w(
+            "  http://127.0.0.1:8000/admin/k2b_workflows/workflowrun/   every run, its journal"
+            " timeline and evidence ledger"
+        )
+        w(
+            "  http://127.0.0.1:8000/admin/k2b_workflows/incident/      the incident queue: resolve"
+            " the bank payout with evidence"
+        )
         w("Log in as admin / admin (created for this local demo).")
