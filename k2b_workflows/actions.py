@@ -239,6 +239,20 @@ class Action:
         return digest
 
 
+def missing_ref(
+    action: Action, approval_ref: str | None, backup_ref: str | None
+) -> tuple[str, str] | None:
+    """(code, message) when an IRREVERSIBLE or SNAPSHOT_RESTORE step lacks its pinned ref."""
+    from . import store
+
+    name = action.action_name()
+    if action.effect == Effect.IRREVERSIBLE and not approval_ref:
+        return store.APPROVAL_REQUIRED, f"{name} is IRREVERSIBLE: the step must pin approval_ref"
+    if action.effect == Effect.SNAPSHOT_RESTORE and not backup_ref:
+        return store.BACKUP_REQUIRED, f"{name} is SNAPSHOT_RESTORE: the step must pin backup_ref"
+    return None
+
+
 def as_action(action: Any) -> Action:
     """Accept an ``Action`` subclass or instance, as ``run.step`` does."""
     if isinstance(action, type) and issubclass(action, Action):

@@ -25,6 +25,7 @@ from .actions import (
     Waiting,
     as_action,
     failed,
+    missing_ref,
     to_json_value,
     validate_result,
 )
@@ -113,10 +114,9 @@ class _DryExecution:
         except InvalidInput as exc:
             self._error(str(exc))
         effect = action.effect
-        if effect == Effect.IRREVERSIBLE and not approval_ref:
-            self._refused(seq, name, effect, store.APPROVAL_REQUIRED, f"{name} needs approval_ref")
-        if effect == Effect.SNAPSHOT_RESTORE and not backup_ref:
-            self._refused(seq, name, effect, store.BACKUP_REQUIRED, f"{name} needs backup_ref")
+        refused = missing_ref(action, approval_ref, backup_ref)
+        if refused is not None:
+            self._refused(seq, name, effect, *refused)
         ctx = StepContext(self, seq, dry_run=True)  # type: ignore[arg-type]
         try:
             cost = validate_cost(action.cost(input)) if action.defines("cost") else {}

@@ -31,6 +31,22 @@ def execute_once(run: WorkflowRun) -> str:
     return Execution(run_id, generation).execute()
 
 
+def execute_exactly(run_id: Any) -> str:
+    """Claim exactly ``run_id`` (queued and due), whatever else is queued, and execute it here.
+
+    AI tasks and other runs stay queued: tests use it to stop a run between two claims.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """UPDATE k2b_run SET status = 'running', generation = generation + 1,
+                      lease_expires_at = now() + interval '30 seconds'
+                WHERE id = %s AND status = 'queued' RETURNING generation""",
+            [run_id],
+        )
+        (generation,) = cursor.fetchone()
+    return Execution(run_id, generation).execute()
+
+
 def make_due(run: WorkflowRun) -> None:
     """Skip a retry's backoff: the tests check the delay, not wait it out."""
     with connection.cursor() as cursor:

@@ -5,10 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from django.db import connection
 
 from k2b_workflows import cancel_workflow_run, start_workflow_run, wake_workflow_runs_waiting_on
-from k2b_workflows.kernel.execute import Execution
 from k2b_workflows.models import (
     AiTask,
     BudgetAccount,
@@ -18,24 +16,12 @@ from k2b_workflows.models import (
     WorkflowRun,
 )
 from k2b_workflows.testing import run_until_idle
+from tests.kernel_helpers import execute_exactly
 from tests.models import ProviderCall
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 APPS = ["fanout"]
-
-
-def execute_once(run_id) -> str:
-    """Claim exactly ``run_id`` (queued) and execute it once here; AI tasks stay queued."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """UPDATE k2b_run SET status = 'running', generation = generation + 1,
-                      lease_expires_at = now() + interval '30 seconds'
-                WHERE id = %s AND status = 'queued' RETURNING generation""",
-            [run_id],
-        )
-        (generation,) = cursor.fetchone()
-    return Execution(run_id, generation).execute()
 
 
 def test_ai_task_result_wakes_the_run_and_the_step_succeeds_with_it():
@@ -54,7 +40,7 @@ def test_ai_task_result_wakes_the_run_and_the_step_succeeds_with_it():
 def test_step_waits_on_its_ai_task_until_a_worker_runs_the_provider():
     run = start_workflow_run("fanout.ai", {"request": "hi"})
 
-    assert execute_once(run.id) == "waiting"
+    assert execute_exactly(run.id) == "waiting"
 
     run.refresh_from_db()
     assert (run.status, run.wait_kind, run.wait_key) == ("waiting", "k2b.ai_task", f"{run.id}:0")
@@ -64,11 +50,11 @@ def test_step_waits_on_its_ai_task_until_a_worker_runs_the_provider():
 
 def test_replayed_step_finds_its_ai_task_and_pays_nothing_again():
     run = start_workflow_run("fanout.ai", {"request": "hi"})
-    execute_once(run.id)
+    execute_exactly(run.id)
 
     # A spurious wake: the step runs again before the task is done.
     wake_workflow_runs_waiting_on(app_id="fanout", kind="k2b.ai_task", key=f"{run.id}:0")
-    assert execute_once(run.id) == "waiting"
+    assert execute_exactly(run.id) == "waiting"
     run_until_idle(app_ids=APPS)
 
     run.refresh_from_db()
@@ -92,10 +78,10 @@ def test_failed_provider_fails_the_step_with_ai_task_failed():
 
 def test_cancel_cancels_queued_children_and_their_ai_tasks_at_once():
     root = start_workflow_run("fanout.ai_children", {"n": 3})
-    execute_once(root.id)
+    execute_exactly(root.id)
     kids = list(WorkflowRun.objects.filter(parent=root).order_by("child_index"))
-    execute_once(kids[0].id)
-    execute_once(kids[1].id)  # two children wait on queued AI tasks, the third is queued
+    execute_exactly(kids[0].id)
+    execute_exactly(kids[1].id)  # two children wait on queued AI tasks, the third is queued
     assert AiTask.objects.filter(status="queued").count() == 2
 
     cancel_workflow_run(root.id, "customer left")

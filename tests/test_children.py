@@ -14,28 +14,15 @@ from k2b_workflows import (
     start_workflow_run,
     wake_workflow_runs_waiting_on,
 )
-from k2b_workflows.kernel.execute import Execution
 from k2b_workflows.models import BudgetAccount, JournalEntry, WorkflowRun
 from k2b_workflows.testing import run_until_idle
 from tests.conftest import wait_for
+from tests.kernel_helpers import execute_exactly
 from tests.models import ProviderCall
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 APPS = ["fanout"]
-
-
-def execute_once(run_id) -> str:
-    """Claim exactly ``run_id`` (it must be queued and due) and execute it once in this thread."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """UPDATE k2b_run SET status = 'running', generation = generation + 1,
-                      lease_expires_at = now() + interval '30 seconds'
-                WHERE id = %s AND status = 'queued' RETURNING generation""",
-            [run_id],
-        )
-        (generation,) = cursor.fetchone()
-    return Execution(run_id, generation).execute()
 
 
 def children_of(run) -> list[WorkflowRun]:
@@ -75,22 +62,22 @@ def test_parent_gets_one_result_per_input_in_input_order():
 
 def test_parent_parks_until_every_child_is_terminal():
     parent = start_workflow_run("fanout.parent", {"items": [{"value": 1}, {"value": 2}]})
-    assert execute_once(parent.id) == "waiting"
+    assert execute_exactly(parent.id) == "waiting"
     first, second = children_of(parent)
 
-    execute_once(first.id)
+    execute_exactly(first.id)
     parent.refresh_from_db()
     # One child ended: the parent is woken, finds the other still queued, parks again.
     assert parent.status == "queued"
-    assert execute_once(parent.id) == "waiting"
+    assert execute_exactly(parent.id) == "waiting"
 
-    execute_once(second.id)
-    assert execute_once(parent.id) == "succeeded"
+    execute_exactly(second.id)
+    assert execute_exactly(parent.id) == "succeeded"
 
 
 def test_parent_waits_for_a_canceled_child_and_reports_it():
     parent = start_workflow_run("fanout.parent", {"items": [{"value": 1}, {"value": 2}]})
-    execute_once(parent.id)
+    execute_exactly(parent.id)
     _first, second = children_of(parent)
 
     cancel_workflow_run(second.id, "not needed")
@@ -104,12 +91,12 @@ def test_parent_waits_for_a_canceled_child_and_reports_it():
 
 def test_replayed_parent_never_creates_its_children_twice():
     parent = start_workflow_run("fanout.parent", {"items": [{"value": 1}, {"value": 2}]})
-    assert execute_once(parent.id) == "waiting"
+    assert execute_exactly(parent.id) == "waiting"
     created = {k.id for k in children_of(parent)}
 
     # A spurious wake re-queues the parent between creation and completion of the step.
     wake_workflow_runs_waiting_on(app_id="fanout", kind="k2b.children", key=f"{parent.id}:0")
-    assert execute_once(parent.id) == "waiting"
+    assert execute_exactly(parent.id) == "waiting"
 
     assert {k.id for k in children_of(parent)} == created
     assert BudgetAccount.objects.get(root=parent).children == 2
@@ -120,7 +107,7 @@ def test_replayed_parent_never_creates_its_children_twice():
 def test_create_child_workflow_runs_from_the_workflow_returns_runs_without_waiting():
     parent = start_workflow_run("fanout.create_from_run", {"items": [{"value": 7}, {"value": 8}]})
 
-    assert execute_once(parent.id) == "succeeded"
+    assert execute_exactly(parent.id) == "succeeded"
 
     parent.refresh_from_db()
     kids = children_of(parent)
@@ -131,7 +118,7 @@ def test_create_child_workflow_runs_from_the_workflow_returns_runs_without_waiti
 def test_create_child_workflow_runs_from_an_action_context():
     parent = start_workflow_run("fanout.create_from_ctx", {"inputs": [{"value": 1}]})
 
-    assert execute_once(parent.id) == "succeeded"
+    assert execute_exactly(parent.id) == "succeeded"
 
     kids = children_of(parent)
     assert len(kids) == 1
@@ -165,9 +152,9 @@ def test_action_that_crashes_after_creating_children_creates_them_once(start_wor
 
 def test_count_child_workflow_runs_counts_per_status_in_one_query(django_assert_num_queries):
     parent = start_workflow_run("fanout.parent", {"items": [{"value": v} for v in range(3)]})
-    execute_once(parent.id)
+    execute_exactly(parent.id)
     first, second, _third = children_of(parent)
-    execute_once(first.id)
+    execute_exactly(first.id)
     cancel_workflow_run(second.id, "not needed")
 
     with django_assert_num_queries(1):
@@ -237,9 +224,9 @@ def test_children_created_from_an_action_count_against_the_roots_max_steps():
 
 def test_cancel_cancels_the_whole_subtree_at_once():
     parent = start_workflow_run("fanout.parent", {"items": [{"value": v} for v in range(3)]})
-    execute_once(parent.id)
+    execute_exactly(parent.id)
     kids = children_of(parent)
-    execute_once(kids[0].id)
+    execute_exactly(kids[0].id)
 
     cancel_workflow_run(parent.id, "operator stop")
 
@@ -263,7 +250,7 @@ def test_cancel_racing_a_finishing_child_is_retried_not_lost():
     from k2b_workflows.kernel.execute import wake_parent
 
     parent = start_workflow_run("fanout.parent", {"items": [{"value": 1}]})
-    execute_once(parent.id)
+    execute_exactly(parent.id)
     (kid,) = children_of(parent)
     with connection.cursor() as cursor:
         cursor.execute(

@@ -44,6 +44,7 @@ from ..actions import (
     Waiting,
     as_action,
     canonical_json,
+    missing_ref,
     to_json_value,
     validate_result,
 )
@@ -292,18 +293,9 @@ class Execution:
                 f"step {seq} is past max_steps={self.definition.max_steps}",
             )
         effect = action.effect
-        if effect == Effect.IRREVERSIBLE and not approval_ref:
-            return self._step_failed(
-                step,
-                store.APPROVAL_REQUIRED,
-                f"{name} is IRREVERSIBLE: the step must pin approval_ref",
-            )
-        if effect == Effect.SNAPSHOT_RESTORE and not backup_ref:
-            return self._step_failed(
-                step,
-                store.BACKUP_REQUIRED,
-                f"{name} is SNAPSHOT_RESTORE: the step must pin backup_ref",
-            )
+        refused = missing_ref(action, approval_ref, backup_ref)
+        if refused is not None:
+            return self._step_failed(step, *refused)
         step.refs = {"approval_ref": approval_ref, "backup_ref": backup_ref}
         try:
             step.cost = budgets.validate_cost(action.cost(input)) if action.defines("cost") else {}
@@ -315,6 +307,17 @@ class Execution:
         if effect == Effect.TRANSACTIONAL:
             return self._transactional(step)
         return self._pure_or_idempotent(step)
+
+    def _fence(self, step: int | None = None, *, reset_failures: bool = False) -> None:
+        """Lock our run row in the current transaction and check we still own it."""
+        db.fence(
+            self.using,
+            self.run_id,
+            self.generation,
+            store.lease_ms(),
+            step,
+            reset_failures=reset_failures,
+        )
 
     def _check_shutdown(self) -> None:
         if self.stop_requested is not None and self.stop_requested.is_set():
@@ -402,7 +405,7 @@ class Execution:
     def _transactional_once(self, step: _Step) -> Any:
         with db.atomic(self.using) as block, _holding():
             step.ctx.tx = block
-            db.fence(self.using, self.run_id, self.generation, store.lease_ms(), step.seq)
+            self._fence(step.seq)
             if step.cost:
                 try:
                     budgets.charge(
@@ -424,14 +427,7 @@ class Execution:
             if not isinstance(result, Succeeded):
                 raise _Rollback(result)
             # The action may have run for long: extend the lease as we commit.
-            db.fence(
-                self.using,
-                self.run_id,
-                self.generation,
-                store.lease_ms(),
-                step.seq,
-                reset_failures=True,
-            )
+            self._fence(step.seq, reset_failures=True)
             entry = self._new_entry(step, JournalEntry.State.SUCCEEDED, result)
             evidence.append_journal(entry, self.last_hash, self.using)
         step.ctx.tx = None
@@ -455,7 +451,7 @@ class Execution:
         step.ctx.invocation_key = invocation_key
 
         def dispatch() -> None:
-            db.fence(self.using, self.run_id, self.generation, store.lease_ms(), step.seq)
+            self._fence(step.seq)
             if step.cost:
                 budgets.charge(
                     self.using,
@@ -550,7 +546,7 @@ class Execution:
         state = self.effects[step.seq]
 
         def record() -> None:
-            db.fence(self.using, self.run_id, self.generation, store.lease_ms(), step.seq)
+            self._fence(step.seq)
             self._ledger(
                 step,
                 kind,
@@ -617,7 +613,7 @@ class Execution:
 
     def _charge_before_dispatch(self, step: _Step) -> None:
         def charge() -> None:
-            db.fence(self.using, self.run_id, self.generation, store.lease_ms(), step.seq)
+            self._fence(step.seq)
             budgets.charge(
                 self.using, root_id=self.root_id, run_id=self.run_id, seq=step.seq, cost=step.cost
             )
@@ -680,14 +676,7 @@ class Execution:
         entry = self._new_entry(step, JournalEntry.State.SUCCEEDED, result)
 
         def write() -> None:
-            db.fence(
-                self.using,
-                self.run_id,
-                self.generation,
-                store.lease_ms(),
-                step.seq,
-                reset_failures=True,
-            )
+            self._fence(step.seq, reset_failures=True)
             if charge:
                 budgets.charge(
                     self.using,
@@ -720,14 +709,7 @@ class Execution:
         entry = self._new_entry(step, JournalEntry.State.FAILED, code=code, message=message)
 
         def write() -> None:
-            db.fence(
-                self.using,
-                self.run_id,
-                self.generation,
-                store.lease_ms(),
-                step.seq,
-                reset_failures=True,
-            )
+            self._fence(step.seq, reset_failures=True)
             evidence.append_journal(entry, self.last_hash, self.using)
 
         db.run_in_transaction(write, self.using)
@@ -762,7 +744,7 @@ class Execution:
     def _ledger_event(self, step: _Step, kind: str, *, message: str = "", fenced: bool) -> None:
         def write() -> None:
             if fenced:
-                db.fence(self.using, self.run_id, self.generation, store.lease_ms(), step.seq)
+                self._fence(step.seq)
             self._ledger(step, kind, message=message)
 
         db.run_in_transaction(write, self.using)
@@ -804,7 +786,7 @@ class Execution:
         broken: list[str] = []
 
         def write() -> None:
-            db.fence(self.using, self.run_id, self.generation, store.lease_ms())
+            self._fence()
             if verify:
                 problem = evidence.verify_chains(self.run_id, self.using)
                 if problem:
@@ -893,7 +875,7 @@ class Execution:
         parked: list[bool] = []
 
         def write() -> None:
-            db.fence(self.using, self.run_id, self.generation, store.lease_ms(), seq)
+            self._fence(seq)
             if pending is not None:
                 self._ledger(pending[0], LedgerEntry.Kind.PENDING, message=pending[1])
             parked.append(
@@ -974,7 +956,7 @@ class Execution:
         failure: list[tuple[str, str]] = []
 
         def write() -> None:
-            db.fence(self.using, self.run_id, self.generation, store.lease_ms(), seq)
+            self._fence(seq)
             try:
                 ids = children.create(
                     self.using, parent=self.run, step=seq, name=name, inputs=inputs
