@@ -295,8 +295,8 @@ def resolve_effect(
         db.execute(
             using,
             """UPDATE k2b_run SET status = 'queued', attention_step = NULL, error_code = '',
-                      error_message = '', consecutive_failures = 0, run_after = now(),
-                      updated_at = now() WHERE id = %s""",
+                      error_message = '', consecutive_failures = 0,
+                      run_after = statement_timestamp(), updated_at = now() WHERE id = %s""",
             [run_id],
         )
     return WorkflowRun.objects.using(using).get(pk=run_id)
@@ -336,8 +336,9 @@ def retry_workflow_run(run_id: Any, *, actor: Any, reason: str = "") -> Workflow
         )
         db.execute(
             using,
-            """UPDATE k2b_run SET status = 'queued', consecutive_failures = 0, run_after = now(),
-                      finished_at = NULL, updated_at = now() WHERE id = %s""",
+            """UPDATE k2b_run SET status = 'queued', consecutive_failures = 0,
+                      run_after = statement_timestamp(), finished_at = NULL, updated_at = now()
+                WHERE id = %s""",
             [run_id],
         )
     return WorkflowRun.objects.using(using).get(pk=run_id)

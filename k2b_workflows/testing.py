@@ -78,8 +78,8 @@ def _next_deadline_ms(using: str) -> float | None:
 
     with connections[using].cursor() as cursor:
         cursor.execute(
-            "SELECT EXTRACT(EPOCH FROM (min(wait_deadline) - now())) * 1000 FROM k2b_run"
-            " WHERE status = 'waiting' AND wait_deadline IS NOT NULL"
+            "SELECT EXTRACT(EPOCH FROM (min(wait_deadline) - statement_timestamp())) * 1000"
+            " FROM k2b_run WHERE status = 'waiting' AND wait_deadline IS NOT NULL"
         )
         value = cursor.fetchone()[0]
     return None if value is None else max(0.0, float(value))

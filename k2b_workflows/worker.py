@@ -270,7 +270,8 @@ class Worker:
             cursor.execute(
                 f"""SELECT EXISTS (SELECT 1 FROM k2b_run WHERE workflow_name = ANY(%s) {app_filter}
                         AND (status = 'queued'
-                             OR (status = 'running' AND lease_expires_at < now())))""",
+                             OR (status = 'running'
+                                 AND lease_expires_at < statement_timestamp())))""",
                 params,
             )
             if cursor.fetchone()[0]:

@@ -100,7 +100,7 @@ def step_task(ctx: StepContext, provider: str, request: Any) -> Result:
 _CLAIM_SQL = """
 UPDATE k2b_ai_task t
    SET status = 'running', generation = t.generation + 1, attempts = t.attempts + 1,
-       lease_expires_at = now() + %s * interval '1 millisecond', updated_at = now()
+       lease_expires_at = statement_timestamp() + %s * interval '1 millisecond', updated_at = now()
  WHERE t.id IN (SELECT id FROM k2b_ai_task
                  WHERE status = 'queued' AND provider = ANY(%s) {app_filter}
                  ORDER BY created_at LIMIT %s FOR UPDATE SKIP LOCKED)
@@ -129,7 +129,8 @@ def reap_expired(using: str) -> int:
         using,
         """UPDATE k2b_ai_task SET status = 'queued', lease_expires_at = NULL, updated_at = now()
             WHERE id IN (SELECT id FROM k2b_ai_task WHERE status = 'running'
-                          AND lease_expires_at < now() LIMIT 500 FOR UPDATE SKIP LOCKED)""",
+                          AND lease_expires_at < statement_timestamp()
+                          LIMIT 500 FOR UPDATE SKIP LOCKED)""",
     )
 
 

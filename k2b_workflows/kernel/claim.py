@@ -19,12 +19,12 @@ _CLAIM_SQL = """
 UPDATE k2b_run r
    SET status = 'running',
        generation = r.generation + 1,
-       lease_expires_at = now() + %s * interval '1 millisecond',
+       lease_expires_at = statement_timestamp() + %s * interval '1 millisecond',
        claimed_by = %s,
        updated_at = now()
  WHERE r.id IN (
         SELECT id FROM k2b_run
-         WHERE status = 'queued' AND run_after <= now()
+         WHERE status = 'queued' AND run_after <= statement_timestamp()
            AND workflow_name = ANY(%s) {app_filter}
          ORDER BY run_after
          LIMIT %s
@@ -59,7 +59,7 @@ _REAP_SQL = """
 UPDATE k2b_run
    SET status = 'queued',
        consecutive_failures = consecutive_failures + 1,
-       run_after = now() + LEAST(%s * power(2, LEAST(consecutive_failures, 30)), %s)
+       run_after = statement_timestamp() + LEAST(%s * power(2, LEAST(consecutive_failures, 30)), %s)
                            * interval '1 millisecond',
        lease_expires_at = NULL,
        claimed_by = '',
@@ -67,15 +67,15 @@ UPDATE k2b_run
                        || COALESCE(current_step::text, '-'),
        updated_at = now()
  WHERE id IN (SELECT id FROM k2b_run
-               WHERE status = 'running' AND lease_expires_at < now()
+               WHERE status = 'running' AND lease_expires_at < statement_timestamp()
                LIMIT 500 FOR UPDATE SKIP LOCKED)
 """
 
 _PROMOTE_SQL = """
 UPDATE k2b_run
-   SET status = 'queued', run_after = now(), updated_at = now()
+   SET status = 'queued', run_after = statement_timestamp(), updated_at = now()
  WHERE id IN (SELECT id FROM k2b_run
-               WHERE status = 'waiting' AND wait_deadline <= now()
+               WHERE status = 'waiting' AND wait_deadline <= statement_timestamp()
                LIMIT 500 FOR UPDATE SKIP LOCKED)
 """
 
@@ -106,7 +106,7 @@ def next_due_in_ms(using: str) -> float | None:
                    (SELECT min(run_after) FROM k2b_run WHERE status = 'queued'),
                    (SELECT min(wait_deadline) FROM k2b_run WHERE status = 'waiting'),
                    (SELECT min(lease_expires_at) FROM k2b_run WHERE status = 'running')
-               ) - now())) * 1000"""
+               ) - statement_timestamp())) * 1000"""
         )
         value = cursor.fetchone()[0]
     return None if value is None else max(0.0, float(value))
@@ -114,7 +114,7 @@ def next_due_in_ms(using: str) -> float | None:
 
 _RENEW_SQL = """
 UPDATE k2b_run r
-   SET lease_expires_at = now() + %s * interval '1 millisecond'
+   SET lease_expires_at = statement_timestamp() + %s * interval '1 millisecond'
   FROM (SELECT k.id FROM k2b_run k
           JOIN unnest(%s::uuid[], %s::bigint[]) AS a(id, gen)
             ON k.id = a.id AND k.generation = a.gen AND k.status = 'running'
@@ -150,8 +150,8 @@ def release(using: str, run_id: Any, generation: int) -> bool:
     """Hand a run we still own back to the queue, without counting a failure."""
     with connections[using].cursor() as cursor:
         cursor.execute(
-            """UPDATE k2b_run SET status = 'queued', run_after = now(), lease_expires_at = NULL,
-                      claimed_by = '', updated_at = now()
+            """UPDATE k2b_run SET status = 'queued', run_after = statement_timestamp(),
+                      lease_expires_at = NULL, claimed_by = '', updated_at = now()
                 WHERE id = %s AND generation = %s AND status = 'running'""",
             [run_id, generation],
         )

@@ -104,7 +104,8 @@ class StepContext:
         with _side_lock:
             conn = side_connection(self.using)
             row = conn.execute(
-                "UPDATE k2b_run SET lease_expires_at = now() + %s * interval '1 millisecond'"
+                "UPDATE k2b_run"
+                " SET lease_expires_at = statement_timestamp() + %s * interval '1 millisecond'"
                 " WHERE id = %s AND generation = %s AND status = 'running' RETURNING id",
                 [lease, self.run_id, self.generation],
             ).fetchone()

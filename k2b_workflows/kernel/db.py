@@ -76,7 +76,7 @@ def run_in_transaction(fn: Callable[[], T], using: str, attempts: int = 5) -> T:
 
 FENCE_SQL = """
 UPDATE k2b_run
-   SET lease_expires_at = now() + %s * interval '1 millisecond',
+   SET lease_expires_at = statement_timestamp() + %s * interval '1 millisecond',
        updated_at = now(),
        current_step = COALESCE(%s, current_step),
        consecutive_failures = CASE WHEN %s THEN 0 ELSE consecutive_failures END

@@ -854,7 +854,8 @@ class Execution:
         logger.info("run %s: retry %s in %s ms: %s", self.run_id, failures, delay, reason)
         self._transition(
             """UPDATE k2b_run SET status = 'queued', consecutive_failures = %s,
-                      run_after = now() + %s * interval '1 millisecond', error_message = %s,
+                      run_after = statement_timestamp() + %s * interval '1 millisecond',
+                      error_message = %s,
                       lease_expires_at = NULL, claimed_by = '', updated_at = now()
                 WHERE id = %s""",
             [failures, delay, reason],

@@ -147,7 +147,7 @@ class LeaseKeeper:
             if renew:
                 conn.execute(
                     "UPDATE k2b_ai_task"
-                    " SET lease_expires_at = now() + %s * interval '1 millisecond'"
+                    " SET lease_expires_at = statement_timestamp() + %s * interval '1 millisecond'"
                     " WHERE id = ANY(%s) AND status = 'running'",
                     [lease, ids],
                 )

@@ -72,7 +72,8 @@ def park(
     with connections[using].cursor() as cursor:
         if current > already_seen:
             cursor.execute(
-                """UPDATE k2b_run SET status = 'queued', run_after = now(), updated_at = now(),
+                """UPDATE k2b_run SET status = 'queued', run_after = statement_timestamp(),
+                          updated_at = now(),
                           wait_kind = %s, wait_key = %s, wait_signal_seq = %s, wait_step = %s,
                           wait_deadline = NULL, waiting_since = NULL, lease_expires_at = NULL,
                           consecutive_failures = 0
@@ -101,7 +102,8 @@ def wake(using: str, *, app_id: str, kind: str, key: str) -> int:
         seq = _lock_rendezvous(using, app_id, kind, key, signal=True)
         with connections[using].cursor() as cursor:
             cursor.execute(
-                """UPDATE k2b_run SET status = 'queued', run_after = now(), updated_at = now(),
+                """UPDATE k2b_run SET status = 'queued', run_after = statement_timestamp(),
+                          updated_at = now(),
                           wait_signal_seq = %s, wait_deadline = NULL
                     WHERE status = 'waiting'
                       AND app_id = %s AND wait_kind = %s AND wait_key = %s""",
