@@ -855,8 +855,8 @@ class Execution:
         self._transition(
             """UPDATE k2b_run SET status = 'queued', consecutive_failures = %s,
                       run_after = statement_timestamp() + %s * interval '1 millisecond',
-                      error_message = %s,
-                      lease_expires_at = NULL, claimed_by = '', updated_at = now()
+                      error_message = %s, lease_expires_at = NULL, claimed_by = '',
+                      updated_at = statement_timestamp()
                 WHERE id = %s""",
             [failures, delay, reason],
             "retry",
