@@ -56,3 +56,48 @@ def test_app_runs_only_that_apps_workflows(start_worker):
     assert worker.wait(timeout=TIMEOUT) == 0, worker.output()
     assert fresh(ours).status == "succeeded"
     assert fresh(theirs).status == "queued"
+
+
+def test_on_a_terminal_the_worker_keeps_one_live_status_line(transactional_db):
+    """Run under a real pseudo-terminal: the status is rewritten in place, not scrolled."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    from django.db import connection
+
+    from tests.conftest import ROOT
+
+    for i in range(3):
+        start_workflow_run("test.pure", {"a": i, "b": 1})
+    main, secondary = pty.openpty()
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "K2B_TEST_DB_NAME": connection.settings_dict["NAME"],
+    }
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), "runworkflows", "--burst"],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=secondary,
+        stderr=subprocess.DEVNULL,
+    )
+    os.close(secondary)
+    output = b""
+    while True:
+        try:
+            chunk = os.read(main, 4096)
+        except OSError:  # the terminal closed: the worker exited
+            break
+        if not chunk:
+            break
+        output += chunk
+    assert proc.wait(timeout=TIMEOUT) == 0
+    os.close(main)
+    text = output.decode()
+    assert "\r\x1b[2K" in text  # carriage return + erase line: one line updated in place
+    final = text.rsplit("\r\x1b[2K", 1)[-1]
+    assert "runs 3" in final and "succeeded 3" in final, text
