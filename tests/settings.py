@@ -20,3 +20,19 @@ import os  # noqa: E402
 if os.environ.get("K2B_TEST_DB_NAME"):
     DATABASES["default"]["NAME"] = os.environ["K2B_TEST_DB_NAME"]
     DATABASES["default"].setdefault("TEST", {})["NAME"] = os.environ["K2B_TEST_DB_NAME"]
+
+# On Django 6 the admin runs under a strict Content-Security-Policy, as
+# Django's own admin tests do: an inline script or style in our templates
+# would be refused by the browser, and the browser tests fail on that.
+import django  # noqa: E402
+
+if django.VERSION >= (6, 0):
+    from django.utils.csp import CSP
+
+    MIDDLEWARE = [*MIDDLEWARE, "django.middleware.csp.ContentSecurityPolicyMiddleware"]
+    SECURE_CSP = {
+        "default-src": [CSP.SELF],
+        "script-src": [CSP.SELF],
+        "style-src": [CSP.SELF],
+        "img-src": [CSP.SELF, "data:"],
+    }

@@ -12,6 +12,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import django
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
@@ -45,6 +46,8 @@ def browser() -> Iterator[object]:
         "--window-size=1400,1000",
     ):
         options.add_argument(flag)
+    # Console messages, where Chromium reports Content-Security-Policy violations.
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
     driver.implicitly_wait(5)
     try:
@@ -273,3 +276,46 @@ def test_screens_render_in_light_and_dark_mode(browser, live_server, operator, t
         "return getComputedStyle(arguments[0]).backgroundColor", badge
     )
     assert badge_bg == ("rgb(0, 107, 27)" if theme == "dark" else "rgb(221, 255, 221)")
+
+
+def csp_violations(browser) -> list[str]:
+    """Console messages about the Content-Security-Policy since the last call."""
+    return [
+        entry["message"]
+        for entry in browser.get_log("browser")
+        if "Content Security Policy" in entry["message"] or "Refused to" in entry["message"]
+    ]
+
+
+@pytest.mark.skipif(django.VERSION < (6, 0), reason="Django 5.2 has no CSP middleware")
+def test_admin_screens_run_under_a_strict_content_security_policy(browser, live_server, operator):
+    from urllib.request import urlopen
+
+    from selenium.webdriver.common.by import By
+
+    header = urlopen(live_server.url + reverse("admin:login")).headers["Content-Security-Policy"]
+    assert "script-src 'self'" in header
+    done, pending = make_incident(), make_incident()
+    csp_violations(browser)  # drop what the login produced
+    open_resolution_form(browser, live_server, done)
+    fill_and_confirm(browser, "effect_confirmed", "Seen on the dashboard.", '{"charge_id": "c"}')
+    run_until_idle()
+    pages = [
+        reverse("admin:k2b_workflows_incident_changelist"),
+        reverse("admin:k2b_workflows_workflowrun_changelist"),
+        reverse("admin:k2b_workflows_workflowrun_change", args=[done.pk]),
+        reverse("admin:k2b_workflows_workflowrun_change", args=[pending.pk]),
+        reverse("admin:k2b_workflows_workflowrun_dry_run"),
+    ]
+    for page in pages:
+        browser.get(live_server.url + page)
+        assert browser.find_element(By.ID, "content")
+    open_resolution_form(browser, live_server, pending)
+    assert csp_violations(browser) == []
+
+    # The check can fail: an inline script injected into the page is refused and reported.
+    browser.execute_script(
+        "const s = document.createElement('script'); s.textContent = 'window.x = 1';"
+        " document.head.appendChild(s);"
+    )
+    assert csp_violations(browser)
