@@ -1,0 +1,38 @@
+"""``manage.py purgeworkflows``: retention for finished run trees and old wait rendezvous."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from k2b_workflows.retention import purge_finished_runs
+
+
+class Command(BaseCommand):
+    help = (
+        "Delete run trees whose every run ended more than --older-than-days ago, with their "
+        "journal, ledger and charges. Runs that need attention are never deleted."
+    )
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--older-than-days", type=float, required=True)
+        parser.add_argument("--batch", type=int, default=1000, help="run trees per transaction")
+        parser.add_argument("--dry-run", action="store_true", help="count, delete nothing")
+
+    def handle(
+        self, *args: Any, older_than_days: float, batch: int, dry_run: bool, **options: Any
+    ) -> None:
+        if older_than_days <= 0 or batch <= 0:
+            raise CommandError("--older-than-days and --batch must be positive")
+        older_than = dt.timedelta(days=older_than_days)
+        total: dict[str, int] = {}
+        while True:
+            counts = purge_finished_runs(older_than=older_than, batch=batch, dry_run=dry_run)
+            for key, value in counts.items():
+                total[key] = total.get(key, 0) + value
+            if dry_run or counts["run trees"] < batch:
+                break
+        verb = "would delete" if dry_run else "deleted"
+        self.stdout.write(f"{verb}: " + ", ".join(f"{n} {label}" for label, n in total.items()))

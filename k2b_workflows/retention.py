@@ -1,0 +1,102 @@
+"""Retention: delete whole finished run trees, and wait rendezvous nobody can need.
+
+Journal, ledger and budget charges are append-only by trigger; this is the
+one sanctioned way to remove them, and only together with their runs, once
+every run of a tree has ended before the cutoff. Runs that need attention
+are never purged.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pgtrigger
+from django.db import connections, transaction
+from django.utils import timezone
+
+from . import store
+
+_APPEND_ONLY = (
+    "k2b_workflows.JournalEntry:journal_append_only",
+    "k2b_workflows.LedgerEntry:ledger_append_only",
+    "k2b_workflows.BudgetCharge:charge_append_only",
+)
+
+_ROOTS_SQL = """
+SELECT r.id FROM k2b_run r
+ WHERE r.parent_id IS NULL
+   AND r.status IN ('succeeded', 'failed', 'canceled') AND r.finished_at < %s
+   AND NOT EXISTS (SELECT 1 FROM k2b_run d
+                    WHERE d.root_id = r.id
+                      AND (d.status NOT IN ('succeeded', 'failed', 'canceled')
+                           OR d.finished_at IS NULL OR d.finished_at >= %s))
+ ORDER BY r.finished_at
+ LIMIT %s
+"""
+
+# Children before what they reference; the run rows last, all at once (their
+# foreign keys to each other are checked at commit).
+_DELETES = (
+    ("budget charges", "DELETE FROM k2b_budget_charge WHERE run_id = ANY(%s)"),
+    ("budget accounts", "DELETE FROM k2b_budget_account WHERE root_id = ANY(%s)"),
+    ("AI tasks", "DELETE FROM k2b_ai_task WHERE run_id = ANY(%s)"),
+    ("dedup records", "DELETE FROM k2b_dedup WHERE run_id = ANY(%s)"),
+    ("journal entries", "DELETE FROM k2b_journal WHERE run_id = ANY(%s)"),
+    ("ledger entries", "DELETE FROM k2b_ledger WHERE run_id = ANY(%s)"),
+    ("runs", "DELETE FROM k2b_run WHERE id = ANY(%s)"),
+)
+
+_RENDEZVOUS_SQL = """
+DELETE FROM k2b_wait w
+ WHERE COALESCE(w.signaled_at, w.created_at) < %s
+   AND NOT EXISTS (SELECT 1 FROM k2b_run r
+                    WHERE r.status NOT IN ('succeeded', 'failed', 'canceled')
+                      AND r.app_id = w.app_id AND r.wait_kind = w.kind AND r.wait_key = w.key)
+"""
+
+
+def purge_finished_runs(
+    *,
+    older_than: dt.timedelta,
+    batch: int = 1000,
+    dry_run: bool = False,
+    using: str | None = None,
+) -> dict[str, int]:
+    """Delete up to ``batch`` run trees whose every run ended more than ``older_than`` ago.
+
+    Also deletes wait rendezvous last touched before the cutoff that no unfinished
+    run refers to. Caveat: a wake recorded before the cutoff for a run that has not
+    yet reached the step waiting on it is forgotten. Returns counts per table.
+    """
+    if older_than <= dt.timedelta(0):
+        raise ValueError("older_than must be positive")
+    using = using or store.database()
+    cutoff = timezone.now() - older_than
+    counts: dict[str, Any] = {}
+    with (
+        transaction.atomic(using=using),
+        pgtrigger.ignore(*_APPEND_ONLY, databases=[using]),
+        connections[using].cursor() as cursor,
+    ):
+        cursor.execute(_ROOTS_SQL, [cutoff, cutoff, batch])
+        roots = [row[0] for row in cursor.fetchall()]
+        cursor.execute("SELECT id FROM k2b_run WHERE root_id = ANY(%s)", [roots])
+        tree = [row[0] for row in cursor.fetchall()]
+        counts["run trees"] = len(roots)
+        for label, sql in _DELETES:
+            if dry_run:
+                cursor.execute(sql.replace("DELETE FROM", "SELECT count(*) FROM", 1), [tree])
+                counts[label] = cursor.fetchone()[0]
+            else:
+                cursor.execute(sql, [tree])
+                counts[label] = cursor.rowcount
+        sql = _RENDEZVOUS_SQL
+        if dry_run:
+            sql = sql.replace("DELETE FROM k2b_wait w", "SELECT count(*) FROM k2b_wait w", 1)
+            cursor.execute(sql, [cutoff])
+            counts["wait rendezvous"] = cursor.fetchone()[0]
+        else:
+            cursor.execute(sql, [cutoff])
+            counts["wait rendezvous"] = cursor.rowcount
+    return counts
