@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .exceptions import InvalidInput
+from .exceptions import HookNotDefined, InvalidInput
 
 if TYPE_CHECKING:
     from .kernel.context import StepContext
@@ -200,16 +200,16 @@ class Action:
         return {}
 
     def plan(self, ctx: StepContext, input: Any) -> Result:
-        raise NotImplementedError
+        raise HookNotDefined(f"{type(self).__name__} defines no plan(): dry runs need one")
 
     def authorize(self, ctx: StepContext, input: Any) -> Result | None:
         return None
 
     def run(self, ctx: StepContext, input: Any) -> Result:
-        raise NotImplementedError(f"{type(self).__name__} has no run()")
+        raise HookNotDefined(f"{type(self).__name__} defines no run()")
 
     def reconcile(self, ctx: StepContext, input: Any) -> Result:
-        raise NotImplementedError
+        raise HookNotDefined(f"{type(self).__name__} defines no reconcile()")
 
     # -- introspection the kernel relies on --
 

@@ -9,6 +9,7 @@ computed in ``admin_display``.
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from typing import Any
@@ -227,6 +228,9 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     # Views ---------------------------------------------------------------------------------
 
+    def _operation_view(self, request, object_id, *, operation):
+        return admin_views.run_operation_view(self, request, object_id, operation)
+
     def get_urls(self) -> list:
         wrap = self.admin_site.admin_view
         prefix = f"{self.opts.app_label}_{self.opts.model_name}"
@@ -236,23 +240,13 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
                 wrap(lambda request: admin_views.dry_run_view(self, request)),
                 name=f"{prefix}_dry_run",
             ),
-            path(
-                "<path:object_id>/cancel/",
-                wrap(
-                    lambda request, object_id: admin_views.run_operation_view(
-                        self, request, object_id, "cancel"
-                    )
-                ),
-                name=f"{prefix}_cancel",
-            ),
-            path(
-                "<path:object_id>/retry/",
-                wrap(
-                    lambda request, object_id: admin_views.run_operation_view(
-                        self, request, object_id, "retry"
-                    )
-                ),
-                name=f"{prefix}_retry",
+            *(
+                path(
+                    f"<path:object_id>/{operation}/",
+                    wrap(functools.partial(self._operation_view, operation=operation)),
+                    name=f"{prefix}_{operation}",
+                )
+                for operation in ("cancel", "retry")
             ),
             *super().get_urls(),
         ]

@@ -15,6 +15,14 @@ class InvalidInput(WorkflowError, ValueError):
     """A value that must be JSON is not, or an argument is malformed."""
 
 
+class HookNotDefined(WorkflowError, TypeError):
+    """An action hook was called that the action does not define.
+
+    The kernel checks ``Action.defines()`` before it calls the optional hooks
+    (``plan``, ``reconcile``): this is what calling one directly raises.
+    """
+
+
 class StepFailed(WorkflowError):
     """A step failed for good; the workflow may catch it.
 
