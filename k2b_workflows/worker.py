@@ -32,7 +32,7 @@ from django.db import connections, transaction
 from django.db.backends.signals import connection_created
 
 from . import store
-from .kernel import ai, claim
+from .kernel import ai, claim, db
 from .kernel.execute import Execution, Preloaded, preload
 from .kernel.leases import LeaseKeeper
 from .workflows import registered_workflows
@@ -57,9 +57,7 @@ class Listener(threading.Thread):
         while not self.stopping.is_set():
             conn = None
             try:
-                wrapper = connections[self.using]
-                conn = wrapper.get_new_connection(wrapper.get_connection_params())
-                conn.autocommit = True
+                conn = db.autocommit_connection(self.using)
                 conn.execute(f"LISTEN {store.CHANNEL}")
                 self.connected.set()
                 backoff = 0.1

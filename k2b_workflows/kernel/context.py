@@ -34,25 +34,6 @@ def _holding() -> Iterator[None]:
         _held.depth -= 1
 
 
-_side_lock = threading.Lock()
-_side_connections: dict[str, Any] = {}
-
-
-def side_connection(using: str) -> Any:
-    """A process-wide autocommit psycopg connection, outside every Django transaction.
-
-    Used to renew a lease without touching the caller's transaction. Callers
-    must hold ``_side_lock``.
-    """
-    conn = _side_connections.get(using)
-    if conn is None or conn.closed:
-        wrapper = connections[using]
-        conn = wrapper.get_new_connection(wrapper.get_connection_params())
-        conn.autocommit = True
-        _side_connections[using] = conn
-    return conn
-
-
 class StepContext:
     """Identity of a run and step, and the kernel services an action may use."""
 
@@ -101,14 +82,16 @@ class StepContext:
                 "heartbeat() without tx while this thread holds the run lock would wait for itself;"
                 " pass tx=ctx.tx.using"
             )
-        with _side_lock:
-            conn = side_connection(self.using)
+        # A connection of its own, closed at once: heartbeats are rare, and a
+        # connection kept open would outlive the database it points to.
+        with db.autocommit_connection(self.using) as conn:
             row = conn.execute(
                 "UPDATE k2b_run"
                 " SET lease_expires_at = statement_timestamp() + %s * interval '1 millisecond'"
                 " WHERE id = %s AND generation = %s AND status = 'running' RETURNING id",
                 [lease, self.run_id, self.generation],
             ).fetchone()
+            status = None
             if row is None:
                 status = conn.execute(
                     "SELECT status FROM k2b_run WHERE id = %s", [self.run_id]

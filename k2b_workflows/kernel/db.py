@@ -127,6 +127,18 @@ def lock_run(using: str, run_id: Any) -> tuple[str, int, int | None] | None:
         return cursor.fetchone()
 
 
+def autocommit_connection(using: str) -> Any:
+    """A new psycopg connection in autocommit, outside Django's connection handling.
+
+    For what must not join a caller's transaction (renewing a lease) or must
+    not be handed to another borrower by a pool (a LISTEN). The caller closes it.
+    """
+    wrapper = connections[using]
+    conn = wrapper.get_new_connection(wrapper.get_connection_params())
+    conn.autocommit = True
+    return conn
+
+
 def from_json(value: Any) -> Any:
     """Decode a jsonb column read with raw SQL.
 

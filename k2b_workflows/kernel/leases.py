@@ -14,9 +14,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import connections
-
 from .. import store
+from . import db
 from .claim import renew_leases
 
 logger = logging.getLogger("k2b_workflows")
@@ -96,9 +95,7 @@ class LeaseKeeper:
 
     def _connection(self) -> Any:
         if self._conn is None or self._conn.closed:
-            wrapper = connections[self.using]
-            self._conn = wrapper.get_new_connection(wrapper.get_connection_params())
-            self._conn.autocommit = True
+            self._conn = db.autocommit_connection(self.using)
         return self._conn
 
     def _loop(self) -> None:
