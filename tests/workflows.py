@@ -348,6 +348,7 @@ def non_json_output_workflow(run, input):
 
 # The topic modules register their actions and workflows on import.
 from . import (  # noqa: E402
+    workflows_edges,  # noqa: F401
     workflows_fanout,  # noqa: F401
     workflows_kernel,  # noqa: F401
     workflows_polling,  # noqa: F401
