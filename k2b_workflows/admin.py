@@ -61,7 +61,7 @@ class ReadOnlyMixin:
 
 @admin.register(WorkflowRun)
 class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
-    list_display = (
+    list_display: tuple[str, ...] = (
         "short_id",
         "status_badge",
         "workflow_name",
@@ -71,8 +71,8 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
         "failures_column",
         "age",
     )
-    list_display_links = ("short_id",)
-    list_filter = ("status", "app_id", "workflow_name", "error_code", "created_at")
+    list_display_links: tuple[str, ...] | None = ("short_id",)
+    list_filter: tuple[str, ...] = ("status", "app_id", "workflow_name", "error_code", "created_at")
     search_fields = ("=idempotency_key", "workflow_name")
     search_help_text = "Run id (full), idempotency key (exact) or workflow name."
     date_hierarchy = None

@@ -8,6 +8,8 @@ the ledger entries), and writes what it did to Django's admin log.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import messages
@@ -214,23 +216,34 @@ def _can_retry(run: WorkflowRun) -> str:
     return ""
 
 
+@dataclass(frozen=True)
+class Operation:
+    """An operator's action on runs: who may do it, to which runs, and what it means."""
+
+    title: str
+    verb: str
+    check: Callable[[WorkflowRun], str | None]  # why a run is skipped, or None
+    permission: str
+    explain: str
+
+
 OPERATIONS = {
-    "cancel": {
-        "title": "Cancel runs",
-        "verb": "Cancel",
-        "check": _can_cancel,
-        "permission": "k2b_workflows.cancel_workflowrun",
-        "explain": "Canceling a run also cancels its queued and running children and AI "
+    "cancel": Operation(
+        title="Cancel runs",
+        verb="Cancel",
+        check=_can_cancel,
+        permission="k2b_workflows.cancel_workflowrun",
+        explain="Canceling a run also cancels its queued and running children and AI "
         "tasks. Running actions see the cancellation; their late results are discarded.",
-    },
-    "retry": {
-        "title": "Retry runs now",
-        "verb": "Retry now",
-        "check": _can_retry,
-        "permission": "k2b_workflows.retry_workflowrun",
-        "explain": "Only runs that failed after exhausting their retries can be retried: "
+    ),
+    "retry": Operation(
+        title="Retry runs now",
+        verb="Retry now",
+        check=_can_retry,
+        permission="k2b_workflows.retry_workflowrun",
+        explain="Only runs that failed after exhausting their retries can be retried: "
         "they are queued again with their failure count reset, and replay their journal.",
-    },
+    ),
 }
 
 
@@ -255,11 +268,11 @@ def confirm_operation(
     a run's page. Returns ``None`` once done, so the changelist redirects.
     """
     spec = OPERATIONS[operation]
-    if not request.user.has_perm(spec["permission"]):
+    if not request.user.has_perm(spec.permission):
         raise PermissionDenied
     runs = list(queryset.order_by("created_at"))
-    eligible = [run for run in runs if not spec["check"](run)]
-    skipped = [(run, spec["check"](run)) for run in runs if spec["check"](run)]
+    eligible = [run for run in runs if not spec.check(run)]
+    skipped = [(run, spec.check(run)) for run in runs if spec.check(run)]
     form = ReasonForm(request.POST if request.POST.get("post") == "yes" else None)
     if form.is_bound and form.is_valid() and eligible:
         done = 0
@@ -269,15 +282,15 @@ def confirm_operation(
             except (NotRetryable, InvalidInput) as exc:
                 messages.error(request, f"Run {run.pk}: {exc}")
                 continue
-            model_admin.log_change(request, run, f"{spec['verb']}: {form.cleaned_data['reason']}")
+            model_admin.log_change(request, run, f"{spec.verb}: {form.cleaned_data['reason']}")
             done += 1
         if done:
-            messages.success(request, f"{spec['verb']}: {done} run(s).")
+            messages.success(request, f"{spec.verb}: {done} run(s).")
         return None
     context = _admin_context(
         model_admin,
         request,
-        title=spec["title"],
+        title=spec.title,
         operation=operation,
         spec=spec,
         form=form,

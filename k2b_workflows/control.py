@@ -7,7 +7,7 @@ does is visible (or wakes a worker) unless that transaction commits.
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
@@ -29,6 +29,9 @@ from .models import (
     WorkflowRun,
 )
 from .workflows import RunHandle, get_workflow
+
+if TYPE_CHECKING:
+    from .dryrun import _DryExecution
 
 EFFECT_CONFIRMED = "effect_confirmed"
 EFFECT_ABSENT = "effect_absent"
@@ -175,7 +178,8 @@ def create_child_workflow_runs(
     """Create child runs of the current step without waiting for them (idempotently)."""
     if isinstance(ctx_or_run, StepContext) and ctx_or_run.dry_run:
         # A dry run executes the children dry and returns unsaved runs: nothing a worker sees.
-        return ctx_or_run._execution.planned_children(ctx_or_run.step, name, inputs)
+        dry = cast("_DryExecution", ctx_or_run._execution)
+        return dry.planned_children(ctx_or_run.step, name, inputs)
     if isinstance(ctx_or_run, RunHandle):
         ids = ctx_or_run._execution.children(name, inputs, wait=False)
         if getattr(ctx_or_run._execution, "dry_run", False):

@@ -11,7 +11,7 @@ import copy
 import threading
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from django.core.exceptions import PermissionDenied
 
@@ -93,7 +93,7 @@ class _DryExecution:
         self.next_seq = 0
         self.ai_calls = 0  # AI tasks the current step asked for
 
-    def _error(self, message: str) -> None:
+    def _error(self, message: str) -> NoReturn:
         self.report.errors.append(f"{self.path or 'root'}: {message}")
         raise Suspend
 
@@ -150,6 +150,7 @@ class _DryExecution:
             self._refused(seq, name, effect, result.code or store.ACTION_FAILED, result.message)
         if isinstance(result, Waiting):
             self._error(f"step {seq} ({name}): {hook}() returned waiting; a plan must succeed")
+        assert isinstance(result, Succeeded)
         if hook == "plan" and not (
             isinstance(result.output, dict) and result.output.get("planned") is True
         ):
@@ -174,7 +175,7 @@ class _DryExecution:
         for unit, amount in cost.items():
             self.report.cost[unit] = self.report.cost.get(unit, 0) + amount
 
-    def _refused(self, seq: int, name: str, effect: Effect, code: str, message: str) -> None:
+    def _refused(self, seq: int, name: str, effect: Effect, code: str, message: str) -> NoReturn:
         """The step would fail (a denial, a failed plan): report it, then fail it as a run would."""
         self.report.steps.append(
             DryRunStep(

@@ -25,7 +25,7 @@ import contextlib
 import copy
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import PermissionDenied
@@ -1018,12 +1018,8 @@ class _Step:
     input_hash: str
     started: Any
     ctx: StepContext
-    cost: dict[str, int] | None = None
-    refs: dict[str, Any] | None = None
-
-    def __post_init__(self) -> None:
-        self.refs = self.refs or {}
-        self.cost = self.cost or {}
+    cost: dict[str, int] = field(default_factory=dict)
+    refs: dict[str, Any] = field(default_factory=dict)
 
 
 def wake_parent(using: str, run: WorkflowRun) -> None:
