@@ -137,14 +137,34 @@ class Worker:
             self._loop(pool)
         finally:
             # Graceful: executions stop after their current step and release their runs.
+            self.stopping.set()
+            self._close_thread_connections(pool)
             pool.shutdown(wait=True)
             if listener:
                 listener.stop()
+                listener.join(timeout=5)
             self.keeper.stop()
             self._print_status(final=True)
-            connections[self.using].close()
+            if not connections[self.using].in_atomic_block:  # e.g. call_command in a test
+                connections[self.using].close()
             connection_created.disconnect(self._limit_idle_transactions)
         logger.info("worker %s stopped: %s", self.worker_id, dict(self.stats))
+
+    def _close_thread_connections(self, pool: ThreadPoolExecutor) -> None:
+        """Have every pool thread close its own connections (Django forbids closing another's).
+
+        A barrier makes each of ``concurrency`` jobs land on a different thread.
+        """
+        self._drain()
+        barrier = threading.Barrier(self.concurrency)
+
+        def close() -> None:
+            with contextlib.suppress(threading.BrokenBarrierError):
+                barrier.wait(timeout=5)
+            connections.close_all()
+
+        for future in [pool.submit(close) for _ in range(self.concurrency)]:
+            future.result()
 
     def _limit_idle_transactions(self, sender: Any, connection: Any, **kwargs: Any) -> None:
         """Let the server end a transaction this process leaves idle for longer than a lease.

@@ -101,3 +101,21 @@ def test_on_a_terminal_the_worker_keeps_one_live_status_line(transactional_db):
     assert "\r\x1b[2K" in text  # carriage return + erase line: one line updated in place
     final = text.rsplit("\r\x1b[2K", 1)[-1]
     assert "runs 3" in final and "succeeded 3" in final, text
+
+
+def test_a_worker_run_in_process_leaves_no_connection_behind():
+    """``call_command("runworkflows", "--burst")`` from a test: every thread's connection closes."""
+    from django.core.management import call_command
+    from django.db import connection
+
+    runs = [start_workflow_run("test.pure", {"a": i, "b": 1}) for i in range(6)]
+
+    call_command("runworkflows", "--burst", "--concurrency", "3")
+
+    assert [fresh(r).status for r in runs] == ["succeeded"] * 6
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT string_agg(query, ' | ') FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        assert cursor.fetchone()[0] is None  # no listener, keeper or pool thread still connected
