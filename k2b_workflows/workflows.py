@@ -9,6 +9,7 @@ incident, never a silent run. Workflow code must do no I/O outside steps.
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -66,8 +67,18 @@ def workflow(
         if len(inspect.signature(fn).parameters) != 2:
             raise InvalidInput(f"workflow {name!r} must take (run, input)")
         existing = _registry.get(name)
-        if existing is not None and existing.fn.__qualname__ != fn.__qualname__:
-            raise InvalidInput(f"workflow {name!r} is already registered by {existing.fn!r}")
+        if existing is not None and (existing.fn.__module__, existing.fn.__qualname__) != (
+            fn.__module__,
+            fn.__qualname__,
+        ):
+            # The latest wins (module reloads, tests that define a workflow per test);
+            # two modules claiming one name in production is a bug worth a warning.
+            warnings.warn(
+                f"workflow {name!r}: {fn.__module__}.{fn.__qualname__} replaces "
+                f"{existing.fn.__module__}.{existing.fn.__qualname__}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         _registry[name] = WorkflowDefinition(
             name=name,
             fn=fn,

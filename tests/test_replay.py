@@ -54,3 +54,20 @@ def test_workflow_code_catching_exception_cannot_swallow_a_park():
     wake_workflow_runs_waiting_on(app_id="tests", kind="signal", key="later")
     run_to_end()
     assert fresh(run).output == {"swallowed": False}
+
+
+def test_registering_a_workflow_name_again_warns_and_the_latest_wins():
+    from k2b_workflows import workflow
+    from k2b_workflows.workflows import get_workflow
+
+    @workflow("test.registered_twice", app_id="tests")
+    def first(run, input):
+        return 1
+
+    with pytest.warns(RuntimeWarning, match="test.registered_twice"):
+
+        @workflow("test.registered_twice", app_id="tests")
+        def second(run, input):
+            return 2
+
+    assert get_workflow("test.registered_twice").fn is second
