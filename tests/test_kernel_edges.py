@@ -106,3 +106,50 @@ def test_authorize_returning_garbage_fails_the_run_before_any_effect():
     assert (done.status, done.error_code) == ("failed", "INVALID_ACTION_RESULT")
     assert not ProviderCall.objects.filter(action="edges.broken_authorize").exists()
     assert not LedgerEntry.objects.filter(run=run, kind="dispatched").exists()
+
+
+def test_a_dispatch_whose_commit_answer_is_lost_is_closed_as_never_sent(monkeypatch):
+    """The server commits the dispatch, the client never hears so: a new invocation, no incident.
+
+    Fault injection, not a mock: the COMMIT really happens, then the client's
+    connection reports an error, as when a network drops COMMIT's answer.
+    """
+    from django.db import OperationalError
+    from django.db.backends.postgresql.base import DatabaseWrapper
+
+    from k2b_workflows.kernel import evidence
+
+    state = {"dispatch_in_transaction": False, "cut": 0}
+    append_ledger, commit = evidence.append_ledger, DatabaseWrapper._commit
+
+    def spy_append_ledger(using, **fields):
+        entry = append_ledger(using, **fields)
+        if fields["kind"] == "dispatched" and not state["cut"]:
+            state["dispatch_in_transaction"] = True
+        return entry
+
+    def commit_then_lose_the_answer(self):
+        commit(self)
+        if state["dispatch_in_transaction"]:
+            state["dispatch_in_transaction"] = False
+            state["cut"] += 1
+            raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(evidence, "append_ledger", spy_append_ledger)
+    monkeypatch.setattr(DatabaseWrapper, "_commit", commit_then_lose_the_answer)
+
+    run = start_workflow_run("test.charge_blind", {"amount": 7})
+    run_until_idle()
+
+    assert state["cut"] == 1
+    done = fresh(run)
+    assert done.status == "succeeded", (done.error_code, done.error_message)
+    assert ProviderCall.objects.filter(action="test.charge_blind").count() == 1
+    ledger = list(LedgerEntry.objects.filter(run=run, seq=0).order_by("id"))
+    assert [(e.kind, e.invocation_key.rsplit(":", 1)[1]) for e in ledger] == [
+        ("dispatched", "1"),
+        ("rejected", "1"),
+        ("dispatched", "2"),
+        ("succeeded", "2"),
+    ]
+    assert "run() was not called" in ledger[1].message

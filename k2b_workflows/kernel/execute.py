@@ -467,6 +467,9 @@ class Execution:
         except budgets.BudgetExceeded as exc:
             self._ledger_event(step, LedgerEntry.Kind.REJECTED, message=str(exc), fenced=True)
             return self._step_failed(step, store.EFFECT_BUDGET_EXCEEDED, str(exc))
+        except db.CommitOutcomeUnknown:
+            self._close_unsent_dispatch(step, invocation_key)
+            raise
         state.attempts += 1
         state.open_key = invocation_key
 
@@ -490,6 +493,45 @@ class Execution:
         if isinstance(result, Succeeded):
             return self._journal_success(step, result, ledger_kind=LedgerEntry.Kind.SUCCEEDED)
         return self._external_failed(step, result, LedgerEntry.Kind.FAILED)
+
+    def _close_unsent_dispatch(self, step: _Step, invocation_key: str) -> None:
+        """The dispatch's COMMIT lost its answer: it may have committed, but run() was not called.
+
+        This process knows what no replay could: if the dispatch is in the ledger,
+        close that invocation as never sent, so the replay dispatches anew instead
+        of treating it as doubted. Without our lease nothing is written, and the
+        replay reconciles as after any crash.
+        """
+        from django.db import connections
+
+        connections[self.using].close()
+
+        def close() -> None:
+            self._fence(step.seq)
+            if (
+                LedgerEntry.objects.using(self.using)
+                .filter(
+                    run_id=self.run_id,
+                    invocation_key=invocation_key,
+                    kind=LedgerEntry.Kind.DISPATCHED,
+                )
+                .exists()
+            ):
+                self._ledger(
+                    step,
+                    LedgerEntry.Kind.REJECTED,
+                    message="the dispatch's commit lost its answer; run() was not called",
+                )
+
+        try:
+            db.run_in_transaction(close, self.using)
+        except (DatabaseError, LeaseLost, RunCanceled, db.CommitOutcomeUnknown) as exc:
+            logger.warning(
+                "run %s step %s: could not close the unsent dispatch: %s",
+                self.run_id,
+                step.seq,
+                exc,
+            )
 
     def _reconcile(self, step: _Step, state: _EffectState) -> Any:
         if not step.action.defines("reconcile"):
