@@ -323,7 +323,7 @@ def run_operation_view(
 
 def dry_run_view(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
     """Run a workflow with ``plan()`` in place of every effect and show the report."""
-    if not model_admin.has_view_permission(request):
+    if not request.user.has_perm("k2b_workflows.dry_run_workflow"):
         raise PermissionDenied
     report = None
     form = DryRunForm(request.POST or None)

@@ -132,6 +132,9 @@ class WorkflowRun(models.Model):
             ("resolve_effect", "Can resolve an ambiguous effect"),
             ("cancel_workflowrun", "Can cancel a workflow run"),
             ("retry_workflowrun", "Can retry a failed workflow run"),
+            # A dry run executes actions' plan(), cost(), authorize() and PURE run()
+            # in the web process: more than viewing.
+            ("dry_run_workflow", "Can dry-run a workflow from the admin"),
         ]
         constraints = [
             models.UniqueConstraint(

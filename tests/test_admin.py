@@ -590,9 +590,14 @@ def test_journal_and_ledger_cannot_be_edited_or_deleted_in_the_admin(admin_user,
 # Dry run ---------------------------------------------------------------------------------
 
 
-def test_dry_run_shows_the_steps_and_cost_against_the_budget(viewer):
+@pytest.fixture
+def planner() -> User:
+    return make_user("paula", "view_workflowrun", "dry_run_workflow")
+
+
+def test_dry_run_shows_the_steps_and_cost_against_the_budget(planner):
     url = reverse("admin:k2b_workflows_workflowrun_dry_run")
-    response = client_for(viewer).post(url, {"workflow": "test.charge", "input": '{"amount": 9}'})
+    response = client_for(planner).post(url, {"workflow": "test.charge", "input": '{"amount": 9}'})
     report = response.context["report"]
     assert [(s.seq, s.action) for s in report.steps] == [(0, "test.charge")]
     assert response.context["budget_rows"] == [("charges", 1, 2)]
@@ -601,9 +606,9 @@ def test_dry_run_shows_the_steps_and_cost_against_the_budget(viewer):
     assert '"planned": true' in unescape(html)
 
 
-def test_dry_run_with_malformed_input_is_a_form_error(viewer):
+def test_dry_run_with_malformed_input_is_a_form_error(planner):
     url = reverse("admin:k2b_workflows_workflowrun_dry_run")
-    response = client_for(viewer).post(url, {"workflow": "test.charge", "input": "{amount"})
+    response = client_for(planner).post(url, {"workflow": "test.charge", "input": "{amount"})
     assert "input" in response.context["form"].errors
     assert response.context["report"] is None
 
@@ -614,14 +619,22 @@ def test_dry_run_is_forbidden_without_view_permission():
     assert client_for(user).get(url).status_code == 403
 
 
+def test_dry_run_needs_its_own_permission_beyond_viewing_runs(viewer, planner):
+    url = reverse("admin:k2b_workflows_workflowrun_dry_run")
+    assert client_for(viewer).get(url).status_code == 403
+    changelist = reverse("admin:k2b_workflows_workflowrun_changelist")
+    assert url not in client_for(viewer).get(changelist).content.decode()
+    assert url in client_for(planner).get(changelist).content.decode()
+
+
 # Content-Security-Policy -----------------------------------------------------------------
 
 INLINE = re.compile(r"<script(?![^>]*\bsrc=)[^>]*>|\son[a-z]+\s*=|\sstyle\s*=", re.IGNORECASE)
 
 
-def test_operator_pages_have_no_inline_scripts_handlers_or_styles(operator):
+def test_operator_pages_have_no_inline_scripts_handlers_or_styles():
     run = make_incident()
-    client = client_for(operator)
+    client = client_for(make_user("olga", *OPERATOR_PERMS, "dry_run_workflow"))
     pages = [
         run_url(run),
         reverse("admin:k2b_workflows_incident_changelist"),

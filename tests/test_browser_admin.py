@@ -65,7 +65,12 @@ def operator(browser, live_server) -> User:
     user.user_permissions.add(
         *Permission.objects.filter(
             content_type__app_label="k2b_workflows",
-            codename__in=["view_workflowrun", "resolve_effect", "cancel_workflowrun"],
+            codename__in=[
+                "view_workflowrun",
+                "resolve_effect",
+                "cancel_workflowrun",
+                "dry_run_workflow",
+            ],
         )
     )
     browser.delete_all_cookies()
