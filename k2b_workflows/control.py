@@ -13,7 +13,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.utils import timezone
 
-from . import store
+from . import signals, store
 from .actions import to_json_value
 from .exceptions import InvalidInput, NotRetryable, ResolutionRefused, StepFailed
 from .kernel import children, db, waits
@@ -131,10 +131,19 @@ def cancel_workflow_run(run_id: Any, reason: str) -> WorkflowRun:
                       finished_at = now(), lease_expires_at = NULL, updated_at = now()
                 WHERE id IN (SELECT id FROM tree)
                   AND status NOT IN ('succeeded', 'failed', 'canceled')
-               RETURNING id""",
+               RETURNING id, workflow_name""",
             [run_id, store.CANCELED, reason],
         )
         ids = [r[0] for r in canceled]
+        for canceled_id, workflow_name in canceled:
+            signals.send_on_commit(
+                signals.run_finished,
+                using,
+                run_id=canceled_id,
+                workflow_name=workflow_name,
+                status="canceled",
+                error_code=store.CANCELED,
+            )
         db.execute(
             using,
             """UPDATE k2b_ai_task SET status = 'canceled', finished_at = now(), updated_at = now(),

@@ -32,7 +32,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
-from .. import store
+from .. import signals, store
 from ..actions import (
     Action,
     Ambiguous,
@@ -820,11 +820,14 @@ class Execution:
         outcome: str,
         *,
         terminal: bool,
-        step: _Step | None = None,
         entry: JournalEntry | None = None,
         verify: bool = False,
+        announce: dict[str, Any] | None = None,
     ) -> None:
-        """Fence, then change the run's status (and wake a parent when it ends)."""
+        """Fence, then change the run's status (and wake a parent when it ends).
+
+        ``announce``: the signal and its arguments to send once this commits.
+        """
         broken: list[str] = []
 
         def write() -> None:
@@ -839,6 +842,13 @@ class Execution:
             db.execute(self.using, sql, [*params, self.run_id])
             if terminal and self.run.parent_id:
                 wake_parent(self.using, self.run)
+            if announce is not None:
+                signals.send_on_commit(
+                    using=self.using,
+                    run_id=self.run_id,
+                    workflow_name=self.run.workflow_name,
+                    **announce,
+                )
 
         db.run_in_transaction(write, self.using)
         if broken:
@@ -859,6 +869,7 @@ class Execution:
                 "succeeded",
                 terminal=True,
                 verify=True,
+                announce={"signal": signals.run_finished, "status": "succeeded", "error_code": ""},
             )
 
     def _fail_run(self, code: str, message: str, step: _Step | None = None) -> None:
@@ -873,8 +884,8 @@ class Execution:
             [code, message],
             "failed",
             terminal=True,
-            step=step,
             entry=entry,
+            announce={"signal": signals.run_finished, "status": "failed", "error_code": code},
         )
 
     def _needs_attention(self, code: str, message: str, step: int | None) -> None:
@@ -885,6 +896,12 @@ class Execution:
             [code, message, step],
             "needs_attention",
             terminal=False,
+            announce={
+                "signal": signals.run_needs_attention,
+                "error_code": code,
+                "message": message,
+                "step": step,
+            },
         )
 
     def _retry_later(self, reason: str) -> None:
