@@ -14,6 +14,7 @@ from django.db.models import Count, Q
 
 from k2b_workflows import cancel_workflow_run, start_workflow_run, wake_workflow_runs_waiting_on
 from k2b_workflows.models import JournalEntry, LedgerEntry, WorkflowRun
+from k2b_workflows.signals import run_needs_attention
 from k2b_workflows.worker import Worker
 
 from ...models import Approval, OutboxEmail, Payment, Shipment
@@ -57,6 +58,16 @@ class Command(BaseCommand):
         cancel_workflow_run(doomed.pk, "customer changed their mind")
 
         self.stdout.write(f"Started {len(runs)} runs; running {concurrency} worker threads…")
+
+        def page_on_call(
+            sender: Any, run_id: Any, workflow_name: str, error_code: str, **kwargs: Any
+        ) -> None:
+            # What a team would send to its pager: the run needs a person.
+            self.stdout.write(
+                f"  PAGE on-call: {workflow_name} {run_id} needs a decision ({error_code})"
+            )
+
+        run_needs_attention.connect(page_on_call, weak=False)
         worker = Worker(concurrency=concurrency)
         thread = threading.Thread(target=worker.run, name="demo-worker")
         thread.start()
@@ -66,6 +77,7 @@ class Command(BaseCommand):
         finally:
             worker.stop()
             thread.join()
+            run_needs_attention.disconnect(page_on_call)
         self._report(runs, worker)
 
     def _ensure_admin(self) -> None:
