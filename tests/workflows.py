@@ -28,6 +28,7 @@ from k2b_workflows import (
 )
 
 from .models import DomainRow, ProviderCall
+from .workflow_helpers import one_step
 
 
 def crash_point(input, point: str) -> None:
@@ -273,14 +274,10 @@ def tx_workflow(run, input):
     return {"done": True}
 
 
-@workflow("test.idem", app_id="tests", effect_budget={"emails": 5})
-def idem_workflow(run, input):
-    return run.step(SendIdempotent, input)
+one_step("test.idem", SendIdempotent, effect_budget={"emails": 5})
 
 
-@workflow("test.charge", app_id="tests", effect_budget={"charges": 2})
-def charge_workflow(run, input):
-    return run.step(Charge, input)
+one_step("test.charge", Charge, effect_budget={"charges": 2})
 
 
 @workflow("test.charge_blind", app_id="tests")
@@ -300,19 +297,13 @@ def restore_workflow(run, input):
     return run.step(RestoreSnapshot, {}, backup_ref=input.get("backup_ref"))
 
 
-@workflow("test.guarded", app_id="tests")
-def guarded_workflow(run, input):
-    return run.step(Guarded, input)
+one_step("test.guarded", Guarded)
 
 
-@workflow("test.flaky", app_id="tests")
-def flaky_workflow(run, input):
-    return run.step(Flaky, input)
+one_step("test.flaky", Flaky)
 
 
-@workflow("test.bad_result", app_id="tests")
-def bad_result_workflow(run, input):
-    return run.step(BadResult, input)
+one_step("test.bad_result", BadResult)
 
 
 @workflow("test.catches", app_id="tests")

@@ -16,6 +16,7 @@ from k2b_workflows import (
 )
 
 from .models import DomainRow, ProviderCall
+from .workflow_helpers import one_step
 
 
 def _lease(run_id) -> float:
@@ -133,14 +134,10 @@ class BrokenAuthorize(Action):
         return succeeded({"sent": True})
 
 
-@workflow("edges.heartbeat", app_id="tests")
-def heartbeat_workflow(run, input):
-    return run.step(HeartbeatProbe, input)
+one_step("edges.heartbeat", HeartbeatProbe)
 
 
-@workflow("edges.heartbeat_in_tx", app_id="tests")
-def heartbeat_in_tx_workflow(run, input):
-    return run.step(HeartbeatInTransaction, input)
+one_step("edges.heartbeat_in_tx", HeartbeatInTransaction)
 
 
 @workflow("edges.costly_writes", app_id="tests", effect_budget={"writes": 1})
@@ -149,6 +146,4 @@ def costly_writes_workflow(run, input):
     return run.step(CostlyWrite, {"key": "second"})
 
 
-@workflow("edges.broken_authorize", app_id="tests")
-def broken_authorize_workflow(run, input):
-    return run.step(BrokenAuthorize, input)
+one_step("edges.broken_authorize", BrokenAuthorize)

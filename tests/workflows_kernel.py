@@ -31,6 +31,7 @@ from k2b_workflows import (
 from k2b_workflows.models import BudgetCharge, LedgerEntry
 
 from .models import DomainRow, ProviderCall
+from .workflow_helpers import one_step
 
 #: In-process attempt counters, keyed by (action, effect_key): they survive a rollback.
 ATTEMPTS: dict[tuple[str, str], int] = defaultdict(int)
@@ -399,34 +400,22 @@ class WaitSignal(Action):
         return waiting(Dependency("signal", input["key"]))
 
 
-@workflow("kernel.tx_probe", app_id="tests")
-def tx_probe_workflow(run, input):
-    return run.step(TxProbe, input)
+one_step("kernel.tx_probe", TxProbe)
 
 
-@workflow("kernel.tx_deadlock", app_id="tests")
-def tx_deadlock_workflow(run, input):
-    return run.step(TxDeadlock, input)
+one_step("kernel.tx_deadlock", TxDeadlock)
 
 
-@workflow("kernel.tx_denied", app_id="tests")
-def tx_denied_workflow(run, input):
-    return run.step(TxDenied, input)
+one_step("kernel.tx_denied", TxDenied)
 
 
-@workflow("kernel.idem_probe", app_id="tests", effect_budget={"emails": 3})
-def idem_probe_workflow(run, input):
-    return run.step(IdemProbe, input)
+one_step("kernel.idem_probe", IdemProbe, effect_budget={"emails": 3})
 
 
-@workflow("kernel.idem_stale", app_id="tests")
-def idem_stale_workflow(run, input):
-    return run.step(IdemStale, input)
+one_step("kernel.idem_stale", IdemStale)
 
 
-@workflow("kernel.external_probe", app_id="tests")
-def external_probe_workflow(run, input):
-    return run.step(ExternalProbe, input)
+one_step("kernel.external_probe", ExternalProbe)
 
 
 @workflow("kernel.replay", app_id="tests")
@@ -470,19 +459,13 @@ def slow_workflow(run, input):
     return {"done": True}
 
 
-@workflow("kernel.tx_freeze", app_id="tests")
-def tx_freeze_workflow(run, input):
-    return run.step(TxFreeze, input)
+one_step("kernel.tx_freeze", TxFreeze)
 
 
-@workflow("kernel.idem_freeze", app_id="tests")
-def idem_freeze_workflow(run, input):
-    return run.step(IdemFreeze, input)
+one_step("kernel.idem_freeze", IdemFreeze)
 
 
-@workflow("kernel.charge_freeze", app_id="tests")
-def charge_freeze_workflow(run, input):
-    return run.step(ChargeFreeze, input)
+one_step("kernel.charge_freeze", ChargeFreeze)
 
 
 @workflow("kernel.other_app", app_id="kernel_other")

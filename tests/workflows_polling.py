@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import datetime as dt
 
-from k2b_workflows import Action, Dependency, Effect, ambiguous, succeeded, waiting, workflow
+from k2b_workflows import Action, Dependency, Effect, ambiguous, succeeded, waiting
 
 from .models import ProviderCall
+from .workflow_helpers import one_step
 
 
 class Payout(Action):
@@ -46,6 +47,4 @@ class Payout(Action):
         return succeeded({"settled": True, "polls": polls.count()})
 
 
-@workflow("test.payout", app_id="tests")
-def payout_workflow(run, input):
-    return run.step(Payout, input)
+one_step("test.payout", Payout)

@@ -23,10 +23,10 @@ from k2b_workflows import (
     succeeded,
     waiting,
     wake_workflow_runs_waiting_on,
-    workflow,
 )
 
 from .models import DomainRow, ProviderCall
+from .workflow_helpers import one_step
 
 GATE_KIND = "gate"
 
@@ -100,14 +100,10 @@ class PollProvider(Action):
         return succeeded({"polls": asked})
 
 
-@workflow("waits.gate", app_id="tests")
-def gate_workflow(run, input):
-    return run.step(Gate, input)
+one_step("waits.gate", Gate)
 
 
-@workflow("waits.poll", app_id="tests")
-def poll_workflow(run, input):
-    return run.step(PollProvider, input)
+one_step("waits.poll", PollProvider)
 
 
 def open_gate(key: str, value: object = None) -> int:
