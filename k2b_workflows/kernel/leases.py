@@ -28,7 +28,6 @@ class _Held:
     generation: int
     event: threading.Event
     action_deadline: float | None = None
-    lost: bool = False
 
 
 @dataclass
@@ -61,11 +60,6 @@ class LeaseKeeper:
         with self._lock:
             if run_id in self._runs:
                 self._runs[run_id].action_deadline = None
-
-    def is_lost(self, run_id: Any) -> bool:
-        with self._lock:
-            held = self._runs.get(run_id)
-            return bool(held and held.lost)
 
     def track_task(self, task_id: Any, generation: int, event: threading.Event) -> None:
         with self._lock:
@@ -161,5 +155,4 @@ class LeaseKeeper:
             if held is None:
                 continue
             if status != "running" or generation != held.generation:
-                held.lost = True
                 held.event.set()
