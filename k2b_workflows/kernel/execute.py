@@ -319,6 +319,12 @@ class Execution:
             reset_failures=reset_failures,
         )
 
+    def _charge(self, step: _Step) -> None:
+        """Charge the step's cost to the root's budget, in the current transaction, once."""
+        budgets.charge(
+            self.using, root_id=self.root_id, run_id=self.run_id, seq=step.seq, cost=step.cost
+        )
+
     def _check_shutdown(self) -> None:
         if self.stop_requested is not None and self.stop_requested.is_set():
             from .claim import release
@@ -408,13 +414,7 @@ class Execution:
             self._fence(step.seq)
             if step.cost:
                 try:
-                    budgets.charge(
-                        self.using,
-                        root_id=self.root_id,
-                        run_id=self.run_id,
-                        seq=step.seq,
-                        cost=step.cost,
-                    )
+                    self._charge(step)
                 except budgets.BudgetExceeded as exc:
                     raise _Rollback(exc) from None
             try:
@@ -453,13 +453,7 @@ class Execution:
         def dispatch() -> None:
             self._fence(step.seq)
             if step.cost:
-                budgets.charge(
-                    self.using,
-                    root_id=self.root_id,
-                    run_id=self.run_id,
-                    seq=step.seq,
-                    cost=step.cost,
-                )
+                self._charge(step)
             self._ledger(step, LedgerEntry.Kind.DISPATCHED, with_hashes=True)
 
         try:
@@ -656,9 +650,7 @@ class Execution:
     def _charge_before_dispatch(self, step: _Step) -> None:
         def charge() -> None:
             self._fence(step.seq)
-            budgets.charge(
-                self.using, root_id=self.root_id, run_id=self.run_id, seq=step.seq, cost=step.cost
-            )
+            self._charge(step)
 
         try:
             db.run_in_transaction(charge, self.using)
@@ -720,13 +712,7 @@ class Execution:
         def write() -> None:
             self._fence(step.seq, reset_failures=True)
             if charge:
-                budgets.charge(
-                    self.using,
-                    root_id=self.root_id,
-                    run_id=self.run_id,
-                    seq=step.seq,
-                    cost=step.cost,
-                )
+                self._charge(step)
             if ledger_kind:
                 self._ledger(step, ledger_kind, output_hash=evidence.hash_value(result.output))
             evidence.append_journal(entry, self.last_hash, self.using)
