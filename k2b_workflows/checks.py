@@ -100,6 +100,14 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
                     id="k2b_workflows.E007",
                 )
             )
+    prefetch = configured.get("CLAIM_PREFETCH")
+    if prefetch is not None and (not isinstance(prefetch, int) or prefetch < 0):
+        errors.append(
+            Error(
+                f"K2B_WORKFLOWS['CLAIM_PREFETCH'] must be a non-negative int, not {prefetch!r}",
+                id="k2b_workflows.E007",
+            )
+        )
     if not errors and store.lease_ms() < 500:
         errors.append(
             Warning(

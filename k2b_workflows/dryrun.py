@@ -33,9 +33,8 @@ from .exceptions import InvalidInput, StepFailed, Suspend
 from .kernel import ai
 from .kernel.budgets import AI_CALLS, validate_cost
 from .kernel.context import StepContext
-from .kernel.execute import ChildResult
 from .models import WorkflowRun
-from .workflows import get_workflow
+from .workflows import ChildResult, get_workflow
 
 MAX_DEPTH = 5
 
@@ -244,7 +243,7 @@ def _execute(
     definition = get_workflow(name)
     execution = _DryExecution(report, principal, definition.app_id, path, depth)
     try:
-        output = definition.fn(RunHandle(execution), copy.deepcopy(input))  # type: ignore[arg-type]
+        output = definition.fn(RunHandle(execution), copy.deepcopy(input))
         return output, None
     except StepFailed as exc:
         return None, exc.code

@@ -5,9 +5,12 @@ processes on several hosts share one PostgreSQL; nothing else coordinates them.
 
 Threads:
 
-- the main loop claims runs (and AI tasks) in batches for free slots and
-  hands them to the pool, then sleeps until a notification, a free slot, the
-  next due run, or the poll interval;
+- the main loop claims runs (and AI tasks) in batches for free slots plus a
+  small prefetch (``CLAIM_PREFETCH``) into a local queue, starts idle pool
+  threads on it, then sleeps until a notification, a free slot, a low queue,
+  the next due run, or the poll interval;
+- a pool thread that finishes a run starts the next queued one itself: no
+  thread waits for the main loop (a claim and its reads) between runs;
 - a listener on its own autocommit psycopg connection (a pooled Django
   connection would keep listening for its next borrower) sets the wake-up;
 - the lease keeper renews leases and notices cancellations.
@@ -23,7 +26,7 @@ import sys
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TextIO
@@ -110,6 +113,11 @@ class Worker:
         self.wake = threading.Event()
         self.keeper = LeaseKeeper(self.using)
         self._inflight: set[Future] = set()
+        #: Claimed (and preloaded) runs no thread has started yet: at most
+        #: ``prefetch`` beyond the free threads. Their leases are renewed by the
+        #: keeper; on stop they are handed back at once.
+        self._ready: deque[tuple[Any, int, Preloaded | None]] = deque()
+        self.prefetch = store.claim_prefetch()
         self._lock = threading.Lock()
         self._last_housekeeping = 0.0
         self._last_status = 0.0
@@ -138,6 +146,7 @@ class Worker:
         finally:
             # Graceful: executions stop after their current step and release their runs.
             self.stopping.set()
+            self._release_ready()
             self._close_thread_connections(pool)
             pool.shutdown(wait=True)
             if listener:
@@ -202,7 +211,7 @@ class Worker:
                 continue
             with self._lock:
                 busy = len(self._inflight)
-            if self.burst and busy == 0 and not self._pending():
+            if self.burst and busy == 0 and not self._ready and not self._pending():
                 return
             timeout = poll
             if busy < self.concurrency:
@@ -215,19 +224,57 @@ class Worker:
         self._drain()
 
     def _fill(self, pool: ThreadPoolExecutor) -> int:
+        """Top up the local queue and start idle threads on it; returns how many were claimed.
+
+        The queue is topped up only when a thread is idle or it runs low, so
+        that one claim (one commit) serves several runs.
+        """
         with self._lock:
             free = self.concurrency - len(self._inflight)
-        if free <= 0:
-            return 0
-        runs, loaded, tasks = self.claim(free)
-        for run_id, generation in runs:
-            self._submit(pool, self._execute_run, run_id, generation, loaded.get(run_id))
-        for task in tasks:
-            self._submit(pool, self._execute_task, task)
-        return len(runs) + len(tasks)
+            queued = len(self._ready)
+        claimed = 0
+        if free > queued or queued <= self.prefetch // 2:
+            runs, loaded, tasks = self.claim(
+                free + self.prefetch - queued, task_slots=max(0, free - queued)
+            )
+            with self._lock:
+                for run_id, generation in runs:
+                    self.keeper.track(run_id, generation, threading.Event())
+                    self._ready.append((run_id, generation, loaded.get(run_id)))
+            for task in tasks:
+                self._submit(pool, self._execute_task, task)
+                free -= 1
+            claimed = len(runs) + len(tasks)
+        with self._lock:
+            start = min(free, len(self._ready))
+        for _ in range(start):
+            self._submit(pool, self._run_queued)
+        return claimed
 
-    def claim(self, limit: int) -> tuple[list[tuple[Any, int]], dict[Any, Preloaded], list]:
-        """Claim runs, read their state, and claim AI tasks for the slots left: one commit."""
+    def _release_ready(self) -> None:
+        """Hand claimed runs that no thread started back to the queue (stopping)."""
+        with self._lock:
+            held = [(run_id, generation) for run_id, generation, _ in self._ready]
+            self._ready.clear()
+        if not held:
+            return
+        for run_id, _ in held:
+            self.keeper.untrack(run_id)
+        try:
+            released = claim.release_many(self.using, held)
+        except Exception:
+            logger.exception("could not hand back %d claimed run(s); leases will expire", len(held))
+            return
+        self.stats["released"] += released
+
+    def claim(
+        self, limit: int, *, task_slots: int | None = None
+    ) -> tuple[list[tuple[Any, int]], dict[Any, Preloaded], list]:
+        """Claim runs, read their state, and claim AI tasks for the slots left: one commit.
+
+        ``task_slots``: how many AI tasks may be claimed at most (default: ``limit``),
+        less the runs claimed.
+        """
         with transaction.atomic(using=self.using):
             runs = claim.claim_runs(
                 self.using,
@@ -238,8 +285,9 @@ class Worker:
             )
             loaded = preload(self.using, [run_id for run_id, _ in runs])
             tasks = []
-            if limit > len(runs):
-                tasks = ai.claim_tasks(self.using, app_ids=self.app_ids, limit=limit - len(runs))
+            slots = (limit if task_slots is None else task_slots) - len(runs)
+            if slots > 0:
+                tasks = ai.claim_tasks(self.using, app_ids=self.app_ids, limit=slots)
         return runs, loaded, tasks
 
     def _submit(self, pool: ThreadPoolExecutor, fn: Any, *args: Any) -> None:
@@ -313,6 +361,16 @@ class Worker:
 
     # -- executing (pool threads) ---------------------------------------------
 
+    def _run_queued(self) -> None:
+        """Execute queued runs one after another until the queue is empty or we stop."""
+        while not self.stopping.is_set():
+            with self._lock:
+                if not self._ready:
+                    return
+                run_id, generation, loaded = self._ready.popleft()
+            self.wake.set()  # the loop may top the queue up
+            self._execute_run(run_id, generation, loaded)
+
     def _execute_run(self, run_id: Any, generation: int, loaded: Preloaded | None) -> None:
         try:
             execution = Execution(
@@ -328,6 +386,8 @@ class Worker:
             logger.exception("run %s: unexpected error in the worker", run_id)
             self.stats["errors"] += 1
         finally:
+            if self.keeper:
+                self.keeper.untrack(run_id)  # a dropped execution never tracked it itself
             keep_or_close_connection(self.using)
 
     def _execute_task(self, task: tuple) -> None:

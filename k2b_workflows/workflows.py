@@ -12,12 +12,9 @@ import inspect
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .exceptions import InvalidInput, UnknownWorkflow
-
-if TYPE_CHECKING:
-    from .kernel.execute import ChildResult, Execution
 
 WorkflowFn = Callable[["RunHandle", Any], Any]
 
@@ -33,6 +30,39 @@ class WorkflowDefinition:
     effect_budget: dict[str, int] = field(default_factory=dict)
     max_ai_calls: int | None = None
     max_steps: int = DEFAULT_MAX_STEPS
+
+
+@dataclass
+class ChildResult:
+    """One child's outcome as ``run.children`` returns it."""
+
+    status: str
+    output: Any
+    error_code: str
+    run_id: str = ""
+
+
+class Engine(Protocol):
+    """What a ``RunHandle`` drives: the kernel's execution of a run, or a dry run.
+
+    Definitions depend on this, not on the kernel: the kernel imports the
+    definitions, never the other way round.
+    """
+
+    run_id: Any
+    app_id: str
+    principal: Any
+
+    def step(
+        self,
+        action: Any,
+        input: Any,
+        *,
+        approval_ref: str | None = None,
+        backup_ref: str | None = None,
+    ) -> Any: ...
+
+    def children(self, name: str, inputs: list[Any], *, wait: bool = True) -> Any: ...
 
 
 _registry: dict[str, WorkflowDefinition] = {}
@@ -111,7 +141,7 @@ def registered_workflows() -> dict[str, WorkflowDefinition]:
 class RunHandle:
     """What workflow code gets as ``run``: identity, ``step`` and ``children``."""
 
-    def __init__(self, execution: Execution) -> None:
+    def __init__(self, execution: Engine) -> None:
         self._execution = execution
 
     @property

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, OperationalError, connections, transaction
 
 from ..exceptions import LeaseLost, RunCanceled
 
@@ -74,6 +74,30 @@ def run_in_transaction(fn: Callable[[], T], using: str, attempts: int = 5) -> T:
     raise AssertionError("unreachable")
 
 
+def run_statement(fn: Callable[[], T], using: str, attempts: int = 5) -> T:
+    """Run ``fn``, one statement that is its own transaction (autocommit), retrying conflicts.
+
+    A lost connection while the statement ran does not tell whether it
+    committed: that is ``CommitOutcomeUnknown``, as for a lost COMMIT. Inside
+    an open ``transaction.atomic`` the statement joins it and errors propagate.
+    """
+    in_block = connections[using].in_atomic_block
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except DatabaseError as exc:
+            if in_block:
+                raise
+            if is_conflict(exc) and attempt < attempts:
+                logger.info("statement conflict (%s), retrying", sqlstate(exc))
+                time.sleep(random.uniform(0, 0.01 * attempt))
+                continue
+            if isinstance(exc, OperationalError) and not is_conflict(exc):
+                raise CommitOutcomeUnknown(str(exc)) from exc
+            raise
+    raise AssertionError("unreachable")
+
+
 FENCE_SQL = """
 UPDATE k2b_run
    SET lease_expires_at = statement_timestamp() + %s * interval '1 millisecond',
@@ -107,11 +131,17 @@ def fence(
         cursor.execute(FENCE_SQL, [lease_ms, step, reset_failures, run_id, generation])
         if cursor.fetchone():
             return
+    raise lease_lost(using, run_id, generation)
+
+
+def lease_lost(using: str, run_id: Any, generation: int) -> Exception:
+    """The error for a fence that matched no row: ``RunCanceled`` or ``LeaseLost``."""
+    with connections[using].cursor() as cursor:
         cursor.execute("SELECT status, generation FROM k2b_run WHERE id = %s", [run_id])
         row = cursor.fetchone()
     if row and row[0] == "canceled":
-        raise RunCanceled(f"run {run_id} was canceled")
-    raise LeaseLost(
+        return RunCanceled(f"run {run_id} was canceled")
+    return LeaseLost(
         f"run {run_id}: generation {generation} no longer holds the lease"
         + (f" (now {row[0]}, generation {row[1]})" if row else "")
     )

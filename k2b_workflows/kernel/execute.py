@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError, transaction
+from django.db.models import JSONField
 from django.utils import timezone
 
 from .. import signals, store
@@ -50,11 +51,11 @@ from ..actions import (
 )
 from ..exceptions import InvalidInput, LeaseLost, RunCanceled, StepFailed, Suspend, UnknownWorkflow
 from ..models import JournalEntry, LedgerEntry, WorkflowRun
+from ..workflows import ChildResult, RunHandle, WorkflowDefinition, get_workflow
 from . import budgets, db, evidence, waits
 from .context import StepContext, _holding
 
 if TYPE_CHECKING:
-    from ..workflows import WorkflowDefinition
     from .leases import LeaseKeeper
 
 logger = logging.getLogger("k2b_workflows")
@@ -105,37 +106,50 @@ class Preloaded:
     ledger: list[LedgerEntry]
 
 
+_PRELOAD_SQL = """
+SELECT {run_columns},
+       (SELECT json_agg(j ORDER BY j.seq) FROM k2b_journal j WHERE j.run_id = r.id),
+       (SELECT json_agg(l ORDER BY l.id) FROM k2b_ledger l
+         WHERE l.run_id = r.id AND l.seq IS NOT NULL)
+  FROM k2b_run r
+ WHERE r.id = ANY(%s)
+"""
+
+
 def preload(using: str, run_ids: list[Any]) -> dict[Any, Preloaded]:
-    """Read claimed runs with their journals and open ledger entries: three queries in all.
+    """Read claimed runs with their journals and open ledger entries: one raw statement.
 
     Called inside the claim's transaction, so a claim and its reads cost one commit.
+    A statement of its own, after the claim's: under READ COMMITTED it takes a
+    new snapshot, so it sees every journal entry committed before our claim
+    locked the row (a claim's own snapshot may predate a holder's last commit).
+    Raw SQL because compiling three ORM queries per claim cost the claiming
+    thread more than the round trips did.
     """
     if not run_ids:
         return {}
-    runs = WorkflowRun.objects.using(using).in_bulk(run_ids)
-    journals: dict[Any, list[JournalEntry]] = {pk: [] for pk in runs}
-    ledgers: dict[Any, list[LedgerEntry]] = {pk: [] for pk in runs}
-    for entry in (
-        JournalEntry.objects.using(using).filter(run_id__in=run_ids).order_by("run_id", "seq")
-    ):
-        journals[entry.run_id].append(entry)
-    for entry in (
-        LedgerEntry.objects.using(using)
-        .filter(run_id__in=run_ids, seq__isnull=False)
-        .order_by("id")
-    ):
-        ledgers[entry.run_id].append(entry)
-    return {pk: Preloaded(run, journals[pk], ledgers[pk]) for pk, run in runs.items()}
+    run_fields = WorkflowRun._meta.concrete_fields
+    sql = _PRELOAD_SQL.format(run_columns=", ".join(f"r.{f.column}" for f in run_fields))
+    loaded: dict[Any, Preloaded] = {}
+    for row in db.fetchall(using, sql, [list(run_ids)]):
+        values = [
+            db.from_json(v) if isinstance(f, JSONField) else v
+            for f, v in zip(run_fields, row, strict=False)
+        ]
+        run = WorkflowRun.from_db(using, [f.attname for f in run_fields], values)
+        journal = [_from_json_row(JournalEntry, using, e) for e in db.from_json(row[-2]) or ()]
+        ledger = [_from_json_row(LedgerEntry, using, e) for e in db.from_json(row[-1]) or ()]
+        loaded[run.pk] = Preloaded(run, journal, ledger)
+    return loaded
 
 
-@dataclass
-class ChildResult:
-    """One child's outcome as ``run.children`` returns it."""
-
-    status: str
-    output: Any
-    error_code: str
-    run_id: str = ""
+def _from_json_row(model: Any, using: str, data: dict[str, Any]) -> Any:
+    """A model instance from ``row_to_json`` output (timestamps and UUIDs arrive as text)."""
+    fields = model._meta.concrete_fields
+    values = [
+        data[f.column] if isinstance(f, JSONField) else f.to_python(data[f.column]) for f in fields
+    ]
+    return model.from_db(using, [f.attname for f in fields], values)
 
 
 class Execution:
@@ -162,6 +176,9 @@ class Execution:
         self.stop_requested: threading.Event | None = None
         #: The run's row, journal and ledger, read in the claim's transaction.
         self.preloaded = preloaded
+        #: A step's success not committed yet: it commits with the next write of
+        #: this run (the next step's start, or the run's end), see ``_journal_success``.
+        self._pending: _Pending | None = None
 
     # -- entry point ---------------------------------------------------------
 
@@ -170,8 +187,6 @@ class Execution:
 
         Returns the outcome, a short label for the worker's statistics.
         """
-        from ..workflows import get_workflow
-
         loaded = self.preloaded
         if loaded is None:
             # One read-only transaction for the run, its journal and its ledger.
@@ -236,8 +251,6 @@ class Execution:
                 state.open_key = None
 
     def _run_workflow(self) -> None:
-        from ..workflows import RunHandle
-
         handle = RunHandle(self)
         try:
             output = self.definition.fn(handle, copy.deepcopy(self.run.input))
@@ -270,6 +283,7 @@ class Execution:
         approval_ref: str | None = None,
         backup_ref: str | None = None,
     ) -> Any:
+        self._flush_pending()
         self._check_shutdown()
         seq = self.next_seq
         self.next_seq += 1
@@ -707,30 +721,82 @@ class Execution:
         charge: bool = False,
         ledger_kind: str | None = None,
     ) -> Any:
+        """Record a step's success: committed with this run's next write, not on its own.
+
+        The workflow code between two steps does no I/O, so the entry can wait
+        for the next step's start (``_flush_pending``) or for the run's end,
+        whose transaction then writes both: the finish costs no commit of its
+        own. A crash in between loses only what a crash before the commit
+        always lost: a PURE or IDEMPOTENT step runs again (same ``effect_key``),
+        an EXTERNAL one is reconciled. A charge is never deferred: its failure
+        (``EFFECT_BUDGET_EXCEEDED``) belongs to this step.
+        """
         entry = self._new_entry(step, JournalEntry.State.SUCCEEDED, result)
+        if not charge:
+            self._pending = _Pending(step, entry, ledger_kind, result.output)
+            # As ``_journaled`` will: a completed step resets the failure count and
+            # closes its effect, which a transition merged with it must see.
+            self.run.consecutive_failures = 0
+            self.effects.pop(step.seq, None)
+            return copy.deepcopy(entry.output)
 
         def write() -> None:
             self._fence(step.seq, reset_failures=True)
-            if charge:
-                self._charge(step)
-            if ledger_kind:
-                self._ledger(step, ledger_kind, output_hash=evidence.hash_value(result.output))
+            self._charge(step)
             evidence.append_journal(entry, self.last_hash, self.using)
 
         try:
             db.run_in_transaction(write, self.using)
         except budgets.BudgetExceeded as exc:
             return self._step_failed(step, store.EFFECT_BUDGET_EXCEEDED, str(exc))
-        except (LeaseLost, RunCanceled):
-            if ledger_kind:
-                self._late_evidence(
-                    step,
-                    "result arrived after the run was taken over or canceled",
-                    output=result.output,
-                )
-            raise
         self._journaled(entry)
         return copy.deepcopy(entry.output)
+
+    def _flush_pending(self) -> None:
+        """Commit a deferred success before anything else this run does."""
+        pending = self._pending
+        if pending is None:
+            return
+        try:
+            if pending.ledger_kind is None:
+                # Fence and journal entry in one statement, its own transaction.
+                db.run_statement(
+                    lambda: evidence.append_journal_fenced(
+                        pending.entry, self.last_hash, self.using, lease_ms=store.lease_ms()
+                    ),
+                    self.using,
+                )
+            else:
+
+                def write() -> None:
+                    self._fence(pending.step.seq, reset_failures=True)
+                    self._write_pending(pending)
+
+                db.run_in_transaction(write, self.using)
+        except (LeaseLost, RunCanceled):
+            self._pending_lost(pending)
+            raise
+        self._pending = None
+        self._journaled(pending.entry)
+
+    def _write_pending(self, pending: _Pending) -> str:
+        """Write a deferred success in the current fenced transaction; returns its hash."""
+        if pending.ledger_kind:
+            self._ledger(
+                pending.step,
+                pending.ledger_kind,
+                output_hash=evidence.hash_value(pending.output),
+            )
+        evidence.append_journal(pending.entry, self.last_hash, self.using)
+        return pending.entry.entry_hash
+
+    def _pending_lost(self, pending: _Pending | None) -> None:
+        if pending is not None and pending.ledger_kind:
+            self._late_evidence(
+                pending.step,
+                "result arrived after the run was taken over or canceled",
+                output=pending.output,
+            )
 
     def _step_failed(self, step: _Step, code: str, message: str) -> Any:
         """Journal a final failure of the step and raise ``StepFailed`` into the workflow."""
@@ -815,16 +881,24 @@ class Execution:
         ``announce``: the signal and its arguments to send once this commits.
         """
         broken: list[str] = []
+        pending = self._pending
 
         def write() -> None:
-            self._fence()
+            if pending is not None:
+                self._fence(pending.step.seq, reset_failures=True)
+            else:
+                self._fence()
             if verify:
                 problem = evidence.verify_chains(self.run_id, self.using)
                 if problem:
                     broken.append(problem)
                     return
+            prev = self.last_hash
+            if pending is not None:
+                # The last step's success commits with the run's end: one commit, not two.
+                prev = self._write_pending(pending)
             if entry is not None:
-                evidence.append_journal(entry, self.last_hash, self.using)
+                evidence.append_journal(entry, prev, self.using)
             db.execute(self.using, sql, [*params, self.run_id])
             if terminal and self.run.parent_id:
                 wake_parent(self.using, self.run)
@@ -836,10 +910,18 @@ class Execution:
                     **announce,
                 )
 
-        db.run_in_transaction(write, self.using)
+        try:
+            db.run_in_transaction(write, self.using)
+        except (LeaseLost, RunCanceled):
+            self._pending_lost(pending)
+            raise
         if broken:
             logger.error("run %s: integrity chain broken: %s", self.run_id, broken[0])
+            # Nothing committed: the deferred success, if any, goes with the incident.
             self._needs_attention(store.INTEGRITY_CHAIN_BROKEN, broken[0], step=None)
+        if pending is not None:
+            self._pending = None
+            self._journaled(pending.entry)
         if entry is not None:
             self._journaled(entry)
         self.outcome = outcome
@@ -958,6 +1040,7 @@ class Execution:
         """``run.children`` (``wait``) or ``create_child_workflow_runs(run, ...)`` (not)."""
         from . import children
 
+        self._flush_pending()
         self._check_shutdown()
         seq = self.next_seq
         self.next_seq += 1
@@ -1052,6 +1135,16 @@ class Execution:
 class _ChildrenAction(Action):
     name = CHILDREN_KIND
     effect = Effect.PURE
+
+
+@dataclass
+class _Pending:
+    """A step's success whose journal entry (and ledger entry) is not committed yet."""
+
+    step: _Step
+    entry: JournalEntry
+    ledger_kind: str | None
+    output: Any
 
 
 @dataclass

@@ -1,0 +1,219 @@
+"""The worker's hot path: batched claims with a prefetch, the fenced one-statement journal
+write, a run's end merged with its last step, the raw preload, and the benchmark smoke run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from django.db import connection
+
+from k2b_workflows import Action, Effect, start_workflow_run, succeeded, workflow
+from k2b_workflows.exceptions import LeaseLost, RunCanceled
+from k2b_workflows.kernel import claim, evidence
+from k2b_workflows.kernel.execute import Execution, preload
+from k2b_workflows.models import JournalEntry, LedgerEntry, WorkflowRun
+from tests.conftest import ROOT
+from tests.kernel_helpers import fresh, journal
+from tests.models import ProviderCall
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class AddOne(Action):
+    name = "hot.add_one"
+    effect = Effect.PURE
+
+    def run(self, ctx, input):
+        return succeeded({"n": input["n"] + 1})
+
+
+class Dispatch(Action):
+    name = "hot.dispatch"
+    effect = Effect.EXTERNAL
+
+    def plan(self, ctx, input):
+        return succeeded({"planned": True})
+
+    def run(self, ctx, input):
+        return succeeded({"n": input["n"] + 1, "key": ctx.invocation_key})
+
+    def reconcile(self, ctx, input):
+        return succeeded({"n": input["n"] + 1, "key": ctx.invocation_key})
+
+
+@workflow("hot.three_pure", app_id="hot")
+def three_pure(run, input):
+    n = input["n"]
+    for _ in range(3):
+        n = run.step(AddOne, {"n": n})["n"]
+    return {"n": n}
+
+
+@workflow("hot.external_then_pure", app_id="hot")
+def external_then_pure(run, input):
+    n = run.step(Dispatch, {"n": input["n"]})["n"]
+    return run.step(AddOne, {"n": n})
+
+
+TIMEOUT = 90
+
+
+def _claim(run: WorkflowRun) -> int:
+    claimed = claim.claim_runs(
+        "default", worker_id="test", workflow_names=[run.workflow_name], app_ids=None, limit=1
+    )
+    assert claimed and claimed[0][0] == run.pk
+    return claimed[0][1]
+
+
+def _entry(run: WorkflowRun, generation: int) -> JournalEntry:
+    from django.utils import timezone
+
+    return JournalEntry(
+        run_id=run.pk,
+        seq=0,
+        action_name="test.add",
+        effect="pure",
+        state=JournalEntry.State.SUCCEEDED,
+        output={"n": 1},
+        input_hash="0" * 64,
+        generation=generation,
+        started_at=timezone.now(),
+        created_at=timezone.now(),
+    )
+
+
+def test_the_one_statement_journal_write_refuses_a_stale_generation():
+    run = start_workflow_run("test.pure", {"a": 1, "b": 1})
+    generation = _claim(run)
+    with pytest.raises(LeaseLost):
+        evidence.append_journal_fenced(
+            _entry(run, generation - 1), evidence.GENESIS, "default", lease_ms=30_000
+        )
+    assert journal(run) == []
+
+    written = evidence.append_journal_fenced(
+        _entry(run, generation), evidence.GENESIS, "default", lease_ms=30_000
+    )
+    stored = journal(run)
+    assert [e.pk for e in stored] == [written.pk]
+    assert stored[0].output == {"n": 1}
+    assert evidence.verify_chains(run.pk, "default") is None
+    assert fresh(run).current_step == 0
+
+
+def test_the_one_statement_journal_write_refuses_a_canceled_run():
+    run = start_workflow_run("test.pure", {"a": 1, "b": 1})
+    generation = _claim(run)
+    WorkflowRun.objects.filter(pk=run.pk).update(status="canceled")
+    with pytest.raises(RunCanceled):
+        evidence.append_journal_fenced(
+            _entry(run, generation), evidence.GENESIS, "default", lease_ms=30_000
+        )
+    assert journal(run) == []
+
+
+def test_a_run_ends_in_the_same_commit_as_its_last_step():
+    """Three PURE steps and the end: three write transactions, the last holding the end."""
+    run = start_workflow_run("hot.three_pure", {"n": 0})
+    generation = _claim(run)
+    assert Execution(run.pk, generation).execute() == "succeeded"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT xmin::text FROM k2b_journal WHERE run_id = %s ORDER BY seq", [run.pk]
+        )
+        steps = [row[0] for row in cursor.fetchall()]
+        cursor.execute("SELECT xmin::text FROM k2b_run WHERE id = %s", [run.pk])
+        (end,) = cursor.fetchone()
+    assert len(set(steps)) == 3  # one commit per step ...
+    assert steps[-1] == end  # ... and the run's end is in the last one
+    assert fresh(run).status == "succeeded"
+    assert fresh(run).output == {"n": 3}
+    assert evidence.verify_chains(run.pk, "default") is None
+
+
+def test_the_raw_preload_reads_what_the_orm_reads():
+    run = start_workflow_run("hot.external_then_pure", {"n": 0})
+    from tests.kernel_helpers import run_to_end
+
+    run_to_end()
+    loaded = preload("default", [run.pk])[run.pk]
+    assert loaded.run == fresh(run)
+    for field in WorkflowRun._meta.concrete_fields:
+        assert getattr(loaded.run, field.attname) == getattr(fresh(run), field.attname), field
+    orm_journal = journal(run)
+    orm_ledger = list(LedgerEntry.objects.filter(run=run, seq__isnull=False).order_by("id"))
+    assert orm_journal and orm_ledger
+    assert len(loaded.journal) == len(orm_journal) and len(loaded.ledger) == len(orm_ledger)
+    pairs = [*zip(loaded.journal, orm_journal, strict=True)]
+    pairs += zip(loaded.ledger, orm_ledger, strict=True)
+    for ours, theirs in pairs:
+        for field in type(theirs)._meta.concrete_fields:
+            assert getattr(ours, field.attname) == getattr(theirs, field.attname), field
+    assert len(loaded.journal) == len(orm_journal) and len(loaded.ledger) == len(orm_ledger)
+
+
+def test_sigterm_hands_back_prefetched_runs_that_no_thread_started(start_worker, wait):
+    # One thread, busy for seconds: the other runs wait in the prefetch queue meanwhile.
+    slow = start_workflow_run("kernel.slow", {"seconds": 8})
+    queued = [start_workflow_run("test.pure", {"a": i, "b": 1}) for i in range(3)]
+    worker = start_worker("--concurrency", "1")
+    wait(
+        lambda: ProviderCall.objects.filter(action="kernel.slow").exists(),
+        timeout=TIMEOUT,
+        message=f"the slow step to start:\n{worker.output()}",
+    )
+    wait(
+        lambda: all(fresh(r).status == "running" for r in queued),
+        timeout=TIMEOUT,
+        message="the prefetch to claim the other runs",
+    )
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=TIMEOUT) == 0, worker.output()
+
+    for run in queued:
+        run = fresh(run)
+        assert (run.status, run.claimed_by, run.lease_expires_at) == ("queued", "", None)
+        assert run.consecutive_failures == 0  # handed back, not a crash
+    assert fresh(slow).status in {"queued", "succeeded"}
+
+
+@pytest.mark.slow
+def test_bench_quick_prints_one_json_line_with_the_numbers():
+    """A smoke run at the smallest sizes: no timing asserted, only that it runs and reports."""
+    url = os.environ.get("DATABASE_URL")
+    if not url:
+        pytest.skip("DATABASE_URL is not set")
+    proc = subprocess.run(
+        [
+            *(sys.executable, str(ROOT / "bench" / "run.py"), "--quick", "--runs", "3"),
+            *("--wakes", "2", "--fanout", "3", "--processes", "1"),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": url},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    for key in (
+        "steps_per_s",
+        "workflows_per_s",
+        "commits_per_step",
+        "pgbench_tps",
+        "ratio_to_pgbench",
+        "wake_p50_ms",
+        "wake_p99_ms",
+        "effects",
+        "fanout",
+        "processes",
+    ):
+        assert key in result, key
+    assert set(result["effects"]) == {"PURE", "TRANSACTIONAL", "IDEMPOTENT", "EXTERNAL", "MIX"}
+    assert result["fanout"]["children"] == 3
