@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 # and stops the recipe if no database could be had.
 WITH_DB = url="$$($(PY) scripts/dbenv.py)" || exit $$?; export DATABASE_URL="$$url";
 
-.PHONY: help venv db db-stop demo serve test lint format bench clean distclean
+.PHONY: help venv db db-stop demo serve test lint format bench bench-quick compare clean distclean
 
 help:
 	@echo "make demo      set everything up and run the demo workflows with real workers"
@@ -26,7 +26,8 @@ help:
 	@echo "make test      run the test suite on PostgreSQL (PYTEST_ARGS='-k foo' to pass options)"
 	@echo "make lint      ruff check, ruff format --check and mypy"
 	@echo "make format    ruff format and ruff check --fix"
-	@echo "make bench     run bench/run.py"
+	@echo "make bench     run bench/run.py (full; bench-quick: under a minute)"
+	@echo "make compare   the same workload on DBOS and Procrastinate (needs the bench extra)"
 	@echo "make venv      create .venv and install the project with its dev extras"
 	@echo "make db        start the embedded PostgreSQL (unless DATABASE_URL is set) and print its URL"
 	@echo "make db-stop   stop the embedded PostgreSQL"
@@ -70,6 +71,13 @@ format: venv
 
 bench: venv db
 	@$(WITH_DB) $(PY) bench/run.py
+
+bench-quick: venv db
+	@$(WITH_DB) $(PY) bench/run.py --quick
+
+compare: venv db
+	$(PY) -m pip install -q -e '.[bench]'
+	@$(WITH_DB) $(PY) bench/compare.py
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache test-artifacts staticfiles

@@ -1,28 +1,40 @@
-"""Benchmarks: wake latency, steps/s and commits/step per effect class, and pgbench.
+"""Benchmarks: steps/s and commits/step per effect class beside pgbench, wakes, fan-out, scale-out.
 
-Usage: ``DATABASE_URL=postgres://... python bench/run.py [--runs N] [--steps M]``
-(``make bench``). Creates ``<db>_bench`` and ``<db>_pgbench`` on the same server,
-drops them afterwards, prints a report and writes it to ``bench/RESULTS.md``.
+Usage: ``DATABASE_URL=postgres://... python bench/run.py [--quick]`` (``make bench``,
+``make bench-quick``). Creates ``<db>_bench`` and ``<db>_pgbench`` on the server of
+``DATABASE_URL``, drops them afterwards, and prints a report whose **last line is
+one JSON object** with every number. The full run also writes ``bench/RESULTS.md``.
 
-What is measured, and how:
+What is measured, and how (every workload in this one invocation, on one server,
+so that ratios hold even when the machine is shared and absolute numbers are not):
 
-- **Wake latency**: runs park on gates; for each, the bench commits "open the
-  gate + wake" in one transaction and notes the time COMMIT returned; the
-  woken action notes ``time.time()`` as its first statement. One idle worker
-  process (``runworkflows``, listening) on the same machine, so the clocks agree.
-- **Steps/s and commits/step**: N runs of M steps of one effect class, run by
-  ``runworkflows --burst``; commits are the delta of ``xact_commit`` in
-  ``pg_stat_database`` for the bench database over the worker's life, minus
-  what an idle ``--burst`` worker costs (start-up and exit), read from another
-  database so that reading does not count. Steps/s is total steps over the time
-  from the first step's start to the last run's end.
-- **pgbench**: TPC-B-like, ``-c 4 -j 2 -T 10``, scale 10, on the same server.
+- **Steps/s and commits/step** per effect class: N runs of a 3-step chain (PURE,
+  TRANSACTIONAL, IDEMPOTENT, EXTERNAL, and a mix of the last three), drained by
+  one ``runworkflows --burst`` process, start-up included in the commits; commits
+  are the delta of ``xact_commit`` for the bench database (read from another
+  database so that reading does not count), minus what an idle ``--burst``
+  worker costs. Steps/s is total steps over the time from the first step's
+  start to the last run's end. Worker RSS is sampled from ``/proc``.
+- **pgbench**: a one-row ``UPDATE`` + commit per transaction, with as many
+  clients as the worker has threads: the server's commit rate for this
+  concurrency, the ceiling of a durable step. ``ratio_to_pgbench`` is PURE
+  steps/s over that rate.
+- **Wake latency**: runs park on gates; the bench commits "open the gate + wake"
+  and notes when COMMIT returned; the woken action notes ``time.time()`` first.
+  One idle worker process listening, on the same machine (same clock).
+- **Fan-out**: one parent starts ``--fanout`` children (each one step charged
+  to the root's budget); the lag is the parent's end minus the last child's end.
+- **Processes**: the PURE workload drained by 1, 2, 4 worker processes at once.
+- **Claim latency** (full run only): one claim statement timed with 10k and
+  with 1M finished runs in the table (inserted by one ``INSERT ... SELECT
+  generate_series``).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import platform
 import re
@@ -30,16 +42,19 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "RESULTS.md"
 sys.path.insert(0, str(ROOT))
 
-TARGETS = {"PURE": 1, "TRANSACTIONAL": 1, "IDEMPOTENT": 1, "EXTERNAL": 2}
+EFFECTS = ("PURE", "TRANSACTIONAL", "IDEMPOTENT", "EXTERNAL", "MIX")
 
 
 def with_db(url: str, name: str) -> str:
@@ -55,13 +70,39 @@ def admin_execute(url: str, *statements: str) -> None:
             conn.execute(sql)
 
 
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+class RssSampler(threading.Thread):
+    """Samples a process's resident set size (MiB) until it exits."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.samples: list[float] = []
+
+    def run(self) -> None:
+        path = Path(f"/proc/{self.pid}/status")
+        while True:
+            try:
+                text = path.read_text()
+            except OSError:
+                return
+            match = re.search(r"VmRSS:\s+(\d+) kB", text)
+            if match:
+                self.samples.append(int(match.group(1)) / 1024)
+            time.sleep(0.2)
+
+
 class Bench:
-    def __init__(self, url: str, runs: int, steps: int, wakes: int, threads: int) -> None:
+    def __init__(self, url: str, args: argparse.Namespace) -> None:
         self.url = url
+        self.args = args
         base = urlsplit(url).path.lstrip("/") or "k2b"
         self.db = f"{base}_bench"
         self.pgbench_db = f"{base}_pgbench"
-        self.runs, self.steps, self.wakes, self.threads = runs, steps, wakes, threads
         self.env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "bench.settings",
@@ -126,6 +167,14 @@ class Bench:
                 "SELECT xact_commit FROM pg_stat_database WHERE datname = %s", [self.db]
             ).fetchone()[0]
 
+    def enqueue(self, name: str, count: int, input: dict[str, Any]) -> list[Any]:
+        from django.db import transaction
+
+        from k2b_workflows import start_workflow_run
+
+        with transaction.atomic():
+            return [start_workflow_run(name, input).pk for _ in range(count)]
+
     # -- wake latency ---------------------------------------------------------
 
     def wake_latency(self) -> dict[str, float]:
@@ -133,34 +182,34 @@ class Bench:
 
         from django.db import connection, transaction
 
-        from k2b_workflows import start_workflow_run, wake_workflow_runs_waiting_on
+        from k2b_workflows import wake_workflow_runs_waiting_on
         from k2b_workflows.models import WorkflowRun
 
+        wakes = self.args.wakes
+        from k2b_workflows import start_workflow_run
+
         with transaction.atomic():
-            for i in range(self.wakes):
+            for i in range(wakes):
                 start_workflow_run("bench.wait", {"key": f"w{i}"})
-        proc = self.worker("--concurrency", "2")
+        proc = self.worker("--concurrency", str(self.args.threads))
         try:
             deadline = time.monotonic() + 120
             while (
                 WorkflowRun.objects.filter(workflow_name="bench.wait", status="waiting").count()
-                < self.wakes
+                < wakes
             ):
                 if time.monotonic() > deadline or proc.poll() is not None:
                     raise RuntimeError("runs did not all park")
                 time.sleep(0.1)
             time.sleep(1.0)  # the worker is idle, listening
             latencies: list[float] = []
-            commit_ms: list[float] = []
-            for i in range(self.wakes):
+            for i in range(wakes):
                 key = f"w{i}"
                 with transaction.atomic():
                     with connection.cursor() as cursor:
                         cursor.execute("INSERT INTO bench_gate (key) VALUES (%s)", [key])
                     wake_workflow_runs_waiting_on(app_id="bench", kind="gate", key=key)
-                    before = time.time()
                 committed = time.time()
-                commit_ms.append((committed - before) * 1000)
                 started = None
                 give_up = time.monotonic() + 30
                 while started is None:
@@ -178,46 +227,40 @@ class Bench:
         finally:
             proc.terminate()
             proc.communicate(timeout=60)
-        latencies.sort()
         return {
             "n": len(latencies),
-            "median": statistics.median(latencies),
-            "p99": latencies[max(0, int(len(latencies) * 0.99) - 1)],
-            "max": latencies[-1],
-            "min": latencies[0],
-            "commit_median": statistics.median(commit_ms),
+            "p50": statistics.median(latencies),
+            "p99": percentile(latencies, 0.99),
+            "max": max(latencies),
         }
 
     # -- throughput and commits --------------------------------------------------
 
-    def burst(self) -> tuple[int, float]:
-        """Run a ``--burst`` worker to the end; returns (commits, wall seconds)."""
+    def burst(self, processes: int = 1) -> tuple[int, float, list[float]]:
+        """Run ``--burst`` workers to the end; returns (commits, wall seconds, RSS samples)."""
         from django.db import connection
 
         connection.close()
         before = self.commits()
         t0 = time.monotonic()
-        proc = self.worker("--burst", "--concurrency", str(self.threads))
-        out, _ = proc.communicate(timeout=1800)
+        procs = [
+            self.worker("--burst", "--concurrency", str(self.args.threads))
+            for _ in range(processes)
+        ]
+        sampler = RssSampler(procs[0].pid)
+        sampler.start()
+        outputs = [proc.communicate(timeout=1800)[0] for proc in procs]
         wall = time.monotonic() - t0
-        if proc.returncode != 0:
-            raise RuntimeError(f"worker failed:\n{out}")
-        return self.commits() - before, wall
+        sampler.join(timeout=5)
+        for proc, out in zip(procs, outputs, strict=True):
+            if proc.returncode != 0:
+                raise RuntimeError(f"worker failed:\n{out}")
+        return self.commits() - before, wall, sampler.samples
 
-    def throughput(self, effect: str, idle_commits: float) -> dict[str, float]:
-        from django.db import connection, transaction
+    def span(self, name: str) -> float:
+        """Seconds from the first step's start to the last run's end, for runs of ``name``."""
+        from django.db import connection
 
-        from k2b_workflows import start_workflow_run
-        from k2b_workflows.models import WorkflowRun
-
-        name = f"bench.steps.{effect.lower()}"
-        with transaction.atomic():
-            ids = [start_workflow_run(name, {"steps": self.steps}).pk for _ in range(self.runs)]
-        delta, wall = self.burst()
-        statuses = Counter(WorkflowRun.objects.filter(pk__in=ids).values_list("status", flat=True))
-        done = statuses["succeeded"]
-        if done != self.runs:
-            raise RuntimeError(f"{effect}: only {done} of {self.runs} runs succeeded: {statuses}")
         with connection.cursor() as cursor:
             cursor.execute(
                 """SELECT EXTRACT(EPOCH FROM max(r.finished_at) - min(j.started_at))
@@ -225,23 +268,117 @@ class Bench:
                     WHERE r.workflow_name = %s""",
                 [name],
             )
-            seconds = float(cursor.fetchone()[0])
-        total = self.runs * self.steps
+            return float(cursor.fetchone()[0])
+
+    def check_done(self, label: str, ids: list[Any]) -> None:
+        from k2b_workflows.models import WorkflowRun
+
+        statuses = Counter(WorkflowRun.objects.filter(pk__in=ids).values_list("status", flat=True))
+        if statuses["succeeded"] != len(ids):
+            raise RuntimeError(f"{label}: not every run succeeded: {dict(statuses)}")
+
+    def throughput(self, effect: str, idle_commits: float) -> dict[str, float]:
+        name = f"bench.steps.{effect.lower()}"
+        runs, steps = self.args.runs, self.args.steps
+        ids = self.enqueue(name, runs, {"steps": steps})
+        delta, _, rss = self.burst()
+        self.check_done(effect, ids)
+        seconds = self.span(name)
+        total = runs * steps
         net = delta - idle_commits
         return {
-            "steps": total,
-            "seconds": seconds,
-            "steps_per_s": total / seconds,
-            "commits": delta,
-            "net_commits": net,
-            "per_step": net / total,
-            "per_run_extra": (net - TARGETS[effect] * total) / self.runs,
-            "wall": wall,
+            "steps_per_s": round(total / seconds, 1),
+            "workflows_per_s": round(runs / seconds, 1),
+            "commits_per_step": round(net / total, 3),
+            "rss_start_mb": round(rss[0], 1) if rss else None,
+            "rss_end_mb": round(rss[-1], 1) if rss else None,
         }
+
+    def processes(self, count: int) -> dict[str, float]:
+        name = "bench.steps.pure"
+        from django.db import connection
+
+        with connection.cursor() as cursor:  # a fresh span for this measurement
+            cursor.execute(
+                "UPDATE k2b_run SET workflow_name = 'bench.done' WHERE workflow_name = %s", [name]
+            )
+        runs = self.args.runs * count
+        ids = self.enqueue(name, runs, {"steps": self.args.steps})
+        self.burst(count)
+        self.check_done(f"{count} processes", ids)
+        seconds = self.span(name)
+        return {"steps_per_s": round(runs * self.args.steps / seconds, 1)}
+
+    # -- fan-out -----------------------------------------------------------------
+
+    def fanout(self) -> dict[str, float]:
+        from django.db import connection
+
+        (parent,) = self.enqueue("bench.fanout", 1, {"children": self.args.fanout})
+        proc = self.worker("--burst", "--concurrency", str(self.args.threads))
+        out, _ = proc.communicate(timeout=1800)
+        if proc.returncode != 0:
+            raise RuntimeError(f"worker failed:\n{out}")
+        self.check_done("fan-out parent", [parent])
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """SELECT EXTRACT(EPOCH FROM p.finished_at - max(c.finished_at)),
+                          EXTRACT(EPOCH FROM max(c.finished_at) - min(c.created_at)), count(*)
+                     FROM k2b_run p JOIN k2b_run c ON c.parent_id = p.id
+                    WHERE p.id = %s GROUP BY p.finished_at""",
+                [parent],
+            )
+            lag, children_s, count = cursor.fetchone()
+        return {
+            "children": count,
+            "children_per_s": round(count / float(children_s), 1),
+            "parent_lag_s": round(float(lag), 3),
+        }
+
+    # -- claim latency -----------------------------------------------------------
+
+    def claim_latency(self, finished: int) -> float:
+        """Median ms of one claim statement with ``finished`` finished runs in the table."""
+        from django.db import connection, transaction
+
+        from k2b_workflows.kernel import claim
+
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM k2b_run")
+            have = cursor.fetchone()[0]
+            if finished > have:
+                cursor.execute(
+                    """INSERT INTO k2b_run (id, workflow_name, workflow_version, app_id, status,
+                              input, error_code, error_message, generation,
+                              consecutive_failures, run_after, claimed_by, wait_kind, wait_key,
+                              wait_signal_seq, created_at, updated_at, finished_at)
+                       SELECT gen_random_uuid(), 'bench.old', 1, 'bench', 'succeeded', '{}',
+                              '', '', 1, 0, now(), '', '', '', 0, now(), now(), now()
+                         FROM generate_series(1, %s)""",
+                    [finished - have],
+                )
+            cursor.execute("VACUUM ANALYZE k2b_run")
+        self.enqueue("bench.steps.pure", 200, {"steps": 1})
+        timings = []
+        for _ in range(200):
+            with transaction.atomic():
+                t0 = time.perf_counter()
+                claimed = claim.claim_runs(
+                    "default",
+                    worker_id="bench",
+                    workflow_names=["bench.steps.pure"],
+                    app_ids=None,
+                    limit=1,
+                )
+                timings.append((time.perf_counter() - t0) * 1000)
+            if not claimed:
+                raise RuntimeError("nothing to claim")
+        return round(statistics.median(timings), 3)
 
     # -- pgbench -----------------------------------------------------------------
 
-    def pgbench(self) -> dict[str, float] | None:
+    def pgbench(self, clients: int, seconds: int) -> float | None:
+        """Transactions/s of a one-row UPDATE + commit with ``clients`` clients."""
         binary = shutil.which("pgbench") or next(
             iter(sorted(Path("/usr/lib/postgresql").glob("*/bin/pgbench"), reverse=True)), None
         )
@@ -253,25 +390,30 @@ class Bench:
             f'DROP DATABASE IF EXISTS "{self.pgbench_db}" WITH (FORCE)',
             f'CREATE DATABASE "{self.pgbench_db}"',
         )
+        import psycopg
+
         target = with_db(self.url, self.pgbench_db)
-        subprocess.run(
-            [str(binary), "-i", "-s", "10", "-q", target],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        result = subprocess.run(
-            [str(binary), "-c", "4", "-j", "2", "-T", "10", target],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
+        with psycopg.connect(target, autocommit=True) as conn:
+            conn.execute("CREATE TABLE one_row (id int PRIMARY KEY, n bigint NOT NULL)")
+            conn.execute("INSERT INTO one_row SELECT i, 0 FROM generate_series(1, 10000) i")
+        with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as script:
+            script.write(
+                "\\set id random(1, 10000)\nUPDATE one_row SET n = n + 1 WHERE id = :id;\n"
+            )
+        try:
+            result = subprocess.run(
+                [
+                    *(str(binary), "-n", "-f", script.name),
+                    *("-c", str(clients), "-j", str(clients), "-T", str(seconds), target),
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+        finally:
+            os.unlink(script.name)
         tps = re.search(r"tps = ([\d.]+) \(without initial connection time\)", result.stdout)
-        latency = re.search(r"latency average = ([\d.]+) ms", result.stdout)
-        return {
-            "tps": float(tps.group(1)) if tps else float("nan"),
-            "latency_ms": float(latency.group(1)) if latency else float("nan"),
-        }
+        return float(tps.group(1)) if tps else None
 
     # -- report ------------------------------------------------------------------
 
@@ -286,12 +428,6 @@ class Bench:
                     break
         except OSError:
             pass
-        mem = ""
-        try:
-            kb = int(Path("/proc/meminfo").read_text().split()[1])
-            mem = f", {kb / 1024 / 1024:.0f} GiB RAM"
-        except (OSError, ValueError, IndexError):
-            pass
         with connection.cursor() as cursor:
             cursor.execute("SELECT version()")
             version = cursor.fetchone()[0].split(" on ")[0]
@@ -303,98 +439,137 @@ class Bench:
 
         return [
             f"- Date: {dt.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}",
-            f"- Machine: {platform.system()} {platform.machine()}, {cpu}, "
-            f"{os.cpu_count()} cores{mem}",
+            f"- Machine: {platform.system()} {platform.machine()}, {cpu}, {os.cpu_count()} cores",
             f"- {version} on the same host (fsync={fsync}, synchronous_commit={sync})",
             f"- Python {platform.python_version()}, Django {django.get_version()}",
         ]
 
-    def main(self) -> None:
+    def main(self) -> dict[str, Any]:
+        args = self.args
         self.setup()
+        result: dict[str, Any] = {"mode": "quick" if args.quick else "full"}
         try:
             self.say("# k2b_workflows benchmarks")
             self.say()
             for line in self.machine():
                 self.say(line)
-            self.say("- Other processes may share this machine: absolute numbers are noisy.")
+            self.say("- Other processes may share this machine: compare ratios, not absolutes.")
             self.say()
 
-            lat = self.wake_latency()
-            self.say("## Wake latency (commit of a wake -> woken step starts)")
-            self.say()
-            self.say(f"{lat['n']} wakes, one idle worker process listening (2 threads).")
-            self.say()
-            self.say("| median | p99 | min | max | target |")
-            self.say("|---|---|---|---|---|")
-            self.say(
-                f"| {lat['median']:.1f} ms | {lat['p99']:.1f} ms | {lat['min']:.1f} ms | "
-                f"{lat['max']:.1f} ms | median < 20 ms, p99 < 100 ms |"
-            )
-            self.say()
-            self.say(
-                f"(The waker's COMMIT itself took {lat['commit_median']:.1f} ms median; "
-                "it is not included.)"
-            )
-            self.say()
+            tps = self.pgbench(args.threads, args.pgbench_seconds)
+            result["pgbench_tps"] = round(tps, 1) if tps else None
 
-            idle, _ = self.burst()
-            self.say(
-                f"## Steps/s and commits/step ({self.runs} runs x {self.steps} steps, "
-                f"one worker process, {self.threads} threads)"
+            if not args.quick:
+                self.burst()  # warm the caches once
+            idle, _, _ = self.burst()
+            effects: dict[str, dict[str, Any]] = {}
+            for effect in EFFECTS:
+                effects[effect] = self.throughput(effect, idle)
+            pure = effects["PURE"]
+            result.update(
+                steps_per_s=pure["steps_per_s"],
+                workflows_per_s=pure["workflows_per_s"],
+                commits_per_step=pure["commits_per_step"],
+                ratio_to_pgbench=round(pure["steps_per_s"] / tps, 3) if tps else None,
+                effects=effects,
             )
-            self.say()
-            self.say(
-                f"An idle `--burst` worker (start-up, exit) costs {idle} commits; subtracted below."
-            )
-            self.say()
-            self.say(
-                "| effect | steps/s | commits/step | target | extra commits/run "
-                "(beyond target x steps) |"
-            )
-            self.say("|---|---|---|---|---|")
-            results = {}
-            for effect in TARGETS:
-                r = self.throughput(effect, idle)
-                results[effect] = r
-                self.say(
-                    f"| {effect} | {r['steps_per_s']:.0f} | {r['per_step']:.2f} | "
-                    f"{TARGETS[effect]} (+ <= 2/run) | {r['per_run_extra']:.1f} |"
-                )
-            self.say()
+            wake = self.wake_latency()
+            result.update(wake_p50_ms=round(wake["p50"], 2), wake_p99_ms=round(wake["p99"], 2))
+            result["fanout"] = self.fanout()
+            result["processes"] = {
+                str(n): self.processes(n)["steps_per_s"] for n in args.process_counts
+            }
+            if not args.quick:
+                small = self.claim_latency(10_000)
+                large = self.claim_latency(1_000_000)
+                result["claim_ms"] = {"10k": small, "1M": large, "ratio": round(large / small, 2)}
 
-            pg = self.pgbench()
-            if pg:
-                self.say("## pgbench on the same server")
-                self.say()
-                self.say(
-                    "TPC-B-like, scale 10, `-c 4 -j 2 -T 10`: "
-                    f"**{pg['tps']:.0f} tps** (latency average {pg['latency_ms']:.1f} ms). "
-                    "Each pgbench transaction is one commit of 5 statements."
-                )
-                self.say()
-                self.say("| effect | kernel commits/s (steps/s x commits/step) | vs pgbench tps |")
-                self.say("|---|---|---|")
-                for effect, r in results.items():
-                    rate = r["steps_per_s"] * r["per_step"]
-                    self.say(f"| {effect} | {rate:.0f} | {rate / pg['tps']:.0%} |")
-                self.say()
+            self.report(result, idle)
         finally:
             self.teardown()
-        RESULTS.write_text("\n".join(self.lines) + "\n")
-        print(f"written to {RESULTS.relative_to(ROOT)}")
+        return result
+
+    def report(self, r: dict[str, Any], idle: int) -> None:
+        a = self.args
+        self.say(
+            f"## {a.runs} runs x {a.steps} steps per effect class, one worker process, "
+            f"{a.threads} threads"
+        )
+        self.say()
+        self.say(
+            f"pgbench, one-row UPDATE + commit, {a.threads} clients, same server, same "
+            f"invocation: **{r['pgbench_tps']} tps**. An idle `--burst` worker costs "
+            f"{idle} commits (subtracted)."
+        )
+        self.say()
+        self.say("| effect | steps/s | workflows/s | commits/step | steps/s vs pgbench tps |")
+        self.say("|---|---|---|---|---|")
+        for effect, e in r["effects"].items():
+            ratio = e["steps_per_s"] / r["pgbench_tps"] if r["pgbench_tps"] else float("nan")
+            self.say(
+                f"| {effect} | {e['steps_per_s']:.0f} | {e['workflows_per_s']:.0f} | "
+                f"{e['commits_per_step']:.2f} | {ratio:.2f} |"
+            )
+        pure = r["effects"]["PURE"]
+        self.say()
+        self.say(f"Worker RSS (PURE run): {pure['rss_start_mb']} MiB -> {pure['rss_end_mb']} MiB.")
+        self.say()
+        self.say(
+            f"Wake latency ({a.wakes} wakes, commit of the wake -> woken step starts): "
+            f"median {r['wake_p50_ms']} ms, p99 {r['wake_p99_ms']} ms."
+        )
+        self.say()
+        f = r["fanout"]
+        self.say(
+            f"Fan-out: {f['children']} children at {f['children_per_s']}/s; the parent ended "
+            f"{f['parent_lag_s']} s after the last child."
+        )
+        self.say()
+        self.say(f"Worker processes ({a.threads} threads each), PURE steps/s:")
+        self.say()
+        self.say("| processes | steps/s |")
+        self.say("|---|---|")
+        for n, v in r["processes"].items():
+            self.say(f"| {n} | {v:.0f} |")
+        if "claim_ms" in r:
+            c = r["claim_ms"]
+            self.say()
+            self.say(
+                f"Claim latency (one claim statement, median): {c['10k']} ms with 10k "
+                f"finished runs, {c['1M']} ms with 1M ({c['ratio']}x)."
+            )
+        self.say()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=100, help="runs per effect class")
-    parser.add_argument("--steps", type=int, default=10, help="steps per run")
-    parser.add_argument("--wakes", type=int, default=300, help="wakes for the latency benchmark")
-    parser.add_argument("--threads", type=int, default=4, help="worker threads")
+    parser.add_argument("--quick", action="store_true", help="small sizes, under a minute")
+    parser.add_argument("--runs", type=int, help="runs per effect class (300; quick: 30)")
+    parser.add_argument("--steps", type=int, default=3, help="steps per run (3)")
+    parser.add_argument("--threads", type=int, default=2, help="threads per worker (2)")
+    parser.add_argument("--wakes", type=int, help="wakes timed (200; quick: 10)")
+    parser.add_argument("--fanout", type=int, help="children of the fan-out (1000; quick: 50)")
+    parser.add_argument(
+        "--processes", default=None, help="worker process counts, e.g. 1,2,4 (quick: 1,2)"
+    )
     args = parser.parse_args()
+    quick = args.quick
+    args.runs = args.runs or (30 if quick else 300)
+    args.wakes = args.wakes or (10 if quick else 200)
+    args.fanout = args.fanout or (50 if quick else 1000)
+    args.process_counts = [
+        int(n) for n in (args.processes or ("1,2" if quick else "1,2,4")).split(",")
+    ]
+    args.pgbench_seconds = 2 if quick else 10
     url = os.environ.get("DATABASE_URL")
     if not url:
         sys.exit("DATABASE_URL is not set (make bench sets it)")
-    Bench(url, args.runs, args.steps, args.wakes, args.threads).main()
+    bench = Bench(url, args)
+    result = bench.main()
+    if not quick:
+        RESULTS.write_text("\n".join(bench.lines) + "\n")
+        print(f"written to {RESULTS.relative_to(ROOT)}")
+    print(json.dumps(result, sort_keys=True))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ from example_project.settings import DATABASES, INSTALLED_APPS
 INSTALLED_APPS = [*INSTALLED_APPS, "bench.apps.BenchConfig"]
 DATABASES["default"]["NAME"] = os.environ["K2B_BENCH_DB"]
 K2B_WORKFLOWS = {"POLL_INTERVAL_MS": 1000}
+# As deployed: with DEBUG every query is also recorded in ``connection.queries``.
+DEBUG = False
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

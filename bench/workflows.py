@@ -1,4 +1,4 @@
-"""The benchmark's actions and workflows, one per effect class, plus a waiter.
+"""The benchmark's actions and workflows: one per effect class, a mix, a fan-out, a waiter.
 
 Actions do as little as possible so that what is measured is the kernel:
 its commits, claims and replays. Tables ``bench_gate``, ``bench_sample`` and
@@ -110,3 +110,37 @@ def _steps(action):
 
 for _effect, _action in ACTIONS.items():
     workflow(f"bench.steps.{_effect.lower()}", app_id="bench", max_steps=10_000)(_steps(_action))
+
+
+@workflow("bench.steps.mix", app_id="bench", max_steps=10_000)
+def mix_workflow(run, input):
+    """The 3-step mix: one TRANSACTIONAL, one IDEMPOTENT and one EXTERNAL step."""
+    n = 0
+    for _ in range(max(1, input["steps"] // 3)):
+        for action in (Transactional, Idempotent, External):
+            n = run.step(action, {"n": n})["n"]
+    return {"n": n}
+
+
+class Unit(Action):
+    """A child's one step, charged one unit of the root's budget."""
+
+    name = "bench.unit"
+    effect = Effect.PURE
+
+    def cost(self, input):
+        return {"units": 1}
+
+    def run(self, ctx, input):
+        return succeeded({"i": input["i"]})
+
+
+@workflow("bench.child", app_id="bench")
+def child_workflow(run, input):
+    return run.step(Unit, input)
+
+
+@workflow("bench.fanout", app_id="bench", effect_budget={"units": 100_000}, max_steps=100_000)
+def fanout_workflow(run, input):
+    results = run.children("bench.child", [{"i": i} for i in range(input["children"])])
+    return {"succeeded": sum(r.status == "succeeded" for r in results)}

@@ -1,0 +1,252 @@
+"""The same 3-step workload on k2b_workflows, DBOS and Procrastinate: one table, one invocation.
+
+Usage: ``DATABASE_URL=postgres://... python bench/compare.py [--runs N] [--threads T]``
+(the peers come with the optional ``bench`` extra: ``pip install -e '.[bench]'``).
+
+Each engine gets a fresh database of its own on the server of ``DATABASE_URL``
+and runs in its own process (DBOS is a per-process singleton). The workload:
+``--runs`` workflows of 3 steps that each add one to a number, one worker
+process with ``--threads`` threads (or that concurrency). What is timed: from
+the first enqueue to the last completion, enqueues included (one transaction
+each, as an application would start them). Commits are the delta of
+``xact_commit`` of that database over the same period, read from another one.
+Only public APIs are used:
+
+- k2b_workflows: ``start_workflow_run`` per run, then ``runworkflows --burst``;
+- DBOS: ``@DBOS.workflow`` calling three ``@DBOS.step`` functions, enqueued on a
+  queue (``DBOS.register_queue``) with ``worker_concurrency`` = threads, polled
+  every 50 ms (the default, 1 s, would make the poll the limit), results
+  awaited with handles;
+- Procrastinate: no durable steps, so a workflow is a chain of three jobs
+  (each step defers the next), drained by ``run_worker_async(wait=False)``.
+
+An engine that cannot be installed or run here gets a row saying why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.run import admin_execute, with_db  # noqa: E402
+
+
+def commits(url: str, db: str) -> int:
+    import psycopg
+
+    time.sleep(1.2)  # backends flush their counters when idle or on exit
+    with psycopg.connect(with_db(url, "postgres"), autocommit=True) as conn:
+        return conn.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = %s", [db]
+        ).fetchone()[0]
+
+
+# -- engines, each run in a process of its own ---------------------------------------
+
+
+def engine_k2b(url: str, db: str, runs: int, threads: int) -> dict[str, Any]:
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "bench.settings",
+        "K2B_BENCH_DB": db,
+        "PYTHONUNBUFFERED": "1",
+    }
+    os.environ.update({"DJANGO_SETTINGS_MODULE": "bench.settings", "K2B_BENCH_DB": db})
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connection
+
+    from k2b_workflows import start_workflow_run
+    from k2b_workflows.models import WorkflowRun
+
+    call_command("migrate", verbosity=0)
+    connection.close()
+    before = commits(url, db)
+    t0 = time.monotonic()
+    for _ in range(runs):
+        start_workflow_run("bench.steps.pure", {"steps": 3})
+    connection.close()
+    proc = subprocess.run(
+        [
+            *(sys.executable, str(ROOT / "manage.py"), "runworkflows"),
+            *("--app", "bench", "--burst", "--concurrency", str(threads)),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    seconds = time.monotonic() - t0
+    done = WorkflowRun.objects.filter(status="succeeded").count()
+    connection.close()
+    if done != runs:
+        raise RuntimeError(f"{done} of {runs} runs succeeded: {proc.stdout[-500:]}")
+    return {"seconds": seconds, "commits": commits(url, db) - before}
+
+
+def engine_dbos(url: str, db: str, runs: int, threads: int) -> dict[str, Any]:
+    from dbos import DBOS, DBOSConfig
+
+    config: DBOSConfig = {"name": "k2b-compare", "system_database_url": with_db(url, db)}
+    DBOS(config=config)
+
+    @DBOS.step()
+    def add_one(n: int) -> int:
+        return n + 1
+
+    @DBOS.workflow()
+    def three_steps(n: int) -> int:
+        for _ in range(3):
+            n = add_one(n)
+        return n
+
+    DBOS.launch()
+    # The default queue poll is once a second: at that rate a queue of 2 runs 2
+    # workflows/s. Polled every 50 ms it is limited by its work, not its poll.
+    queue = DBOS.register_queue("compare", worker_concurrency=threads, polling_interval_sec=0.05)
+    try:
+        before = commits(url, db)
+        t0 = time.monotonic()
+        handles = [queue.enqueue(three_steps, 0) for _ in range(runs)]
+        results = [h.get_result() for h in handles]
+        seconds = time.monotonic() - t0
+    finally:
+        DBOS.destroy()
+    if results != [3] * runs:
+        raise RuntimeError("DBOS: wrong results")
+    return {"seconds": seconds, "commits": commits(url, db) - before}
+
+
+def engine_procrastinate(url: str, db: str, runs: int, threads: int) -> dict[str, Any]:
+    import asyncio
+
+    import procrastinate
+
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=with_db(url, db)))
+    finished: list[int] = []
+
+    @app.task(name="step", queue="compare")
+    async def step(n: int, left: int) -> None:
+        if left > 1:
+            await step.defer_async(n=n + 1, left=left - 1)
+        else:
+            finished.append(n + 1)
+
+    async def main() -> dict[str, Any]:
+        async with app.open_async():
+            await app.schema_manager.apply_schema_async()
+            before = commits(url, db)
+            t0 = time.monotonic()
+            for _ in range(runs):
+                await step.defer_async(n=0, left=3)
+            await app.run_worker_async(
+                queues=["compare"], concurrency=threads, wait=False, install_signal_handlers=False
+            )
+            seconds = time.monotonic() - t0
+        if len(finished) != runs:
+            raise RuntimeError(f"Procrastinate: {len(finished)} of {runs} chains finished")
+        return {"seconds": seconds, "commits": commits(url, db) - before}
+
+    return asyncio.run(main())
+
+
+ENGINES = {"k2b_workflows": engine_k2b, "DBOS": engine_dbos, "Procrastinate": engine_procrastinate}
+PACKAGES = {"k2b_workflows": "k2b_workflows", "DBOS": "dbos", "Procrastinate": "procrastinate"}
+
+
+def version(engine: str) -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version(PACKAGES[engine].replace("_", "-"))
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def run_engine(engine: str, url: str, runs: int, threads: int) -> dict[str, Any]:
+    """Run one engine in a child process on a fresh database; returns its row."""
+    base = urlsplit(url).path.lstrip("/") or "k2b"
+    db = f"{base}_cmp_{engine.lower()}"
+    admin_execute(url, f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)', f'CREATE DATABASE "{db}"')
+    try:
+        proc = subprocess.run(
+            [
+                *(sys.executable, __file__, "--child", engine, "--db", db),
+                *("--runs", str(runs), "--threads", str(threads)),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
+    finally:
+        admin_execute(url, f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        error = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"engine": engine, "version": version(engine), "error": error}
+    row = json.loads(lines[-1])
+    steps = runs * 3
+    return {
+        "engine": engine,
+        "version": version(engine),
+        "workflows_per_s": round(runs / row["seconds"], 1),
+        "steps_per_s": round(steps / row["seconds"], 1),
+        "commits_per_workflow": round(row["commits"] / runs, 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=300, help="workflows per engine (300)")
+    parser.add_argument("--threads", type=int, default=2, help="worker concurrency (2)")
+    parser.add_argument("--engines", default=",".join(ENGINES), help="comma-separated")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--db", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    url = os.environ.get("DATABASE_URL")
+    if not url:
+        sys.exit("DATABASE_URL is not set")
+    if args.child:
+        print(json.dumps(ENGINES[args.child](url, args.db, args.runs, args.threads)))
+        return
+    rows = []
+    for engine in args.engines.split(","):
+        try:
+            rows.append(run_engine(engine, url, args.runs, args.threads))
+        except Exception as exc:  # the table says why, the other engines still run
+            rows.append({"engine": engine, "version": version(engine), "error": repr(exc)})
+        print(f"{engine}: done", file=sys.stderr, flush=True)
+    print(
+        f"\n{args.runs} workflows x 3 steps, one worker process, concurrency {args.threads}, "
+        "same server, one invocation; enqueues included\n"
+    )
+    print("| engine | version | workflows/s | steps/s | commits/workflow |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['engine']} | {r['version']} | - | - | could not run: {r['error']} |")
+        else:
+            print(
+                f"| {r['engine']} | {r['version']} | {r['workflows_per_s']} | "
+                f"{r['steps_per_s']} | {r['commits_per_workflow']} |"
+            )
+    print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()
