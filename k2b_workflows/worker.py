@@ -233,7 +233,7 @@ class Worker:
             free = self.concurrency - len(self._inflight)
             queued = len(self._ready)
         claimed = 0
-        if free > queued or queued <= self.prefetch // 2:
+        if free > queued or queued <= self.prefetch // 4:
             runs, loaded, tasks = self.claim(
                 free + self.prefetch - queued, task_slots=max(0, free - queued)
             )

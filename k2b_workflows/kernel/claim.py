@@ -16,6 +16,7 @@ from django.db import connections
 from .. import store
 
 _CLAIM_SQL = """
+WITH claimed AS (
 UPDATE k2b_run r
    SET status = 'running',
        generation = r.generation + 1,
@@ -29,7 +30,8 @@ UPDATE k2b_run r
          ORDER BY run_after
          LIMIT %s
            FOR UPDATE SKIP LOCKED)
-RETURNING r.id, r.generation
+RETURNING r.id, r.generation, r.run_after)
+SELECT id, generation FROM claimed ORDER BY run_after
 """
 
 
@@ -41,7 +43,10 @@ def claim_runs(
     app_ids: Sequence[str] | None,
     limit: int,
 ) -> list[tuple[Any, int]]:
-    """Claim up to ``limit`` due runs of workflows this process knows. Returns (id, generation)."""
+    """Claim up to ``limit`` due runs of workflows this process knows. Returns (id, generation).
+
+    Oldest first: a batch is executed in this order, and RETURNING alone has none.
+    """
     if limit <= 0 or not workflow_names:
         return []
     params: list[Any] = [store.lease_ms(), worker_id, list(workflow_names)]

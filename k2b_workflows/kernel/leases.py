@@ -28,6 +28,7 @@ class _Held:
     generation: int
     event: threading.Event
     action_deadline: float | None = None
+    action_started: float | None = None
 
 
 @dataclass
@@ -54,12 +55,15 @@ class LeaseKeeper:
         timeout = timeout_s if timeout_s is not None else store.action_timeout_ms() / 1000
         with self._lock:
             if run_id in self._runs:
-                self._runs[run_id].action_deadline = time.monotonic() + timeout
+                now = time.monotonic()
+                self._runs[run_id].action_deadline = now + timeout
+                self._runs[run_id].action_started = now
 
     def action_finished(self, run_id: Any) -> None:
         with self._lock:
             if run_id in self._runs:
                 self._runs[run_id].action_deadline = None
+                self._runs[run_id].action_started = None
 
     def track_task(self, task_id: Any, generation: int, event: threading.Event) -> None:
         with self._lock:
@@ -112,6 +116,16 @@ class LeaseKeeper:
         with self._lock:
             runs = dict(self._runs)
             tasks = dict(self._tasks)
+        if not renew:
+            # Between renewals only an action that has run for a while can use the
+            # abort signal: a short one ends first, and its run's next write is
+            # fenced anyway. Checking every held run four times a second would be
+            # a query (and a commit) per tick for nothing.
+            runs = {
+                run_id: held
+                for run_id, held in runs.items()
+                if held.action_started is not None and now - held.action_started >= CHECK_INTERVAL_S
+            }
         if not runs and not tasks:
             return
         conn = self._connection()
