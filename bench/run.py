@@ -85,6 +85,7 @@ class RssSampler(threading.Thread):
 
     def run(self) -> None:
         path = Path(f"/proc/{self.pid}/status")
+        time.sleep(1.0)  # past the interpreter's start: from here on it is the worker's
         while True:
             try:
                 text = path.read_text()
