@@ -16,7 +16,7 @@ from typing import Any
 
 from django.contrib import admin
 from django.db.models import Prefetch, Q, QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.timesince import timesince
@@ -25,6 +25,7 @@ from . import admin_views
 from .admin_display import incident_answers, incident_dispatch, run_page_context
 from .kernel.evidence import hash_value
 from .models import Incident, JournalEntry, LedgerEntry, RunStatus, WorkflowRun
+from .redaction import redact, redact_text
 
 HASH_PREVIEW = 8
 
@@ -41,8 +42,9 @@ def short_hash(value: str) -> str:
 
 
 def pretty_json(value: Any) -> str:
+    """A JSON value as the admin shows it: redacted (passwords, tokens, card numbers)."""
     return format_html(
-        '<pre class="k2b-json">{}</pre>', json.dumps(value, indent=2, sort_keys=True)
+        '<pre class="k2b-json">{}</pre>', json.dumps(redact(value), indent=2, sort_keys=True)
     )
 
 
@@ -91,7 +93,7 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
                     "workflow_name",
                     "workflow_version",
                     "app_id",
-                    "idempotency_key",
+                    "idempotency_key_shown",
                     "principal_hash",
                     "parent_link",
                     "root_link",
@@ -100,7 +102,7 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
         ),
         (
             "Input and result",
-            {"fields": ("input_json", "output_json", "error_code", "error_message")},
+            {"fields": ("input_json", "output_json", "error_code", "error_message_shown")},
         ),
         (
             "Execution",
@@ -164,6 +166,14 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
     def output_json(self, run: WorkflowRun) -> str:
         return pretty_json(run.output) if run.output is not None else "—"
 
+    @admin.display(description="idempotency key")
+    def idempotency_key_shown(self, run: WorkflowRun) -> str:
+        return redact_text(run.idempotency_key) or "—"
+
+    @admin.display(description="error message")
+    def error_message_shown(self, run: WorkflowRun) -> str:
+        return redact_text(run.error_message) or "—"
+
     @admin.display(description="principal (hash)")
     def principal_hash(self, run: WorkflowRun) -> str:
         return short_hash(hash_value(run.principal)) if run.principal is not None else "—"
@@ -191,6 +201,12 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
         if obj is not None and not obj.wait_kind:
             return self.fieldsets[:-1]
         return self.fieldsets
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        # Lists never need the JSON bodies: ten runs with 10 MB inputs would
+        # otherwise be read whole for a table that shows none of it. The run
+        # page reads them when it draws them.
+        return super().get_queryset(request).defer("input", "output", "principal")
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet, search_term: str
@@ -258,7 +274,10 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
         form_url: str = "",
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
+        admin_views.run_id_or_404(object_id)
         run = self.get_object(request, object_id)
+        if run is None:
+            raise Http404(f"no run {object_id}")
         extra = dict(extra_context or {})
         if run is not None:
             extra.update(run_page_context(run))
@@ -325,7 +344,7 @@ class IncidentAdmin(WorkflowRunAdmin):
             format_html_join(
                 "",
                 '<li><span class="k2b-kind k2b-kind-{}">{}</span> {}</li>',
-                ((a.kind, a.kind, a.message) for a in answers),
+                ((a.kind, a.kind, redact_text(a.message)) for a in answers),
             ),
         )
 
@@ -389,13 +408,51 @@ class IncidentAdmin(WorkflowRunAdmin):
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
         # A resolved incident leaves the queue; its page is the run's page.
-        return HttpResponseRedirect(admin_views.run_url(object_id))
+        return HttpResponseRedirect(admin_views.run_url(admin_views.run_id_or_404(object_id)))
 
 
 class _EntryAdmin(ReadOnlyMixin, admin.ModelAdmin):
     list_select_related = ("run",)
     list_per_page = 100
     show_full_result_count = False
+    #: Fields shown through ``redact``/``redact_text`` on an entry's page, never raw.
+    redacted_fields: tuple[str, ...] = ()
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return [
+            f"{name}_shown" if name in self.redacted_fields else name
+            for name in super().get_fields(request, obj)
+        ]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return (*super().get_readonly_fields(request, obj), *self._shown_names())
+
+    def _shown_names(self) -> tuple[str, ...]:
+        return tuple(f"{name}_shown" for name in self.redacted_fields)
+
+    @admin.display(description="output")
+    def output_shown(self, entry: Any) -> str:
+        return pretty_json(entry.output) if entry.output is not None else "—"
+
+    @admin.display(description="detail")
+    def detail_shown(self, entry: Any) -> str:
+        return pretty_json(entry.detail) if entry.detail is not None else "—"
+
+    @admin.display(description="message")
+    def message_shown(self, entry: Any) -> str:
+        return redact_text(entry.message) or "—"
+
+    @admin.display(description="error message")
+    def error_message_shown(self, entry: Any) -> str:
+        return redact_text(entry.error_message) or "—"
+
+    @admin.display(description="summary")
+    def summary_shown(self, entry: Any) -> str:
+        return redact_text(entry.summary) or "—"
+
+    @admin.display(description="evidence")
+    def evidence_shown(self, entry: Any) -> str:
+        return redact_text(entry.evidence) or "—"
 
     class Media:
         css = {"all": ["k2b_workflows/admin.css"]}
@@ -413,6 +470,7 @@ class _EntryAdmin(ReadOnlyMixin, admin.ModelAdmin):
 class JournalEntryAdmin(_EntryAdmin):
     list_display = ("run", "seq", "action_name", "effect", "state", "error_code", "created_at")
     list_filter = ("state", "effect", "action_name")
+    redacted_fields = ("output", "error_message", "summary")
     search_fields = ("action_name",)
     search_help_text = "Run id (full) or action name."
 
@@ -431,5 +489,6 @@ class LedgerEntryAdmin(_EntryAdmin):
         "created_at",
     )
     list_filter = ("kind", "effect", "action_name")
+    redacted_fields = ("detail", "message", "evidence")
     search_fields = ("action_name", "invocation_key", "actor")
     search_help_text = "Run id (full), action name, invocation key or operator."

@@ -18,7 +18,23 @@ key                            default     meaning
 ``ACTION_TIMEOUT_MS``          300000      leases are renewed at most this long while
                                            one action runs (``Action.timeout`` wins)
 ``DATABASE``                   "default"   the alias holding the kernel's tables
+``REDACT_KEYS``                see below   JSON keys whose values the admin never shows,
+                                           matched as substrings, ignoring case, ``_``,
+                                           ``-`` and ``.`` (``token`` hides ``card_token``)
+``REDACT_EXACT_KEYS``          see below   keys hidden only on an exact (normalized)
+                                           match: short names like ``pan`` or ``pin``
+                                           that would hide innocent keys as substrings
+``REDACT_HOOK``                None        dotted path to (or a) callable receiving each
+                                           redacted JSON value and returning what to show
+``ERROR_TEXT_MAX_CHARS``       2000        exception texts stored or logged are scrubbed
+                                           of credentials and cut to this length
+``ADMIN_RUN_PAGE_ROWS``        100         journal and ledger rows shown on a run's page;
+                                           the rest is one link away (filtered list)
 =============================  ==========  ==========================================
+
+``REDACT_KEYS`` defaults to ``DEFAULT_REDACT_KEYS`` and ``REDACT_EXACT_KEYS`` to
+``DEFAULT_REDACT_EXACT_KEYS``; set them to a longer list to redact more (keep
+the defaults in it: they are replaced, not extended).
 """
 
 from __future__ import annotations
@@ -55,6 +71,30 @@ AI_TASK_FAILED = "AI_TASK_FAILED"
 CANCELED = "CANCELED"
 ACTION_FAILED = "ACTION_FAILED"
 
+DEFAULT_REDACT_KEYS: tuple[str, ...] = (
+    "password",
+    "passwd",
+    "passphrase",
+    "secret",
+    "token",
+    "api_key",
+    "apikey",
+    "access_key",
+    "private_key",
+    "authorization",
+    "credential",
+    "cookie",
+    "session",
+    "signature",
+    "card_number",
+    "cardnumber",
+    "cvv",
+    "cvc",
+    "security_code",
+    "iban",
+)
+DEFAULT_REDACT_EXACT_KEYS: tuple[str, ...] = ("pan", "pin", "ssn", "auth", "otp")
+
 _DEFAULTS: dict[str, Any] = {
     "RUN_LEASE_MS": WORKFLOW_RUN_LEASE_MS,
     "RUN_MAX_CONSECUTIVE_FAILURES": WORKFLOW_RUN_MAX_CONSECUTIVE_FAILURES,
@@ -64,6 +104,11 @@ _DEFAULTS: dict[str, Any] = {
     "MAX_CHILDREN_PER_STEP": WORKFLOW_MAX_CHILDREN_PER_STEP,
     "ACTION_TIMEOUT_MS": WORKFLOW_ACTION_TIMEOUT_MS,
     "DATABASE": "default",
+    "REDACT_KEYS": DEFAULT_REDACT_KEYS,
+    "REDACT_EXACT_KEYS": DEFAULT_REDACT_EXACT_KEYS,
+    "REDACT_HOOK": None,
+    "ERROR_TEXT_MAX_CHARS": 2_000,
+    "ADMIN_RUN_PAGE_ROWS": 100,
 }
 
 
@@ -105,6 +150,27 @@ def action_timeout_ms() -> int:
 
 def database() -> str:
     return str(_get("DATABASE"))
+
+
+def redact_keys() -> tuple[str, ...]:
+    return tuple(str(k) for k in _get("REDACT_KEYS"))
+
+
+def redact_exact_keys() -> tuple[str, ...]:
+    return tuple(str(k) for k in _get("REDACT_EXACT_KEYS"))
+
+
+def redact_hook() -> Any:
+    """A dotted path to a callable, the callable itself, or None."""
+    return _get("REDACT_HOOK")
+
+
+def error_text_max_chars() -> int:
+    return int(_get("ERROR_TEXT_MAX_CHARS"))
+
+
+def admin_run_page_rows() -> int:
+    return int(_get("ADMIN_RUN_PAGE_ROWS"))
 
 
 #: The LISTEN/NOTIFY channel. Fixed: the database triggers name it.

@@ -32,7 +32,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
-from .. import signals, store
+from .. import redaction, signals, store
 from ..actions import (
     Action,
     Ambiguous,
@@ -683,7 +683,7 @@ class Execution:
             output=result.output if result else None,
             summary=(result.summary or "") if result else "",
             error_code=code,
-            error_message=message,
+            error_message=redaction.scrub_error(message),
             input_hash=step.input_hash,
             generation=self.generation,
             started_at=step.started,
@@ -767,6 +767,8 @@ class Execution:
                 detail={k: v for k, v in step.refs.items() if v} or None,
             )
         values.update(fields)
+        if values.get("message"):
+            values["message"] = redaction.scrub_error(values["message"])
         evidence.append_ledger(self.using, **values)
 
     def _ledger_event(self, step: _Step, kind: str, *, message: str = "", fenced: bool) -> None:
@@ -860,6 +862,7 @@ class Execution:
 
     def _fail_run(self, code: str, message: str, step: _Step | None = None) -> None:
         """Fail the run for good (journaling the step's failure when there is one)."""
+        message = redaction.scrub_error(message)  # exception texts may carry credentials
         entry = None
         if step is not None and step.seq not in self.journal:
             entry = self._new_entry(step, JournalEntry.State.FAILED, code=code, message=message)
@@ -875,6 +878,7 @@ class Execution:
         )
 
     def _needs_attention(self, code: str, message: str, step: int | None) -> None:
+        message = redaction.scrub_error(message)
         self._transition(
             """UPDATE k2b_run SET status = 'needs_attention', error_code = %s, error_message = %s,
                       attention_step = %s, lease_expires_at = NULL, updated_at = now()
@@ -892,6 +896,7 @@ class Execution:
 
     def _retry_later(self, reason: str) -> None:
         """A retryable failure: count it, back off, or give up past the limit."""
+        reason = redaction.scrub_error(reason)  # stored and logged: no credentials, bounded
         failures = self.run.consecutive_failures + 1
         if failures >= store.max_consecutive_failures():
             self._exhausted(failures, reason)
