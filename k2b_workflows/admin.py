@@ -15,7 +15,7 @@ import uuid
 from typing import Any
 
 from django.contrib import admin
-from django.db.models import Prefetch, Q, QuerySet
+from django.db.models import F, Prefetch, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
@@ -318,7 +318,15 @@ class IncidentAdmin(WorkflowRunAdmin):
             .get_queryset(request)
             .filter(status=RunStatus.NEEDS_ATTENTION)
             .prefetch_related(
-                Prefetch("ledger", queryset=LedgerEntry.objects.order_by("id"), to_attr="entries")
+                # Only the entries of the step in doubt: a run that polled for a week
+                # has thousands on other steps.
+                Prefetch(
+                    "ledger",
+                    queryset=LedgerEntry.objects.filter(seq=F("run__attention_step")).order_by(
+                        "id"
+                    ),
+                    to_attr="entries",
+                )
             )
         )
 
@@ -417,6 +425,15 @@ class _EntryAdmin(ReadOnlyMixin, admin.ModelAdmin):
     show_full_result_count = False
     #: Fields shown through ``redact``/``redact_text`` on an entry's page, never raw.
     redacted_fields: tuple[str, ...] = ()
+
+    #: Large JSON columns the list never shows.
+    list_defer: tuple[str, ...] = ()
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        # The "run" column joins the run row: never its JSON bodies (10 MB inputs
+        # times a page of entries), nor the entry's own large columns.
+        queryset = super().get_queryset(request).select_related("run")
+        return queryset.defer("run__input", "run__output", "run__principal", *self.list_defer)
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         return [

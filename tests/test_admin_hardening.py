@@ -22,6 +22,7 @@ from k2b_workflows import (
     start_workflow_run,
 )
 from k2b_workflows.models import JournalEntry, LedgerEntry, WorkflowRun
+from k2b_workflows.testing import run_until_idle
 from tests.test_admin import (
     OPERATOR_PERMS,
     client_for,
@@ -218,6 +219,20 @@ def test_runs_list_never_reads_inputs_outputs_or_principals(operator):
     for sql in run_queries:
         for column in ("input", "output", "principal"):
             assert f'"k2b_run"."{column}"' not in sql, sql[:300]
+
+
+def test_journal_ledger_and_incident_lists_never_read_the_runs_json_bodies(operator):
+    start_workflow_run("test.pure", {"blob": "x" * 1_000_000, "a": 1, "b": 2})
+    run_until_idle()
+    make_incident()
+    client = client_for(make_user("root", superuser=True))
+    for name in ("journalentry", "ledgerentry", "incident", "workflowrun"):
+        with CaptureQueriesContext(connection) as queries:
+            response = client.get(reverse(f"admin:k2b_workflows_{name}_changelist"))
+        assert response.status_code == 200
+        for sql in (q["sql"] for q in queries):
+            for column in ("input", "output", "principal"):
+                assert f'"k2b_run"."{column}"' not in sql, (name, sql[:300])
 
 
 # -- permissions (#11) -----------------------------------------------------------------
