@@ -14,7 +14,7 @@ import json
 import uuid
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db.models import F, Prefetch, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import path, reverse
@@ -49,7 +49,19 @@ def pretty_json(value: Any) -> str:
 
 
 class ReadOnlyMixin:
-    """Journal, ledger and runs are never added, edited or deleted from the admin."""
+    """Journal, ledger and runs are never added, edited or deleted from the admin.
+
+    Their lists refuse a NUL character in a filter or search: PostgreSQL cannot
+    compare text with one, and the error would be a 500 instead of an answer.
+    """
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        if any("\x00" in value for values in request.GET.lists() for value in values[1]):
+            messages.error(request, "A filter or search contained a NUL character; ignored.")
+            return HttpResponseRedirect(request.path)
+        return super().changelist_view(request, extra_context)  # type: ignore[misc]
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False

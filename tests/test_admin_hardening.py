@@ -144,6 +144,16 @@ def test_an_unknown_but_well_formed_run_id_is_404():
     assert client_for(root).get(url).status_code == 404
 
 
+@pytest.mark.parametrize("name", ["workflowrun", "incident", "journalentry", "ledgerentry"])
+def test_a_nul_character_in_a_list_filter_or_search_is_refused_not_a_500(name):
+    client = client_for(make_user("root", superuser=True))
+    url = reverse(f"admin:k2b_workflows_{name}_changelist")
+    for query in ("q=a%00b", "status=%00", "app_id=%00", "kind=%00"):
+        response = client.get(f"{url}?{query}", follow=True)
+        assert response.status_code == 200, query
+        assert any("NUL character" in m for m in messages_of(response)), query
+
+
 # -- hostile form input (#11) ----------------------------------------------------------
 
 
