@@ -25,7 +25,7 @@ from . import admin_views
 from .admin_display import incident_answers, incident_dispatch, run_page_context
 from .kernel.evidence import hash_value
 from .models import Incident, JournalEntry, LedgerEntry, RunStatus, WorkflowRun
-from .redaction import redact, redact_text
+from .redaction import redact, redact_text, shorten
 
 HASH_PREVIEW = 8
 
@@ -41,11 +41,21 @@ def short_hash(value: str) -> str:
     return format_html('<code class="k2b-hash" title="{}">{}…</code>', value, value[:HASH_PREVIEW])
 
 
+#: Strings in JSON shown on a page are cut to this many characters, and the
+#: whole value to ``MAX_JSON_SHOWN`` (the database keeps them whole).
+MAX_STRING_SHOWN = 2_000
+MAX_JSON_SHOWN = 200_000
+
+
 def pretty_json(value: Any) -> str:
-    """A JSON value as the admin shows it: redacted (passwords, tokens, card numbers)."""
-    return format_html(
-        '<pre class="k2b-json">{}</pre>', json.dumps(redact(value), indent=2, sort_keys=True)
-    )
+    """A JSON value as the admin shows it: redacted (passwords, tokens, card numbers), bounded."""
+    shown = redact(shorten(value, MAX_STRING_SHOWN))
+    text = json.dumps(shown, indent=2, sort_keys=True, ensure_ascii=False)
+    if len(text) > MAX_JSON_SHOWN:
+        text = (
+            f"{text[:MAX_JSON_SHOWN]}\n… [{len(text) - MAX_JSON_SHOWN} more characters not shown]"
+        )
+    return format_html('<pre class="k2b-json">{}</pre>', text)
 
 
 class ReadOnlyMixin:

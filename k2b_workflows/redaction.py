@@ -34,7 +34,9 @@ CARD_REDACTED = "[redacted card number]"
 # a primary account number. Luhn-checked before it is redacted, so order ids
 # and timestamps stay readable.
 _PAN_RE = re.compile(r"(?<![\w.])(?:\d[ -]?){12,18}\d(?![\w.])")
-_URL_CREDENTIALS_RE = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s:@]+:[^/\s@]*@")
+_URL_CREDENTIALS_RE = re.compile(
+    r"(?<![a-zA-Z0-9+.-])(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s:@]+:[^/\s@]*@"
+)
 _BEARER_RE = re.compile(r"\b(?P<kind>Bearer|Basic|Token)\s+[A-Za-z0-9._~+/=-]{6,}", re.IGNORECASE)
 
 
@@ -59,32 +61,31 @@ def looks_like_card_number(text: str) -> bool:
     return 13 <= len(digits) <= 19 and digits.isdigit() and _luhn_ok(digits)
 
 
-def is_sensitive_key(key: Any) -> bool:
+def _key_rules() -> tuple[frozenset[str], tuple[str, ...]]:
+    """The configured keys, normalized once per value redacted (not once per key)."""
+    exact = frozenset(_normalize(k) for k in store.redact_exact_keys() if k)
+    parts = tuple(p for p in (_normalize(k) for k in store.redact_keys()) if p)
+    return exact, parts
+
+
+def is_sensitive_key(key: Any, rules: tuple[frozenset[str], tuple[str, ...]] | None = None) -> bool:
     """A key whose value is never shown: a configured substring of it, or an exact match."""
     if not isinstance(key, str):
         return False
     normalized = _normalize(key)
     if not normalized:
         return False
-    if normalized in {_normalize(k) for k in store.redact_exact_keys()}:
-        return True
-    return any(_normalize(part) in normalized for part in store.redact_keys() if part)
+    exact, parts = rules or _key_rules()
+    return normalized in exact or any(part in normalized for part in parts)
 
 
-def _pair_re() -> re.Pattern[str]:
-    """``key=value``, ``key: value`` and ``"key": "value"`` for every configured key."""
-
-    def words(keys: tuple[str, ...]) -> str:
-        # Keys as written in URLs and texts: api_key, api-key, apiKey, X-Api-Key...
-        return "|".join(re.escape(k).replace("_", "[_-]?") for k in keys if k) or "(?!)"
-
-    subs, exact = words(store.redact_keys()), words(store.redact_exact_keys())
-    return re.compile(
-        rf"(?P<key>[\w-]*(?:{subs})[\w-]*|(?<![\w-])(?:{exact})(?![\w-]))"
-        r"(?P<sep>[\"']?\s*[=:]\s*)"
-        r"(?P<value>\"[^\"]*\"|'[^']*'|[^\s&;,\"'#)}\]]+)",
-        re.IGNORECASE,
-    )
+# ``key=value``, ``key: value`` and ``"key": "value"``. A key starts only where
+# a word starts (the lookbehind), so a long run of letters is scanned once, not
+# once per position: the texts are exception messages and inputs of any size.
+_PAIR_RE = re.compile(
+    r"(?<![\w-])(?P<key>[\w-]+)(?P<sep>[\"']?\s*[=:]\s*)"
+    r"(?P<value>\"[^\"]*\"|'[^']*'|[^\s&;,\"'#)}\]]+)"
+)
 
 
 def _redact_cards(text: str) -> str:
@@ -93,7 +94,9 @@ def _redact_cards(text: str) -> str:
     )
 
 
-def _redact_pair(match: re.Match[str]) -> str:
+def _redact_pair(match: re.Match[str], rules: tuple[frozenset[str], tuple[str, ...]]) -> str:
+    if not is_sensitive_key(match.group("key"), rules):
+        return match.group(0)
     value = match.group("value")
     quote = value[0] if value[0] in "\"'" else ""
     return f"{match.group('key')}{match.group('sep')}{quote}{REDACTED}{quote}"
@@ -105,18 +108,19 @@ def redact_text(text: Any) -> Any:
         return text
     text = _URL_CREDENTIALS_RE.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
     text = _BEARER_RE.sub(lambda m: f"{m.group('kind')} {REDACTED}", text)
-    text = _pair_re().sub(_redact_pair, text)
+    rules = _key_rules()
+    text = _PAIR_RE.sub(lambda m: _redact_pair(m, rules), text)
     return _redact_cards(text)
 
 
-def _redact_value(value: Any) -> Any:
+def _redact_value(value: Any, rules: tuple[frozenset[str], tuple[str, ...]]) -> Any:
     if isinstance(value, dict):
         return {
-            key: REDACTED if is_sensitive_key(key) else _redact_value(item)
+            key: REDACTED if is_sensitive_key(key, rules) else _redact_value(item, rules)
             for key, item in value.items()
         }
     if isinstance(value, list | tuple):
-        return [_redact_value(item) for item in value]
+        return [_redact_value(item, rules) for item in value]
     if isinstance(value, str):
         return redact_text(value)
     if (
@@ -141,9 +145,37 @@ def redact(value: Any) -> Any:
     The configured hook (``REDACT_HOOK``) receives the result and returns
     what is shown; it can redact more, never less than the defaults.
     """
-    redacted = _redact_value(value)
+    redacted = _redact_value(value, _key_rules())
     hook = _hook()
     return hook(redacted) if hook is not None else redacted
+
+
+def shorten(value: Any, max_chars: int, max_items: int = 100) -> Any:
+    """A copy of a JSON value cut for display (long strings, long lists and objects).
+
+    Applied before redaction: a 10 MB value cannot be shown and would take
+    seconds to scan. A string is cut on a space near the limit when there is
+    one, so a URL or a ``key=value`` at the edge is dropped whole rather than
+    shown in part. What is cut is said, never silently dropped.
+    """
+    if isinstance(value, dict):
+        items = list(value.items())
+        shown = {key: shorten(item, max_chars, max_items) for key, item in items[:max_items]}
+        if len(items) > max_items:
+            shown["…"] = f"{len(items) - max_items} more keys not shown"
+        return shown
+    if isinstance(value, list | tuple):
+        shown_list = [shorten(item, max_chars, max_items) for item in value[:max_items]]
+        if len(value) > max_items:
+            shown_list.append(f"… {len(value) - max_items} more items not shown")
+        return shown_list
+    if isinstance(value, str) and len(value) > max_chars:
+        head = value[:max_chars]
+        space = head.rfind(" ", max_chars - 200)
+        if space > 0:
+            head = head[:space]
+        return f"{head}… [{len(value) - len(head)} more characters]"
+    return value
 
 
 def truncate(text: str, limit: int | None = None) -> str:

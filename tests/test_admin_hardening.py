@@ -216,6 +216,18 @@ def test_run_page_shows_the_newest_ledger_entries_and_links_to_the_rest(settings
     assert f"{reverse('admin:k2b_workflows_ledgerentry_changelist')}?q={run.pk}" in html
 
 
+def test_run_page_shows_a_huge_input_cut_and_redacted(operator):
+    run = start_workflow_run(
+        "test.pure", {"blob": "x" * 1_000_000, "password": "hunter2", "a": 1, "b": 2}
+    )
+    response = client_for(operator).get(run_url(run))
+    assert response.status_code == 200
+    html = unescape(response.content.decode())
+    assert len(html) < 100_000
+    assert "more characters]" in html
+    assert "hunter2" not in html
+
+
 def test_runs_list_never_reads_inputs_outputs_or_principals(operator):
     big = {"blob": "x" * 1_000_000}
     for i in range(10):

@@ -683,7 +683,7 @@ class Execution:
             output=result.output if result else None,
             summary=(result.summary or "") if result else "",
             error_code=code,
-            error_message=redaction.scrub_error(message),
+            error_message=redaction.scrub_error(message) if message else "",
             input_hash=step.input_hash,
             generation=self.generation,
             started_at=step.started,
