@@ -23,7 +23,12 @@ from django.utils.html import format_html, format_html_join
 from django.utils.timesince import timesince
 
 from . import admin_views, store
-from .admin_display import incident_answers, incident_dispatch, run_page_context
+from .admin_display import (
+    format_duration,
+    incident_answers,
+    incident_dispatch,
+    run_page_context,
+)
 from .kernel.evidence import hash_value
 from .models import Incident, JournalEntry, LedgerEntry, RunStatus, WorkerRecord, WorkflowRun
 
@@ -195,7 +200,7 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
             reverse("admin:k2b_workflows_workerrecord_change", args=[worker.pk]),
             worker.worker_id,
             worker_state_badge(worker),
-            timesince(worker.heartbeat_at),
+            format_duration(timezone.now() - worker.heartbeat_at),
         )
 
     @admin.display(description="root")
@@ -478,9 +483,9 @@ class WorkerRecordAdmin(ReadOnlyMixin, admin.ModelAdmin):
         "pid",
         "busy",
         "heartbeat_age",
-        "started_at",
+        "uptime",
         "apps_column",
-        "workflows_column",
+        "workflows_count",
     )
     list_filter = ("state", "host")
     search_fields = ("worker_id", "host")
@@ -515,11 +520,22 @@ class WorkerRecordAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.display(description="last heartbeat", ordering="-heartbeat_at")
     def heartbeat_age(self, worker: WorkerRecord) -> str:
-        return f"{timesince(worker.heartbeat_at)} ago"
+        return f"{format_duration(timezone.now() - worker.heartbeat_at)} ago"
+
+    @admin.display(description="up", ordering="started_at")
+    def uptime(self, worker: WorkerRecord) -> str:
+        end = worker.heartbeat_at if worker.state != WorkerRecord.State.ALIVE else timezone.now()
+        return format_duration(end - worker.started_at)
 
     @admin.display(description="apps")
     def apps_column(self, worker: WorkerRecord) -> str:
         return ", ".join(worker.apps) if worker.apps else "all"
+
+    @admin.display(description="workflows")
+    def workflows_count(self, worker: WorkerRecord) -> str:
+        """A count in the list (a worker may know hundreds); each one on hover and on its page."""
+        names = ", ".join(f"{w['name']} v{w['version']}" for w in worker.workflows)
+        return format_html('<span title="{}">{}</span>', names, len(worker.workflows))
 
     @admin.display(description="workflows")
     def workflows_column(self, worker: WorkerRecord) -> str:
