@@ -22,11 +22,13 @@ Database reconnects are counted by whoever reconnects:
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import os
-from collections.abc import Iterator
-from typing import Any
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from . import store
 
@@ -38,6 +40,24 @@ AVAILABLE = importlib.util.find_spec("prometheus_client") is not None
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
 _metrics: dict[str, Any] = {}
+# Pool threads count their first steps at the same moment: one creates the metrics.
+_create_lock = threading.Lock()
+_collectors: list[DatabaseCollector] = []
+
+F = TypeVar("F", bound=Callable[..., None])
+
+
+def _never_raises(fn: F) -> F:
+    """Counting is called from inside the kernel: a broken metric must not fail a run."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        try:
+            fn(*args, **kwargs)
+        except Exception:
+            logger.exception("metrics: %s failed", fn.__name__)
+
+    return wrapper  # type: ignore[return-value]
 
 
 def _get(name: str) -> Any:
@@ -45,43 +65,50 @@ def _get(name: str) -> Any:
     if not AVAILABLE:
         return None
     if not _metrics:
-        from prometheus_client import Counter, Histogram
-
-        _metrics.update(
-            steps=Counter(
-                "k2b_steps",
-                "Steps that reached an outcome, by effect class and outcome.",
-                ["effect", "outcome"],
-            ),
-            step_seconds=Histogram(
-                "k2b_step_duration_seconds",
-                "Time from a step's start to its journal entry, by effect class.",
-                ["effect"],
-                buckets=LATENCY_BUCKETS,
-            ),
-            transitions=Counter(
-                "k2b_run_transitions",
-                "Run state changes made by this process, by new status.",
-                ["status"],
-            ),
-            takeovers=Counter(
-                "k2b_lease_takeovers",
-                "Runs re-queued because their lease expired (a crashed or frozen worker).",
-            ),
-            reconcile=Counter(
-                "k2b_reconcile_answers",
-                "Answers of reconcile() after a doubted external effect.",
-                ["answer"],
-            ),
-            reconnects=Counter(
-                "k2b_db_reconnects",
-                "Database connections re-opened after an error, by component.",
-                ["component"],
-            ),
-        )
+        with _create_lock:
+            if not _metrics:
+                _create()
     return _metrics[name]
 
 
+def _create() -> None:
+    from prometheus_client import Counter, Histogram
+
+    _metrics.update(
+        steps=Counter(
+            "k2b_steps",
+            "Steps that reached an outcome, by effect class and outcome.",
+            ["effect", "outcome"],
+        ),
+        step_seconds=Histogram(
+            "k2b_step_duration_seconds",
+            "Time from a step's start to its journal entry, by effect class.",
+            ["effect"],
+            buckets=LATENCY_BUCKETS,
+        ),
+        transitions=Counter(
+            "k2b_run_transitions",
+            "Run state changes made by this process, by new status.",
+            ["status"],
+        ),
+        takeovers=Counter(
+            "k2b_lease_takeovers",
+            "Runs re-queued because their lease expired (a crashed or frozen worker).",
+        ),
+        reconcile=Counter(
+            "k2b_reconcile_answers",
+            "Answers of reconcile() after a doubted external effect.",
+            ["answer"],
+        ),
+        reconnects=Counter(
+            "k2b_db_reconnects",
+            "Database connections re-opened after an error, by component.",
+            ["component"],
+        ),
+    )
+
+
+@_never_raises
 def count_step(effect: str, outcome: str, seconds: float | None = None) -> None:
     if (steps := _get("steps")) is None:
         return
@@ -90,21 +117,25 @@ def count_step(effect: str, outcome: str, seconds: float | None = None) -> None:
         _get("step_seconds").labels(effect=effect).observe(max(seconds, 0.0))
 
 
+@_never_raises
 def count_run_transition(status: str) -> None:
     if (transitions := _get("transitions")) is not None:
         transitions.labels(status=status).inc()
 
 
+@_never_raises
 def count_lease_takeovers(n: int) -> None:
     if n and (takeovers := _get("takeovers")) is not None:
         takeovers.inc(n)
 
 
+@_never_raises
 def count_reconcile_answer(answer: str) -> None:
     if (reconcile := _get("reconcile")) is not None:
         reconcile.labels(answer=answer).inc()
 
 
+@_never_raises
 def count_db_reconnect(component: str) -> None:
     """Count one database reconnection of ``component`` (the heartbeat, the listener, ...)."""
     if (reconnects := _get("reconnects")) is not None:
@@ -192,9 +223,10 @@ def serve(port: int, addr: str = "0.0.0.0", using: str | None = None) -> int:
     from prometheus_client import REGISTRY, start_http_server
 
     _get("steps")  # create the counters so that a first scrape lists them at 0
-    if "collector" not in _metrics:
-        _metrics["collector"] = DatabaseCollector(using)
-        REGISTRY.register(_metrics["collector"])
+    with _create_lock:
+        if not _collectors:
+            _collectors.append(DatabaseCollector(using))
+            REGISTRY.register(_collectors[0])
     server, _thread = start_http_server(port, addr=addr, registry=REGISTRY)
     return int(server.server_port)
 

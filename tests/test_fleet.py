@@ -283,3 +283,18 @@ def test_the_workers_page_lists_the_fleet_read_only(admin_client):
     deleted = admin_client.post(f"{url}/delete/", {"post": "yes"})
     assert deleted.status_code == 403
     assert WorkerRecord.objects.get(pk="host-a:10:aaa").concurrency == 2
+
+
+def test_checks_refuse_an_unknown_listen_alias_and_a_lost_timeout_below_two_beats(settings):
+    from k2b_workflows.checks import check_settings
+
+    settings.K2B_WORKFLOWS = {**settings.K2B_WORKFLOWS, "LISTEN_DATABASE": "nope"}
+    assert [e.id for e in check_settings()] == ["k2b_workflows.E009"]
+    settings.K2B_WORKFLOWS = {
+        **settings.K2B_WORKFLOWS,
+        "LISTEN_DATABASE": "default",
+        "WORKER_HEARTBEAT_MS": 1000,
+        "WORKER_LOST_AFTER_MS": 1500,
+    }
+    assert [e.id for e in check_settings()] == ["k2b_workflows.W003"]
+    assert store.listen_database() == "default"

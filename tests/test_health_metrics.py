@@ -164,3 +164,14 @@ def test_every_state_change_is_logged_with_structured_fields(caplog):
         assert by_event[name].effect_key == f"{run.pk}:0"
     assert by_event["effect_outcome_unknown"].levelno == logging.WARNING
     assert by_event["reconcile"].answer == "succeeded"
+
+
+def test_a_broken_metric_never_changes_a_runs_outcome(monkeypatch):
+    def broken(name):
+        raise ValueError("Duplicated timeseries")  # what racing first uses once raised
+
+    monkeypatch.setattr(metrics, "_get", broken)
+    run = start_workflow_run("test.pure", {"a": 1, "b": 1})
+    stats = run_until_idle()
+    assert fresh(run).status == "succeeded"
+    assert stats["retry"] == 0 and fresh(run).consecutive_failures == 0
