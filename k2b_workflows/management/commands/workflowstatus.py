@@ -3,6 +3,7 @@
 Exits 1 when some queued run has no live worker that can run it (its
 workflow, version and app are on no worker whose heartbeat is fresh): such
 runs wait forever, which no other signal shows until a customer does.
+Exits 2 when the database cannot be read at all.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand
+from django.db import DatabaseError
 
 from k2b_workflows import fleet
 
@@ -38,8 +40,12 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         # Rows of workers that stopped beating become "lost" now, not at the
         # next beat of another worker (there may be none left).
-        fleet.mark_lost()
-        report = fleet.status()
+        try:
+            fleet.mark_lost()
+            report = fleet.status()
+        except DatabaseError as exc:
+            self.stderr.write(f"cannot read the workflow tables: {exc}".strip())
+            sys.exit(2)
         if options["json"]:
             self.stdout.write(json.dumps(report, indent=2, sort_keys=True))
         else:
