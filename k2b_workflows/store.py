@@ -30,6 +30,18 @@ key                            default     meaning
                                            of credentials and cut to this length
 ``ADMIN_RUN_PAGE_ROWS``        100         journal and ledger rows shown on a run's page;
                                            the rest is one link away (filtered list)
+``LISTEN_DATABASE``            None        the alias whose connection settings the
+                                           workers' LISTEN connection uses (None: the
+                                           ``DATABASE`` alias). Point it at a direct
+                                           connection when ``DATABASE`` goes through
+                                           PgBouncer in transaction pooling mode, which
+                                           does not deliver notifications
+``WORKER_HEARTBEAT_MS``        None        how often a worker refreshes its row in the
+                                           fleet table; None: a third of the lease
+``WORKER_LOST_AFTER_MS``       None        a worker whose heartbeat is older than this
+                                           is marked lost; None: three leases
+``WORKER_PURGE_AFTER_MS``      604800000   rows of stopped or lost workers are deleted
+                                           this long after their last heartbeat (7 days)
 =============================  ==========  ==========================================
 
 ``REDACT_KEYS`` defaults to ``DEFAULT_REDACT_KEYS`` and ``REDACT_EXACT_KEYS`` to
@@ -52,6 +64,7 @@ WORKFLOW_RETRY_BACKOFF_MAX_MS = 300_000
 WORKFLOW_POLL_INTERVAL_MS = 1_000
 WORKFLOW_MAX_CHILDREN_PER_STEP = 1_000
 WORKFLOW_ACTION_TIMEOUT_MS = 300_000
+WORKFLOW_WORKER_PURGE_AFTER_MS = 7 * 24 * 3600 * 1000
 
 # Error codes written to ``WorkflowRun.error_code`` by the kernel.
 WORKFLOW_RETRY_EXHAUSTED = "WORKFLOW_RETRY_EXHAUSTED"
@@ -109,6 +122,10 @@ _DEFAULTS: dict[str, Any] = {
     "REDACT_HOOK": None,
     "ERROR_TEXT_MAX_CHARS": 2_000,
     "ADMIN_RUN_PAGE_ROWS": 100,
+    "LISTEN_DATABASE": None,
+    "WORKER_HEARTBEAT_MS": None,
+    "WORKER_LOST_AFTER_MS": None,
+    "WORKER_PURGE_AFTER_MS": WORKFLOW_WORKER_PURGE_AFTER_MS,
 }
 
 
@@ -171,6 +188,28 @@ def error_text_max_chars() -> int:
 
 def admin_run_page_rows() -> int:
     return int(_get("ADMIN_RUN_PAGE_ROWS"))
+
+
+def listen_database() -> str:
+    """The alias the LISTEN connection is opened with (LISTEN needs a session of its own)."""
+    alias = _get("LISTEN_DATABASE")
+    return str(alias) if alias else database()
+
+
+def worker_heartbeat_ms() -> int:
+    """A third of the lease: a worker misses two beats before anyone could call it late."""
+    value = _get("WORKER_HEARTBEAT_MS")
+    return int(value) if value else max(lease_ms() // 3, 100)
+
+
+def worker_lost_after_ms() -> int:
+    """Three leases: by then every run the worker held has been taken over anyway."""
+    value = _get("WORKER_LOST_AFTER_MS")
+    return int(value) if value else 3 * lease_ms()
+
+
+def worker_purge_after_ms() -> int:
+    return int(_get("WORKER_PURGE_AFTER_MS"))
 
 
 #: The LISTEN/NOTIFY channel. Fixed: the database triggers name it.
