@@ -70,8 +70,30 @@ RUN_TRANSITIONS = [
 _EFFECT_CHOICES = [(e.value, e.name.replace("_", " ").lower()) for e in Effect]
 
 
-def _append_only(name: str) -> pgtrigger.Protect:
-    return pgtrigger.Protect(name=name, operation=pgtrigger.Update | pgtrigger.Delete)
+class RefuseTruncate(pgtrigger.Trigger):
+    """Refuse ``TRUNCATE``: row-level protections never see it, and it empties a table at once.
+
+    A truncated journal made a woken run replay from nothing and charge the
+    provider a second time. The runtime role has no TRUNCATE privilege anyway;
+    this stops the owner too (``purgeworkflows`` deletes rows, it never truncates).
+    """
+
+    when = pgtrigger.Before
+    operation = pgtrigger.Truncate
+    level = pgtrigger.Statement
+
+    def get_func(self, model):
+        return (
+            "RAISE EXCEPTION 'k2b_workflows: % is append-only, TRUNCATE is refused', "
+            "TG_TABLE_NAME USING ERRCODE = 'insufficient_privilege';"
+        )
+
+
+def _append_only(name: str) -> list[pgtrigger.Trigger]:
+    return [
+        pgtrigger.Protect(name=name, operation=pgtrigger.Update | pgtrigger.Delete),
+        RefuseTruncate(name=name.replace("append_only", "no_truncate")),
+    ]
 
 
 class WorkflowRun(models.Model):
@@ -124,6 +146,11 @@ class WorkflowRun(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
+
+    #: Keyed seals over (entry count, head) of the journal and the ledger, rewritten
+    #: with every entry: a deleted tail no longer matches (``kernel/evidence.py``).
+    journal_anchor = models.CharField(max_length=100, blank=True, default="", editable=False)
+    ledger_anchor = models.CharField(max_length=100, blank=True, default="", editable=False)
 
     class Meta:
         db_table = "k2b_run"
@@ -205,7 +232,8 @@ class WorkflowRun(models.Model):
 class JournalEntry(models.Model):
     """A step's final outcome, checkpointed: what replay returns instead of running it again.
 
-    Append-only and hash-chained per run: ``entry_hash = sha256(prev_hash ‖ canonical(entry))``.
+    Append-only and hash-chained per run:
+    ``entry_hash = HMAC(key, prev_hash ‖ canonical(entry))``, sealed by ``WorkflowRun.journal_anchor``.
     """
 
     class State(models.TextChoices):
@@ -225,6 +253,9 @@ class JournalEntry(models.Model):
     generation = models.BigIntegerField()
     started_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
+    #: Id of the evidence key the hashes were made with; "" for unkeyed SHA-256
+    #: (entries written before keyed chains).
+    key_id = models.CharField(max_length=16, blank=True, default="")
     prev_hash = models.CharField(max_length=64)
     entry_hash = models.CharField(max_length=64)
 
@@ -233,7 +264,7 @@ class JournalEntry(models.Model):
         ordering = ["run", "seq"]
         verbose_name_plural = "journal entries"
         constraints = [models.UniqueConstraint(fields=["run", "seq"], name="k2b_journal_step_once")]
-        triggers = [_append_only("journal_append_only")]
+        triggers = _append_only("journal_append_only")
 
     def __str__(self) -> str:
         return f"{self.run_id} #{self.seq} {self.action_name} {self.state}"
@@ -283,6 +314,9 @@ class LedgerEntry(models.Model):
     evidence = models.TextField(blank=True, default="")
     detail = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
+    #: Id of the evidence key the hashes were made with; "" for unkeyed SHA-256
+    #: (entries written before keyed chains).
+    key_id = models.CharField(max_length=16, blank=True, default="")
     prev_hash = models.CharField(max_length=64)
     entry_hash = models.CharField(max_length=64)
 
@@ -291,7 +325,7 @@ class LedgerEntry(models.Model):
         ordering = ["run", "id"]
         verbose_name_plural = "ledger entries"
         indexes = [models.Index(fields=["run", "seq"], name="k2b_ledger_step")]
-        triggers = [_append_only("ledger_append_only")]
+        triggers = _append_only("ledger_append_only")
 
     def __str__(self) -> str:
         return f"{self.run_id} #{self.seq} {self.kind}"
@@ -338,7 +372,7 @@ class BudgetCharge(models.Model):
                 fields=["account", "run", "seq", "unit"], name="k2b_charge_once_per_step"
             )
         ]
-        triggers = [_append_only("charge_append_only")]
+        triggers = _append_only("charge_append_only")
 
     def __str__(self) -> str:
         return f"{self.amount} {self.unit} for {self.run_id} #{self.seq}"

@@ -106,7 +106,7 @@ class Preloaded:
 
 
 def preload(using: str, run_ids: list[Any]) -> dict[Any, Preloaded]:
-    """Read claimed runs with their journals and open ledger entries: three queries in all.
+    """Read claimed runs with their journals and ledgers: three queries in all.
 
     Called inside the claim's transaction, so a claim and its reads cost one commit.
     """
@@ -119,11 +119,8 @@ def preload(using: str, run_ids: list[Any]) -> dict[Any, Preloaded]:
         JournalEntry.objects.using(using).filter(run_id__in=run_ids).order_by("run_id", "seq")
     ):
         journals[entry.run_id].append(entry)
-    for entry in (
-        LedgerEntry.objects.using(using)
-        .filter(run_id__in=run_ids, seq__isnull=False)
-        .order_by("id")
-    ):
+    # The whole ledger, not only the steps' entries: its chain is verified before use (#9).
+    for entry in LedgerEntry.objects.using(using).filter(run_id__in=run_ids).order_by("id"):
         ledgers[entry.run_id].append(entry)
     return {pk: Preloaded(run, journals[pk], ledgers[pk]) for pk, run in runs.items()}
 
@@ -192,6 +189,12 @@ class Execution:
         if self.keeper:
             self.keeper.track(self.run_id, self.generation, self.canceled)
         try:
+            # Before anything replays the journal or trusts the ledger (#9): a tampered,
+            # truncated or wiped chain stops the run here, with nothing executed.
+            broken = evidence.verify_run(run, loaded.journal, loaded.ledger)
+            if broken is not None:
+                logger.error("run %s: integrity chain broken: %s", self.run_id, broken)
+                self._needs_attention(store.INTEGRITY_CHAIN_BROKEN, str(broken), step=None)
             try:
                 self.definition: WorkflowDefinition = get_workflow(run.workflow_name)
             except UnknownWorkflow:
@@ -226,7 +229,7 @@ class Execution:
         self.last_hash = entries[-1].entry_hash if entries else evidence.GENESIS
         self.effects: dict[int, _EffectState] = {}
         for entry in loaded.ledger:
-            if entry.seq in self.journal:
+            if entry.seq is None or entry.seq in self.journal:
                 continue
             state = self.effects.setdefault(entry.seq, _EffectState())
             if entry.kind == LedgerEntry.Kind.DISPATCHED:
@@ -282,7 +285,7 @@ class Execution:
         input_hash = evidence.hash_value(input)
         entry = self.journal.get(seq)
         if entry is not None:
-            return self._replay(entry, name, input_hash)
+            return self._replay(entry, name, input, input_hash)
         ctx = StepContext(self, seq)
         started = timezone.now()
         step = _Step(seq, action, name, input, input_hash, started, ctx)
@@ -333,12 +336,12 @@ class Execution:
             self.outcome = "released"
             raise Suspend
 
-    def _replay(self, entry: JournalEntry, name: str, input_hash: str) -> Any:
+    def _replay(self, entry: JournalEntry, name: str, input: Any, input_hash: str) -> Any:
         if entry.action_name != name:
             raise Nondeterministic(
                 f"step {entry.seq} was {entry.action_name!r} when journaled, now {name!r}"
             )
-        if entry.input_hash != input_hash:
+        if not evidence.same_input(entry.input_hash, input, input_hash):
             raise Nondeterministic(
                 f"step {entry.seq} ({name}) was journaled with another input (hash differs)"
             )
@@ -787,7 +790,8 @@ class Execution:
                 LedgerEntry.Kind.LATE_RESULT,
                 message=message,
                 output_hash=evidence.hash_value(output) if output is not None else "",
-                detail={"output": output} if output is not None else None,
+                # Never the raw output: it may hold card tokens or credentials (#9).
+                detail={"output": evidence.redacted_summary(output)} if output is not None else None,
             )
 
         try:
@@ -820,8 +824,8 @@ class Execution:
             self._fence()
             if verify:
                 problem = evidence.verify_chains(self.run_id, self.using)
-                if problem:
-                    broken.append(problem)
+                if problem is not None:
+                    broken.append(str(problem))
                     return
             if entry is not None:
                 evidence.append_journal(entry, self.last_hash, self.using)
@@ -971,7 +975,7 @@ class Execution:
             action_name = f"{CHILDREN_KIND}.create:{name}"
         entry = self.journal.get(seq)
         if entry is not None:
-            replayed = self._replay(entry, action_name, input_hash)
+            replayed = self._replay(entry, action_name, inputs, input_hash)
             return (
                 [r["run_id"] for r in replayed]
                 if not wait
