@@ -233,7 +233,8 @@ class JournalEntry(models.Model):
     """A step's final outcome, checkpointed: what replay returns instead of running it again.
 
     Append-only and hash-chained per run:
-    ``entry_hash = HMAC(key, prev_hash ‖ canonical(entry))``, sealed by ``WorkflowRun.journal_anchor``.
+    ``entry_hash = HMAC(key, prev_hash ‖ canonical(entry))``, sealed by
+    ``WorkflowRun.journal_anchor``.
     """
 
     class State(models.TextChoices):

@@ -187,7 +187,10 @@ def append_journal(entry: JournalEntry, prev_hash: str, using: str) -> JournalEn
 
 
 def append_ledger(using: str, **fields: Any) -> LedgerEntry:
-    """Append a ledger entry to the run's chain and re-seal its anchor. Caller holds the run lock."""
+    """Append a ledger entry to the run's chain and re-seal its anchor.
+
+    Caller holds the run row lock.
+    """
     entry = LedgerEntry(**fields)
     with connections[using].cursor() as cursor:
         cursor.execute(
@@ -262,7 +265,7 @@ def _verify_chain(
         return ChainBreak(
             chain,
             count,
-            f"the anchor does not seal these {count} entries (entries were removed or added)",
+            f"the anchor does not seal these {count} entries (entries removed, added or rewritten)",
         )
     return None
 

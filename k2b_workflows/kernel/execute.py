@@ -791,7 +791,9 @@ class Execution:
                 message=message,
                 output_hash=evidence.hash_value(output) if output is not None else "",
                 # Never the raw output: it may hold card tokens or credentials (#9).
-                detail={"output": evidence.redacted_summary(output)} if output is not None else None,
+                detail={"output": evidence.redacted_summary(output)}
+                if output is not None
+                else None,
             )
 
         try:

@@ -16,7 +16,10 @@ def anchor_existing_runs(apps, schema_editor):
 
     key_id, key = signing_key()
     with schema_editor.connection.cursor() as cursor:
-        for chain, table, order in (("journal", "k2b_journal", "seq"), ("ledger", "k2b_ledger", "id")):
+        for chain, table, order in (
+            ("journal", "k2b_journal", "seq"),
+            ("ledger", "k2b_ledger", "id"),
+        ):
             cursor.execute(
                 f"""SELECT r.id, count(e.id), (array_agg(e.entry_hash ORDER BY e.{order} DESC))[1]
                       FROM k2b_run r LEFT JOIN {table} e ON e.run_id = r.id GROUP BY r.id"""
@@ -29,43 +32,75 @@ def anchor_existing_runs(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('k2b_workflows', '0004_dry_run_permission'),
+        ("k2b_workflows", "0004_dry_run_permission"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='journalentry',
-            name='key_id',
-            field=models.CharField(blank=True, default='', max_length=16),
+            model_name="journalentry",
+            name="key_id",
+            field=models.CharField(blank=True, default="", max_length=16),
         ),
         migrations.AddField(
-            model_name='ledgerentry',
-            name='key_id',
-            field=models.CharField(blank=True, default='', max_length=16),
+            model_name="ledgerentry",
+            name="key_id",
+            field=models.CharField(blank=True, default="", max_length=16),
         ),
         migrations.AddField(
-            model_name='workflowrun',
-            name='journal_anchor',
-            field=models.CharField(blank=True, default='', editable=False, max_length=100),
+            model_name="workflowrun",
+            name="journal_anchor",
+            field=models.CharField(blank=True, default="", editable=False, max_length=100),
         ),
         migrations.AddField(
-            model_name='workflowrun',
-            name='ledger_anchor',
-            field=models.CharField(blank=True, default='', editable=False, max_length=100),
+            model_name="workflowrun",
+            name="ledger_anchor",
+            field=models.CharField(blank=True, default="", editable=False, max_length=100),
         ),
         migrations.RunPython(anchor_existing_runs, migrations.RunPython.noop, elidable=True),
         pgtrigger.migrations.AddTrigger(
-            model_name='budgetcharge',
-            trigger=pgtrigger.compiler.Trigger(name='charge_no_truncate', sql=pgtrigger.compiler.UpsertTriggerSql(func="RAISE EXCEPTION 'k2b_workflows: % is append-only, TRUNCATE is refused', TG_TABLE_NAME USING ERRCODE = 'insufficient_privilege';", hash='9f0d42ca8cf8318066addf52ee8da5d401b1eaca', level='STATEMENT', operation='TRUNCATE', pgid='pgtrigger_charge_no_truncate_3eec2', table='k2b_budget_charge', when='BEFORE')),
+            model_name="budgetcharge",
+            trigger=pgtrigger.compiler.Trigger(
+                name="charge_no_truncate",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    func="RAISE EXCEPTION 'k2b_workflows: % is append-only, TRUNCATE is refused', TG_TABLE_NAME USING ERRCODE = 'insufficient_privilege';",
+                    hash="9f0d42ca8cf8318066addf52ee8da5d401b1eaca",
+                    level="STATEMENT",
+                    operation="TRUNCATE",
+                    pgid="pgtrigger_charge_no_truncate_3eec2",
+                    table="k2b_budget_charge",
+                    when="BEFORE",
+                ),
+            ),
         ),
         pgtrigger.migrations.AddTrigger(
-            model_name='journalentry',
-            trigger=pgtrigger.compiler.Trigger(name='journal_no_truncate', sql=pgtrigger.compiler.UpsertTriggerSql(func="RAISE EXCEPTION 'k2b_workflows: % is append-only, TRUNCATE is refused', TG_TABLE_NAME USING ERRCODE = 'insufficient_privilege';", hash='660bd1835b2d39ec6c4d64947215d9a0dc015ec3', level='STATEMENT', operation='TRUNCATE', pgid='pgtrigger_journal_no_truncate_e1be5', table='k2b_journal', when='BEFORE')),
+            model_name="journalentry",
+            trigger=pgtrigger.compiler.Trigger(
+                name="journal_no_truncate",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    func="RAISE EXCEPTION 'k2b_workflows: % is append-only, TRUNCATE is refused', TG_TABLE_NAME USING ERRCODE = 'insufficient_privilege';",
+                    hash="660bd1835b2d39ec6c4d64947215d9a0dc015ec3",
+                    level="STATEMENT",
+                    operation="TRUNCATE",
+                    pgid="pgtrigger_journal_no_truncate_e1be5",
+                    table="k2b_journal",
+                    when="BEFORE",
+                ),
+            ),
         ),
         pgtrigger.migrations.AddTrigger(
-            model_name='ledgerentry',
-            trigger=pgtrigger.compiler.Trigger(name='ledger_no_truncate', sql=pgtrigger.compiler.UpsertTriggerSql(func="RAISE EXCEPTION 'k2b_workflows: % is append-only, TRUNCATE is refused', TG_TABLE_NAME USING ERRCODE = 'insufficient_privilege';", hash='a6f8b4302abb66735ece29c8c95f922d3a8a5b1f', level='STATEMENT', operation='TRUNCATE', pgid='pgtrigger_ledger_no_truncate_e07a1', table='k2b_ledger', when='BEFORE')),
+            model_name="ledgerentry",
+            trigger=pgtrigger.compiler.Trigger(
+                name="ledger_no_truncate",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    func="RAISE EXCEPTION 'k2b_workflows: % is append-only, TRUNCATE is refused', TG_TABLE_NAME USING ERRCODE = 'insufficient_privilege';",
+                    hash="a6f8b4302abb66735ece29c8c95f922d3a8a5b1f",
+                    level="STATEMENT",
+                    operation="TRUNCATE",
+                    pgid="pgtrigger_ledger_no_truncate_e07a1",
+                    table="k2b_ledger",
+                    when="BEFORE",
+                ),
+            ),
         ),
     ]
