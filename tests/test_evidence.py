@@ -78,9 +78,12 @@ def _stopped_for_integrity(run: WorkflowRun) -> str:
 def test_truncate_of_an_append_only_table_is_refused_even_for_the_owner(table):
     start_workflow_run("test.charge", {"amount": 3})
     run_to_end()
-    with pytest.raises(DatabaseError, match="TRUNCATE is refused"), transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(f"TRUNCATE {table} CASCADE")
+    with (
+        pytest.raises(DatabaseError, match="TRUNCATE is refused"),
+        transaction.atomic(),
+        connection.cursor() as cursor,
+    ):
+        cursor.execute(f"TRUNCATE {table} CASCADE")
 
 
 def test_truncate_then_wake_charges_the_provider_once():
