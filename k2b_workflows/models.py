@@ -35,6 +35,46 @@ class Notify(pgtrigger.Trigger):
         return f"PERFORM pg_notify('{self.channel}', NEW.app_id); RETURN NULL;"
 
 
+#: Created by migration 0007. Raises unless the session's role may own the table:
+#: ``pgtrigger.ignore`` is a session setting any role can set, so without this a
+#: runtime role could switch off the status rules of the rows it updates.
+OWNER_ONLY_IGNORE_SQL = """
+CREATE OR REPLACE FUNCTION "public"._k2b_refuse_foreign_ignore(trigger_name NAME, tbl OID)
+RETURNS BOOLEAN AS $$
+BEGIN
+    IF trigger_name = ANY(NULLIF(current_setting('pgtrigger.ignore', true), '')::text[])
+       AND NOT pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = tbl), 'MEMBER')
+    THEN
+        RAISE EXCEPTION 'k2b_workflows: only the owner of % may ignore %', tbl::regclass,
+            trigger_name USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN TRUE;
+END;
+$$ LANGUAGE plpgsql STABLE;
+"""
+
+
+class OwnerOnlyIgnore:
+    """Honour ``pgtrigger.ignore`` for the table's owner only (see ``OWNER_ONLY_IGNORE_SQL``).
+
+    A DECLARE initializer runs before pgtrigger's own ignore check in the body.
+    """
+
+    def get_declare(self, model):
+        return [
+            *super().get_declare(model),  # type: ignore[misc]
+            ("_k2b_owner", 'BOOLEAN := "public"._k2b_refuse_foreign_ignore(TG_NAME, TG_RELID)'),
+        ]
+
+
+class GuardedFSM(OwnerOnlyIgnore, pgtrigger.FSM):
+    pass
+
+
+class GuardedProtect(OwnerOnlyIgnore, pgtrigger.Protect):
+    pass
+
+
 class RunStatus(models.TextChoices):
     QUEUED = "queued"
     RUNNING = "running"
@@ -91,7 +131,7 @@ class RefuseTruncate(pgtrigger.Trigger):
 
 def _append_only(name: str) -> list[pgtrigger.Trigger]:
     return [
-        pgtrigger.Protect(name=name, operation=pgtrigger.Update | pgtrigger.Delete),
+        GuardedProtect(name=name, operation=pgtrigger.Update | pgtrigger.Delete),
         RefuseTruncate(name=name.replace("append_only", "no_truncate")),
     ]
 
@@ -199,8 +239,8 @@ class WorkflowRun(models.Model):
             models.Index(fields=["status", "created_at"], name="k2b_run_status"),
         ]
         triggers = [
-            pgtrigger.FSM(name="status_transitions", field="status", transitions=RUN_TRANSITIONS),
-            pgtrigger.Protect(
+            GuardedFSM(name="status_transitions", field="status", transitions=RUN_TRANSITIONS),
+            GuardedProtect(
                 name="generation_never_decreases",
                 operation=pgtrigger.Update,
                 condition=pgtrigger.Q(new__generation__lt=pgtrigger.F("old__generation")),
@@ -440,7 +480,7 @@ class AiTask(models.Model):
             ),
         ]
         triggers = [
-            pgtrigger.FSM(
+            GuardedFSM(
                 name="ai_status_transitions",
                 field="status",
                 transitions=[

@@ -37,16 +37,11 @@ def runtime_grants(role: str, using: str) -> list[str]:
     """
     connection = connections[using]
     quote = connection.ops.quote_name
+    tables = kernel_tables()
+    sequences = owned_sequences(using, tables)
     with connection.cursor() as cursor:
         cursor.execute("SELECT current_schema()")
         schema = cursor.fetchone()[0]
-        sequences = []
-        for table in kernel_tables():
-            cursor.execute("SELECT pg_get_serial_sequence(%s, 'id')", [table])
-            row = cursor.fetchone()
-            if row and row[0]:
-                sequences.append(row[0])
-    tables = kernel_tables()
     mutable = [t for t in tables if t not in APPEND_ONLY_TABLES]
     grantee = quote(role)
 
@@ -62,6 +57,22 @@ def runtime_grants(role: str, using: str) -> list[str]:
     if sequences:
         statements.append(f"GRANT USAGE, SELECT ON SEQUENCE {', '.join(sequences)} TO {grantee}")
     return statements
+
+
+def owned_sequences(using: str, tables: list[str]) -> list[str]:
+    """The sequences behind the tables' serial or identity columns (INSERT draws from them)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            """SELECT DISTINCT s.oid::regclass::text
+                 FROM pg_class s
+                 JOIN pg_depend d ON d.classid = 'pg_class'::regclass AND d.objid = s.oid
+                 JOIN pg_class t ON t.oid = d.refobjid
+                WHERE s.relkind = 'S' AND d.deptype IN ('a', 'i')
+                  AND t.oid = ANY(SELECT to_regclass(name) FROM unnest(%s::text[]) AS name)
+                ORDER BY 1""",
+            [tables],
+        )
+        return [row[0] for row in cursor.fetchall()]
 
 
 def apply_grants(role: str, using: str) -> list[str]:

@@ -10,6 +10,22 @@ import pgtrigger.compiler
 import pgtrigger.migrations
 from django.db import migrations, models
 
+# Copied here, not imported: a migration keeps the SQL it ran.
+OWNER_ONLY_IGNORE_SQL = """
+CREATE OR REPLACE FUNCTION "public"._k2b_refuse_foreign_ignore(trigger_name NAME, tbl OID)
+RETURNS BOOLEAN AS $$
+BEGIN
+    IF trigger_name = ANY(NULLIF(current_setting('pgtrigger.ignore', true), '')::text[])
+       AND NOT pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = tbl), 'MEMBER')
+    THEN
+        RAISE EXCEPTION 'k2b_workflows: only the owner of % may ignore %', tbl::regclass,
+            trigger_name USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN TRUE;
+END;
+$$ LANGUAGE plpgsql STABLE;
+"""
+
 
 def anchor_existing_runs(apps, schema_editor):
     from k2b_workflows.kernel.evidence import GENESIS, anchor, signing_key
@@ -99,6 +115,122 @@ class Migration(migrations.Migration):
                     operation="TRUNCATE",
                     pgid="pgtrigger_ledger_no_truncate_e07a1",
                     table="k2b_ledger",
+                    when="BEFORE",
+                ),
+            ),
+        ),
+        migrations.RunSQL(OWNER_ONLY_IGNORE_SQL, elidable=False),
+        pgtrigger.migrations.RemoveTrigger(
+            model_name="aitask",
+            name="ai_status_transitions",
+        ),
+        pgtrigger.migrations.RemoveTrigger(
+            model_name="budgetcharge",
+            name="charge_append_only",
+        ),
+        pgtrigger.migrations.RemoveTrigger(
+            model_name="journalentry",
+            name="journal_append_only",
+        ),
+        pgtrigger.migrations.RemoveTrigger(
+            model_name="ledgerentry",
+            name="ledger_append_only",
+        ),
+        pgtrigger.migrations.RemoveTrigger(
+            model_name="workflowrun",
+            name="status_transitions",
+        ),
+        pgtrigger.migrations.RemoveTrigger(
+            model_name="workflowrun",
+            name="generation_never_decreases",
+        ),
+        pgtrigger.migrations.AddTrigger(
+            model_name="aitask",
+            trigger=pgtrigger.compiler.Trigger(
+                name="ai_status_transitions",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    declare='DECLARE _is_valid_transition BOOLEAN; _k2b_owner BOOLEAN := "public"._k2b_refuse_foreign_ignore(TG_NAME, TG_RELID);',
+                    func='SELECT CONCAT(OLD."status", \':\', NEW."status") = ANY(\'{queued:running,queued:canceled,running:queued,running:succeeded,running:failed,running:canceled}\'::text[]) INTO _is_valid_transition; IF (_is_valid_transition IS FALSE AND OLD."status" IS DISTINCT FROM NEW."status") THEN RAISE EXCEPTION \'pgtrigger: Invalid transition of field "status" from "%" to "%" on table %\', OLD."status", NEW."status", TG_TABLE_NAME; ELSE RETURN NEW; END IF;',
+                    hash="16ec4abbfe9c8ba4a54786214568be4164ce63ec",
+                    operation="UPDATE",
+                    pgid="pgtrigger_ai_status_transitions_0d3e8",
+                    table="k2b_ai_task",
+                    when="BEFORE",
+                ),
+            ),
+        ),
+        pgtrigger.migrations.AddTrigger(
+            model_name="budgetcharge",
+            trigger=pgtrigger.compiler.Trigger(
+                name="charge_append_only",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    declare='DECLARE _k2b_owner BOOLEAN := "public"._k2b_refuse_foreign_ignore(TG_NAME, TG_RELID);',
+                    func="RAISE EXCEPTION 'pgtrigger: Cannot update or delete rows from % table', TG_TABLE_NAME;",
+                    hash="3d57628ec627badb488fb8a73cb021a12a92f0ce",
+                    operation="UPDATE OR DELETE",
+                    pgid="pgtrigger_charge_append_only_c8f65",
+                    table="k2b_budget_charge",
+                    when="BEFORE",
+                ),
+            ),
+        ),
+        pgtrigger.migrations.AddTrigger(
+            model_name="journalentry",
+            trigger=pgtrigger.compiler.Trigger(
+                name="journal_append_only",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    declare='DECLARE _k2b_owner BOOLEAN := "public"._k2b_refuse_foreign_ignore(TG_NAME, TG_RELID);',
+                    func="RAISE EXCEPTION 'pgtrigger: Cannot update or delete rows from % table', TG_TABLE_NAME;",
+                    hash="ff3ef6edc39e66b40ddd499a3d65080053613119",
+                    operation="UPDATE OR DELETE",
+                    pgid="pgtrigger_journal_append_only_e9eb4",
+                    table="k2b_journal",
+                    when="BEFORE",
+                ),
+            ),
+        ),
+        pgtrigger.migrations.AddTrigger(
+            model_name="ledgerentry",
+            trigger=pgtrigger.compiler.Trigger(
+                name="ledger_append_only",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    declare='DECLARE _k2b_owner BOOLEAN := "public"._k2b_refuse_foreign_ignore(TG_NAME, TG_RELID);',
+                    func="RAISE EXCEPTION 'pgtrigger: Cannot update or delete rows from % table', TG_TABLE_NAME;",
+                    hash="19b88ceb2fc5533896d06c487ea552e4c50bd65e",
+                    operation="UPDATE OR DELETE",
+                    pgid="pgtrigger_ledger_append_only_13f4d",
+                    table="k2b_ledger",
+                    when="BEFORE",
+                ),
+            ),
+        ),
+        pgtrigger.migrations.AddTrigger(
+            model_name="workflowrun",
+            trigger=pgtrigger.compiler.Trigger(
+                name="status_transitions",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    declare='DECLARE _is_valid_transition BOOLEAN; _k2b_owner BOOLEAN := "public"._k2b_refuse_foreign_ignore(TG_NAME, TG_RELID);',
+                    func='SELECT CONCAT(OLD."status", \':\', NEW."status") = ANY(\'{queued:running,queued:canceled,running:queued,running:waiting,running:succeeded,running:failed,running:needs_attention,running:canceled,waiting:queued,waiting:canceled,needs_attention:queued,needs_attention:succeeded,needs_attention:canceled,failed:queued}\'::text[]) INTO _is_valid_transition; IF (_is_valid_transition IS FALSE AND OLD."status" IS DISTINCT FROM NEW."status") THEN RAISE EXCEPTION \'pgtrigger: Invalid transition of field "status" from "%" to "%" on table %\', OLD."status", NEW."status", TG_TABLE_NAME; ELSE RETURN NEW; END IF;',
+                    hash="1a11bf442be65f1a7cccff99018770bad840c0a6",
+                    operation="UPDATE",
+                    pgid="pgtrigger_status_transitions_60e15",
+                    table="k2b_run",
+                    when="BEFORE",
+                ),
+            ),
+        ),
+        pgtrigger.migrations.AddTrigger(
+            model_name="workflowrun",
+            trigger=pgtrigger.compiler.Trigger(
+                name="generation_never_decreases",
+                sql=pgtrigger.compiler.UpsertTriggerSql(
+                    condition='WHEN (NEW."generation" < (OLD."generation"))',
+                    declare='DECLARE _k2b_owner BOOLEAN := "public"._k2b_refuse_foreign_ignore(TG_NAME, TG_RELID);',
+                    func="RAISE EXCEPTION 'pgtrigger: Cannot update rows from % table', TG_TABLE_NAME;",
+                    hash="5294ac116ccde729bb9d17ab54e917ec07670a16",
+                    operation="UPDATE",
+                    pgid="pgtrigger_generation_never_decreases_8473b",
+                    table="k2b_run",
                     when="BEFORE",
                 ),
             ),
