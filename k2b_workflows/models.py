@@ -62,7 +62,7 @@ class OwnerOnlyIgnore:
 
     def get_declare(self, model):
         return [
-            *super().get_declare(model),  # type: ignore[misc]
+            *super().get_declare(model),
             ("_k2b_owner", 'BOOLEAN := "public"._k2b_refuse_foreign_ignore(TG_NAME, TG_RELID)'),
         ]
 

@@ -150,10 +150,13 @@ def test_the_runtime_role_cannot_truncate(evidence_written, table):
     ],
 )
 def test_the_trigger_ignore_setting_gives_the_runtime_role_nothing(evidence_written, sql):
-    with pytest.raises(DatabaseError) as caught, transaction.atomic(using=RUNTIME):
-        with connections[RUNTIME].cursor() as cursor:
-            cursor.execute("SELECT set_config('pgtrigger.ignore', %s, true)", [_trigger_ids()])
-            cursor.execute(sql)
+    with (
+        pytest.raises(DatabaseError) as caught,
+        transaction.atomic(using=RUNTIME),
+        connections[RUNTIME].cursor() as cursor,
+    ):
+        cursor.execute("SELECT set_config('pgtrigger.ignore', %s, true)", [_trigger_ids()])
+        cursor.execute(sql)
     assert db.sqlstate(caught.value) == "42501", caught.value
     assert LedgerEntry.objects.filter(run=evidence_written, actor="mallory").count() == 0
 
@@ -168,10 +171,13 @@ def test_the_trigger_ignore_setting_gives_the_runtime_role_nothing(evidence_writ
 def test_the_runtime_role_cannot_ignore_the_run_lifecycle_triggers(evidence_written, sql):
     """It may update runs, so privileges alone do not protect their rules: the triggers
     honour ``pgtrigger.ignore`` for the owner only."""
-    with pytest.raises(DatabaseError) as caught, transaction.atomic(using=RUNTIME):
-        with connections[RUNTIME].cursor() as cursor:
-            cursor.execute("SELECT set_config('pgtrigger.ignore', %s, true)", [_trigger_ids()])
-            cursor.execute(sql, [evidence_written.pk])
+    with (
+        pytest.raises(DatabaseError) as caught,
+        transaction.atomic(using=RUNTIME),
+        connections[RUNTIME].cursor() as cursor,
+    ):
+        cursor.execute("SELECT set_config('pgtrigger.ignore', %s, true)", [_trigger_ids()])
+        cursor.execute(sql, [evidence_written.pk])
     assert db.sqlstate(caught.value) == "42501", caught.value
     assert "only the owner" in str(caught.value)
     run = WorkflowRun.objects.get(pk=evidence_written.pk)
