@@ -220,6 +220,8 @@ class ChainBreak:
     seq: int | None = None
 
     def __str__(self) -> str:
+        if self.entry_id is None:  # the run row's anchor over the whole chain
+            return f"{self.chain} anchor over {self.position} entries: {self.reason}"
         where = f"{self.chain} entry {self.position}"
         if self.entry_id is not None:
             where += f" (id {self.entry_id}" + (
@@ -265,7 +267,7 @@ def _verify_chain(
         return ChainBreak(
             chain,
             count,
-            f"the anchor does not seal these {count} entries (entries removed, added or rewritten)",
+            "does not match (entries were removed, added or rewritten)",
         )
     return None
 
