@@ -8,7 +8,9 @@ runtime role cannot do at all is in ``test_roles.py``.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import io
+from types import SimpleNamespace
 
 import pgtrigger
 import pytest
@@ -273,12 +275,13 @@ def test_a_run_with_unkeyed_entries_from_before_keyed_chains_still_verifies_and_
             input_hash=hashlib.sha256(canonical_json({"amount": 7}).encode()).hexdigest()
         )
         _recompute_unkeyed_journal(run)
-    key_id, key = evidence.signing_key()
-    head = journal(run)[-1].entry_hash
-    WorkflowRun.objects.filter(pk=run.pk).update(
-        journal_anchor=evidence.anchor(run.pk, "journal", 1, head, key_id, key)
-    )
+    # Runs from before the upgrade had no anchors: migration 0007 writes them.
+    WorkflowRun.objects.filter(pk=run.pk).update(journal_anchor="", ledger_anchor="")
+    assert "no anchor" in str(evidence.verify_chains(run.pk, "default"))
+    migration = importlib.import_module("k2b_workflows.migrations.0007_integrity")
+    migration.anchor_existing_runs(None, SimpleNamespace(connection=connection))
     assert evidence.verify_chains(run.pk, "default") is None
+    key_id = evidence.signing_key()[0]
     _wake("l1")
     run_to_end()
     assert fresh(run).status == "succeeded", describe(run)
