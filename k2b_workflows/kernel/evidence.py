@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connections
+from django.db import connections, transaction
 
 from .. import store
 from ..actions import canonical_json
@@ -288,9 +288,14 @@ def verify_run(
 def verify_chains(run_id: Any, using: str) -> ChainBreak | None:
     """Re-read the run's row, journal and ledger from the database and check them.
 
-    Returns the first break, or None when everything is intact.
+    Returns the first break, or None when everything is intact. The run row is
+    share-locked first: every append locks it too, so the row's anchor and the
+    entries are read as of one moment, never an anchor from before an entry
+    that committed between two of these reads (a false break on a live run).
     """
-    run = WorkflowRun.objects.using(using).get(pk=run_id)
-    journal = list(JournalEntry.objects.using(using).filter(run_id=run_id).order_by("seq"))
-    ledger = list(LedgerEntry.objects.using(using).filter(run_id=run_id).order_by("id"))
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        cursor.execute("SELECT 1 FROM k2b_run WHERE id = %s FOR SHARE", [run_id])
+        run = WorkflowRun.objects.using(using).get(pk=run_id)
+        journal = list(JournalEntry.objects.using(using).filter(run_id=run_id).order_by("seq"))
+        ledger = list(LedgerEntry.objects.using(using).filter(run_id=run_id).order_by("id"))
     return verify_run(run, journal, ledger)

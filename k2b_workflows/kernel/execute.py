@@ -191,10 +191,7 @@ class Execution:
         try:
             # Before anything replays the journal or trusts the ledger (#9): a tampered,
             # truncated or wiped chain stops the run here, with nothing executed.
-            broken = evidence.verify_run(run, loaded.journal, loaded.ledger)
-            if broken is not None:
-                logger.error("run %s: integrity chain broken: %s", self.run_id, broken)
-                self._needs_attention(store.INTEGRITY_CHAIN_BROKEN, str(broken), step=None)
+            self._verify_loaded(loaded)
             try:
                 self.definition: WorkflowDefinition = get_workflow(run.workflow_name)
             except UnknownWorkflow:
@@ -222,6 +219,28 @@ class Execution:
             if self.keeper:
                 self.keeper.untrack(self.run_id)
         return self.outcome
+
+    def _verify_loaded(self, loaded: Preloaded) -> None:
+        """Stop the run in ``needs_attention`` if its chains or anchors do not verify (#9).
+
+        A claim's preload reads under the claim's row lock. Without one (no
+        preload given), an entry may commit between the reads of the row and of
+        the entries: a break is confirmed on a locked re-read before it counts.
+        """
+        broken = evidence.verify_run(loaded.run, loaded.journal, loaded.ledger)
+        if broken is not None and self.preloaded is None:
+            with transaction.atomic(using=self.using):
+                db.lock_run(self.using, self.run_id)
+                again = preload(self.using, [self.run_id])[self.run_id]
+            if again.run.generation != self.generation or again.run.status != "running":
+                raise Suspend  # taken over or canceled meanwhile: outcome "dropped"
+            broken = evidence.verify_run(again.run, again.journal, again.ledger)
+            if broken is None:
+                self._load(again)
+                self.run = again.run
+        if broken is not None:
+            logger.error("run %s: integrity chain broken: %s", self.run_id, broken)
+            self._needs_attention(store.INTEGRITY_CHAIN_BROKEN, str(broken), step=None)
 
     def _load(self, loaded: Preloaded) -> None:
         entries = loaded.journal
