@@ -19,6 +19,9 @@ from django.db import connections
 #: Tables whose rows are evidence: the runtime role may only add and read.
 APPEND_ONLY_TABLES = ("k2b_journal", "k2b_ledger", "k2b_budget_charge")
 _FORBIDDEN = ("UPDATE", "DELETE", "TRUNCATE")
+#: Tables whose rows the runtime role removes itself: workers purge the fleet
+#: rows of stopped or lost workers as they beat (``fleet.py``). Nothing else.
+RUNTIME_DELETES = ("k2b_worker",)
 
 
 def kernel_tables() -> list[str]:
@@ -54,6 +57,9 @@ def runtime_grants(role: str, using: str) -> list[str]:
         f"GRANT SELECT, INSERT ON TABLE {names(APPEND_ONLY_TABLES)} TO {grantee}",
         f"GRANT SELECT, INSERT, UPDATE ON TABLE {names(mutable)} TO {grantee}",
     ]
+    deletable = [t for t in RUNTIME_DELETES if t in tables]
+    if deletable:
+        statements.append(f"GRANT DELETE ON TABLE {names(deletable)} TO {grantee}")
     if sequences:
         statements.append(f"GRANT USAGE, SELECT ON SEQUENCE {', '.join(sequences)} TO {grantee}")
     return statements

@@ -230,4 +230,6 @@ def test_grantworkflows_prints_only_insert_and_select_on_the_evidence():
     assert lines[1].startswith("REVOKE ALL ON TABLE ") and '"k2b_journal"' in lines[1]
     mutable = next(line for line in lines if "UPDATE" in line)
     assert '"k2b_run"' in mutable and '"k2b_journal"' not in mutable
-    assert not any("DELETE" in line or "TRUNCATE" in line for line in lines)
+    assert not any("TRUNCATE" in line for line in lines)
+    deletes = [line for line in lines if "DELETE" in line]
+    assert deletes == ['GRANT DELETE ON TABLE "k2b_worker" TO "k2b_app";']

@@ -49,7 +49,7 @@ def anchor_existing_runs(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("k2b_workflows", "0004_dry_run_permission"),
+        ("k2b_workflows", "0005_worker"),
     ]
 
     operations = [
