@@ -20,6 +20,7 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
 from . import admin_views, store
@@ -29,7 +30,7 @@ from .admin_display import (
     incident_dispatch,
     run_page_context,
 )
-from .kernel.evidence import hash_value
+from .kernel.evidence import hash_value, verify_chains
 from .models import Incident, JournalEntry, LedgerEntry, RunStatus, WorkerRecord, WorkflowRun
 from .redaction import redact, redact_text, shorten
 
@@ -118,6 +119,7 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
                 "fields": (
                     "id",
                     "status_badge",
+                    "integrity",
                     "held_by",
                     "workflow_name",
                     "workflow_version",
@@ -194,6 +196,21 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
     @admin.display(description="output")
     def output_json(self, run: WorkflowRun) -> str:
         return pretty_json(run.output) if run.output is not None else "—"
+
+    @admin.display(description="integrity")
+    def integrity(self, run: WorkflowRun) -> str:
+        """Verified now, from the database, with the evidence keys: a finished run
+        whose resolution was edited shows it here, not only at its next claim."""
+        problem = verify_chains(run.pk, run._state.db or store.database())
+        if problem is None:
+            return mark_safe(
+                '<span class="k2b-badge k2b-integrity-verified">verified</span>'
+                " journal and ledger chains and anchors intact"
+            )
+        return format_html(
+            '<span class="k2b-badge k2b-integrity-broken">broken</span> <strong>{}</strong>',
+            str(problem),
+        )
 
     @admin.display(description="idempotency key")
     def idempotency_key_shown(self, run: WorkflowRun) -> str:

@@ -88,6 +88,7 @@ def start_workflow_run(
             updated_at=now,
             parent=parent_run,
             root_id=(parent_run.root_id or parent_run.id) if parent_run else run_id,
+            **chain.initial_anchors(run_id),
         )
         # ON CONFLICT DO NOTHING without a target, then read by key: two
         # concurrent starts with one key never raise a unique violation.
