@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 # and stops the recipe if no database could be had.
 WITH_DB = url="$$($(PY) scripts/dbenv.py)" || exit $$?; export DATABASE_URL="$$url";
 
-.PHONY: help venv db db-stop demo serve test lint format bench bench-quick compare clean distclean
+.PHONY: help venv db db-stop demo serve test lint format bench bench-quick compare docs docs-serve clean distclean
 
 help:
 	@echo "make demo      set everything up and run the demo workflows with real workers"
@@ -28,6 +28,8 @@ help:
 	@echo "make format    ruff format and ruff check --fix"
 	@echo "make bench     run bench/run.py (full; bench-quick: under a minute)"
 	@echo "make compare   the same workload on DBOS and Procrastinate (needs the bench extra)"
+	@echo "make docs      build the documentation site into build/site (strict: a warning fails)"
+	@echo "make docs-serve serve the documentation at http://127.0.0.1:8001/ while you edit it"
 	@echo "make venv      create .venv and install the project with its dev extras"
 	@echo "make db        start the embedded PostgreSQL (unless DATABASE_URL is set) and print its URL"
 	@echo "make db-stop   stop the embedded PostgreSQL"
@@ -78,6 +80,13 @@ bench-quick: venv db
 compare: venv db
 	$(PY) -m pip install -q -e '.[bench]'
 	@$(WITH_DB) $(PY) bench/compare.py
+
+# NO_MKDOCS_2_WARNING silences a banner about MkDocs' future that is not a build warning.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+docs-serve: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8001
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache test-artifacts staticfiles

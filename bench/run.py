@@ -352,9 +352,10 @@ class Bench:
                     """INSERT INTO k2b_run (id, workflow_name, workflow_version, app_id, status,
                               input, error_code, error_message, generation,
                               consecutive_failures, run_after, claimed_by, wait_kind, wait_key,
-                              wait_signal_seq, created_at, updated_at, finished_at)
+                              wait_signal_seq, created_at, updated_at, finished_at,
+                              journal_anchor, ledger_anchor)
                        SELECT gen_random_uuid(), 'bench.old', 1, 'bench', 'succeeded', '{}',
-                              '', '', 1, 0, now(), '', '', '', 0, now(), now(), now()
+                              '', '', 1, 0, now(), '', '', '', 0, now(), now(), now(), '', ''
                          FROM generate_series(1, %s)""",
                     [finished - have],
                 )
