@@ -189,6 +189,10 @@ def test_bench_quick_prints_one_json_line_with_the_numbers():
     url = os.environ.get("DATABASE_URL")
     if not url:
         pytest.skip("DATABASE_URL is not set")
+    from bench.run import with_db
+
+    # Databases of its own, named after the test database: never a developer's bench.
+    url = with_db(url, connection.settings_dict["NAME"])
     proc = subprocess.run(
         [
             *(sys.executable, str(ROOT / "bench" / "run.py"), "--quick", "--runs", "3"),
