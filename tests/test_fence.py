@@ -223,10 +223,9 @@ def test_a_stale_park_does_not_park_the_run(mode):
 def test_a_stale_finish_does_not_end_the_run(mode):
     run, stale, after = stale_attempt("fence.finish", mode)
     assert row_state(run.pk)[0] != "succeeded"
-    # Step 0 was journaled by the stale worker while it still held the run.
-    (entry,) = JournalEntry.objects.filter(run=run)
-    assert entry.generation == stale.generation
-    assert row_state(run.pk) == after
+    # Step 0's success is written with the run's end, in one commit (#13): the
+    # fenced-out end commits neither, and the next holder runs the PURE step again.
+    assert_nothing_committed(run, stale, after)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -13,7 +13,7 @@ from django.core.management import call_command
 from django.test import RequestFactory
 from prometheus_client.parser import text_string_to_metric_families
 
-from k2b_workflows import metrics, start_workflow_run
+from k2b_workflows import fleet, metrics, start_workflow_run
 from k2b_workflows.testing import run_until_idle
 from tests.kernel_helpers import fresh
 from tests.models import ProviderCall
@@ -97,6 +97,12 @@ def test_the_worker_serves_prometheus_metrics(start_worker, wait):
         lambda: all(fresh(r).status == "succeeded" for r in runs),
         timeout=TIMEOUT,
         message=f"every run to succeed\n{worker.output()}",
+    )
+    # The runs may end before the killed worker's heartbeat is old enough to count as lost.
+    wait(
+        lambda: len(fleet.live_workers()) == 1,
+        timeout=TIMEOUT,
+        message="the killed worker to count as lost",
     )
 
     m = scrape(port)
