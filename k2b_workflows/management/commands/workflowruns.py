@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from k2b_workflows import store
 from k2b_workflows.models import RunStatus, WorkflowRun
+from k2b_workflows.versions import run_code_note
 
 
 def _when(value: Any) -> str:
@@ -96,6 +97,9 @@ class Command(BaseCommand):
         if limit:
             runs = runs[:limit]
         now = timezone.now()
+        runs = list(runs)
+        # A run pinned to a version no process here can run waits silently otherwise.
+        notes = [(r, run_code_note(r)) for r in runs]
         if waiting:
             headers = [
                 "RUN",
@@ -127,6 +131,7 @@ class Command(BaseCommand):
                 "RUN",
                 "APP",
                 "WORKFLOW",
+                "VER",
                 "STATUS",
                 "GEN",
                 "STEP",
@@ -139,6 +144,7 @@ class Command(BaseCommand):
                     str(r.id),
                     r.app_id,
                     r.workflow_name,
+                    str(r.workflow_version),
                     r.status,
                     str(r.generation),
                     "-" if r.current_step is None else str(r.current_step),
@@ -154,3 +160,8 @@ class Command(BaseCommand):
         self.stdout.write(format_table(headers, rows))
         if total > len(rows):
             self.stdout.write(f"({len(rows)} of {total}; --limit 0 shows all)")
+        for run, note in notes:
+            if note:
+                self.stdout.write(
+                    f"run {run.id} ({run.workflow_name} v{run.workflow_version}): {note}"
+                )
