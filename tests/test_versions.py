@@ -279,3 +279,75 @@ def test_retry_is_refused_for_an_effect_in_doubt():
     with pytest.raises(NotRetryable, match="decide on the effect"):
         retry_workflow_run(run.pk, actor=operator)
     assert JournalEntry.objects.filter(run=run).count() == 0
+
+
+def test_a_run_parked_in_the_step_a_patch_replaces_keeps_the_old_branch(monkeypatch):
+    monkeypatch.setenv("K2B_TEST_PATCH", "old")
+    run = park("ver.patched_at_wait", {"key": "at-wait"})
+    monkeypatch.setenv("K2B_TEST_PATCH", "new")
+    fresh_run = start_workflow_run("ver.patched_at_wait", {"key": "unused"})
+    wake("at-wait")
+    run_to_end()
+    assert fresh(run).output == {"branch": "old"}, describe(run)
+    assert fresh(fresh_run).output == {"branch": "new"}, describe(fresh_run)
+    assert [e.action_name for e in journal(run)] == ["ver.stamp", "test.wait_for"]
+
+
+# Every incident code: its page offers only actions that act ------------------------------
+
+
+def incident_with(code: str, attention_step: int | None = None) -> WorkflowRun:
+    """A run put in ``needs_attention`` with ``code`` through the transitions the kernel uses."""
+    from django.db import connection
+
+    run = start_workflow_run("ver.checkout", {"key": "never"})
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE k2b_run SET status = 'running' WHERE id = %s", [run.pk])
+        cursor.execute(
+            """UPDATE k2b_run SET status = 'needs_attention', error_code = %s,
+                      error_message = 'made by the test', attention_step = %s WHERE id = %s""",
+            [code, attention_step, run.pk],
+        )
+    return fresh(run)
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        (WORKFLOW_NONDETERMINISTIC, ["Retry…", "Cancel…"]),
+        (WORKFLOW_CODE_ERROR, ["Retry…", "Cancel…"]),
+        ("INTEGRITY_CHAIN_BROKEN", ["Retry…", "Cancel…"]),
+        ("EFFECT_OUTCOME_UNKNOWN", ["Cancel…"]),  # no step in doubt: nothing to resolve
+        (("EFFECT_OUTCOME_UNKNOWN", 0), ["Resolve the effect…", "Cancel…"]),
+        ("SOMETHING_ELSE", ["Cancel…"]),
+    ],
+)
+def test_every_incident_page_offers_only_actions_that_change_the_run(code, expected):
+    import re
+
+    run = incident_with(*code) if isinstance(code, tuple) else incident_with(code)
+    operator = make_user(
+        "ida", "view_workflowrun", "resolve_effect", "retry_workflowrun", "cancel_workflowrun"
+    )
+    client = client_for(operator)
+    html = client.get(run_url(run)).content.decode()
+    box = html[
+        html.index('id="k2b-incident"') : html.index("</fieldset>", html.index("k2b-incident"))
+    ]
+    links = re.findall(r'<a class="button [^"]+" href="([^"]+)">([^<]+)</a>', box)
+    assert [text for _, text in links] == expected
+    queue = client.get(reverse("admin:k2b_workflows_incident_changelist")).content.decode()
+    for url, text in links:
+        assert url in queue
+        page = client.get(url).content.decode()
+        # The confirmation lists the run as one it will act on, never as left alone.
+        assert "Left as they are" not in page and "Nothing changed" not in page, text
+        if text.startswith("Resolve"):
+            assert "Resolve step 0" in page  # the form itself; tests/test_admin.py submits it
+            continue
+        client.post(url, {"post": "yes", "reason": f"{text} by the test"})
+        after = fresh(run)
+        assert after.status == ("queued" if text == "Retry…" else "canceled"), text
+        if text == "Retry…":
+            assert (after.error_code, after.error_detail) == ("", None)
+            break

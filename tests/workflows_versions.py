@@ -104,3 +104,14 @@ def reordered_workflow(run, input):
         run.step(WaitFor, {"key": input["key"]})
     run.step(Stamp, {"at": "b"})
     return {"done": True}
+
+
+@workflow("ver.patched_at_wait", app_id="versions")
+def patched_at_wait_workflow(run, input):
+    """The patch replaces the very step an old run is parked in."""
+    run.step(Stamp, {"at": "a"})
+    if os.environ.get("K2B_TEST_PATCH") == "old" or not run.patched("ver.no-wait"):
+        run.step(WaitFor, {"key": input["key"]})
+        return {"branch": "old"}
+    run.step(Stamp, {"at": "instead-of-wait"})
+    return {"branch": "new"}
