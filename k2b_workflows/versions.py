@@ -5,9 +5,10 @@ that registered that pair claims it. A run whose version no process has
 would wait silently forever; these functions name it instead, for the admin
 and the management commands.
 
-Today they answer for *this process's* registry. Given the (name, version)
-pairs of the live workers (``live=``), they answer for the fleet: a status
-command that knows the live workers passes them in.
+Without ``live=`` they answer for *this process's* registry; given the
+(name, version) pairs of the live workers (``live_pairs()``, from the
+heartbeats in ``k2b_worker``) they answer for the fleet, which is what the
+admin and ``manage.py workflowruns`` show.
 """
 
 from __future__ import annotations
@@ -26,6 +27,13 @@ Pair = tuple[str, int]
 def registered_pairs() -> set[Pair]:
     """The (name, version) pairs this process can run."""
     return {(d.name, d.version) for d in registered_versions()}
+
+
+def live_pairs(using: str | None = None) -> set[Pair]:
+    """The (name, version) pairs some live worker can claim, from the workers' heartbeats."""
+    from .fleet import live_workers
+
+    return {(c["name"], int(c["version"])) for w in live_workers(using) for c in w["workflows"]}
 
 
 def missing_code_reason(

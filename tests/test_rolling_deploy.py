@@ -15,7 +15,7 @@ import sys
 import pytest
 from django.db import connection
 
-from k2b_workflows import start_workflow_run, wake_workflow_runs_waiting_on
+from k2b_workflows import fleet, start_workflow_run, wake_workflow_runs_waiting_on
 from tests.conftest import ROOT
 from tests.kernel_helpers import assert_invariants, describe, fresh, journal
 from tests.models import DomainRow, ProviderCall
@@ -94,10 +94,11 @@ def test_v1_runs_finish_on_v1_workers_while_v2_runs_start_beside_them(start_work
     stuck = fresh(parked)
     assert (stuck.status, stuck.generation) == ("queued", 1), describe(parked)
     report = workflowruns_as("v2")
-    assert (
-        f"run {parked.pk} (ver.checkout v1): no registered code for version 1 in this process"
-        in report
-    )
+    assert f"run {parked.pk} (ver.checkout v1): no live worker has code for version 1" in report
+    unserved = fleet.status()["unserved"]  # what manage.py workflowstatus reports
+    assert [(u["workflow"], u["version"], u["queued"]) for u in unserved] == [
+        ("ver.checkout", 1, 1)
+    ]
 
     # A version 1 worker comes back (a rollback, or old workers kept to drain): it finishes.
     back = worker_with(start_worker, "v1")

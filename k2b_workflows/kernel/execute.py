@@ -57,7 +57,7 @@ from ..actions import (
 )
 from ..exceptions import InvalidInput, LeaseLost, RunCanceled, StepFailed, Suspend, UnknownWorkflow
 from ..models import JournalEntry, LedgerEntry, WorkflowRun
-from . import budgets, db, evidence, waits
+from . import budgets, db, events, evidence, waits
 from .context import StepContext, _holding
 
 if TYPE_CHECKING:
@@ -196,6 +196,7 @@ class Execution:
         self.root_id = run.root_id or run.id
         self.app_id = run.app_id
         self.principal = copy.deepcopy(run.principal)
+        events.run_claimed(self)
         if self.keeper:
             self.keeper.track(self.run_id, self.generation, self.canceled)
         try:
@@ -376,6 +377,7 @@ class Execution:
 
             release(self.using, self.run_id, self.generation)
             self.outcome = "released"
+            events.run_changed(self, "released")
             raise Suspend
 
     def _replay(self, entry: JournalEntry, name: str, input_hash: str) -> Any:
@@ -693,6 +695,9 @@ class Execution:
             result = Unknown(f"reconcile() returned an invalid result: {exc}")
         except Exception as exc:
             result = Unknown(f"reconcile() raised {type(exc).__name__}: {exc}")
+        events.reconcile_answered(
+            self, step.seq, step.ctx.effect_key, type(result).__name__.lower()
+        )
         if isinstance(result, Succeeded):
             return self._journal_success(step, result, ledger_kind=LedgerEntry.Kind.RECONCILED)
         if isinstance(result, Waiting):
@@ -843,6 +848,7 @@ class Execution:
         # A completed step resets the counter (the fence did it in the row): a later
         # failure in this claim must count from zero, not from before the step.
         self.run.consecutive_failures = 0
+        events.step_journaled(self, entry)
 
     def _journal_success(
         self,
@@ -913,6 +919,14 @@ class Execution:
             )
         values.update(fields)
         evidence.append_ledger(self.using, **values)
+        events.ledger_written(
+            self,
+            self.using,
+            seq=step.seq,
+            kind=kind,
+            effect=step.action.effect.value,
+            effect_key=step.ctx.effect_key,
+        )
 
     def _ledger_event(self, step: _Step, kind: str, *, message: str = "", fenced: bool) -> None:
         def write() -> None:
@@ -987,6 +1001,7 @@ class Execution:
             self._needs_attention(store.INTEGRITY_CHAIN_BROKEN, broken[0], step=None)
         if entry is not None:
             self._journaled(entry)
+        events.run_changed(self, outcome)
         self.outcome = outcome
         raise Suspend
 
@@ -1087,6 +1102,7 @@ class Execution:
 
         db.run_in_transaction(write, self.using)
         self.outcome = "waiting" if parked[-1] else "rewoken"
+        events.run_changed(self, self.outcome, step=seq)
         raise Suspend
 
     def _release_after_unknown_commit(self) -> None:
@@ -1194,6 +1210,7 @@ class Execution:
                 return [r["run_id"] for r in last["entry"].output]
             return [ChildResult(**r) for r in last["entry"].output]
         self.outcome = "waiting" if last["parked"] else "rewoken"
+        events.run_changed(self, self.outcome, step=seq)
         raise Suspend
 
 

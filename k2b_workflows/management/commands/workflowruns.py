@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from k2b_workflows import store
 from k2b_workflows.models import RunStatus, WorkflowRun
-from k2b_workflows.versions import run_code_note
+from k2b_workflows.versions import live_pairs, run_code_note
 
 
 def _when(value: Any) -> str:
@@ -99,7 +99,8 @@ class Command(BaseCommand):
         now = timezone.now()
         runs = list(runs)
         # A run pinned to a version no process here can run waits silently otherwise.
-        notes = [(r, run_code_note(r)) for r in runs]
+        live = live_pairs(store.database())
+        notes = [(r, run_code_note(r, live=live)) for r in runs]
         if waiting:
             headers = [
                 "RUN",
