@@ -98,9 +98,9 @@ class Command(BaseCommand):
             runs = runs[:limit]
         now = timezone.now()
         runs = list(runs)
-        # A run pinned to a version no process here can run waits silently otherwise.
+        # A queued run pinned to a version no live worker has would wait silently.
         live = live_pairs(store.database())
-        notes = [(r, run_code_note(r, live=live)) for r in runs]
+        notes = [(r, run_code_note(r, live=live)) for r in runs if r.status == RunStatus.QUEUED]
         if waiting:
             headers = [
                 "RUN",
