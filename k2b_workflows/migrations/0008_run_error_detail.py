@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("k2b_workflows", "0005_worker"),
+        ("k2b_workflows", "0007_integrity"),
     ]
 
     operations = [
