@@ -368,7 +368,7 @@ class Bench:
                 claimed = claim.claim_runs(
                     "default",
                     worker_id="bench",
-                    workflow_names=["bench.steps.pure"],
+                    workflows=[("bench.steps.pure", 1)],
                     app_ids=None,
                     limit=1,
                 )

@@ -65,7 +65,11 @@ TIMEOUT = 90
 
 def _claim(run: WorkflowRun) -> int:
     claimed = claim.claim_runs(
-        "default", worker_id="test", workflow_names=[run.workflow_name], app_ids=None, limit=1
+        "default",
+        worker_id="test",
+        workflows=[(run.workflow_name, run.workflow_version)],
+        app_ids=None,
+        limit=1,
     )
     assert claimed and claimed[0][0] == run.pk
     return claimed[0][1]
