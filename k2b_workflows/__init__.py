@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from .actions import Action, Dependency, Effect, ambiguous, failed, succeeded, unknown, waiting
 from .exceptions import (
+    IdempotencyConflict,
     InvalidInput,
     LeaseLost,
     NotRetryable,
@@ -71,6 +72,7 @@ __all__ = [
     "Dependency",
     "DryRunReport",
     "Effect",
+    "IdempotencyConflict",
     "InvalidInput",
     "LeaseLost",
     "NotRetryable",

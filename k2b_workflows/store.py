@@ -17,6 +17,19 @@ key                            default     meaning
 ``MAX_CHILDREN_PER_STEP``      1000        fan-out bound of one ``run.children`` call
 ``ACTION_TIMEOUT_MS``          300000      leases are renewed at most this long while
                                            one action runs (``Action.timeout`` wins)
+``MAX_VALUE_BYTES``            1048576     largest JSON value stored (run input and output,
+                                           principal, step output, AI request and
+                                           answer, resolution output and evidence),
+                                           serialized as UTF-8; larger is InvalidInput
+``AI_TASK_MAX_ATTEMPTS``       3           provider calls of one AI task whose worker
+                                           crashed or froze before the task fails
+                                           (the step fails ``AI_TASK_FAILED``)
+``MAX_RECONCILE_POLLS``        100         ``reconcile()`` answers "pending" (waiting)
+                                           at most this often per dispatch; then the
+                                           run needs an operator
+``WAKE_RETENTION_HOURS``       168         a wait rendezvous no run is parked on is
+                                           deleted by workers this long after its last
+                                           wake (a waiter parking later misses it)
 ``DATABASE``                   "default"   the alias holding the kernel's tables
 =============================  ==========  ==========================================
 """
@@ -36,6 +49,12 @@ WORKFLOW_RETRY_BACKOFF_MAX_MS = 300_000
 WORKFLOW_POLL_INTERVAL_MS = 1_000
 WORKFLOW_MAX_CHILDREN_PER_STEP = 1_000
 WORKFLOW_ACTION_TIMEOUT_MS = 300_000
+#: 1 MiB: far below PostgreSQL's 255 MB jsonb and 1 GB text limits, so a value
+#: is refused at the boundary instead of failing after minutes inside the server.
+WORKFLOW_MAX_VALUE_BYTES = 1_048_576
+WORKFLOW_AI_TASK_MAX_ATTEMPTS = 3
+WORKFLOW_MAX_RECONCILE_POLLS = 100
+WORKFLOW_WAKE_RETENTION_HOURS = 168
 
 # Error codes written to ``WorkflowRun.error_code`` by the kernel.
 WORKFLOW_RETRY_EXHAUSTED = "WORKFLOW_RETRY_EXHAUSTED"
@@ -63,6 +82,10 @@ _DEFAULTS: dict[str, Any] = {
     "POLL_INTERVAL_MS": WORKFLOW_POLL_INTERVAL_MS,
     "MAX_CHILDREN_PER_STEP": WORKFLOW_MAX_CHILDREN_PER_STEP,
     "ACTION_TIMEOUT_MS": WORKFLOW_ACTION_TIMEOUT_MS,
+    "MAX_VALUE_BYTES": WORKFLOW_MAX_VALUE_BYTES,
+    "AI_TASK_MAX_ATTEMPTS": WORKFLOW_AI_TASK_MAX_ATTEMPTS,
+    "MAX_RECONCILE_POLLS": WORKFLOW_MAX_RECONCILE_POLLS,
+    "WAKE_RETENTION_HOURS": WORKFLOW_WAKE_RETENTION_HOURS,
     "DATABASE": "default",
 }
 
@@ -101,6 +124,22 @@ def max_children_per_step() -> int:
 
 def action_timeout_ms() -> int:
     return int(_get("ACTION_TIMEOUT_MS"))
+
+
+def max_value_bytes() -> int:
+    return int(_get("MAX_VALUE_BYTES"))
+
+
+def ai_task_max_attempts() -> int:
+    return int(_get("AI_TASK_MAX_ATTEMPTS"))
+
+
+def max_reconcile_polls() -> int:
+    return int(_get("MAX_RECONCILE_POLLS"))
+
+
+def wake_retention_hours() -> int:
+    return int(_get("WAKE_RETENTION_HOURS"))
 
 
 def database() -> str:
