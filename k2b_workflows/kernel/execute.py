@@ -32,7 +32,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
-from .. import signals, store
+from .. import signals, store, validation
 from ..actions import (
     Action,
     Ambiguous,
@@ -94,6 +94,7 @@ class _EffectState:
 
     attempts: int = 0  # invocations dispatched so far
     open_key: str | None = None  # invocation dispatched with no known outcome
+    polls: int = 0  # reconcile() answers "pending" since the last dispatch
 
 
 @dataclass
@@ -232,6 +233,9 @@ class Execution:
             if entry.kind == LedgerEntry.Kind.DISPATCHED:
                 state.attempts += 1
                 state.open_key = entry.invocation_key
+                state.polls = 0
+            elif entry.kind == LedgerEntry.Kind.PENDING:
+                state.polls += 1
             elif entry.kind in _CLOSING:
                 state.open_key = None
 
@@ -276,7 +280,8 @@ class Execution:
         action = as_action(action)
         name = action.action_name()
         try:
-            input = to_json_value(input, f"input of step {seq} ({name})")
+            # Step inputs are hashed, never stored: NUL and size are no concern here.
+            input = to_json_value(input, f"input of step {seq} ({name})", stored=False)
         except InvalidInput as exc:
             self._fail_run(store.INVALID_STEP_INPUT, str(exc))
         input_hash = evidence.hash_value(input)
@@ -550,6 +555,10 @@ class Execution:
             result = Unknown(f"reconcile() raised {type(exc).__name__}: {exc}")
         if isinstance(result, Succeeded):
             return self._journal_success(step, result, ledger_kind=LedgerEntry.Kind.RECONCILED)
+        if isinstance(result, Waiting) and state.polls >= store.max_reconcile_polls():
+            # A provider that stays "pending" would be polled forever, a ledger
+            # row and a generation each time: past the bound, an operator decides.
+            result = Unknown(f"still pending after {state.polls} polls (MAX_RECONCILE_POLLS)")
         if isinstance(result, Waiting):
             # Still pending at the provider: poll again on a wake or at the deadline,
             # each poll a new ledger operation under the same effect key.
@@ -683,7 +692,7 @@ class Execution:
             output=result.output if result else None,
             summary=(result.summary or "") if result else "",
             error_code=code,
-            error_message=message,
+            error_message=validation.storable_message(message),
             input_hash=step.input_hash,
             generation=self.generation,
             started_at=step.started,
@@ -767,6 +776,8 @@ class Execution:
                 detail={k: v for k, v in step.refs.items() if v} or None,
             )
         values.update(fields)
+        if "message" in values:  # exception texts may hold NUL: recorded, never refused
+            values["message"] = validation.storable_message(values["message"])
         evidence.append_ledger(self.using, **values)
 
     def _ledger_event(self, step: _Step, kind: str, *, message: str = "", fenced: bool) -> None:
@@ -860,6 +871,7 @@ class Execution:
 
     def _fail_run(self, code: str, message: str, step: _Step | None = None) -> None:
         """Fail the run for good (journaling the step's failure when there is one)."""
+        message = validation.storable_message(message)
         entry = None
         if step is not None and step.seq not in self.journal:
             entry = self._new_entry(step, JournalEntry.State.FAILED, code=code, message=message)
@@ -875,6 +887,7 @@ class Execution:
         )
 
     def _needs_attention(self, code: str, message: str, step: int | None) -> None:
+        message = validation.storable_message(message)
         self._transition(
             """UPDATE k2b_run SET status = 'needs_attention', error_code = %s, error_message = %s,
                       attention_step = %s, lease_expires_at = NULL, updated_at = now()
@@ -892,6 +905,7 @@ class Execution:
 
     def _retry_later(self, reason: str) -> None:
         """A retryable failure: count it, back off, or give up past the limit."""
+        reason = validation.storable_message(reason)
         failures = self.run.consecutive_failures + 1
         if failures >= store.max_consecutive_failures():
             self._exhausted(failures, reason)
@@ -963,7 +977,7 @@ class Execution:
         self.next_seq += 1
         action_name = f"{CHILDREN_KIND}:{name}"
         try:
-            inputs = to_json_value(list(inputs), f"inputs of children step {seq}")
+            inputs = validation.child_inputs(inputs, f"inputs of children step {seq}")
         except (InvalidInput, TypeError) as exc:
             self._fail_run(store.INVALID_STEP_INPUT, str(exc))
         input_hash = evidence.hash_value(inputs)
