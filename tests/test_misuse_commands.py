@@ -170,3 +170,19 @@ def test_without_pgtrigger_the_system_check_says_so_instead_of_a_type_error(tmp_
     )
     assert "TypeError" not in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_admin_dry_run_page_reports_a_workflow_exception_instead_of_a_500():
+    from django.contrib.auth.models import User
+    from django.test import Client
+    from django.urls import reverse
+
+    client = Client()
+    client.force_login(User.objects.create_superuser("paula", "p@example.com", "pw"))
+    url = reverse("admin:k2b_workflows_workflowrun_dry_run")
+    for name in ("misuse.crashy", "misuse.poll_forever"):
+        response = client.post(url, {"workflow": name, "input": "[1, 2]"})
+        assert response.status_code == 200
+        assert not response.context["report"].ok
+    crashy = client.post(url, {"workflow": "misuse.crashy", "input": "[1, 2]"})
+    assert "root: workflow code raised TypeError" in crashy.content.decode()
