@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from .actions import Action, Dependency, Effect, ambiguous, failed, succeeded, unknown, waiting
 from .exceptions import (
+    EvidenceChanged,
     IdempotencyConflict,
     InvalidInput,
     LeaseLost,
@@ -72,6 +73,7 @@ __all__ = [
     "Dependency",
     "DryRunReport",
     "Effect",
+    "EvidenceChanged",
     "IdempotencyConflict",
     "InvalidInput",
     "LeaseLost",

@@ -98,6 +98,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         "AI_TASK_MAX_ATTEMPTS",
         "MAX_RECONCILE_POLLS",
         "WAKE_RETENTION_HOURS",
+        "WORKER_HEARTBEAT_MS",
+        "WORKER_LOST_AFTER_MS",
+        "WORKER_PURGE_AFTER_MS",
     ):
         value = configured.get(key)
         if value is not None and (
@@ -115,6 +118,22 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
                 "RUN_LEASE_MS below 500 ms: leases renewed every third of it will expire "
                 "under load",
                 id="k2b_workflows.W002",
+            )
+        )
+    listen = configured.get("LISTEN_DATABASE")
+    if listen is not None and listen not in settings.DATABASES:
+        errors.append(
+            Error(
+                f"K2B_WORKFLOWS['LISTEN_DATABASE'] is {listen!r}, which is not in DATABASES",
+                id="k2b_workflows.E009",
+            )
+        )
+    if not errors and store.worker_lost_after_ms() <= 2 * store.worker_heartbeat_ms():
+        # A worker busy for one slow beat would be reported lost while alive.
+        errors.append(
+            Warning(
+                "WORKER_LOST_AFTER_MS should be more than two WORKER_HEARTBEAT_MS",
+                id="k2b_workflows.W003",
             )
         )
     if not errors and store.retry_backoff_max_ms() < store.retry_backoff_ms():
@@ -159,7 +178,7 @@ def check_actions(app_configs: Any = None, **kwargs: Any) -> list:
                     hint="dry runs call plan() instead of run() for every non-PURE action: "
                     'return succeeded({"planned": True, ...}, summary=...)',
                     obj=cls,
-                    id="k2b_workflows.W003",
+                    id="k2b_workflows.W010",
                 )
             )
         if not cls.__dict__.get("name") and not any(
@@ -171,7 +190,37 @@ def check_actions(app_configs: Any = None, **kwargs: Any) -> list:
                     hint="set name = 'app.verb' so that renaming or moving the class does not "
                     "break replay of journaled runs",
                     obj=cls,
-                    id="k2b_workflows.W004",
+                    id="k2b_workflows.W011",
                 )
             )
     return warnings
+
+
+# Tagged "database": it connects, so Django runs it with ``check --database`` and
+# before ``migrate``; a migrate on the owner's alias (OWNER_DATABASE) skips it.
+@register(Tags.database)
+def check_runtime_role(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list:
+    """Warn when web and workers connect as a role that could rewrite the evidence."""
+    alias = store.database()
+    if not databases or alias not in databases or connections[alias].vendor != "postgresql":
+        return []
+    from django.db import DatabaseError
+
+    from .roles import excess_privileges
+
+    try:
+        problems = excess_privileges(alias)
+    except DatabaseError:
+        return []  # no database yet: check_database and migrate say so
+    if not problems:
+        return []
+    return [
+        Warning(
+            f"the role of database {alias!r} can bypass the append-only evidence: "
+            + "; ".join(problems),
+            hint="Connect web and workers as a runtime role holding only what "
+            "'manage.py grantworkflows ROLE' grants, and migrate and purge through "
+            "K2B_WORKFLOWS['OWNER_DATABASE'] (see docs/security.md).",
+            id="k2b_workflows.W003",
+        )
+    ]

@@ -48,7 +48,46 @@ def check_json(value: Any, field: str, *, stored: bool = True) -> None:
     ``MAX_JSON_DEPTH`` deep. ``json.dumps`` would turn ``{1: "x"}`` into
     ``{"1": "x"}`` and the workflow would fail on ``input[1]`` much later.
     Stored values may not contain NUL, which PostgreSQL's ``jsonb`` refuses.
+
+    Hashing calls this for every step, so the walk is a plain loop; the path
+    of a problem is only worked out once one is found.
     """
+    if _valid(value, stored):
+        return
+    _explain(value, field, stored)
+
+
+def _valid(value: Any, stored: bool) -> bool:
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        item, depth = pop()
+        kind = type(item)
+        if kind is str:
+            if stored and "\x00" in item:
+                return False
+        elif kind is dict:
+            if depth >= MAX_JSON_DEPTH:
+                return False
+            for key, child in item.items():
+                if type(key) is not str or (stored and "\x00" in key):
+                    return False
+                push((child, depth + 1))
+        elif kind is list or kind is tuple:
+            if depth >= MAX_JSON_DEPTH:
+                return False
+            for child in item:
+                push((child, depth + 1))
+        elif kind is float:
+            if not math.isfinite(item):
+                return False
+        elif kind is not int and kind is not bool and item is not None:
+            return False  # subclasses and everything else: the careful walk decides
+    return True
+
+
+def _explain(value: Any, field: str, stored: bool) -> None:
+    """Walk again, with paths, and raise for the first problem (subclasses of JSON types pass)."""
     stack: list[tuple[Any, list[Any]]] = [(value, [])]
     while stack:
         item, path = stack.pop()

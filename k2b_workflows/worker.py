@@ -10,7 +10,9 @@ Threads:
   next due run, or the poll interval;
 - a listener on its own autocommit psycopg connection (a pooled Django
   connection would keep listening for its next borrower) sets the wake-up;
-- the lease keeper renews leases and notices cancellations.
+- the lease keeper renews leases and notices cancellations;
+- the heartbeat keeps this process's row in the fleet table fresh
+  (``fleet.py``), and, with ``metrics_port``, an HTTP thread serves metrics.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from typing import Any, TextIO
 from django.db import connections, transaction
 from django.db.backends.signals import connection_created
 
-from . import store
+from . import fleet, metrics, store
+from .health import HealthFile
 from .kernel import ai, claim, db, waits
 from .kernel.execute import Execution, Preloaded, preload
 from .kernel.leases import LeaseKeeper
@@ -95,6 +98,8 @@ class Worker:
         worker_id: str | None = None,
         listen: bool = True,
         status_stream: TextIO | None = None,
+        health_file: str | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -113,6 +118,15 @@ class Worker:
         self._lock = threading.Lock()
         self._last_housekeeping = 0.0
         self._last_status = 0.0
+        self.health = HealthFile(health_file) if health_file else None
+        self.metrics_port = metrics_port
+        self.heartbeat = fleet.Heartbeat(
+            using=self.using,
+            worker_id=self.worker_id,
+            concurrency=concurrency,
+            app_ids=self.app_ids,
+            in_flight=self.in_flight,
+        )
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -127,10 +141,14 @@ class Worker:
             " (burst)" if self.burst else "",
         )
         connection_created.connect(self._limit_idle_transactions, weak=False)
+        if self.metrics_port is not None:
+            port = metrics.serve(self.metrics_port, using=self.using)
+            logger.info("worker %s: metrics on port %d", self.worker_id, port)
+        self.heartbeat.start()
         self.keeper.start()
         listener = None
         if self.listen:
-            listener = Listener(self.using, self.app_ids, self.wake)
+            listener = Listener(store.listen_database(), self.app_ids, self.wake)
             listener.start()
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="k2b-worker")
         try:
@@ -144,6 +162,9 @@ class Worker:
                 listener.stop()
                 listener.join(timeout=5)
             self.keeper.stop()
+            self.heartbeat.stop()
+            if self.health:
+                self.health.remove()
             self._print_status(final=True)
             if not connections[self.using].in_atomic_block:  # e.g. call_command in a test
                 connections[self.using].close()
@@ -165,6 +186,11 @@ class Worker:
 
         for future in [pool.submit(close) for _ in range(self.concurrency)]:
             future.result()
+
+    def in_flight(self) -> int:
+        """Runs and AI tasks this process is executing now."""
+        with self._lock:
+            return len(self._inflight)
 
     def _limit_idle_transactions(self, sender: Any, connection: Any, **kwargs: Any) -> None:
         """Let the server end a transaction this process leaves idle for longer than a lease.
@@ -197,6 +223,8 @@ class Worker:
             self.wake.clear()
             self._housekeeping(poll)
             started = self._fill(pool)
+            if self.health:
+                self.health.touch()
             self._print_status()
             if started:
                 continue

@@ -28,8 +28,8 @@ def test_a_non_pure_action_without_plan_is_a_warning_naming_it():
             return succeeded({})
 
     found = messages_about(SendSms)
-    assert set(found) == {"k2b_workflows.W003"}
-    assert "SendSms is IDEMPOTENT and defines no plan()" in found["k2b_workflows.W003"]
+    assert set(found) == {"k2b_workflows.W010"}
+    assert "SendSms is IDEMPOTENT and defines no plan()" in found["k2b_workflows.W010"]
 
 
 def test_an_action_without_a_name_is_a_warning_naming_the_default():
@@ -40,8 +40,8 @@ def test_an_action_without_a_name_is_a_warning_naming_the_default():
             return succeeded({})
 
     found = messages_about(Unnamed)
-    assert set(found) == {"k2b_workflows.W004"}
-    assert "journal records it as 'tests.test_misuse_checks." in found["k2b_workflows.W004"]
+    assert set(found) == {"k2b_workflows.W011"}
+    assert "journal records it as 'tests.test_misuse_checks." in found["k2b_workflows.W011"]
 
 
 def test_a_name_inherited_from_a_base_counts_and_abstract_bases_are_not_checked():

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
 
-from .. import store, validation
+from .. import redaction, store
 from ..actions import Dependency, Result, canonical_json, failed, succeeded, to_json_value, waiting
 from ..exceptions import InvalidInput
 from . import budgets, db, waits
@@ -167,9 +167,7 @@ def run_task(using: str, task: tuple, abort: threading.Event) -> str:
         status, error = "succeeded", ""
     except Exception as exc:
         logger.warning("AI task %s (%s) failed: %r", task_id, provider, exc)
-        # The provider's text may hold NUL: the failure is stored, not refused.
-        error = validation.storable_message(f"{type(exc).__name__}: {exc}")
-        output, status = None, "failed"
+        output, status, error = None, "failed", redaction.scrub_error(exc)
 
     def finish() -> int:
         updated = db.execute(

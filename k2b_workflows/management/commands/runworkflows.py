@@ -56,6 +56,17 @@ class Command(BaseCommand):
         parser.add_argument(
             "--no-listen", action="store_true", help="poll only; do not LISTEN for wake-ups"
         )
+        parser.add_argument(
+            "--health-file",
+            metavar="PATH",
+            help="touch PATH after every healthy loop iteration (check: manage.py workerhealth)",
+        )
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            metavar="PORT",
+            help="serve Prometheus metrics on PORT (0: any free port; needs prometheus_client)",
+        )
 
     def handle(
         self,
@@ -64,15 +75,28 @@ class Command(BaseCommand):
         concurrency: int,
         burst: bool,
         no_listen: bool,
+        health_file: str | None = None,
+        metrics_port: int | None = None,
         **options: Any,
     ) -> None:
         self._check_connections(concurrency)
+        if metrics_port is not None:
+            from k2b_workflows import metrics
+
+            if not metrics.AVAILABLE:
+                raise CommandError(
+                    "--metrics-port needs prometheus_client: pip install 'k2b-workflows[metrics]'"
+                )
+            if not 0 <= metrics_port <= 65535:
+                raise CommandError("--metrics-port must be between 0 and 65535")
         worker = Worker(
             app_ids=apps,
             concurrency=concurrency,
             burst=burst,
             listen=not no_listen,
             status_stream=default_status_stream(),
+            health_file=health_file,
+            metrics_port=metrics_port,
         )
         stops = 0
 
