@@ -28,11 +28,15 @@ from .admin_display import (
     format_duration,
     incident_answers,
     incident_dispatch,
+    incident_divergence,
+    incident_guide,
+    incident_traceback,
     run_page_context,
 )
 from .kernel.evidence import hash_value, verify_chains
 from .models import Incident, JournalEntry, LedgerEntry, RunStatus, WorkerRecord, WorkflowRun
 from .redaction import redact, redact_text, shorten
+from .versions import live_pairs, run_code_note
 
 HASH_PREVIEW = 8
 
@@ -123,6 +127,7 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
                     "held_by",
                     "workflow_name",
                     "workflow_version",
+                    "code_column",
                     "app_id",
                     "idempotency_key_shown",
                     "principal_hash",
@@ -188,6 +193,13 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
     @admin.display(description="age", ordering="-created_at")
     def age(self, run: WorkflowRun) -> str:
         return timesince(run.created_at)
+
+    @admin.display(description="code")
+    def code_column(self, run: WorkflowRun) -> str:
+        note = run_code_note(run, live=live_pairs())
+        if note:
+            return format_html('<strong class="k2b-no-code">{}</strong>', note)
+        return "registered" if run.status not in ("succeeded", "failed", "canceled") else "—"
 
     @admin.display(description="input")
     def input_json(self, run: WorkflowRun) -> str:
@@ -343,9 +355,14 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
         extra = dict(extra_context or {})
         if run is not None:
             extra.update(run_page_context(run))
+            guide = incident_guide(run)
             extra.update(
                 status_badge=status_badge(run.status),
-                can_resolve=run.status == RunStatus.NEEDS_ATTENTION
+                incident=guide,
+                divergence=incident_divergence(run),
+                code_traceback=incident_traceback(run),
+                can_resolve=guide is not None
+                and "resolve" in guide.actions
                 and self.has_resolve_permission(request),
                 can_cancel=run.status not in ("succeeded", "failed", "canceled")
                 and self.has_cancel_permission(request),
@@ -447,13 +464,41 @@ class IncidentAdmin(WorkflowRunAdmin):
 
     @admin.display(description="")
     def resolve_link(self, run: Incident) -> str:
-        url = reverse("admin:k2b_workflows_incident_resolve", args=[run.pk])
-        return format_html('<a class="button k2b-resolve" href="{}">Resolve…</a>', url)
+        """Placeholder for the actions column; ``get_list_display`` binds it to the request."""
+        return ""
+
+    def incident_links(self, request: HttpRequest, run: WorkflowRun) -> str:
+        """The actions that apply to this incident's code, and only those (see IncidentGuide)."""
+        guide = incident_guide(run)
+        links = []
+        for action in guide.actions if guide else ():
+            if action == "resolve" and self.has_resolve_permission(request):
+                url = reverse("admin:k2b_workflows_incident_resolve", args=[run.pk])
+                links.append(("k2b-resolve", url, "Resolve…"))
+            elif action == "retry" and self.has_retry_permission(request):
+                url = reverse("admin:k2b_workflows_workflowrun_retry", args=[run.pk])
+                links.append(("k2b-retry", url, "Retry…"))
+            elif action == "cancel" and self.has_cancel_permission(request):
+                url = reverse("admin:k2b_workflows_workflowrun_cancel", args=[run.pk])
+                links.append(("k2b-cancel", url, "Cancel…"))
+        return format_html_join(" ", '<a class="button {}" href="{}">{}</a>', links)
 
     def get_list_display(self, request: HttpRequest) -> Any:
-        if self.has_resolve_permission(request):
-            return self.list_display
-        return tuple(c for c in self.list_display if c != "resolve_link")
+        columns = tuple(c for c in self.list_display if c != "resolve_link")
+        if not (
+            self.has_resolve_permission(request)
+            or self.has_retry_permission(request)
+            or self.has_cancel_permission(request)
+        ):
+            return columns
+
+        # A ModelAdmin serves every request: the operator's permissions are bound
+        # into this request's column, never stored on the instance.
+        @admin.display(description="")
+        def actions(run: WorkflowRun) -> str:
+            return self.incident_links(request, run)
+
+        return (*columns, actions)
 
     def get_urls(self) -> list:
         wrap = self.admin_site.admin_view

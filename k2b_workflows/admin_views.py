@@ -22,12 +22,13 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from . import store
 from .admin_display import incident_answers, incident_dispatch
 from .control import (
     EFFECT_CONFIRMED,
+    RESOLVABLE_CODES,
     cancel_workflow_run,
     resolve_effect,
+    retry_refusal,
     retry_workflow_run,
 )
 from .dryrun import dry_run
@@ -105,6 +106,12 @@ def _refusal_message(run_id: Any) -> str:
             f"Nothing changed: {last.actor} already resolved step {last.seq} as "
             f'"{DECISION_LABELS[last.kind]}" at {when}. The run is now {run.status}.'
         )
+    if run.status == RunStatus.NEEDS_ATTENTION and run.error_code not in RESOLVABLE_CODES:
+        # Not a refusal of a decision: this incident is not about an effect at all.
+        return (
+            f"Run {run.pk} needs attention with {run.error_code}, which is not a decision on an"
+            " effect: its actions are on the run's page."
+        )
     return (
         f"Nothing changed: run {run.pk} is {run.status}; it is not waiting for a decision"
         " on an effect."
@@ -135,7 +142,11 @@ def resolve_incident_view(
         elif run.status != RunStatus.NEEDS_ATTENTION:
             messages.error(request, _refusal_message(run.pk))
             return HttpResponseRedirect(run_url(run))
-    elif run.status != RunStatus.NEEDS_ATTENTION or run.attention_step is None:
+    elif (
+        run.status != RunStatus.NEEDS_ATTENTION
+        or run.attention_step is None
+        or run.error_code not in RESOLVABLE_CODES
+    ):
         messages.error(request, _refusal_message(run.pk))
         return HttpResponseRedirect(run_url(run))
     elif request.method == "POST":
@@ -232,11 +243,7 @@ def _can_cancel(run: WorkflowRun) -> str:
 
 
 def _can_retry(run: WorkflowRun) -> str:
-    if run.status != RunStatus.FAILED:
-        return f"{run.status}, not failed"
-    if run.error_code != store.WORKFLOW_RETRY_EXHAUSTED:
-        return f"failed with {run.error_code}: a retry would replay the same failure"
-    return ""
+    return retry_refusal(run)
 
 
 @dataclass(frozen=True)
@@ -264,8 +271,11 @@ OPERATIONS = {
         verb="Retry now",
         check=_can_retry,
         permission="k2b_workflows.retry_workflowrun",
-        explain="Only runs that failed after exhausting their retries can be retried: "
-        "they are queued again with their failure count reset, and replay their journal.",
+        explain="Runs that failed after exhausting their retries, and incidents whose cause "
+        "is the code or the stored evidence (nondeterministic replay, an exception in the "
+        "workflow code, a broken chain), are queued again with their failure count reset "
+        "and replay their journal on the code running now. Deploy the fix or the patch "
+        "(or restore the evidence) first: the same code stops at the same place.",
     ),
 }
 

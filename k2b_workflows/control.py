@@ -44,6 +44,13 @@ EFFECT_CONFIRMED = "effect_confirmed"
 EFFECT_ABSENT = "effect_absent"
 RESOLUTION_DECISIONS = (EFFECT_CONFIRMED, EFFECT_ABSENT)
 RESOLVABLE_CODES = (store.EFFECT_OUTCOME_UNKNOWN, store.WORKFLOW_RETRY_EXHAUSTED)
+#: Incidents an operator ends with "retry": the cause is the code or the stored
+#: evidence, so a retry after a fix (a deploy, a patch, restored rows) replays anew.
+RETRYABLE_INCIDENT_CODES = (
+    store.WORKFLOW_NONDETERMINISTIC,
+    store.WORKFLOW_CODE_ERROR,
+    store.INTEGRITY_CHAIN_BROKEN,
+)
 
 
 def start_workflow_run(
@@ -53,14 +60,18 @@ def start_workflow_run(
     idempotency_key: str | None = None,
     principal: Any = None,
     parent: WorkflowRun | Any = None,
+    version: int | None = None,
 ) -> WorkflowRun:
     """Queue a run of workflow ``name``. The same ``idempotency_key`` returns the same run.
 
-    Raises ``UnknownWorkflow`` or ``InvalidInput`` before creating anything, and
-    ``IdempotencyConflict`` when the key names a run started with another input.
+    The run is pinned to ``version`` (default: the newest registered here) for
+    its whole life. Raises ``UnknownWorkflow`` or ``InvalidInput`` before
+    creating anything, and ``IdempotencyConflict`` when the key names a run
+    started with another input.
     """
     validation.text(name, "the workflow name", max_length=200)
-    definition = get_workflow(name)
+    validation.integer(version, "version", minimum=1, maximum=validation.MAX_INT, optional=True)
+    definition = get_workflow(name, version)
     if input is None:
         raise InvalidInput("the workflow input must not be None (use {} for no input)")
     input = to_json_value(input, "the workflow input")
@@ -361,16 +372,34 @@ def resolve_effect(
         db.execute(
             using,
             """UPDATE k2b_run SET status = 'queued', attention_step = NULL, error_code = '',
-                      error_message = '', consecutive_failures = 0,
+                      error_message = '', error_detail = NULL, consecutive_failures = 0,
                       run_after = statement_timestamp(), updated_at = now() WHERE id = %s""",
             [run_id],
         )
     return WorkflowRun.objects.using(using).get(pk=run_id)
 
 
-def retry_workflow_run(run_id: Any, *, actor: Any, reason: str = "") -> WorkflowRun:
-    """An operator's "retry now" for a run that failed after exhausting its retries.
+def retry_refusal(run: WorkflowRun) -> str:
+    """Why "retry" does not apply to ``run`` ("" when it does)."""
+    if run.status == RunStatus.NEEDS_ATTENTION:
+        if run.error_code in RETRYABLE_INCIDENT_CODES:
+            return ""
+        return f"needs attention with {run.error_code or 'no code'}: decide on the effect instead"
+    if run.status != RunStatus.FAILED:
+        return f"{run.status}, not failed"
+    if run.error_code != store.WORKFLOW_RETRY_EXHAUSTED:
+        return (
+            f"failed with {run.error_code}, a journaled outcome that a retry would replay;"
+            " only runs that exhausted their retries can be retried"
+        )
+    return ""
 
+
+def retry_workflow_run(run_id: Any, *, actor: Any, reason: str = "") -> WorkflowRun:
+    """An operator's "retry now": a run that exhausted its retries, or a code incident.
+
+    Code incidents (``RETRYABLE_INCIDENT_CODES``) are retried once a fix or a
+    patch is deployed: the run replays its journal on the code now running.
     A run that failed on a journaled step failure would replay to the same
     failure, so it is refused.
     """
@@ -388,18 +417,14 @@ def retry_workflow_run(run_id: Any, *, actor: Any, reason: str = "") -> Workflow
         if row is None:
             raise WorkflowRun.DoesNotExist(f"no run {run_id}")
         run = WorkflowRun.objects.using(using).get(pk=run_id)
-        if run.status != RunStatus.FAILED:
-            raise NotRetryable(f"run {run_id} is {run.status}, not failed")
-        if run.error_code != store.WORKFLOW_RETRY_EXHAUSTED:
-            raise NotRetryable(
-                f"run {run_id} failed with {run.error_code}, a journaled outcome that a retry"
-                " would replay; only runs that exhausted their retries can be retried"
-            )
+        refusal = retry_refusal(run)
+        if refusal:
+            raise NotRetryable(f"run {run_id} is {refusal}")
         chain.append_ledger(
             using,
             run_id=run_id,
             kind=LedgerEntry.Kind.RETRIED,
-            message=reason,
+            message=f"{reason} (was {run.error_code})" if run.error_code else reason,
             actor=actor.get_username(),
             actor_id=actor.pk,
             generation=run.generation,
@@ -407,7 +432,9 @@ def retry_workflow_run(run_id: Any, *, actor: Any, reason: str = "") -> Workflow
         db.execute(
             using,
             """UPDATE k2b_run SET status = 'queued', consecutive_failures = 0,
-                      run_after = statement_timestamp(), finished_at = NULL, updated_at = now()
+                      error_code = '', error_message = '', error_detail = NULL,
+                      attention_step = NULL, run_after = statement_timestamp(),
+                      finished_at = NULL, updated_at = now()
                 WHERE id = %s""",
             [run_id],
         )

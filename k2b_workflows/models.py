@@ -156,6 +156,10 @@ class WorkflowRun(models.Model):
     output = models.JSONField(null=True, blank=True)
     error_code = models.CharField(max_length=100, blank=True, default="")
     error_message = models.TextField(blank=True, default="")
+    #: What an operator needs to see beside ``error_code`` while the run needs
+    #: attention: both sides of a nondeterministic replay (names and hashes,
+    #: never inputs), or a workflow's traceback.
+    error_detail = models.JSONField(null=True, blank=True)
     # NULL, not "": runs without a key must not collide on the unique constraint.
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     principal = models.JSONField(null=True, blank=True)

@@ -74,7 +74,7 @@ def docs_blocks() -> list[tuple[str, str]]:
 @pytest.fixture
 def scratch_registry():
     """Run the docs' definitions without replacing the example project's workflows."""
-    saved = dict(workflows._registry)
+    saved = {name: dict(versions) for name, versions in workflows._registry.items()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # "docs.shop.checkout replaces ..."
         yield
