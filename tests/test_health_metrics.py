@@ -105,6 +105,12 @@ def test_the_worker_serves_prometheus_metrics(start_worker, wait):
         message="the killed worker to count as lost",
     )
 
+    # The killed worker counts as live until its heartbeat is WORKER_LOST_AFTER_MS old.
+    wait(
+        lambda: [w["pid"] for w in fleet.live_workers()] == [worker.pid],
+        timeout=TIMEOUT,
+        message="the killed worker's heartbeat to age past the lost timeout",
+    )
     m = scrape(port)
     assert m[("k2b_database_up", ())] == 1
     assert m[("k2b_runs", (("status", "succeeded"),))] == 5

@@ -40,7 +40,7 @@ from django.db import DatabaseError, transaction
 from django.db.models import JSONField
 from django.utils import timezone
 
-from .. import redaction, signals, store
+from .. import redaction, signals, store, validation
 from ..actions import (
     Action,
     Ambiguous,
@@ -102,6 +102,7 @@ class _EffectState:
 
     attempts: int = 0  # invocations dispatched so far
     open_key: str | None = None  # invocation dispatched with no known outcome
+    polls: int = 0  # reconcile() answers "pending" since the last dispatch
 
 
 @dataclass
@@ -290,6 +291,9 @@ class Execution:
             if entry.kind == LedgerEntry.Kind.DISPATCHED:
                 state.attempts += 1
                 state.open_key = entry.invocation_key
+                state.polls = 0
+            elif entry.kind == LedgerEntry.Kind.PENDING:
+                state.polls += 1
             elif entry.kind in _CLOSING:
                 state.open_key = None
 
@@ -337,7 +341,8 @@ class Execution:
         action = as_action(action)
         name = action.action_name()
         try:
-            input = to_json_value(input, f"input of step {seq} ({name})")
+            # Step inputs are hashed, never stored: NUL and size are no concern here.
+            input = to_json_value(input, f"input of step {seq} ({name})", stored=False)
         except InvalidInput as exc:
             self._fail_run(store.INVALID_STEP_INPUT, str(exc))
         input_hash = evidence.hash_value(input)
@@ -742,6 +747,10 @@ class Execution:
         )
         if isinstance(result, Succeeded):
             return self._journal_success(step, result, ledger_kind=LedgerEntry.Kind.RECONCILED)
+        if isinstance(result, Waiting) and state.polls >= store.max_reconcile_polls():
+            # A provider that stays "pending" would be polled forever, a ledger
+            # row and a generation each time: past the bound, an operator decides.
+            result = Unknown(f"still pending after {state.polls} polls (MAX_RECONCILE_POLLS)")
         if isinstance(result, Waiting):
             # Still pending at the provider: poll again on a wake or at the deadline,
             # each poll a new ledger operation under the same effect key.
@@ -982,6 +991,7 @@ class Execution:
 
     def _step_failed(self, step: _Step, code: str, message: str) -> Any:
         """Journal a final failure of the step and raise ``StepFailed`` into the workflow."""
+        self._flush_pending()  # the failure chains to an earlier success, written first
         entry = self._new_entry(step, JournalEntry.State.FAILED, code=code, message=message)
 
         def write() -> None:
@@ -1070,10 +1080,12 @@ class Execution:
         entry: JournalEntry | None = None,
         verify: bool = False,
         announce: dict[str, Any] | None = None,
+        reason: str = "",
     ) -> None:
         """Fence, then change the run's status (and wake a parent when it ends).
 
         ``announce``: the signal and its arguments to send once this commits.
+        ``reason``: the (already scrubbed) why, logged with the change.
         """
         broken: list[str] = []
         pending = self._pending
@@ -1119,7 +1131,7 @@ class Execution:
             self._journaled(pending.entry)
         if entry is not None:
             self._journaled(entry)
-        events.run_changed(self, outcome)
+        events.run_changed(self, outcome, reason=reason)
         self.outcome = outcome
         raise Suspend
 
@@ -1151,6 +1163,7 @@ class Execution:
             terminal=True,
             entry=entry,
             announce={"signal": signals.run_finished, "status": "failed", "error_code": code},
+            reason=f"{code}: {message}",
         )
 
     def _needs_attention(
@@ -1171,6 +1184,7 @@ class Execution:
                 "message": message,
                 "step": step,
             },
+            reason=f"{code}: {message}",
         )
 
     def _retry_later(self, reason: str) -> None:
@@ -1249,7 +1263,7 @@ class Execution:
         self.next_seq += 1
         action_name = f"{CHILDREN_KIND}:{name}"
         try:
-            inputs = to_json_value(list(inputs), f"inputs of children step {seq}")
+            inputs = validation.child_inputs(inputs, f"inputs of children step {seq}")
         except (InvalidInput, TypeError) as exc:
             self._fail_run(store.INVALID_STEP_INPUT, str(exc))
         input_hash = evidence.hash_value(inputs)
