@@ -312,3 +312,109 @@ def test_an_unmigrated_database_exits_2_saying_to_migrate(cluster, workers):
         "    print('refused:', exc)\n",
     )
     assert out.startswith("refused:") and "manage.py migrate" in out, out
+
+
+# -- a connection shortage ----------------------------------------------------------------
+
+
+def test_a_connection_shortage_hands_runs_back_without_counting_a_failure(
+    cluster, database, workers
+):
+    """A role allowed fewer connections than the worker has threads: runs wait, never fail."""
+    role = f"k2b_short_{next(_names)}"
+    cluster.sql(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 4")
+    for what in ("TABLES", "SEQUENCES"):
+        cluster.sql(f"GRANT ALL ON ALL {what} IN SCHEMA public TO {role}", database=database)
+    start_runs(cluster.url(database), 8, nap=0.05)
+    # Main loop, listener, lease keeper: one connection is left for four threads.
+    worker = workers(
+        cluster.url(database, user=role),
+        "--concurrency",
+        "4",
+        settings={"RUN_LEASE_MS": 60_000},  # an expiry cannot hide a missing hand-back
+    )
+    wait_for(
+        lambda: statuses(cluster, database).get("succeeded") == 8,
+        timeout=TIMEOUT,
+        message=f"every run:\n{worker.output()[-3000:]}",
+    )
+    out = worker.output()
+    assert "database unavailable" in out and "lease expired" not in out, out[-3000:]
+    rows = cluster.sql(
+        "SELECT max(consecutive_failures), count(*) FILTER (WHERE error_message <> '')"
+        " FROM k2b_run",
+        database=database,
+    )
+    assert rows == [(0, 0)], rows
+    stop_all([worker])
+
+
+# -- shutting down ------------------------------------------------------------------------
+
+
+def long_lease(**more: int) -> dict[str, str]:
+    """Worker settings under which only a hand-back, never an expiry, can free a run in time."""
+    return {"K2B_TEST_SETTINGS": json.dumps({"RUN_LEASE_MS": 120_000, **more})}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sigterm_hands_claimed_runs_back_at_once_and_another_worker_continues(start_worker):
+    from k2b_workflows import start_workflow_run
+    from tests.kernel_helpers import fresh
+    from tests.models import ProviderCall
+
+    slow = start_workflow_run("kernel.slow", {"seconds": 600})
+    charge = start_workflow_run(
+        "test.charge", {"amount": 3, "pause": "external_after_effect", "pause_s": 600}
+    )
+    first = start_worker("--concurrency", "2", env=long_lease(SHUTDOWN_GRACE_MS=300))
+    wait_for(
+        lambda: ProviderCall.objects.filter(action__in=["kernel.slow", "test.charge"]).count() == 2,
+        timeout=TIMEOUT,
+        message=f"both steps to start:\n{first.output()}",
+    )
+    claimed = {run.pk: fresh(run).generation for run in (slow, charge)}
+    first.signal(signal.SIGTERM)
+    assert first.wait(timeout=TIMEOUT) == 0, first.output()
+
+    for run in (slow, charge):
+        back = fresh(run)
+        assert (back.status, back.claimed_by, back.consecutive_failures) == ("queued", "", 0)
+        assert back.generation == claimed[run.pk]
+    # The PURE step may run again now; the charge whose run() was in flight waits one
+    # lease, as after a crash, before anyone asks the provider what happened.
+    pure, external = fresh(slow), fresh(charge)
+    assert (pure.run_after - pure.updated_at).total_seconds() < 60
+    assert (external.run_after - external.updated_at).total_seconds() >= 119
+
+    second = start_worker("--concurrency", "2", env=long_lease())
+    wait_for(
+        lambda: fresh(slow).generation > claimed[slow.pk],
+        timeout=TIMEOUT,
+        message=f"another worker to take the run:\n{second.output()}",
+    )
+    taken = fresh(slow)
+    assert f":{second.pid}:" in taken.claimed_by and taken.consecutive_failures == 0
+    assert "lease expired" not in taken.error_message
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_second_sigterm_hands_back_and_exits_now(start_worker):
+    from k2b_workflows import start_workflow_run
+    from tests.kernel_helpers import fresh
+    from tests.models import ProviderCall
+
+    run = start_workflow_run("kernel.slow", {"seconds": 600})
+    worker = start_worker("--concurrency", "1", env=long_lease(SHUTDOWN_GRACE_MS=600_000))
+    wait_for(
+        lambda: ProviderCall.objects.filter(action="kernel.slow").exists(),
+        timeout=TIMEOUT,
+        message=f"the slow step to start:\n{worker.output()}",
+    )
+    worker.signal(signal.SIGTERM)
+    wait_for(lambda: "received SIGTERM" in worker.output(), timeout=TIMEOUT, message="notice")
+    assert worker.proc.poll() is None, "the first signal waits for the step"
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=TIMEOUT) == 0, worker.output()
+    back = fresh(run)
+    assert (back.status, back.claimed_by, back.consecutive_failures) == ("queued", "", 0)
