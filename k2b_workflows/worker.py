@@ -220,8 +220,14 @@ class Worker:
         last_notice = -float("inf")
         while not self.stopping.is_set():
             try:
+                # The schema check reads django_migrations: the database may go
+                # away between connecting and reading it, which is weather too.
                 connections[self.using].ensure_connection()
+                db.check_migrated(self.using)
                 break
+            except DatabaseNotMigrated:
+                weather.close_quietly(self.using)
+                raise
             except DatabaseError as exc:
                 if not weather.is_connection_error(exc):
                     raise
@@ -245,11 +251,6 @@ class Worker:
             return
         if time.monotonic() - started > 1:
             self._notice("database reachable; starting")
-        try:
-            db.check_migrated(self.using)
-        except DatabaseNotMigrated:
-            weather.close_quietly(self.using)
-            raise
 
     def _notice(self, line: str) -> None:
         logger.warning("worker %s: %s", self.worker_id, line)

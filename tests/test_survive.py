@@ -134,6 +134,15 @@ def assert_invariants(url: str, runs: int) -> dict:
     return report
 
 
+def started(fleet: list[WorkerProcess]) -> None:
+    """Every worker is past its start-up (a restart before that tests the start-up wait)."""
+    wait_for(
+        lambda: all(" thread(s), apps " in w.output() for w in fleet),
+        timeout=TIMEOUT,
+        message="every worker to start",
+    )
+
+
 def all_alive(fleet: list[WorkerProcess]) -> None:
     for worker in fleet:
         assert worker.proc.poll() is None, (
@@ -159,6 +168,7 @@ def test_workers_outlive_database_restarts_and_every_run_completes_once(
     url = cluster.url(database)
     fleet = [workers(url, "--concurrency", "2") for _ in range(3)]
     start_runs(url, RUNS)
+    started(fleet)
     wait_for(lambda: ended(cluster, database) >= 2, timeout=TIMEOUT, message="first runs")
 
     cluster.restart(mode)
@@ -166,7 +176,8 @@ def test_workers_outlive_database_restarts_and_every_run_completes_once(
     wait_for(
         lambda: all("database unavailable" in w.output() for w in fleet),
         timeout=TIMEOUT,
-        message="every worker to notice the restart",
+        message="every worker to notice the restart:\n"
+        + "\n".join(w.output()[-1500:] for w in fleet),
     )
     wait_for(
         lambda: ended(cluster, database) >= RUNS // 2,
@@ -190,6 +201,7 @@ def test_workers_outlive_their_backends_being_terminated_at_random(cluster, data
     url = cluster.url(database)
     fleet = [workers(url, "--concurrency", "2") for _ in range(3)]
     start_runs(url, RUNS)
+    started(fleet)
     rng = random.Random(8)
     killed = 0
     deadline = time.monotonic() + TIMEOUT
