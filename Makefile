@@ -24,7 +24,7 @@ help:
 	@echo "make demo      set everything up and run the demo workflows with real workers"
 	@echo "make serve     run the example site (admin at http://127.0.0.1:8000/admin/)"
 	@echo "make test      run the test suite on PostgreSQL (PYTEST_ARGS='-k foo' to pass options)"
-	@echo "make lint      ruff check, ruff format --check and mypy"
+	@echo "make lint      ruff check, ruff format --check, mypy, and no missing migration"
 	@echo "make format    ruff format and ruff check --fix"
 	@echo "make bench     run bench/run.py"
 	@echo "make docs      build the documentation site into build/site (strict: a warning fails)"
@@ -65,6 +65,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	@$(WITH_DB) $(PY) manage.py makemigrations --check --dry-run
 
 format: venv
 	$(VENV)/bin/ruff format .

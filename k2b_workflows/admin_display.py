@@ -10,9 +10,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.urls import reverse
 from django.utils import timezone
 
-from .control import count_child_workflow_runs
+from . import store
+from .control import RESOLVABLE_CODES, count_child_workflow_runs
 from .models import (
     BudgetAccount,
     BudgetCharge,
@@ -225,10 +227,26 @@ def budget_lines(account: BudgetAccount | None) -> list[BudgetLine]:
     return lines
 
 
+def _newest(queryset: Any, order: str, limit: int) -> tuple[list[Any], int]:
+    """The newest ``limit`` rows in ascending ``order``, and how many there are in all.
+
+    A run that polled a provider for a week has tens of thousands of ledger
+    entries: the page shows the newest (where an incident is) and links to the rest.
+    """
+    rows = list(queryset.order_by(f"-{order}")[: limit + 1])
+    if len(rows) <= limit:
+        return rows[::-1], len(rows)
+    return rows[:limit][::-1], queryset.count()
+
+
 def run_page_context(run: WorkflowRun) -> dict[str, Any]:
     """Everything the run page shows below the run's own fields, read in a few queries."""
-    journal = list(JournalEntry.objects.filter(run=run).order_by("seq"))
-    ledger = list(LedgerEntry.objects.filter(run=run).order_by("id"))
+    limit = store.admin_run_page_rows()
+    # The step outputs are not drawn on the page; they may be large.
+    journal, journal_total = _newest(
+        JournalEntry.objects.filter(run=run).defer("output"), "seq", limit
+    )
+    ledger, ledger_total = _newest(LedgerEntry.objects.filter(run=run), "id", limit)
     account = BudgetAccount.objects.filter(root_id=run.root_id or run.id).first()
     children = list(
         WorkflowRun.objects.filter(parent=run)
@@ -240,6 +258,10 @@ def run_page_context(run: WorkflowRun) -> dict[str, Any]:
         "timeline": build_timeline(run, journal, ledger),
         "journal": journal,
         "ledger": ledger,
+        "journal_total": journal_total,
+        "ledger_total": ledger_total,
+        "journal_list_url": f"{reverse('admin:k2b_workflows_journalentry_changelist')}?q={run.pk}",
+        "ledger_list_url": f"{reverse('admin:k2b_workflows_ledgerentry_changelist')}?q={run.pk}",
         "budget_account": account,
         "budget_lines": budget_lines(account),
         "charges": list(BudgetCharge.objects.filter(run=run).order_by("seq", "unit")),
@@ -261,3 +283,119 @@ def incident_dispatch(run: WorkflowRun, ledger: list[LedgerEntry]) -> LedgerEntr
         e for e in ledger if e.seq == run.attention_step and e.kind == LedgerEntry.Kind.DISPATCHED
     ]
     return dispatches[-1] if dispatches else None
+
+
+# Incidents: what each needs_attention code means and which actions apply -------------------
+
+
+@dataclass(frozen=True)
+class IncidentGuide:
+    """What an operator reads on an incident, and the only actions that can change it.
+
+    ``actions`` are among "resolve" (the effect resolution form), "retry" and
+    "cancel": a button that could only answer "nothing changed" is never shown.
+    """
+
+    title: str
+    explain: str
+    actions: tuple[str, ...]
+
+
+_EFFECT_GUIDE = IncidentGuide(
+    title="An effect may or may not have happened",
+    explain=(
+        "The step dispatched an external effect and neither its result nor reconcile() "
+        "tells whether it happened. Check with the provider, then record what you found: "
+        '"effect confirmed" continues with the output you enter, without calling the '
+        'provider again; "effect absent" runs the step again under a new invocation key '
+        "and the same effect key. Or cancel the run."
+    ),
+    actions=("resolve", "cancel"),
+)
+
+INCIDENT_GUIDES: dict[str, IncidentGuide] = {
+    store.EFFECT_OUTCOME_UNKNOWN: _EFFECT_GUIDE,
+    store.WORKFLOW_RETRY_EXHAUSTED: IncidentGuide(
+        title="Retries ran out while an effect is in doubt",
+        explain=(
+            "The run failed too many times in a row while an external effect of the step "
+            "below was dispatched with no known outcome, so it was not simply failed. "
+            "Check with the provider and record what you found, as for any effect in doubt. "
+            "Or cancel the run."
+        ),
+        actions=("resolve", "cancel"),
+    ),
+    store.WORKFLOW_NONDETERMINISTIC: IncidentGuide(
+        title="The workflow code no longer matches the journal",
+        explain=(
+            "On replay the workflow asked for another step than the one journaled at this "
+            "position (both are shown below). Nothing was executed. Deploy code that asks for "
+            "the journaled step again: the old code kept as its own version beside the new "
+            'one, or the change wrapped in run.patched("…"). Then retry: the run replays its '
+            "journal on the code now running. Or cancel the run."
+        ),
+        actions=("retry", "cancel"),
+    ),
+    store.WORKFLOW_CODE_ERROR: IncidentGuide(
+        title="The workflow code raised an exception",
+        explain=(
+            "The workflow function itself raised (not one of its steps): a bug, which the "
+            "same code would raise again, so it was not retried. Deploy a fix, then retry: "
+            "journaled steps return their stored output and are not run again. Or cancel "
+            "the run."
+        ),
+        actions=("retry", "cancel"),
+    ),
+    store.INTEGRITY_CHAIN_BROKEN: IncidentGuide(
+        title="The evidence chain of this run is broken",
+        explain=(
+            "A journal or ledger row of this run no longer matches its hash chain: it was "
+            "changed or deleted outside the kernel. The chain is never bypassed. Restore the "
+            "rows from a backup (manage.py verifyworkflows names the break), then retry: the "
+            "chain is verified again before any step runs. Or cancel the run."
+        ),
+        actions=("retry", "cancel"),
+    ),
+}
+
+_OTHER_GUIDE = IncidentGuide(
+    title="The run needs attention",
+    explain="The kernel stopped this run for an operator. Cancel it, or leave it for now.",
+    actions=("cancel",),
+)
+
+
+def incident_guide(run: WorkflowRun) -> IncidentGuide | None:
+    """The guide for a run in ``needs_attention`` (None for any other status)."""
+    if run.status != RunStatus.NEEDS_ATTENTION:
+        return None
+    guide = INCIDENT_GUIDES.get(run.error_code, _OTHER_GUIDE)
+    if "resolve" in guide.actions and (
+        run.attention_step is None or run.error_code not in RESOLVABLE_CODES
+    ):
+        # No step in doubt: the resolution form could only refuse.
+        return IncidentGuide(guide.title, guide.explain, ("cancel",))
+    return guide
+
+
+@dataclass
+class Divergence:
+    """Both sides of a nondeterministic replay, as the run page shows them."""
+
+    seq: int
+    journaled: dict[str, Any]
+    asked: dict[str, Any]
+
+
+def incident_divergence(run: WorkflowRun) -> Divergence | None:
+    detail = run.error_detail or {}
+    if run.error_code != store.WORKFLOW_NONDETERMINISTIC or detail.get("kind") != "nondeterminism":
+        return None
+    return Divergence(detail["seq"], detail.get("journaled", {}), detail.get("asked", {}))
+
+
+def incident_traceback(run: WorkflowRun) -> str:
+    detail = run.error_detail or {}
+    if run.error_code != store.WORKFLOW_CODE_ERROR:
+        return ""
+    return str(detail.get("traceback", ""))

@@ -15,7 +15,13 @@ from django.utils import timezone
 
 from . import signals, store
 from .actions import to_json_value
-from .exceptions import InvalidInput, NotRetryable, ResolutionRefused, StepFailed
+from .exceptions import (
+    EvidenceChanged,
+    InvalidInput,
+    NotRetryable,
+    ResolutionRefused,
+    StepFailed,
+)
 from .kernel import children, db, waits
 from .kernel import evidence as chain
 from .kernel.budgets import BudgetExceeded
@@ -37,6 +43,13 @@ EFFECT_CONFIRMED = "effect_confirmed"
 EFFECT_ABSENT = "effect_absent"
 RESOLUTION_DECISIONS = (EFFECT_CONFIRMED, EFFECT_ABSENT)
 RESOLVABLE_CODES = (store.EFFECT_OUTCOME_UNKNOWN, store.WORKFLOW_RETRY_EXHAUSTED)
+#: Incidents an operator ends with "retry": the cause is the code or the stored
+#: evidence, so a retry after a fix (a deploy, a patch, restored rows) replays anew.
+RETRYABLE_INCIDENT_CODES = (
+    store.WORKFLOW_NONDETERMINISTIC,
+    store.WORKFLOW_CODE_ERROR,
+    store.INTEGRITY_CHAIN_BROKEN,
+)
 
 
 def start_workflow_run(
@@ -46,13 +59,15 @@ def start_workflow_run(
     idempotency_key: str | None = None,
     principal: Any = None,
     parent: WorkflowRun | Any = None,
+    version: int | None = None,
 ) -> WorkflowRun:
     """Queue a run of workflow ``name``. The same ``idempotency_key`` returns the same run.
 
-    Raises ``UnknownWorkflow`` or ``InvalidInput`` before creating anything, and
-    ``DatabaseNotMigrated`` when the app's tables are missing.
+    The run is pinned to ``version`` (default: the newest registered here) for
+    its whole life. Raises ``UnknownWorkflow`` or ``InvalidInput`` before
+    creating anything, and ``DatabaseNotMigrated`` when the app's tables are missing.
     """
-    definition = get_workflow(name)
+    definition = get_workflow(name, version)
     input = to_json_value(input, "the workflow input")
     principal = to_json_value(principal, "the principal")
     if idempotency_key is not None and (
@@ -83,6 +98,7 @@ def start_workflow_run(
             updated_at=now,
             parent=parent_run,
             root_id=(parent_run.root_id or parent_run.id) if parent_run else run_id,
+            **chain.initial_anchors(run_id),
         )
         # ON CONFLICT DO NOTHING without a target, then read by key: two
         # concurrent starts with one key never raise a unique violation.
@@ -223,7 +239,14 @@ def count_child_workflow_runs(run_id: Any) -> dict[str, int]:
 
 
 def resolve_effect(
-    run_id: Any, decision: str, *, evidence: str, actor: Any, output: Any = None
+    run_id: Any,
+    decision: str,
+    *,
+    evidence: str,
+    actor: Any,
+    output: Any = None,
+    step: int | None = None,
+    seen_ledger_id: int | None = None,
 ) -> WorkflowRun:
     """An operator's decision on an effect whose outcome the kernel cannot know.
 
@@ -231,6 +254,13 @@ def resolve_effect(
     the provider; ``EFFECT_ABSENT`` re-queues the run so the step runs again
     under a new invocation key and the same ``effect_key``. Both append a
     ledger entry naming the operator with the evidence text.
+
+    ``step`` and ``seen_ledger_id`` (the newest ledger entry the operator was
+    shown) are compared under the run lock: a decision about another step, or
+    taken before a late result, a reconcile answer or another operator's
+    decision arrived, raises ``ResolutionRefused`` (``EvidenceChanged``) and
+    changes nothing. The admin always passes both; code calling this directly
+    should too.
     """
     if decision not in RESOLUTION_DECISIONS:
         raise InvalidInput(f"decision must be EFFECT_CONFIRMED or EFFECT_ABSENT, not {decision!r}")
@@ -246,6 +276,10 @@ def resolve_effect(
         )
     if decision == EFFECT_CONFIRMED:
         output = to_json_value(output, "the confirmed output")
+    for name, value in (("step", step), ("seen_ledger_id", seen_ledger_id)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise InvalidInput(f"{name} must be an integer, not {value!r}")
+    expected_step = step
     using = store.database()
     with transaction.atomic(using=using):
         row = db.lock_run(using, run_id)
@@ -263,6 +297,18 @@ def resolve_effect(
                 + (f" ({run.error_code})" if run.error_code else "")
                 + ": it is not waiting for a decision on an effect"
             )
+        if expected_step is not None and expected_step != step:
+            raise ResolutionRefused(
+                f"run {run_id} needs a decision on step {step}, not on step {expected_step}"
+            )
+        if seen_ledger_id is not None:
+            head = LedgerEntry.objects.using(using).filter(run_id=run_id).order_by("-id").first()
+            if head is not None and head.pk != seen_ledger_id:
+                raise EvidenceChanged(
+                    f"run {run_id}: new evidence since ledger entry {seen_ledger_id} "
+                    f"(entry {head.pk}: {head.kind})",
+                    head=head,
+                )
         dispatched = (
             LedgerEntry.objects.using(using)
             .filter(run_id=run_id, seq=step, kind=LedgerEntry.Kind.DISPATCHED)
@@ -309,16 +355,34 @@ def resolve_effect(
         db.execute(
             using,
             """UPDATE k2b_run SET status = 'queued', attention_step = NULL, error_code = '',
-                      error_message = '', consecutive_failures = 0,
+                      error_message = '', error_detail = NULL, consecutive_failures = 0,
                       run_after = statement_timestamp(), updated_at = now() WHERE id = %s""",
             [run_id],
         )
     return WorkflowRun.objects.using(using).get(pk=run_id)
 
 
-def retry_workflow_run(run_id: Any, *, actor: Any, reason: str = "") -> WorkflowRun:
-    """An operator's "retry now" for a run that failed after exhausting its retries.
+def retry_refusal(run: WorkflowRun) -> str:
+    """Why "retry" does not apply to ``run`` ("" when it does)."""
+    if run.status == RunStatus.NEEDS_ATTENTION:
+        if run.error_code in RETRYABLE_INCIDENT_CODES:
+            return ""
+        return f"needs attention with {run.error_code or 'no code'}: decide on the effect instead"
+    if run.status != RunStatus.FAILED:
+        return f"{run.status}, not failed"
+    if run.error_code != store.WORKFLOW_RETRY_EXHAUSTED:
+        return (
+            f"failed with {run.error_code}, a journaled outcome that a retry would replay;"
+            " only runs that exhausted their retries can be retried"
+        )
+    return ""
 
+
+def retry_workflow_run(run_id: Any, *, actor: Any, reason: str = "") -> WorkflowRun:
+    """An operator's "retry now": a run that exhausted its retries, or a code incident.
+
+    Code incidents (``RETRYABLE_INCIDENT_CODES``) are retried once a fix or a
+    patch is deployed: the run replays its journal on the code now running.
     A run that failed on a journaled step failure would replay to the same
     failure, so it is refused.
     """
@@ -332,18 +396,14 @@ def retry_workflow_run(run_id: Any, *, actor: Any, reason: str = "") -> Workflow
         if row is None:
             raise WorkflowRun.DoesNotExist(f"no run {run_id}")
         run = WorkflowRun.objects.using(using).get(pk=run_id)
-        if run.status != RunStatus.FAILED:
-            raise NotRetryable(f"run {run_id} is {run.status}, not failed")
-        if run.error_code != store.WORKFLOW_RETRY_EXHAUSTED:
-            raise NotRetryable(
-                f"run {run_id} failed with {run.error_code}, a journaled outcome that a retry"
-                " would replay; only runs that exhausted their retries can be retried"
-            )
+        refusal = retry_refusal(run)
+        if refusal:
+            raise NotRetryable(f"run {run_id} is {refusal}")
         chain.append_ledger(
             using,
             run_id=run_id,
             kind=LedgerEntry.Kind.RETRIED,
-            message=reason,
+            message=f"{reason} (was {run.error_code})" if run.error_code else reason,
             actor=actor.get_username(),
             actor_id=actor.pk,
             generation=run.generation,
@@ -351,7 +411,9 @@ def retry_workflow_run(run_id: Any, *, actor: Any, reason: str = "") -> Workflow
         db.execute(
             using,
             """UPDATE k2b_run SET status = 'queued', consecutive_failures = 0,
-                      run_after = statement_timestamp(), finished_at = NULL, updated_at = now()
+                      error_code = '', error_message = '', error_detail = NULL,
+                      attention_step = NULL, run_after = statement_timestamp(),
+                      finished_at = NULL, updated_at = now()
                 WHERE id = %s""",
             [run_id],
         )

@@ -93,6 +93,14 @@ class _DryExecution:
         self.next_seq = 0
         self.ai_calls = 0  # AI tasks the current step asked for
 
+    def patched(self, patch_id: str) -> bool:
+        """A dry run is a new run: it takes every patch (and its marker takes a step number)."""
+        self.next_seq += 1
+        return True
+
+    def deprecate_patch(self, patch_id: str) -> None:
+        """A new run journals no marker for a deprecated patch."""
+
     def _error(self, message: str) -> NoReturn:
         self.report.errors.append(f"{self.path or 'root'}: {message}")
         raise Suspend

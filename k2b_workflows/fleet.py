@@ -29,7 +29,7 @@ from django.db import connections
 
 from . import metrics, store
 from .kernel import db
-from .workflows import registered_workflows
+from .workflows import registered_versions
 
 logger = logging.getLogger("k2b_workflows.fleet")
 
@@ -56,8 +56,9 @@ def capabilities(app_ids: Sequence[str] | None) -> list[dict[str, Any]]:
     """The workflows (name, version, app) a worker with this ``--app`` filter can claim."""
     return sorted(
         (
-            {"name": name, "version": getattr(d, "version", 1), "app_id": d.app_id}
-            for name, d in registered_workflows().items()
+            # Every registered version: a worker keeps old versions until their runs drain.
+            {"name": d.name, "version": d.version, "app_id": d.app_id}
+            for d in registered_versions()
             if not app_ids or d.app_id in app_ids
         ),
         key=lambda c: (c["name"], c["version"]),

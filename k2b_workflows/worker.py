@@ -46,7 +46,7 @@ from .health import HealthFile
 from .kernel import ai, claim, db, weather
 from .kernel.execute import Execution, Preloaded, preload
 from .kernel.leases import LeaseKeeper
-from .workflows import registered_workflows
+from .workflows import registered_versions
 
 logger = logging.getLogger("k2b_workflows")
 
@@ -166,9 +166,9 @@ class Worker:
         self.start_up()
         if self.stopping.is_set():
             return
-        names = self._workflow_names()
+        names = self._workflows()
         logger.info(
-            "worker %s: %d thread(s), apps %s, %d workflow(s)%s",
+            "worker %s: %d thread(s), apps %s, %d workflow version(s)%s",
             self.worker_id,
             self.concurrency,
             self.app_ids or "all",
@@ -476,7 +476,7 @@ class Worker:
             runs = claim.claim_runs(
                 self.using,
                 worker_id=self.worker_id,
-                workflow_names=self._workflow_names(),
+                workflows=self._workflows(),
                 app_ids=self.app_ids,
                 limit=limit,
             )
@@ -551,15 +551,17 @@ class Worker:
 
     def _pending(self) -> bool:
         """For ``burst``: is anything of ours queued (even delayed) or claimable soon?"""
-        names = self._workflow_names()
-        params: list[Any] = [names]
+        workflows = self._workflows()
+        params: list[Any] = [[n for n, _ in workflows], [v for _, v in workflows]]
         app_filter = ""
         if self.app_ids:
             app_filter = "AND app_id = ANY(%s)"
             params.append(self.app_ids)
         with connections[self.using].cursor() as cursor:
             cursor.execute(
-                f"""SELECT EXISTS (SELECT 1 FROM k2b_run WHERE workflow_name = ANY(%s) {app_filter}
+                f"""SELECT EXISTS (SELECT 1 FROM k2b_run
+                     WHERE (workflow_name, workflow_version)
+                           IN (SELECT * FROM unnest(%s::text[], %s::int[])) {app_filter}
                         AND (status = 'queued'
                              OR (status = 'running'
                                  AND lease_expires_at < statement_timestamp())))""",
@@ -577,10 +579,11 @@ class Worker:
             )
             return bool(cursor.fetchone()[0])
 
-    def _workflow_names(self) -> list[str]:
+    def _workflows(self) -> list[tuple[str, int]]:
+        """The (name, version) pairs this worker runs: every registered version of its apps."""
         return [
-            name
-            for name, d in registered_workflows().items()
+            (d.name, d.version)
+            for d in registered_versions()
             if not self.app_ids or d.app_id in self.app_ids
         ]
 

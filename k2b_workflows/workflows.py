@@ -4,6 +4,11 @@ Replay is deterministic: the n-th ``run.step`` call is step n. A journaled
 step returns its stored output without calling the action; a different
 action (or input) at a journaled position is a ``WORKFLOW_NONDETERMINISTIC``
 incident, never a silent run. Workflow code must do no I/O outside steps.
+
+The registry is keyed by (name, version): a run is pinned to the version it
+started with, so a deploy that changes a workflow registers the new version
+beside the old one until the old one's runs have drained. Replaying a run on
+another version's code is exactly the silent divergence replay must not have.
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ class WorkflowDefinition:
     max_steps: int = DEFAULT_MAX_STEPS
 
 
-_registry: dict[str, WorkflowDefinition] = {}
+#: name -> version -> definition.
+_registry: dict[str, dict[int, WorkflowDefinition]] = {}
 
 
 def workflow(
@@ -62,11 +68,13 @@ def workflow(
         raise InvalidInput("max_ai_calls must be a non-negative int or None")
     if not isinstance(max_steps, int) or max_steps <= 0:
         raise InvalidInput("max_steps must be a positive int")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise InvalidInput("version must be a positive int")
 
     def register(fn: WorkflowFn) -> WorkflowFn:
         if len(inspect.signature(fn).parameters) != 2:
             raise InvalidInput(f"workflow {name!r} must take (run, input)")
-        existing = _registry.get(name)
+        existing = _registry.get(name, {}).get(version)
         if existing is not None and (existing.fn.__module__, existing.fn.__qualname__) != (
             fn.__module__,
             fn.__qualname__,
@@ -74,12 +82,12 @@ def workflow(
             # The latest wins (module reloads, tests that define a workflow per test);
             # two modules claiming one name in production is a bug worth a warning.
             warnings.warn(
-                f"workflow {name!r}: {fn.__module__}.{fn.__qualname__} replaces "
+                f"workflow {name!r} version {version}: {fn.__module__}.{fn.__qualname__} replaces "
                 f"{existing.fn.__module__}.{existing.fn.__qualname__}",
                 RuntimeWarning,
                 stacklevel=2,
             )
-        _registry[name] = WorkflowDefinition(
+        _registry.setdefault(name, {})[version] = WorkflowDefinition(
             name=name,
             fn=fn,
             app_id=app_id,
@@ -94,18 +102,31 @@ def workflow(
     return register
 
 
-def get_workflow(name: str) -> WorkflowDefinition:
-    try:
-        return _registry[name]
-    except KeyError:
+def get_workflow(name: str, version: int | None = None) -> WorkflowDefinition:
+    """The definition of ``name`` at ``version``, or its newest registered version."""
+    versions = _registry.get(name)
+    if not versions:
         known = ", ".join(sorted(_registry)) or "none"
+        raise UnknownWorkflow(f"no workflow named {name!r} is registered (known: {known})")
+    if version is None:
+        return versions[max(versions)]
+    try:
+        return versions[version]
+    except KeyError:
+        known = ", ".join(str(v) for v in sorted(versions))
         raise UnknownWorkflow(
-            f"no workflow named {name!r} is registered (known: {known})"
+            f"workflow {name!r} has no version {version!r} registered (known: {known})"
         ) from None
 
 
 def registered_workflows() -> dict[str, WorkflowDefinition]:
-    return dict(_registry)
+    """Each registered name with its newest version: what new runs start on."""
+    return {name: versions[max(versions)] for name, versions in _registry.items() if versions}
+
+
+def registered_versions() -> list[WorkflowDefinition]:
+    """Every registered (name, version): what this process can run, old runs included."""
+    return [d for versions in _registry.values() for _, d in sorted(versions.items())]
 
 
 class RunHandle:
@@ -146,3 +167,20 @@ class RunHandle:
         Returns one result per input, in order, with ``status``, ``output`` and ``error_code``.
         """
         return self._execution.children(name, inputs)
+
+    def patched(self, patch_id: str) -> bool:
+        """Whether this run takes the new branch of the code change ``patch_id``.
+
+        True where the run reaches this point under the new code (the answer is
+        journaled as a marker, so replays agree); False where its journal shows
+        it passed this point before the patch existed.
+        """
+        return self._execution.patched(patch_id)
+
+    def deprecate_patch(self, patch_id: str) -> None:
+        """Keep replaying runs that journaled ``patch_id`` once the old branch is removed.
+
+        Consumes the marker where a run has one and journals nothing where it has
+        none. Remove the call once no run that took the patch is left.
+        """
+        self._execution.deprecate_patch(patch_id)

@@ -23,7 +23,11 @@ def run_to_end(timeout: float = 60.0) -> Counter[str]:
 def execute_once(run: WorkflowRun) -> str:
     """Claim ``run`` (it must be due) and execute that one claim in this thread."""
     claimed = claim.claim_runs(
-        "default", worker_id="test", workflow_names=[run.workflow_name], app_ids=None, limit=1
+        "default",
+        worker_id="test",
+        workflows=[(run.workflow_name, run.workflow_version)],
+        app_ids=None,
+        limit=1,
     )
     assert claimed, f"run {run.pk} was not claimable"
     run_id, generation = claimed[0]

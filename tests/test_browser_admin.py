@@ -324,3 +324,50 @@ def test_admin_screens_run_under_a_strict_content_security_policy(browser, live_
         " document.head.appendChild(s);"
     )
     assert csp_violations(browser)
+
+
+def test_a_nondeterminism_incident_offers_retry_and_cancel_and_retry_requeues_it(
+    browser, live_server, operator, monkeypatch
+):
+    """The incident page of #10: the journaled step beside the code's, and its real actions."""
+    from selenium.webdriver.common.by import By
+
+    from k2b_workflows import wake_workflow_runs_waiting_on
+    from tests.models import DomainRow
+
+    operator.user_permissions.add(
+        Permission.objects.get(
+            content_type__app_label="k2b_workflows", codename="retry_workflowrun"
+        )
+    )
+    monkeypatch.delenv("K2B_TEST_REORDERED", raising=False)
+    run = start_workflow_run("ver.reordered", {"key": "reordered"})
+    run_until_idle()
+    monkeypatch.setenv("K2B_TEST_REORDERED", "1")  # a deploy moved the wait before step 0
+    DomainRow.objects.create(key="reordered")
+    wake_workflow_runs_waiting_on(app_id="versions", kind="signal", key="reordered")
+    run_until_idle()
+    run.refresh_from_db()
+    assert run.error_code == "WORKFLOW_NONDETERMINISTIC"
+
+    browser.get(live_server.url + reverse("admin:k2b_workflows_incident_changelist"))
+    row = browser.find_element(By.XPATH, f"//tr[.//a[contains(@href, '{run.pk}')]]")
+    assert not row.find_elements(By.LINK_TEXT, "Resolve…")
+    click_and_wait(browser, row.find_element(By.CSS_SELECTOR, ".field-incident a"))
+    box = browser.find_element(By.ID, "k2b-incident")
+    assert "The workflow code no longer matches the journal" in box.text
+    cells = [td.text for td in box.find_elements(By.CSS_SELECTOR, ".k2b-divergence td")]
+    assert cells[:2] == ["ver.stamp", "test.wait_for"]
+    actions = [a.text for a in box.find_elements(By.CSS_SELECTOR, ".k2b-incident-actions a")]
+    assert actions == ["Retry…", "Cancel…"]
+    path = screenshot(browser, "nondeterminism-incident")
+    assert path.stat().st_size > 0
+
+    monkeypatch.setenv("K2B_TEST_REORDERED", "0")  # the fix is deployed
+    click_and_wait(browser, box.find_element(By.LINK_TEXT, "Retry…"))
+    browser.find_element(By.NAME, "reason").send_keys("Deployed the original order back.")
+    click_and_wait(browser, browser.find_element(By.CSS_SELECTOR, "input[value='Yes, retry now']"))
+    assert "Retry now: 1 run(s)." in browser.find_element(By.CSS_SELECTOR, ".messagelist").text
+    run_until_idle()
+    run.refresh_from_db()
+    assert run.status == "succeeded"

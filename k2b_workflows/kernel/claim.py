@@ -25,7 +25,8 @@ UPDATE k2b_run r
  WHERE r.id IN (
         SELECT id FROM k2b_run
          WHERE status = 'queued' AND run_after <= statement_timestamp()
-           AND workflow_name = ANY(%s) {app_filter}
+           AND (workflow_name, workflow_version) IN (SELECT * FROM unnest(%s::text[], %s::int[]))
+           {app_filter}
          ORDER BY run_after
          LIMIT %s
            FOR UPDATE SKIP LOCKED)
@@ -37,14 +38,24 @@ def claim_runs(
     using: str,
     *,
     worker_id: str,
-    workflow_names: Sequence[str],
+    workflows: Sequence[tuple[str, int]],
     app_ids: Sequence[str] | None,
     limit: int,
 ) -> list[tuple[Any, int]]:
-    """Claim up to ``limit`` due runs of workflows this process knows. Returns (id, generation)."""
-    if limit <= 0 or not workflow_names:
+    """Claim up to ``limit`` due runs of workflows this process knows. Returns (id, generation).
+
+    ``workflows`` are (name, version) pairs: a run is claimed only by a process
+    holding the code of the version it started with, so in a rolling deploy an
+    old worker never runs a new run and a new worker never replays an old one.
+    """
+    if limit <= 0 or not workflows:
         return []
-    params: list[Any] = [store.lease_ms(), worker_id, list(workflow_names)]
+    params: list[Any] = [
+        store.lease_ms(),
+        worker_id,
+        [name for name, _ in workflows],
+        [version for _, version in workflows],
+    ]
     app_filter = ""
     if app_ids:
         app_filter = "AND app_id = ANY(%s)"

@@ -17,6 +17,12 @@ Every write that advances the run happens in a transaction that first fences
 it (``db.fence``): a worker whose lease was taken over can compute but never
 commit. Control leaves workflow code through ``Suspend`` (a BaseException) so
 that a workflow's ``except Exception`` cannot swallow a park or a lost lease.
+
+Code changes: a run replays on the code of its own (name, version); a replay
+that asks for another step than the journal holds stops the run at once
+(``WORKFLOW_NONDETERMINISTIC``, with both sides as hashes) before any effect;
+an exception from the workflow function itself is a bug, not weather, so the
+run waits for an operator (``WORKFLOW_CODE_ERROR``) instead of retrying.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import contextlib
 import copy
 import logging
 import threading
+import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +39,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
-from .. import signals, store
+from .. import redaction, signals, store
 from ..actions import (
     Action,
     Ambiguous,
@@ -60,6 +67,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger("k2b_workflows")
 
 CHILDREN_KIND = "k2b.children"
+#: Journal entries named ``k2b.patch:<id>`` record that a run took a patch.
+PATCH_KIND = "k2b.patch"
+#: A workflow's traceback is kept for the operator up to this length (its end).
+MAX_TRACEBACK_CHARS = 6000
 # Ledger kinds that close an invocation of an effect: after one of these the
 # next dispatch is a new invocation with a new key (and the same effect key).
 _CLOSING = {
@@ -70,10 +81,6 @@ _CLOSING = {
     LedgerEntry.Kind.RESOLVED_ABSENT,
     LedgerEntry.Kind.REJECTED,
 }
-
-
-class Nondeterministic(Exception):
-    pass
 
 
 class _Rollback(Exception):
@@ -106,7 +113,7 @@ class Preloaded:
 
 
 def preload(using: str, run_ids: list[Any]) -> dict[Any, Preloaded]:
-    """Read claimed runs with their journals and open ledger entries: three queries in all.
+    """Read claimed runs with their journals and ledgers: three queries in all.
 
     Called inside the claim's transaction, so a claim and its reads cost one commit.
     """
@@ -119,11 +126,8 @@ def preload(using: str, run_ids: list[Any]) -> dict[Any, Preloaded]:
         JournalEntry.objects.using(using).filter(run_id__in=run_ids).order_by("run_id", "seq")
     ):
         journals[entry.run_id].append(entry)
-    for entry in (
-        LedgerEntry.objects.using(using)
-        .filter(run_id__in=run_ids, seq__isnull=False)
-        .order_by("id")
-    ):
+    # The whole ledger, not only the steps' entries: its chain is verified before use (#9).
+    for entry in LedgerEntry.objects.using(using).filter(run_id__in=run_ids).order_by("id"):
         ledgers[entry.run_id].append(entry)
     return {pk: Preloaded(run, journals[pk], ledgers[pk]) for pk, run in runs.items()}
 
@@ -195,9 +199,23 @@ class Execution:
         if self.keeper:
             self.keeper.track(self.run_id, self.generation, self.canceled)
         try:
+            # Before anything replays the journal or trusts the ledger (#9): a tampered,
+            # truncated or wiped chain stops the run here, with nothing executed.
+            self._verify_loaded(loaded)
             try:
-                self.definition: WorkflowDefinition = get_workflow(run.workflow_name)
-            except UnknownWorkflow:
+                self.definition: WorkflowDefinition = get_workflow(
+                    run.workflow_name, run.workflow_version
+                )
+            except UnknownWorkflow as exc:
+                if _has_other_versions(run.workflow_name):
+                    # Another process may hold this version's code (a rolling deploy):
+                    # hand the run back rather than fail or replay it on other code.
+                    from .claim import release
+
+                    logger.warning("run %s: %s; released", self.run_id, exc)
+                    release(self.using, self.run_id, self.generation)
+                    self.outcome = "no_code"
+                    return self.outcome
                 self._fail_run(
                     "UNKNOWN_WORKFLOW", f"no workflow {run.workflow_name!r} is registered"
                 )
@@ -221,21 +239,34 @@ class Execution:
         except DatabaseError as exc:
             if not weather.is_connection_error(exc):
                 raise
-            # The connection died under a step (a restart, a failover, a terminated
-            # backend): whatever that transaction wrote either committed with its
-            # journal entry or not at all. Same path as an unknown commit, and it
-            # is not the run's failure: no failure is counted.
-            logger.warning(
-                "run %s: database unavailable (%s); handing the run back",
-                self.run_id,
-                weather.describe(exc),
-            )
-            self.outcome = "db_unavailable"
-            self._release_after_unknown_commit()
+            with contextlib.suppress(Suspend):
+                self._lost_connection(exc)
         finally:
             if self.keeper:
                 self.keeper.untrack(self.run_id)
         return self.outcome
+
+    def _verify_loaded(self, loaded: Preloaded) -> None:
+        """Stop the run in ``needs_attention`` if its chains or anchors do not verify (#9).
+
+        A claim's preload reads under the claim's row lock. Without one (no
+        preload given), an entry may commit between the reads of the row and of
+        the entries: a break is confirmed on a locked re-read before it counts.
+        """
+        broken = evidence.verify_run(loaded.run, loaded.journal, loaded.ledger)
+        if broken is not None and self.preloaded is None:
+            with transaction.atomic(using=self.using):
+                db.lock_run(self.using, self.run_id)
+                again = preload(self.using, [self.run_id])[self.run_id]
+            if again.run.generation != self.generation or again.run.status != "running":
+                raise Suspend  # taken over or canceled meanwhile: outcome "dropped"
+            broken = evidence.verify_run(again.run, again.journal, again.ledger)
+            if broken is None:
+                self._load(again)
+                self.run = again.run
+        if broken is not None:
+            logger.error("run %s: integrity chain broken: %s", self.run_id, broken)
+            self._needs_attention(store.INTEGRITY_CHAIN_BROKEN, str(broken), step=None)
 
     def _load(self, loaded: Preloaded) -> None:
         entries = loaded.journal
@@ -243,7 +274,7 @@ class Execution:
         self.last_hash = entries[-1].entry_hash if entries else evidence.GENESIS
         self.effects: dict[int, _EffectState] = {}
         for entry in loaded.ledger:
-            if entry.seq in self.journal:
+            if entry.seq is None or entry.seq in self.journal:
                 continue
             state = self.effects.setdefault(entry.seq, _EffectState())
             if entry.kind == LedgerEntry.Kind.DISPATCHED:
@@ -261,16 +292,20 @@ class Execution:
         except StepFailed as exc:
             self._fail_run(exc.code, exc.message)
             return
-        except Nondeterministic as exc:
-            self._needs_attention(store.WORKFLOW_NONDETERMINISTIC, str(exc), step=None)
-            return
         except (Suspend, LeaseLost, RunCanceled, db.CommitOutcomeUnknown):
             raise
+        except DatabaseError as exc:
+            # The kernel's own writes inside run.step: weather, not the workflow's bug.
+            self._retry_later(f"database error: {exc}")
+            return
         except Exception as exc:
             if weather.is_connection_error(exc):
                 raise  # the database's weather, not the workflow's failure
+            # Step errors never get here (``step`` turns them into retries): this is
+            # the workflow function's own bug. Retrying the same code replays to the
+            # same line, so one traceback and an operator, not five and backoff.
             logger.exception("run %s: workflow code raised", self.run_id)
-            self._retry_later(f"workflow code raised {type(exc).__name__}: {exc}")
+            self._code_error(exc)
             return
         try:
             output = to_json_value(output, "the workflow's return value")
@@ -301,7 +336,34 @@ class Execution:
         input_hash = evidence.hash_value(input)
         entry = self.journal.get(seq)
         if entry is not None:
-            return self._replay(entry, name, input_hash)
+            return self._replay(entry, name, input, input_hash)
+        try:
+            return self._new_step(seq, action, name, input, input_hash, approval_ref, backup_ref)
+        except (StepFailed, LeaseLost, RunCanceled, db.CommitOutcomeUnknown):
+            raise
+        except DatabaseError as exc:
+            if weather.is_connection_error(exc):
+                self._lost_connection(exc)
+            self._retry_later(f"step {seq} ({name}): database error: {exc}")
+        except Exception as exc:
+            if weather.is_connection_error(exc):
+                self._lost_connection(exc)
+            # An action's hook raised (PURE, IDEMPOTENT): retryable. Handled here so
+            # that it can never be mistaken for the workflow's own bug, nor be
+            # swallowed by the workflow's ``except Exception``.
+            self._retry_later(f"step {seq} ({name}) raised {type(exc).__name__}: {exc}")
+        raise AssertionError("unreachable")
+
+    def _new_step(
+        self,
+        seq: int,
+        action: Action,
+        name: str,
+        input: Any,
+        input_hash: str,
+        approval_ref: str | None,
+        backup_ref: str | None,
+    ) -> Any:
         ctx = StepContext(self, seq)
         started = timezone.now()
         step = _Step(seq, action, name, input, input_hash, started, ctx)
@@ -353,18 +415,121 @@ class Execution:
             events.run_changed(self, "released")
             raise Suspend
 
-    def _replay(self, entry: JournalEntry, name: str, input_hash: str) -> Any:
-        if entry.action_name != name:
-            raise Nondeterministic(
-                f"step {entry.seq} was {entry.action_name!r} when journaled, now {name!r}"
-            )
-        if entry.input_hash != input_hash:
-            raise Nondeterministic(
-                f"step {entry.seq} ({name}) was journaled with another input (hash differs)"
-            )
+    def _replay(self, entry: JournalEntry, name: str, input: Any, input_hash: str) -> Any:
+        if entry.action_name != name or not evidence.same_input(
+            entry.input_hash, input, input_hash
+        ):
+            self._diverged(entry, name, input_hash)
         if entry.state == JournalEntry.State.SUCCEEDED:
             return copy.deepcopy(entry.output)
         raise StepFailed(entry.error_code, entry.error_message)
+
+    def _diverged(self, entry: JournalEntry, name: str, input_hash: str) -> None:
+        """The code asks for another step than the journal holds: stop before any effect.
+
+        Raises ``Suspend`` (not an Exception) so that a workflow's ``except
+        Exception`` cannot swallow it. Both sides are kept for the run page, as
+        names and hashes only: never the inputs themselves.
+        """
+        seq = entry.seq
+        if entry.action_name != name:
+            message = f"step {seq} was {entry.action_name!r} when journaled, now {name!r}"
+        else:
+            message = f"step {seq} ({name}) was journaled with another input (hash differs)"
+        marker = f"{PATCH_KIND}:"
+        if entry.action_name.startswith(marker) and not name.startswith(marker):
+            patch_id = entry.action_name[len(marker) :]
+            message += (
+                f"; the run took patch {patch_id!r} here: keep run.patched({patch_id!r}) or"
+                f" run.deprecate_patch({patch_id!r}) at this point"
+            )
+        detail = {
+            "kind": "nondeterminism",
+            "seq": seq,
+            "journaled": {
+                "action": entry.action_name,
+                "effect": entry.effect,
+                "state": entry.state,
+                "input_hash": entry.input_hash,
+            },
+            "asked": {"action": name, "input_hash": input_hash},
+            "workflow_version": self.definition.version,
+        }
+        self._needs_attention(store.WORKFLOW_NONDETERMINISTIC, message, step=None, detail=detail)
+
+    def _code_error(self, exc: Exception) -> None:
+        # Credentials in URLs and key=value pairs are removed, as from every stored text.
+        text = redaction.redact_text("".join(traceback.format_exception(exc)))
+        if len(text) > MAX_TRACEBACK_CHARS:
+            text = "… (truncated)\n" + text[-MAX_TRACEBACK_CHARS:]
+        self._needs_attention(
+            store.WORKFLOW_CODE_ERROR,
+            f"workflow code raised {type(exc).__name__}: {exc}"[:1000],
+            step=None,
+            detail={
+                "kind": "code_error",
+                "exception": type(exc).__name__,
+                "traceback": text,
+                "workflow_version": self.definition.version,
+            },
+        )
+
+    # -- run.patched -----------------------------------------------------------
+
+    def patched(self, patch_id: str) -> bool:
+        """``run.patched``: True for a run at this point under the new code, journaled."""
+        if not isinstance(patch_id, str) or not patch_id:
+            raise InvalidInput("patched() takes a non-empty patch id")
+        self._check_shutdown()
+        seq = self.next_seq
+        marker = f"{PATCH_KIND}:{patch_id}"
+        entry = self.journal.get(seq)
+        if entry is not None:
+            if entry.action_name == marker:
+                self.next_seq += 1
+                return True
+            if entry.action_name.startswith(f"{PATCH_KIND}:"):
+                self._diverged(entry, marker, entry.input_hash)
+            return False  # the journal shows a step of the old code at this point
+        if self._started_before(seq):
+            return False  # step ``seq`` began under the old code (an effect, a wait)
+        self.next_seq += 1
+        step = _Step(
+            seq,
+            _PatchAction(),
+            marker,
+            None,
+            evidence.hash_value(None),
+            timezone.now(),
+            StepContext(self, seq),
+        )
+        self._journal_success(step, Succeeded(True, summary=f"took patch {patch_id}"))
+        return True
+
+    def deprecate_patch(self, patch_id: str) -> None:
+        """``run.deprecate_patch``: consume the marker where the run has one; journal nothing."""
+        if not isinstance(patch_id, str) or not patch_id:
+            raise InvalidInput("deprecate_patch() takes a non-empty patch id")
+        entry = self.journal.get(self.next_seq)
+        if entry is not None and entry.action_name == f"{PATCH_KIND}:{patch_id}":
+            self.next_seq += 1
+
+    def _started_before(self, seq: int) -> bool:
+        """Did step ``seq`` leave a trace before this claim: ledger, charge, wait, child, AI task?
+
+        Such a run met this point under the old code; taking a new branch now
+        could skip an effect the old step may already have caused.
+        """
+        if seq in self.effects or seq in (self.run.current_step, self.run.wait_step):
+            return True
+        rows = db.fetchall(
+            self.using,
+            """SELECT EXISTS (SELECT 1 FROM k2b_budget_charge WHERE run_id = %s AND seq = %s)
+                   OR EXISTS (SELECT 1 FROM k2b_ai_task WHERE run_id = %s AND seq = %s)
+                   OR EXISTS (SELECT 1 FROM k2b_run WHERE parent_id = %s AND parent_step = %s)""",
+            [self.run_id, seq] * 3,
+        )
+        return bool(rows[0][0])
 
     # -- PURE and IDEMPOTENT -------------------------------------------------
 
@@ -713,7 +878,7 @@ class Execution:
             output=result.output if result else None,
             summary=(result.summary or "") if result else "",
             error_code=code,
-            error_message=message,
+            error_message=redaction.scrub_error(message) if message else "",
             input_hash=step.input_hash,
             generation=self.generation,
             started_at=step.started,
@@ -798,6 +963,8 @@ class Execution:
                 detail={k: v for k, v in step.refs.items() if v} or None,
             )
         values.update(fields)
+        if values.get("message"):
+            values["message"] = redaction.scrub_error(values["message"])
         evidence.append_ledger(self.using, **values)
         events.ledger_written(
             self,
@@ -826,7 +993,10 @@ class Execution:
                 LedgerEntry.Kind.LATE_RESULT,
                 message=message,
                 output_hash=evidence.hash_value(output) if output is not None else "",
-                detail={"output": output} if output is not None else None,
+                # Never the raw output: it may hold card tokens or credentials (#9).
+                detail={"output": evidence.redacted_summary(output)}
+                if output is not None
+                else None,
             )
 
         try:
@@ -859,8 +1029,8 @@ class Execution:
             self._fence()
             if verify:
                 problem = evidence.verify_chains(self.run_id, self.using)
-                if problem:
-                    broken.append(problem)
+                if problem is not None:
+                    broken.append(str(problem))
                     return
             if entry is not None:
                 evidence.append_journal(entry, self.last_hash, self.using)
@@ -900,6 +1070,7 @@ class Execution:
 
     def _fail_run(self, code: str, message: str, step: _Step | None = None) -> None:
         """Fail the run for good (journaling the step's failure when there is one)."""
+        message = redaction.scrub_error(message)  # exception texts may carry credentials
         entry = None
         if step is not None and step.seq not in self.journal:
             entry = self._new_entry(step, JournalEntry.State.FAILED, code=code, message=message)
@@ -914,12 +1085,16 @@ class Execution:
             announce={"signal": signals.run_finished, "status": "failed", "error_code": code},
         )
 
-    def _needs_attention(self, code: str, message: str, step: int | None) -> None:
+    def _needs_attention(
+        self, code: str, message: str, step: int | None, detail: dict | None = None
+    ) -> None:
+        message = redaction.scrub_error(message)
         self._transition(
             """UPDATE k2b_run SET status = 'needs_attention', error_code = %s, error_message = %s,
-                      attention_step = %s, lease_expires_at = NULL, updated_at = now()
+                      error_detail = %s, attention_step = %s, lease_expires_at = NULL,
+                      updated_at = now()
                 WHERE id = %s""",
-            [code, message, step],
+            [code, message, canonical_json(detail) if detail else None, step],
             "needs_attention",
             terminal=False,
             announce={
@@ -932,6 +1107,7 @@ class Execution:
 
     def _retry_later(self, reason: str) -> None:
         """A retryable failure: count it, back off, or give up past the limit."""
+        reason = redaction.scrub_error(reason)  # stored and logged: no credentials, bounded
         failures = self.run.consecutive_failures + 1
         if failures >= store.max_consecutive_failures():
             self._exhausted(failures, reason)
@@ -982,6 +1158,23 @@ class Execution:
         events.run_changed(self, self.outcome, step=seq)
         raise Suspend
 
+    def _lost_connection(self, exc: BaseException) -> None:
+        """The connection died under a step (a restart, a failover, a terminated backend).
+
+        Whatever that transaction wrote either committed with its journal entry or
+        not at all: the same path as an unknown commit. It is not the run's
+        failure, so none is counted, and ``Suspend`` leaves the workflow code
+        without its ``except Exception`` seeing the error.
+        """
+        logger.warning(
+            "run %s: database unavailable (%s); handing the run back",
+            self.run_id,
+            weather.describe(exc),
+        )
+        self.outcome = "db_unavailable"
+        self._release_after_unknown_commit()
+        raise Suspend
+
     def _release_after_unknown_commit(self) -> None:
         """Hand the run back on a fresh connection; the worker retries it if even that fails."""
         from .claim import release
@@ -1012,7 +1205,7 @@ class Execution:
             action_name = f"{CHILDREN_KIND}.create:{name}"
         entry = self.journal.get(seq)
         if entry is not None:
-            replayed = self._replay(entry, action_name, input_hash)
+            replayed = self._replay(entry, action_name, inputs, input_hash)
             return (
                 [r["run_id"] for r in replayed]
                 if not wait
@@ -1094,6 +1287,17 @@ class Execution:
 class _ChildrenAction(Action):
     name = CHILDREN_KIND
     effect = Effect.PURE
+
+
+class _PatchAction(Action):
+    name = PATCH_KIND
+    effect = Effect.PURE
+
+
+def _has_other_versions(name: str) -> bool:
+    from ..workflows import registered_workflows
+
+    return name in registered_workflows()
 
 
 @dataclass

@@ -12,6 +12,7 @@ from k2b_workflows import store
 from k2b_workflows.exceptions import DatabaseNotMigrated
 from k2b_workflows.kernel import db
 from k2b_workflows.models import RunStatus, WorkflowRun
+from k2b_workflows.versions import live_pairs, run_code_note
 
 
 def _when(value: Any) -> str:
@@ -105,6 +106,10 @@ class Command(BaseCommand):
         if limit:
             runs = runs[:limit]
         now = timezone.now()
+        runs = list(runs)
+        # A queued run pinned to a version no live worker has would wait silently.
+        live = live_pairs(store.database())
+        notes = [(r, run_code_note(r, live=live)) for r in runs if r.status == RunStatus.QUEUED]
         if waiting:
             headers = [
                 "RUN",
@@ -136,6 +141,7 @@ class Command(BaseCommand):
                 "RUN",
                 "APP",
                 "WORKFLOW",
+                "VER",
                 "STATUS",
                 "GEN",
                 "STEP",
@@ -148,6 +154,7 @@ class Command(BaseCommand):
                     str(r.id),
                     r.app_id,
                     r.workflow_name,
+                    str(r.workflow_version),
                     r.status,
                     str(r.generation),
                     "-" if r.current_step is None else str(r.current_step),
@@ -163,3 +170,8 @@ class Command(BaseCommand):
         self.stdout.write(format_table(headers, rows))
         if total > len(rows):
             self.stdout.write(f"({len(rows)} of {total}; --limit 0 shows all)")
+        for run, note in notes:
+            if note:
+                self.stdout.write(
+                    f"run {run.id} ({run.workflow_name} v{run.workflow_version}): {note}"
+                )
