@@ -14,6 +14,7 @@ from .actions import Action, Dependency, Effect, ambiguous, failed, succeeded, u
 from .exceptions import (
     DatabaseNotMigrated,
     EvidenceChanged,
+    IdempotencyConflict,
     InvalidInput,
     LeaseLost,
     NotRetryable,
@@ -75,6 +76,7 @@ __all__ = [
     "DryRunReport",
     "Effect",
     "EvidenceChanged",
+    "IdempotencyConflict",
     "InvalidInput",
     "LeaseLost",
     "NotRetryable",

@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from . import validation
 from .exceptions import HookNotDefined, InvalidInput
 
 if TYPE_CHECKING:
@@ -135,41 +136,56 @@ class InvalidResult(Exception):
 
 
 def canonical_json(value: Any) -> str:
-    """The one JSON text of a value: sorted keys, no spaces, no NaN.
+    """The one JSON text of a value: sorted keys, no spaces, no NaN, string keys only.
 
-    Raises ``TypeError`` or ``ValueError`` for values JSON cannot hold.
+    Raises ``InvalidInput`` (a ``ValueError``) for values JSON cannot hold,
+    including ``{1: "x"}``, which ``json.dumps`` would silently turn into ``{"1": "x"}``.
     """
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    )
+    return validation.json_text(value, "value", stored=False)
 
 
-def to_json_value(value: Any, what: str) -> Any:
-    """Return ``value`` as it will read back from the database, or raise ``InvalidInput``."""
-    try:
-        return json.loads(canonical_json(value))
-    except (TypeError, ValueError) as exc:
-        raise InvalidInput(f"{what} is not a JSON value: {exc}") from None
+def to_json_value(value: Any, what: str, *, stored: bool = True) -> Any:
+    """Return ``value`` as it will read back from the database, or raise ``InvalidInput``.
+
+    ``stored`` (the default): the value is written to a ``jsonb`` column, so
+    NUL characters and values over ``MAX_VALUE_BYTES`` are refused as well.
+    """
+    return json.loads(validation.json_text(value, what, stored=stored))
 
 
 def validate_result(result: Any, allowed: tuple[type[Result], ...], hook: str) -> Result:
-    """Check a hook's return value once, where it enters the kernel."""
+    """Check a hook's return value once, where it enters the kernel.
+
+    Everything the kernel will store from it is checked here too (output,
+    summary, code, wait key): a value PostgreSQL refuses must be an invalid
+    result now, not a failed commit after the action ran, which the worker
+    could only treat as a crash.
+    """
     if not isinstance(result, allowed):
         names = ", ".join(cls.kind for cls in allowed)
         raise InvalidResult(f"{hook}() returned {type(result).__name__}, expected one of: {names}")
-    if isinstance(result, Succeeded):
-        try:
+    try:
+        if isinstance(result, Succeeded):
             output = to_json_value(result.output, f"{hook}() output")
-        except InvalidInput as exc:
-            raise InvalidResult(str(exc)) from None
-        if result.summary is not None and not isinstance(result.summary, str):
-            raise InvalidResult(f"{hook}() summary must be a string")
-        return Succeeded(output, result.summary)
-    if isinstance(result, Failed) and (
-        not isinstance(result.message, str)
-        or (result.code is not None and not isinstance(result.code, str))
-    ):
-        raise InvalidResult(f"{hook}() failed(): message and code must be strings")
+            if result.summary is not None:
+                validation.text(result.summary, f"{hook}() summary", required=False)
+            return Succeeded(output, result.summary)
+        if isinstance(result, Failed):
+            if not isinstance(result.message, str):
+                raise InvalidInput(f"{hook}() failed(): message must be a string")
+            if result.code is not None:
+                validation.text(result.code, f"{hook}() failed() code", max_length=100)
+            message = validation.storable_message(result.message)
+            return Failed(message, result.code, result.retryable)
+        if isinstance(result, Waiting):
+            dependency = result.dependency
+            validation.text(dependency.kind, f"{hook}() waiting() kind", max_length=200)
+            validation.text(dependency.key, f"{hook}() waiting() key", max_length=500)
+            return result
+        if isinstance(result, (Ambiguous, Unknown)) and result.message is not None:
+            return type(result)(validation.storable_message(result.message))
+    except InvalidInput as exc:
+        raise InvalidResult(str(exc)) from None
     return result
 
 
@@ -179,22 +195,44 @@ def validate_result(result: Any, allowed: tuple[type[Result], ...], hook: str) -
 class Action:
     """One kind of step. Subclass it, set ``name`` and ``effect``, write ``run``.
 
+    ``effect`` is required: a subclass that declares none (itself or through a
+    base) is refused when the class is created, because a charge that forgot
+    ``effect = Effect.EXTERNAL`` would otherwise be re-run blindly after a
+    crash. A base class meant only to be subclassed says so:
+    ``class MailAction(Action, abstract=True)``.
+
+    ``name`` is what the journal records for each step and what replay
+    compares: set it to a stable string (``"mail.send"``). Without it the name
+    is ``module.QualifiedClassName``, so renaming or moving the class makes
+    journaled runs nondeterministic; ``manage.py check`` warns about it.
+
     Hooks are plain functions called by the worker thread: ``cost`` (cheap,
     side-effect free), ``plan`` (dry runs), ``authorize`` (just before the
     effect), ``run`` (the effect) and ``reconcile`` (after an unknown outcome).
     """
 
     name: ClassVar[str] = ""
-    effect: ClassVar[Effect] = Effect.PURE
+    #: Required on every concrete subclass (no default: see the class docstring).
+    effect: ClassVar[Effect]
+    #: True on a base class that only exists to be subclassed (set by ``abstract=True``).
+    abstract: ClassVar[bool] = True
     #: Part of the definition hash: bump it when ``run`` changes meaning.
     version: ClassVar[int] = 1
     #: Seconds the worker keeps renewing the lease while ``run`` executes (None: the setting).
     timeout: ClassVar[float | None] = None
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
+    def __init_subclass__(cls, abstract: bool = False, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if not isinstance(cls.effect, Effect):
-            raise TypeError(f"{cls.__name__}.effect must be an Effect, not {cls.effect!r}")
+        cls.abstract = abstract
+        effect = getattr(cls, "effect", None)
+        if effect is None and not abstract:
+            raise TypeError(
+                f"{cls.__module__}.{cls.__qualname__} declares no effect: set "
+                "effect = Effect.PURE (or TRANSACTIONAL, IDEMPOTENT, EXTERNAL, IRREVERSIBLE, "
+                "SNAPSHOT_RESTORE), or declare a base class with abstract=True"
+            )
+        if effect is not None and not isinstance(effect, Effect):
+            raise TypeError(f"{cls.__name__}.effect must be an Effect, not {effect!r}")
 
     def cost(self, input: Any) -> dict[str, int]:
         return {}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 from django.conf import settings
@@ -10,6 +10,9 @@ from django.core.checks import Error, Tags, Warning, register
 from django.db import connections
 
 from . import store
+
+if TYPE_CHECKING:
+    from .actions import Action
 
 
 # Not tagged "database": Django runs those only with ``check --database``, and
@@ -92,12 +95,18 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         "RUN_MAX_CONSECUTIVE_FAILURES",
         "ACTION_TIMEOUT_MS",
         "SHUTDOWN_GRACE_MS",
+        "MAX_VALUE_BYTES",
+        "AI_TASK_MAX_ATTEMPTS",
+        "MAX_RECONCILE_POLLS",
+        "WAKE_RETENTION_HOURS",
         "WORKER_HEARTBEAT_MS",
         "WORKER_LOST_AFTER_MS",
         "WORKER_PURGE_AFTER_MS",
     ):
         value = configured.get(key)
-        if value is not None and (not isinstance(value, int) or value <= 0):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value <= 0
+        ):
             errors.append(
                 Error(
                     f"K2B_WORKFLOWS[{key!r}] must be a positive int, not {value!r}",
@@ -133,6 +142,59 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
             Error("RETRY_BACKOFF_MAX_MS is smaller than RETRY_BACKOFF_MS", id="k2b_workflows.E008")
         )
     return errors
+
+
+def _concrete_actions() -> list[type[Action]]:
+    from .actions import Action
+
+    found: list[type[Action]] = []
+    stack = list(Action.__subclasses__())
+    while stack:
+        cls = stack.pop()
+        stack.extend(cls.__subclasses__())
+        if not cls.__dict__.get("abstract", False) and cls not in found:
+            found.append(cls)
+    return sorted(found, key=lambda c: (c.__module__, c.__qualname__))
+
+
+@register(Tags.compatibility)
+def check_actions(app_configs: Any = None, **kwargs: Any) -> list:
+    """Actions whose defaults would surprise after a crash, a rename or a dry run.
+
+    A missing ``effect`` is refused when the class is created (``Action``);
+    what is left are warnings: a non-PURE action without ``plan()`` makes
+    every dry run of its workflows fail, and a defaulted ``name`` changes
+    when the class is renamed or moved, which makes journaled runs
+    nondeterministic.
+    """
+    from .actions import Effect
+
+    warnings = []
+    for cls in _concrete_actions():
+        label = f"{cls.__module__}.{cls.__qualname__}"
+        if cls.effect != Effect.PURE and not cls.defines("plan"):
+            warnings.append(
+                Warning(
+                    f"action {label} is {cls.effect.name} and defines no plan()",
+                    hint="dry runs call plan() instead of run() for every non-PURE action: "
+                    'return succeeded({"planned": True, ...}, summary=...)',
+                    obj=cls,
+                    id="k2b_workflows.W010",
+                )
+            )
+        if not cls.__dict__.get("name") and not any(
+            base.__dict__.get("name") for base in cls.__mro__[1:-2]
+        ):
+            warnings.append(
+                Warning(
+                    f"action {label} sets no name; the journal records it as {label!r}",
+                    hint="set name = 'app.verb' so that renaming or moving the class does not "
+                    "break replay of journaled runs",
+                    obj=cls,
+                    id="k2b_workflows.W011",
+                )
+            )
+    return warnings
 
 
 # Tagged "database": it connects, so Django runs it with ``check --database`` and

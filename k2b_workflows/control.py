@@ -13,10 +13,11 @@ from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.utils import timezone
 
-from . import signals, store
+from . import signals, store, validation
 from .actions import to_json_value
 from .exceptions import (
     EvidenceChanged,
+    IdempotencyConflict,
     InvalidInput,
     NotRetryable,
     ResolutionRefused,
@@ -65,20 +66,24 @@ def start_workflow_run(
 
     The run is pinned to ``version`` (default: the newest registered here) for
     its whole life. Raises ``UnknownWorkflow`` or ``InvalidInput`` before
-    creating anything, and ``DatabaseNotMigrated`` when the app's tables are missing.
+    creating anything, ``IdempotencyConflict`` when the key names a run
+    started with another input, and ``DatabaseNotMigrated`` when the app's
+    tables are missing.
     """
+    validation.text(name, "the workflow name", max_length=200)
+    validation.integer(version, "version", minimum=1, maximum=validation.MAX_INT, optional=True)
     definition = get_workflow(name, version)
+    if input is None:
+        raise InvalidInput("the workflow input must not be None (use {} for no input)")
     input = to_json_value(input, "the workflow input")
     principal = to_json_value(principal, "the principal")
-    if idempotency_key is not None and (
-        not isinstance(idempotency_key, str) or not idempotency_key
-    ):
-        raise InvalidInput("idempotency_key must be a non-empty string or None")
+    if idempotency_key is not None:
+        validation.text(idempotency_key, "idempotency_key", max_length=255)
+    parent_id = None if parent is None else validation.run_id(parent, "parent")
     using = store.database()
     with db.schema_required(), transaction.atomic(using=using):
         parent_run = None
-        if parent is not None:
-            parent_id = parent.pk if isinstance(parent, WorkflowRun) else parent
+        if parent_id is not None:
             parent_run = WorkflowRun.objects.using(using).filter(pk=parent_id).first()
             if parent_run is None:
                 raise InvalidInput(f"parent run {parent_id} does not exist")
@@ -108,6 +113,12 @@ def start_workflow_run(
                 workflow_name=name, idempotency_key=idempotency_key
             )
             if run.id != run_id:
+                if run.input != input:
+                    raise IdempotencyConflict(
+                        f"idempotency_key {idempotency_key!r} already started run {run.id} "
+                        "with a different input",
+                        run.id,
+                    )
                 return run
         elif not created:
             raise AssertionError("run was not created")
@@ -130,6 +141,8 @@ def cancel_workflow_run(run_id: Any, reason: str) -> WorkflowRun:
     """
     if not isinstance(reason, str) or not reason.strip():
         raise InvalidInput("cancel_workflow_run() needs a reason")
+    validation.long_text(reason, "the cancel reason")
+    run_id = validation.run_id(run_id)
     using = store.database()
 
     def cancel() -> WorkflowRun:
@@ -187,15 +200,17 @@ def wake_workflow_runs_waiting_on(*, app_id: str, kind: str, key: str) -> int:
     Durable and safe in any order relative to the waiter parking. Returns the
     number of runs re-queued now (a waiter that parks later finds the signal).
     """
-    for value, what in ((app_id, "app_id"), (kind, "kind"), (key, "key")):
+    # The rendezvous row's columns: a longer key would fail inside the wake.
+    for value, what, length in ((app_id, "app_id", 100), (kind, "kind", 200), (key, "key", 500)):
         if not isinstance(value, str) or not value:
             raise InvalidInput(f"{what} must be a non-empty string")
+        validation.text(value, what, max_length=length)
     return waits.wake(store.database(), app_id=app_id, kind=kind, key=key)
 
 
 def notify_workflow_worker(app_id: str) -> None:
     """Wake idle workers of ``app_id`` now (on commit). Runs are found without it, only later."""
-    waits.notify(store.database(), app_id)
+    waits.notify(store.database(), validation.text(app_id, "app_id", max_length=100))
 
 
 def create_child_workflow_runs(
@@ -212,7 +227,8 @@ def create_child_workflow_runs(
             return ids
     elif isinstance(ctx_or_run, StepContext):
         ctx = ctx_or_run
-        inputs = to_json_value(list(inputs), "child inputs")
+        validation.text(name, "the child workflow name", max_length=200)
+        inputs = validation.child_inputs(inputs, "child inputs")
         # StepFailed fails the calling step with this code, before anything is created.
         if len(inputs) > store.max_children_per_step():
             raise StepFailed(
@@ -235,7 +251,7 @@ def create_child_workflow_runs(
 
 def count_child_workflow_runs(run_id: Any) -> dict[str, int]:
     """``{"queued": n, "running": n, "succeeded": n, ..., "total": n}`` in one query."""
-    return children.count(store.database(), run_id)
+    return children.count(store.database(), validation.run_id(run_id))
 
 
 def resolve_effect(
@@ -266,6 +282,8 @@ def resolve_effect(
         raise InvalidInput(f"decision must be EFFECT_CONFIRMED or EFFECT_ABSENT, not {decision!r}")
     if not isinstance(evidence, str) or not evidence.strip():
         raise InvalidInput("a resolution needs evidence text")
+    validation.long_text(evidence, "the evidence")
+    run_id = validation.run_id(run_id)
     if (
         actor is None
         or not getattr(actor, "is_active", False)
@@ -390,6 +408,10 @@ def retry_workflow_run(run_id: Any, *, actor: Any, reason: str = "") -> Workflow
         raise PermissionDenied(
             "retrying a run needs the permission k2b_workflows.retry_workflowrun"
         )
+    run_id = validation.run_id(run_id)
+    if not isinstance(reason, str):
+        raise InvalidInput("the retry reason must be a string")
+    reason = validation.storable_message(reason)
     using = store.database()
     with transaction.atomic(using=using):
         row = db.lock_run(using, run_id)

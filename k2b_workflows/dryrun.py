@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 from django.core.exceptions import PermissionDenied
 
-from . import store
+from . import store, validation
 from .actions import (
     Effect,
     Failed,
@@ -29,15 +29,19 @@ from .actions import (
     to_json_value,
     validate_result,
 )
-from .exceptions import InvalidInput, StepFailed, Suspend
+from .exceptions import InvalidInput, StepFailed, Suspend, UnknownWorkflow
 from .kernel import ai
 from .kernel.budgets import AI_CALLS, validate_cost
 from .kernel.context import StepContext
 from .kernel.execute import ChildResult
 from .models import WorkflowRun
-from .workflows import get_workflow
+from .workflows import DEFAULT_MAX_STEPS, get_workflow
 
 MAX_DEPTH = 5
+#: Steps of a whole dry-run tree (root, children, grandchildren). Each run is
+#: also held to its own ``max_steps``; this bounds the product of fan-out and
+#: loops, so a dry run (in the admin, a web process) always ends quickly.
+MAX_DRY_RUN_STEPS = 10_000
 
 
 @dataclass
@@ -61,6 +65,10 @@ class DryRunReport:
     errors: list[str] = field(default_factory=list)
     output: Any = None
     failed: str | None = None
+    #: Steps and children counted so far across the tree (the dry run's own bounds).
+    step_count: int = 0
+    children: int = 0
+    max_children: int = DEFAULT_MAX_STEPS
 
     @property
     def within_budget(self) -> bool:
@@ -78,9 +86,16 @@ class _DryExecution:
     dry_run = True
 
     def __init__(
-        self, report: DryRunReport, principal: Any, app_id: str, path: str, depth: int
+        self,
+        report: DryRunReport,
+        principal: Any,
+        app_id: str,
+        path: str,
+        depth: int,
+        max_steps: int = DEFAULT_MAX_STEPS,
     ) -> None:
         self.report = report
+        self.max_steps = max_steps
         self.run_id = uuid.uuid4()
         self.root_id = self.run_id
         self.app_id = app_id
@@ -118,10 +133,11 @@ class _DryExecution:
         action = as_action(action)
         name = action.action_name()
         try:
-            input = to_json_value(input, f"input of step {seq} ({name})")
+            input = to_json_value(input, f"input of step {seq} ({name})", stored=False)
         except InvalidInput as exc:
             self._error(str(exc))
         effect = action.effect
+        self._count_step(seq, name, effect)
         refused = missing_ref(action, approval_ref, backup_ref)
         if refused is not None:
             self._refused(seq, name, effect, *refused)
@@ -179,6 +195,17 @@ class _DryExecution:
         )
         return copy.deepcopy(result.output)
 
+    def _count_step(self, seq: int, name: str, effect: Effect) -> None:
+        """The loop budgets of a real run: ``max_steps`` per run, and a bound on the whole tree."""
+        # Counted first: workflow code that catches the StepFailed and loops still ends.
+        self.report.step_count += 1
+        if self.report.step_count > MAX_DRY_RUN_STEPS:
+            self._error(f"the dry run stopped after {MAX_DRY_RUN_STEPS} steps")
+        if seq >= self.max_steps:
+            self._refused(
+                seq, name, effect, store.MAX_STEPS_EXCEEDED, f"step {seq} is past max_steps"
+            )
+
     def _count(self, cost: dict[str, int]) -> None:
         for unit, amount in cost.items():
             self.report.cost[unit] = self.report.cost.get(unit, 0) + amount
@@ -210,17 +237,29 @@ class _DryExecution:
     def children(self, name: str, inputs: list[Any], *, wait: bool = True) -> Any:
         seq = self.next_seq
         self.next_seq += 1
+        self._count_step(seq, f"children:{name}", Effect.PURE)  # a step of the loop budget too
         return self.planned_children(seq, name, inputs, wait=wait)
 
     def planned_children(
         self, seq: int, name: str, inputs: list[Any], *, wait: bool = False
     ) -> Any:
         """Execute the children of step ``seq`` dry, in order. Without ``wait``: unsaved runs."""
-        inputs = list(inputs)
+        try:
+            inputs = validation.child_inputs(inputs, f"inputs of children step {seq}")
+        except InvalidInput as exc:
+            self._error(str(exc))
         if self.depth >= MAX_DEPTH:
             self._error(f"children nested deeper than {MAX_DEPTH} levels")
         if len(inputs) > store.max_children_per_step():
             raise StepFailed(store.FAN_OUT_EXCEEDED, f"{len(inputs)} children in one step")
+        # As in execution, the root's max_steps also bounds the children of the tree.
+        self.report.children += len(inputs)
+        if self.report.children > self.report.max_children:
+            raise StepFailed(
+                store.MAX_STEPS_EXCEEDED,
+                f"{self.report.children} children in the tree, over max_steps="
+                f"{self.report.max_children} of the root",
+            )
         results = []
         for i, child_input in enumerate(inputs):
             path = f"{self.path + '.' if self.path else ''}{seq}[{i}]"
@@ -249,26 +288,45 @@ def _execute(
 ) -> tuple[Any, str | None]:
     from .workflows import RunHandle
 
-    definition = get_workflow(name)
-    execution = _DryExecution(report, principal, definition.app_id, path, depth)
+    try:
+        definition = get_workflow(name)
+    except UnknownWorkflow as exc:
+        report.errors.append(f"{path or 'root'}: {exc}")
+        return None, "DRY_RUN_ERROR"
+    execution = _DryExecution(
+        report, principal, definition.app_id, path, depth, max_steps=definition.max_steps
+    )
     try:
         output = definition.fn(RunHandle(execution), copy.deepcopy(input))  # type: ignore[arg-type]
+        to_json_value(output, "the workflow's return value")
         return output, None
     except StepFailed as exc:
         return None, exc.code
     except Suspend:
         return None, "DRY_RUN_ERROR"
+    except Exception as exc:
+        # In execution this is a retry; in a dry run, an error of the report
+        # (never an HTTP 500 in the admin, never a traceback in ``manage.py dryrun``).
+        report.errors.append(
+            f"{path or 'root'}: workflow code raised {type(exc).__name__}: "
+            + validation.storable_message(exc)[:500]
+        )
+        return None, "DRY_RUN_ERROR"
 
 
 def dry_run(name: str, input: Any, principal: Any = None) -> DryRunReport:
     """Execute workflow ``name`` with ``plan()`` for every effect; report steps, costs, errors."""
+    if not isinstance(name, str):
+        raise InvalidInput(f"the workflow name must be a string, not {type(name).__name__}")
     definition = get_workflow(name)
+    if input is None:
+        raise InvalidInput("the workflow input must not be None (use {} for no input)")
     input = to_json_value(input, "the workflow input")
     principal = to_json_value(principal, "the principal")
     budget = dict(definition.effect_budget)
     if definition.max_ai_calls is not None:
         budget[AI_CALLS] = definition.max_ai_calls
-    report = DryRunReport(workflow=name, budget=budget)
+    report = DryRunReport(workflow=name, budget=budget, max_children=definition.max_steps)
     output, failure = _execute(report, name, input, principal, "", 0)
     report.output = output
     if failure and failure != "DRY_RUN_ERROR":

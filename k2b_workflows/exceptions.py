@@ -17,6 +17,19 @@ class InvalidInput(WorkflowError, ValueError):
     """A value that must be JSON is not, or an argument is malformed."""
 
 
+class IdempotencyConflict(InvalidInput):
+    """An ``idempotency_key`` already names a run started with a different input.
+
+    Returning that run would silently drop the new input (a retried request
+    that changed is a bug in the caller, as Stripe treats it). ``run_id`` is
+    the existing run.
+    """
+
+    def __init__(self, message: str, run_id: object) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+
+
 class HookNotDefined(WorkflowError, TypeError):
     """An action hook was called that the action does not define.
 

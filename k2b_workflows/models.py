@@ -11,6 +11,12 @@ from __future__ import annotations
 import uuid
 
 import pgtrigger
+
+# Importing pgtrigger's app module lets models declare ``Meta.triggers``. It is
+# imported by Django only when 'pgtrigger' is in INSTALLED_APPS; without this
+# line, forgetting it fails this module with "'class Meta' got invalid
+# attribute(s): triggers" before the system check (E003) can say what is wrong.
+import pgtrigger.apps
 from django.db import models
 from django.utils import timezone
 

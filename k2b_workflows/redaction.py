@@ -25,7 +25,7 @@ from typing import Any
 
 from django.utils.module_loading import import_string
 
-from . import store
+from . import store, validation
 
 REDACTED = "[redacted]"
 CARD_REDACTED = "[redacted card number]"
@@ -190,12 +190,14 @@ def scrub_error(text: Any) -> str:
     """An exception text fit to store or log: credentials removed, then truncated.
 
     Redacted before truncation, so a cut never leaves half a secret visible.
+    NUL characters are escaped last: PostgreSQL refuses them in ``text``, and a
+    failure whose text cannot be written would look like a crashed worker.
     """
     if text is None:
         return ""
     if isinstance(text, BaseException):
         text = f"{type(text).__name__}: {text}"
-    return truncate(redact_text(str(text)))
+    return validation.storable_message(truncate(redact_text(str(text))))
 
 
 class ScrubFilter(logging.Filter):

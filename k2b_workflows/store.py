@@ -21,6 +21,19 @@ key                            default     meaning
                                            finish before the worker hands their runs
                                            back and exits (keep it below the
                                            supervisor's stop timeout)
+``MAX_VALUE_BYTES``            1048576     largest JSON value stored (run input and output,
+                                           principal, step output, AI request and
+                                           answer, resolution output and evidence),
+                                           serialized as UTF-8; larger is InvalidInput
+``AI_TASK_MAX_ATTEMPTS``       3           provider calls of one AI task whose worker
+                                           crashed or froze before the task fails
+                                           (the step fails ``AI_TASK_FAILED``)
+``MAX_RECONCILE_POLLS``        100         ``reconcile()`` answers "pending" (waiting)
+                                           at most this often per dispatch; then the
+                                           run needs an operator
+``WAKE_RETENTION_HOURS``       168         a wait rendezvous no run is parked on is
+                                           deleted by workers this long after its last
+                                           wake (a waiter parking later misses it)
 ``DATABASE``                   "default"   the alias holding the kernel's tables; web
                                            and workers connect with the runtime role
 ``OWNER_DATABASE``             None        the alias that connects as the tables' owner,
@@ -86,6 +99,12 @@ WORKFLOW_POLL_INTERVAL_MS = 1_000
 WORKFLOW_MAX_CHILDREN_PER_STEP = 1_000
 WORKFLOW_ACTION_TIMEOUT_MS = 300_000
 WORKFLOW_SHUTDOWN_GRACE_MS = 20_000
+#: 1 MiB: far below PostgreSQL's 255 MB jsonb and 1 GB text limits, so a value
+#: is refused at the boundary instead of failing after minutes inside the server.
+WORKFLOW_MAX_VALUE_BYTES = 1_048_576
+WORKFLOW_AI_TASK_MAX_ATTEMPTS = 3
+WORKFLOW_MAX_RECONCILE_POLLS = 100
+WORKFLOW_WAKE_RETENTION_HOURS = 168
 WORKFLOW_WORKER_PURGE_AFTER_MS = 7 * 24 * 3600 * 1000
 
 # Error codes written to ``WorkflowRun.error_code`` by the kernel.
@@ -141,6 +160,10 @@ _DEFAULTS: dict[str, Any] = {
     "MAX_CHILDREN_PER_STEP": WORKFLOW_MAX_CHILDREN_PER_STEP,
     "ACTION_TIMEOUT_MS": WORKFLOW_ACTION_TIMEOUT_MS,
     "SHUTDOWN_GRACE_MS": WORKFLOW_SHUTDOWN_GRACE_MS,
+    "MAX_VALUE_BYTES": WORKFLOW_MAX_VALUE_BYTES,
+    "AI_TASK_MAX_ATTEMPTS": WORKFLOW_AI_TASK_MAX_ATTEMPTS,
+    "MAX_RECONCILE_POLLS": WORKFLOW_MAX_RECONCILE_POLLS,
+    "WAKE_RETENTION_HOURS": WORKFLOW_WAKE_RETENTION_HOURS,
     "DATABASE": "default",
     "OWNER_DATABASE": None,
     "EVIDENCE_KEYS": None,
@@ -194,6 +217,22 @@ def action_timeout_ms() -> int:
 
 def shutdown_grace_ms() -> int:
     return int(_get("SHUTDOWN_GRACE_MS"))
+
+
+def max_value_bytes() -> int:
+    return int(_get("MAX_VALUE_BYTES"))
+
+
+def ai_task_max_attempts() -> int:
+    return int(_get("AI_TASK_MAX_ATTEMPTS"))
+
+
+def max_reconcile_polls() -> int:
+    return int(_get("MAX_RECONCILE_POLLS"))
+
+
+def wake_retention_hours() -> int:
+    return int(_get("WAKE_RETENTION_HOURS"))
 
 
 def database() -> str:

@@ -43,7 +43,7 @@ from django.db.backends.signals import connection_created
 from . import fleet, metrics, store
 from .exceptions import DatabaseNotMigrated, DatabaseUnavailable
 from .health import HealthFile
-from .kernel import ai, claim, db, weather
+from .kernel import ai, claim, db, waits, weather
 from .kernel.execute import Execution, Preloaded, preload
 from .kernel.leases import LeaseKeeper
 from .workflows import registered_versions
@@ -544,6 +544,7 @@ class Worker:
             reaped = claim.reap_expired(self.using)
             promoted = claim.promote_due_waits(self.using)
             ai.reap_expired(self.using)
+            waits.purge_stale_rendezvous(self.using)
         if reaped:
             logger.warning("re-queued %d run(s) whose lease expired", reaped)
         self.stats["reaped"] += reaped

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from . import validation
 from .exceptions import InvalidInput, UnknownWorkflow
 
 if TYPE_CHECKING:
@@ -61,15 +62,18 @@ def workflow(
     """
     if not isinstance(name, str) or not name:
         raise InvalidInput("workflow() takes a non-empty name")
+    validation.text(name, "the workflow name", max_length=200)
+    validation.text(app_id, "app_id", max_length=100)
+    if effect_budget is not None and not isinstance(effect_budget, dict):
+        raise InvalidInput("effect_budget must be a dict of unit name -> non-negative int")
     budget = dict(effect_budget or {})
-    if not all(isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in budget.items()):
-        raise InvalidInput("effect_budget must map unit names to non-negative ints")
-    if max_ai_calls is not None and (not isinstance(max_ai_calls, int) or max_ai_calls < 0):
-        raise InvalidInput("max_ai_calls must be a non-negative int or None")
-    if not isinstance(max_steps, int) or max_steps <= 0:
-        raise InvalidInput("max_steps must be a positive int")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise InvalidInput("version must be a positive int")
+    for unit, amount in budget.items():
+        # The units are the charges' column (100 characters); True is an int to Python.
+        validation.text(unit, "an effect_budget unit", max_length=100)
+        validation.integer(amount, f"effect_budget[{unit!r}]", maximum=validation.MAX_INT)
+    validation.integer(max_ai_calls, "max_ai_calls", maximum=validation.MAX_INT, optional=True)
+    validation.integer(max_steps, "max_steps", minimum=1, maximum=validation.MAX_INT)
+    validation.integer(version, "version", minimum=1, maximum=validation.MAX_INT)
 
     def register(fn: WorkflowFn) -> WorkflowFn:
         if len(inspect.signature(fn).parameters) != 2:
@@ -104,10 +108,11 @@ def workflow(
 
 def get_workflow(name: str, version: int | None = None) -> WorkflowDefinition:
     """The definition of ``name`` at ``version``, or its newest registered version."""
-    versions = _registry.get(name)
+    # An unhashable name (start_workflow_run(["x"], ...)) is unknown, not a TypeError.
+    versions = _registry.get(name) if isinstance(name, str) else None
     if not versions:
         known = ", ".join(sorted(_registry)) or "none"
-        raise UnknownWorkflow(f"no workflow named {name!r} is registered (known: {known})")
+        raise UnknownWorkflow(f"no workflow named {name!r:.200} is registered (known: {known})")
     if version is None:
         return versions[max(versions)]
     try:

@@ -337,13 +337,18 @@ def test_an_unmigrated_database_exits_2_saying_to_migrate(cluster, workers):
 def test_a_connection_shortage_hands_runs_back_without_counting_a_failure(
     cluster, database, workers
 ):
-    """A role allowed fewer connections than the worker has threads: runs wait, never fail."""
+    """Fewer connections free than the worker has threads: runs wait, never fail."""
+    import psycopg
+
     role = f"k2b_short_{next(_names)}"
-    cluster.sql(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 4")
+    cluster.sql(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 9")
     for what in ("TABLES", "SEQUENCES"):
         cluster.sql(f"GRANT ALL ON ALL {what} IN SCHEMA public TO {role}", database=database)
     start_runs(cluster.url(database), 8, nap=0.05)
-    # Main loop, listener, lease keeper: one connection is left for four threads.
+    # The role's limit fits the worker (4 threads + main loop, listener, lease keeper,
+    # heartbeat), but other clients of the role hold 4: one connection is left for
+    # the four threads, as when a web tier takes what the workers were sized for.
+    held = [psycopg.connect(cluster.url(database, user=role)) for _ in range(4)]
     worker = workers(
         cluster.url(database, user=role),
         "--concurrency",
@@ -364,6 +369,8 @@ def test_a_connection_shortage_hands_runs_back_without_counting_a_failure(
     )
     assert rows == [(0, 0)], rows
     stop_all([worker])
+    for conn in held:
+        conn.close()
 
 
 # -- shutting down ------------------------------------------------------------------------

@@ -63,6 +63,9 @@ class WriteRow(Action):
     name = "test.write_row"
     effect = Effect.TRANSACTIONAL
 
+    def plan(self, ctx, input):
+        return succeeded({"planned": True})
+
     def run(self, ctx, input):
         DomainRow.objects.using(ctx.tx.using).create(
             key=input["key"], value=input.get("value"), generation=ctx.generation, pid=os.getpid()
@@ -79,6 +82,9 @@ class SendIdempotent(Action):
 
     name = "test.send_idempotent"
     effect = Effect.IDEMPOTENT
+
+    def plan(self, ctx, input):
+        return succeeded({"planned": True})
 
     def cost(self, input):
         return {"emails": 1} if input.get("costly") else {}
@@ -344,6 +350,7 @@ from . import (  # noqa: E402
     workflows_fence,  # noqa: F401
     workflows_integrity,  # noqa: F401
     workflows_kernel,  # noqa: F401
+    workflows_misuse,  # noqa: F401
     workflows_polling,  # noqa: F401
     workflows_secrets,  # noqa: F401
     workflows_survive,  # noqa: F401

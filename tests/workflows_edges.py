@@ -42,6 +42,9 @@ class HeartbeatProbe(Action):
     name = "edges.heartbeat"
     effect = Effect.IDEMPOTENT
 
+    def plan(self, ctx, input):
+        return succeeded({"planned": True})
+
     def run(self, ctx, input):
         mode = input["mode"]
         if mode == "renew":
@@ -86,6 +89,9 @@ class HeartbeatInTransaction(Action):
     name = "edges.heartbeat_in_tx"
     effect = Effect.TRANSACTIONAL
 
+    def plan(self, ctx, input):
+        return succeeded({"planned": True})
+
     def run(self, ctx, input):
         try:
             ctx.heartbeat()
@@ -100,6 +106,9 @@ class CostlyWrite(Action):
 
     name = "edges.costly_write"
     effect = Effect.TRANSACTIONAL
+
+    def plan(self, ctx, input):
+        return succeeded({"planned": True})
 
     def cost(self, input):
         return {"writes": 1}

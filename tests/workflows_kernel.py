@@ -94,6 +94,9 @@ class TxProbe(Action):
     name = "kernel.tx_probe"
     effect = Effect.TRANSACTIONAL
 
+    def plan(self, ctx, input):
+        return succeeded({"planned": True})
+
     def run(self, ctx, input):
         attempt = _attempt(self, ctx)
         using = ctx.tx.using
@@ -140,6 +143,9 @@ class TxDeadlock(Action):
 
     name = "kernel.tx_deadlock"
     effect = Effect.TRANSACTIONAL
+
+    def plan(self, ctx, input):
+        return succeeded({"planned": True})
 
     def run(self, ctx, input):
         attempt = _attempt(self, ctx)
@@ -213,6 +219,9 @@ class IdemProbe(Action):
     name = "kernel.idem_probe"
     effect = Effect.IDEMPOTENT
 
+    def plan(self, ctx, input):
+        return succeeded({"planned": True})
+
     def cost(self, input):
         return {"emails": 1}
 
@@ -236,6 +245,9 @@ class IdemStale(Action):
 
     name = "kernel.idem_stale"
     effect = Effect.IDEMPOTENT
+
+    def plan(self, ctx, input):
+        return succeeded({"planned": True})
 
     def run(self, ctx, input):
         from k2b_workflows import LeaseLost
@@ -264,6 +276,9 @@ class IdemFreeze(Action):
     name = "kernel.idem_freeze"
     effect = Effect.IDEMPOTENT
 
+    def plan(self, ctx, input):
+        return succeeded({"planned": True})
+
     def run(self, ctx, input):
         ProviderCall.objects.create(
             action=self.name, effect_key=ctx.effect_key, generation=ctx.generation, pid=os.getpid()
@@ -283,6 +298,9 @@ class TxFreeze(Action):
 
     name = "kernel.tx_freeze"
     effect = Effect.TRANSACTIONAL
+
+    def plan(self, ctx, input):
+        return succeeded({"planned": True})
 
     def run(self, ctx, input):
         DomainRow.objects.using(ctx.tx.using).create(
@@ -377,6 +395,9 @@ class TxDenied(Action):
 
     name = "kernel.tx_denied"
     effect = Effect.TRANSACTIONAL
+
+    def plan(self, ctx, input):
+        return succeeded({"planned": True})
 
     def authorize(self, ctx, input):
         return failed("not for you", code="FORBIDDEN")

@@ -55,7 +55,11 @@ def providers() -> dict[str, Provider]:
 def step_task(ctx: StepContext, provider: str, request: Any) -> Result:
     if provider not in _providers:
         return failed(f"no AI provider {provider!r} is registered", code="UNKNOWN_AI_PROVIDER")
-    request = to_json_value(request, "the AI request")
+    try:
+        request = to_json_value(request, "the AI request")
+    except InvalidInput as exc:
+        # Produced inside the run: a clean step failure, not an exception from run().
+        return failed(str(exc), code=store.AI_TASK_FAILED)
     using = ctx.using
     with transaction.atomic(using=using), _holding():
         db.fence(using, ctx.run_id, ctx.generation, store.lease_ms())
@@ -124,14 +128,34 @@ def claim_tasks(using: str, *, app_ids: list[str] | None, limit: int) -> list[tu
 
 
 def reap_expired(using: str) -> int:
-    """A worker died while running a provider: queue the task again."""
-    return db.execute(
+    """A worker died while running a provider: queue the task again, a bounded number of times.
+
+    ``attempts`` counts claims. A provider whose call kills or freezes the
+    worker (or whose answer could not be written) would otherwise be called,
+    and paid, on every lease expiry forever: after ``AI_TASK_MAX_ATTEMPTS``
+    the task fails and wakes its step, which fails ``AI_TASK_FAILED``.
+    """
+    limit = store.ai_task_max_attempts()
+    rows = db.fetchall(
         using,
-        """UPDATE k2b_ai_task SET status = 'queued', lease_expires_at = NULL, updated_at = now()
-            WHERE id IN (SELECT id FROM k2b_ai_task WHERE status = 'running'
-                          AND lease_expires_at < statement_timestamp()
-                          LIMIT 500 FOR UPDATE SKIP LOCKED)""",
+        """UPDATE k2b_ai_task t
+              SET status = CASE WHEN t.attempts >= %s THEN 'failed' ELSE 'queued' END,
+                  error_message = CASE WHEN t.attempts >= %s
+                      THEN 'gave up after ' || t.attempts || ' attempts: each time the worker '
+                           'lost the task before storing an answer (AI_TASK_MAX_ATTEMPTS)'
+                      ELSE t.error_message END,
+                  finished_at = CASE WHEN t.attempts >= %s THEN now() END,
+                  lease_expires_at = NULL, updated_at = now()
+            WHERE t.id IN (SELECT id FROM k2b_ai_task WHERE status = 'running'
+                            AND lease_expires_at < statement_timestamp()
+                            LIMIT 500 FOR UPDATE SKIP LOCKED)
+        RETURNING t.status, t.app_id, t.effect_key""",
+        [limit, limit, limit],
     )
+    for status, app_id, effect_key in rows:
+        if status == "failed":
+            waits.wake(using, app_id=app_id, kind=KIND, key=effect_key)
+    return len(rows)
 
 
 def run_task(using: str, task: tuple, abort: threading.Event) -> str:

@@ -28,10 +28,19 @@ def validate_cost(cost: Any) -> dict[str, int]:
     if cost is None:
         return {}
     if not isinstance(cost, dict) or not all(
-        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+        # The charges' columns: unit varchar(100), amount integer.
+        isinstance(k, str)
+        and 0 < len(k) <= 100
+        and "\x00" not in k
+        and isinstance(v, int)
+        and not isinstance(v, bool)
+        and 0 <= v <= 2**31 - 1
         for k, v in cost.items()
     ):
-        raise InvalidInput(f"cost() must return a dict of unit -> non-negative int, not {cost!r}")
+        raise InvalidInput(
+            f"cost() must return a dict of unit (1-100 characters) -> int from 0 to 2**31-1, "
+            f"not {cost!r:.200}"
+        )
     return {k: v for k, v in cost.items() if v}
 
 

@@ -39,7 +39,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
-from .. import redaction, signals, store
+from .. import redaction, signals, store, validation
 from ..actions import (
     Action,
     Ambiguous,
@@ -101,6 +101,7 @@ class _EffectState:
 
     attempts: int = 0  # invocations dispatched so far
     open_key: str | None = None  # invocation dispatched with no known outcome
+    polls: int = 0  # reconcile() answers "pending" since the last dispatch
 
 
 @dataclass
@@ -280,6 +281,9 @@ class Execution:
             if entry.kind == LedgerEntry.Kind.DISPATCHED:
                 state.attempts += 1
                 state.open_key = entry.invocation_key
+                state.polls = 0
+            elif entry.kind == LedgerEntry.Kind.PENDING:
+                state.polls += 1
             elif entry.kind in _CLOSING:
                 state.open_key = None
 
@@ -330,7 +334,8 @@ class Execution:
         action = as_action(action)
         name = action.action_name()
         try:
-            input = to_json_value(input, f"input of step {seq} ({name})")
+            # Step inputs are hashed, never stored: NUL and size are no concern here.
+            input = to_json_value(input, f"input of step {seq} ({name})", stored=False)
         except InvalidInput as exc:
             self._fail_run(store.INVALID_STEP_INPUT, str(exc))
         input_hash = evidence.hash_value(input)
@@ -742,6 +747,10 @@ class Execution:
         )
         if isinstance(result, Succeeded):
             return self._journal_success(step, result, ledger_kind=LedgerEntry.Kind.RECONCILED)
+        if isinstance(result, Waiting) and state.polls >= store.max_reconcile_polls():
+            # A provider that stays "pending" would be polled forever, a ledger
+            # row and a generation each time: past the bound, an operator decides.
+            result = Unknown(f"still pending after {state.polls} polls (MAX_RECONCILE_POLLS)")
         if isinstance(result, Waiting):
             # Still pending at the provider: poll again on a wake or at the deadline,
             # each poll a new ledger operation under the same effect key.
@@ -1197,7 +1206,7 @@ class Execution:
         self.next_seq += 1
         action_name = f"{CHILDREN_KIND}:{name}"
         try:
-            inputs = to_json_value(list(inputs), f"inputs of children step {seq}")
+            inputs = validation.child_inputs(inputs, f"inputs of children step {seq}")
         except (InvalidInput, TypeError) as exc:
             self._fail_run(store.INVALID_STEP_INPUT, str(exc))
         input_hash = evidence.hash_value(inputs)

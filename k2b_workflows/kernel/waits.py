@@ -14,11 +14,13 @@ parks again; wakes are idempotent.
 from __future__ import annotations
 
 import datetime as dt
+import time
 from typing import Any
 
 from django.db import connections, transaction
 from django.utils import timezone
 
+from .. import store
 from ..actions import Dependency
 from ..store import CHANNEL
 
@@ -116,3 +118,41 @@ def notify(using: str, app_id: str) -> None:
     """Wake idle workers now; delivered only if the surrounding transaction commits."""
     with connections[using].cursor() as cursor:
         cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, app_id])
+
+
+#: Seconds between two purges by one process: the scan is cheap but need not run every poll.
+PURGE_INTERVAL_S = 60.0
+_last_purge = 0.0
+
+
+def purge_stale_rendezvous(using: str, *, force: bool = False, batch: int = 1000) -> int:
+    """Delete rendezvous rows whose last wake is older than ``WAKE_RETENTION_HOURS``.
+
+    Every wake leaves a row, even for a key nobody waits on; without this
+    only ``purgeworkflows`` would remove them. A row a run is parked on is
+    kept whatever its age. Deleting a row forgets its wakes: a waiter that
+    parks on the key *after* the retention no longer finds a wake that came
+    before it, which is why the retention is long (a week by default).
+    ``SKIP LOCKED``: a park or a wake holding the row wins; it is purged later.
+    Called from the worker's housekeeping; at most once a minute per process
+    unless ``force``.
+    """
+    global _last_purge
+    now = time.monotonic()
+    if not force and now - _last_purge < PURGE_INTERVAL_S:
+        return 0
+    _last_purge = now
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            """DELETE FROM k2b_wait WHERE id IN (
+                   SELECT w.id FROM k2b_wait w
+                    WHERE COALESCE(w.signaled_at, w.created_at)
+                          < now() - %s * interval '1 hour'
+                      AND NOT EXISTS (
+                          SELECT 1 FROM k2b_run r
+                           WHERE r.status = 'waiting' AND r.app_id = w.app_id
+                             AND r.wait_kind = w.kind AND r.wait_key = w.key)
+                    LIMIT %s FOR UPDATE SKIP LOCKED)""",
+            [store.wake_retention_hours(), batch],
+        )
+        return cursor.rowcount

@@ -9,20 +9,13 @@ budget, so it can gate a deploy script.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
 from k2b_workflows.dryrun import DryRunReport, dry_run
 from k2b_workflows.exceptions import InvalidInput, UnknownWorkflow
-
-
-def _json_argument(text: str, what: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise CommandError(f"{what} is not valid JSON: {exc}") from None
+from k2b_workflows.management import arguments
 
 
 def _cost(cost: dict[str, int]) -> str:
@@ -30,6 +23,8 @@ def _cost(cost: dict[str, int]) -> str:
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    # Names, summaries and errors come from users and providers: never raw to a terminal.
+    rows = [[arguments.printable(c) for c in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
 
     def line(cells: list[str]) -> str:
@@ -40,7 +35,7 @@ def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
 
 def render(report: DryRunReport) -> list[str]:
     """The report as lines of text: steps, totals against the budget, errors, verdict."""
-    lines = [f"Dry run of {report.workflow}", ""]
+    lines = [f"Dry run of {arguments.printable(report.workflow)}", ""]
     steps = [
         [s.run or "root", str(s.seq), s.action, s.effect, _cost(s.cost), s.summary, s.error]
         for s in report.steps
@@ -58,7 +53,7 @@ def render(report: DryRunReport) -> list[str]:
             rows.append([unit, str(spent), "-" if limit is None else str(limit), verdict])
         lines += ["", *_table(["unit", "cost", "budget", ""], rows)]
     if report.errors:
-        lines += ["", "Errors:", *(f"  {error}" for error in report.errors)]
+        lines += ["", "Errors:", *(f"  {arguments.printable(error)}" for error in report.errors)]
     if report.failed:
         lines += ["", f"The run would fail with {report.failed}."]
     lines += ["", "OK" if report.ok else "NOT OK"]
@@ -80,12 +75,12 @@ class Command(BaseCommand):
     def handle(
         self, *args: Any, name: str, input: str, principal: str | None, **options: Any
     ) -> None:
-        value = _json_argument(input, "--input")
-        who = _json_argument(principal, "--principal") if principal is not None else None
+        value = arguments.json_value(input, "--input")
+        who = arguments.json_value(principal, "--principal") if principal is not None else None
         try:
             report = dry_run(name, value, principal=who)
         except (UnknownWorkflow, InvalidInput) as exc:
-            raise CommandError(str(exc)) from None
+            raise CommandError(arguments.printable(exc)) from None
         self.stdout.write("\n".join(render(report)))
         if not report.ok:
             problems = []
@@ -95,4 +90,6 @@ class Command(BaseCommand):
                 problems.append(f"would fail with {report.failed}")
             if not report.within_budget:
                 problems.append("over budget")
-            raise CommandError(f"dry run of {name}: {', '.join(problems)}", returncode=1)
+            raise CommandError(
+                f"dry run of {arguments.printable(name)}: {', '.join(problems)}", returncode=1
+            )

@@ -6,12 +6,18 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand
 from django.utils import timezone
 
 from k2b_workflows import fleet
+from k2b_workflows.management import arguments
 from k2b_workflows.models import WorkerRecord
 from k2b_workflows.retention import purge_finished_runs
+
+#: A century: anything longer is a typo (and ``timedelta`` overflows past 999,999,999 days).
+MAX_DAYS = 36_500
+#: One transaction deleting more trees than this holds locks for too long.
+MAX_BATCH = 100_000
 
 
 class Command(BaseCommand):
@@ -22,15 +28,23 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--older-than-days", type=float, required=True)
-        parser.add_argument("--batch", type=int, default=1000, help="run trees per transaction")
+        parser.add_argument(
+            "--older-than-days",
+            type=arguments.number(0, MAX_DAYS),
+            required=True,
+            help=f"age of the run trees to delete, in days (above 0, at most {MAX_DAYS})",
+        )
+        parser.add_argument(
+            "--batch",
+            type=arguments.integer(1, MAX_BATCH),
+            default=1000,
+            help=f"run trees per transaction (1 to {MAX_BATCH})",
+        )
         parser.add_argument("--dry-run", action="store_true", help="count, delete nothing")
 
     def handle(
         self, *args: Any, older_than_days: float, batch: int, dry_run: bool, **options: Any
     ) -> None:
-        if older_than_days <= 0 or batch <= 0:
-            raise CommandError("--older-than-days and --batch must be positive")
         older_than = dt.timedelta(days=older_than_days)
         total: dict[str, int] = {}
         while True:

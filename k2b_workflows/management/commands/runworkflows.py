@@ -11,9 +11,30 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError, connections
 
+from k2b_workflows import store
 from k2b_workflows.exceptions import DatabaseNotMigrated, DatabaseUnavailable
+from k2b_workflows.kernel import weather
+from k2b_workflows.management import arguments
 from k2b_workflows.worker import Worker, default_status_stream
+
+#: Threads of one process. Past a few hundred, a process spends its time
+#: switching threads and holding connections; scale out with more processes.
+MAX_CONCURRENCY = 256
+#: Connections a worker holds besides its threads': the claiming loop, LISTEN,
+#: and the lease keeper.
+EXTRA_CONNECTIONS = 3
+
+_CONNECTIONS_SQL = """
+SELECT current_setting('max_connections')::int,
+       current_setting('superuser_reserved_connections')::int,
+       (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'),
+       r.rolsuper, r.rolconnlimit,
+       (SELECT count(*) FROM pg_stat_activity
+         WHERE backend_type = 'client backend' AND usename = current_user)
+  FROM pg_roles r WHERE r.rolname = current_user
+"""
 
 
 class Command(BaseCommand):
@@ -29,10 +50,14 @@ class Command(BaseCommand):
             action="append",
             dest="apps",
             metavar="APP",
+            type=arguments.text(100),
             help="only runs of this app id (repeatable); default: all",
         )
         parser.add_argument(
-            "--concurrency", type=int, default=4, help="threads executing runs (default 4)"
+            "--concurrency",
+            type=arguments.integer(1, MAX_CONCURRENCY),
+            default=4,
+            help=f"threads executing runs (default 4, at most {MAX_CONCURRENCY})",
         )
         parser.add_argument("--burst", action="store_true", help="exit when nothing is left to run")
         parser.add_argument(
@@ -69,10 +94,9 @@ class Command(BaseCommand):
         metrics_port: int | None = None,
         **options: Any,
     ) -> None:
-        if concurrency < 1:
-            raise CommandError("--concurrency must be at least 1")
         if wait_for_db is not None and wait_for_db < 0:
             raise CommandError("--wait-for-db must not be negative")
+        self._check_connections(concurrency)
         if metrics_port is not None:
             from k2b_workflows import metrics
 
@@ -127,3 +151,43 @@ class Command(BaseCommand):
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0)
+
+    def _check_connections(self, concurrency: int) -> None:
+        """Refuse a ``--concurrency`` the server can never serve; warn when it cannot now.
+
+        A worker claims runs for threads that then fail to connect; every lease
+        that expires meanwhile counts against the run. Better to say so at start.
+        """
+        try:
+            with connections[store.database()].cursor() as cursor:
+                cursor.execute(_CONNECTIONS_SQL)
+                max_conn, reserved, in_use, superuser, role_limit, role_in_use = cursor.fetchone()
+        except DatabaseError as exc:
+            if not weather.is_connection_error(exc):
+                raise
+            # Unreachable for now: the worker's start-up waits for it (--wait-for-db).
+            weather.close_quietly(store.database())
+            return
+        needed = concurrency + EXTRA_CONNECTIONS
+        allowed = max_conn if superuser else max_conn - reserved
+        if needed > allowed:
+            raise CommandError(
+                f"--concurrency {concurrency} needs {needed} connections; the server allows "
+                f"{allowed} (max_connections {max_conn}"
+                + ("" if superuser else f" minus {reserved} reserved")
+                + ")"
+            )
+        if role_limit >= 0 and needed > role_limit:
+            raise CommandError(
+                f"--concurrency {concurrency} needs {needed} connections; the role's "
+                f"CONNECTION LIMIT is {role_limit}"
+            )
+        # This connection is one of those in use, and one the worker keeps.
+        free = allowed - in_use + 1
+        if role_limit >= 0:
+            free = min(free, role_limit - role_in_use + 1)
+        if needed > free:
+            self.stderr.write(
+                f"warning: --concurrency {concurrency} needs {needed} connections and only "
+                f"{free} are free now; threads will wait for connections"
+            )

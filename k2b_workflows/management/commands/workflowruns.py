@@ -11,8 +11,12 @@ from django.utils import timezone
 from k2b_workflows import store
 from k2b_workflows.exceptions import DatabaseNotMigrated
 from k2b_workflows.kernel import db
+from k2b_workflows.management import arguments
 from k2b_workflows.models import RunStatus, WorkflowRun
 from k2b_workflows.versions import live_pairs, run_code_note
+
+#: A listing longer than this is not read; ``--limit`` past ``bigint`` would fail in SQL.
+MAX_LIMIT = 1_000_000
 
 
 def _when(value: Any) -> str:
@@ -64,6 +68,7 @@ class Command(BaseCommand):
             action="append",
             dest="apps",
             metavar="APP",
+            type=arguments.text(100),
             help="only runs of this app id (repeatable)",
         )
         parser.add_argument(
@@ -72,7 +77,10 @@ class Command(BaseCommand):
             help="only waiting runs, with their dependency; longest waiting first",
         )
         parser.add_argument(
-            "--limit", type=int, default=50, help="at most this many runs (default 50; 0 = all)"
+            "--limit",
+            type=arguments.integer(0, MAX_LIMIT),
+            default=50,
+            help=f"at most this many runs (default 50; 0 = all; at most {MAX_LIMIT})",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -91,8 +99,6 @@ class Command(BaseCommand):
         limit: int,
         **options: Any,
     ) -> None:
-        if limit < 0:
-            raise CommandError("--limit must be 0 or more")
         runs = WorkflowRun.objects.using(store.database()).all()
         if waiting:
             if statuses and statuses != [RunStatus.WAITING]:
@@ -167,6 +173,8 @@ class Command(BaseCommand):
         if not rows:
             self.stdout.write("no waiting runs" if waiting else "no runs")
             return
+        # Keys, names and messages come from users and providers: never raw to a terminal.
+        rows = [[arguments.printable(cell) for cell in row] for row in rows]
         self.stdout.write(format_table(headers, rows))
         if total > len(rows):
             self.stdout.write(f"({len(rows)} of {total}; --limit 0 shows all)")

@@ -1,0 +1,88 @@
+"""Argument types and output escaping shared by the management commands.
+
+Each type raises ``argparse.ArgumentTypeError`` with a one-line message:
+on the command line argparse prints it under the usage line and exits 2,
+and ``call_command`` raises it as a ``CommandError`` ("Error: argument
+--batch: ..."). No traceback for ``nan``, ``inf``, ``1e12`` days or a batch
+past PostgreSQL's ``bigint``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Callable
+from typing import Any
+
+from django.core.management.base import CommandError
+
+
+def integer(minimum: int, maximum: int) -> Callable[[str], int]:
+    """An ``int`` in ``[minimum, maximum]``, for ``type=`` of an argument."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r:.40}") from None
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(
+                f"must be between {minimum} and {maximum}, not {text:.40}"
+            )
+        return value
+
+    return parse
+
+
+def number(minimum: float, maximum: float) -> Callable[[str], float]:
+    """A finite ``float`` in ``(minimum, maximum]``: ``nan`` and ``inf`` are refused."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number, not {text!r:.40}") from None
+        if not math.isfinite(value) or not minimum < value <= maximum:
+            raise argparse.ArgumentTypeError(
+                f"must be a number above {minimum:g} and at most {maximum:g}, not {text:.40}"
+            )
+        return value
+
+    return parse
+
+
+def json_value(text: str, option: str) -> Any:
+    """Parse a JSON argument; a malformed or absurdly nested one is a ``CommandError``."""
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise CommandError(f"{option} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise CommandError(f"{option} is nested too deeply") from None
+
+
+def printable(value: Any) -> str:
+    """``value`` as text safe for a terminal: control characters shown escaped.
+
+    Wait keys, workflow names and error messages come from users and
+    providers; printed raw, an escape sequence in one rewrites the operator's
+    terminal (hides lines, changes the title, fakes output).
+    """
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def text(max_length: int) -> Callable[[str], str]:
+    """A non-empty string that fits its column, without NUL (PostgreSQL refuses it)."""
+
+    def parse(value: str) -> str:
+        if not value or "\x00" in value or len(value) > max_length:
+            raise argparse.ArgumentTypeError(
+                f"must be 1 to {max_length} characters without NUL, not {printable(value)[:40]!r}"
+            )
+        return value
+
+    return parse
