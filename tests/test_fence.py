@@ -50,7 +50,7 @@ def claim_for_stale_worker(run: WorkflowRun) -> int:
     (claimed,) = claim.claim_runs(
         "default",
         worker_id="stale",
-        workflow_names=[run.workflow_name],
+        workflows=[(run.workflow_name, run.workflow_version)],
         app_ids=None,
         limit=1,
     )
@@ -89,7 +89,7 @@ def take_away(run: WorkflowRun, mode: str, stale_generation: int) -> tuple:
         claimed = claim.claim_runs(
             "default",
             worker_id="new-holder",
-            workflow_names=[run.workflow_name],
+            workflows=[(run.workflow_name, run.workflow_version)],
             app_ids=None,
             limit=1,
         )

@@ -13,7 +13,7 @@ from django.core.management import call_command
 from django.test import RequestFactory
 from prometheus_client.parser import text_string_to_metric_families
 
-from k2b_workflows import metrics, start_workflow_run
+from k2b_workflows import fleet, metrics, start_workflow_run
 from k2b_workflows.testing import run_until_idle
 from tests.kernel_helpers import fresh
 from tests.models import ProviderCall
@@ -99,6 +99,12 @@ def test_the_worker_serves_prometheus_metrics(start_worker, wait):
         message=f"every run to succeed\n{worker.output()}",
     )
 
+    # The killed worker counts as live until its heartbeat is WORKER_LOST_AFTER_MS old.
+    wait(
+        lambda: [w["pid"] for w in fleet.live_workers()] == [worker.pid],
+        timeout=TIMEOUT,
+        message="the killed worker's heartbeat to age past the lost timeout",
+    )
     m = scrape(port)
     assert m[("k2b_database_up", ())] == 1
     assert m[("k2b_runs", (("status", "succeeded"),))] == 5

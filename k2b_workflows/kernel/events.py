@@ -94,14 +94,20 @@ def ledger_written(
     transaction.on_commit(told, using=using)
 
 
-def run_changed(execution: Execution, outcome: str, step: int | None = None) -> None:
-    """The run's status changed (committed): succeeded, failed, waiting, retry, ..."""
+def run_changed(
+    execution: Execution, outcome: str, step: int | None = None, reason: str = ""
+) -> None:
+    """The run's status changed (committed): succeeded, failed, waiting, retry, ...
+
+    ``reason`` is the run's stored error text, already scrubbed of credentials.
+    """
     metrics.count_run_transition(outcome)
     logger.log(
-        logging.WARNING if outcome == "needs_attention" else logging.INFO,
-        "run %s -> %s",
+        logging.WARNING if outcome in ("needs_attention", "failed") else logging.INFO,
+        "run %s -> %s%s",
         execution.run_id,
         outcome,
+        f" ({reason})" if reason else "",
         extra=_extra(execution, step, event=f"run_{outcome}"),
     )
 

@@ -1027,10 +1027,12 @@ class Execution:
         entry: JournalEntry | None = None,
         verify: bool = False,
         announce: dict[str, Any] | None = None,
+        reason: str = "",
     ) -> None:
         """Fence, then change the run's status (and wake a parent when it ends).
 
         ``announce``: the signal and its arguments to send once this commits.
+        ``reason``: the (already scrubbed) why, logged with the change.
         """
         broken: list[str] = []
 
@@ -1060,7 +1062,7 @@ class Execution:
             self._needs_attention(store.INTEGRITY_CHAIN_BROKEN, broken[0], step=None)
         if entry is not None:
             self._journaled(entry)
-        events.run_changed(self, outcome)
+        events.run_changed(self, outcome, reason=reason)
         self.outcome = outcome
         raise Suspend
 
@@ -1092,6 +1094,7 @@ class Execution:
             terminal=True,
             entry=entry,
             announce={"signal": signals.run_finished, "status": "failed", "error_code": code},
+            reason=f"{code}: {message}",
         )
 
     def _needs_attention(
@@ -1112,6 +1115,7 @@ class Execution:
                 "message": message,
                 "step": step,
             },
+            reason=f"{code}: {message}",
         )
 
     def _retry_later(self, reason: str) -> None:
