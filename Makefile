@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 # and stops the recipe if no database could be had.
 WITH_DB = url="$$($(PY) scripts/dbenv.py)" || exit $$?; export DATABASE_URL="$$url";
 
-.PHONY: help venv db db-stop demo serve test lint format bench clean distclean
+.PHONY: help venv db db-stop demo serve test lint format bench soak clean distclean
 
 help:
 	@echo "make demo      set everything up and run the demo workflows with real workers"
@@ -27,6 +27,7 @@ help:
 	@echo "make lint      ruff check, ruff format --check and mypy"
 	@echo "make format    ruff format and ruff check --fix"
 	@echo "make bench     run bench/run.py"
+	@echo "make soak      the quick soak (SOAK_ARGS='--runs 2000 --duration 300' for a long one)"
 	@echo "make venv      create .venv and install the project with its dev extras"
 	@echo "make db        start the embedded PostgreSQL (unless DATABASE_URL is set) and print its URL"
 	@echo "make db-stop   stop the embedded PostgreSQL"
@@ -70,6 +71,11 @@ format: venv
 
 bench: venv db
 	@$(WITH_DB) $(PY) bench/run.py
+
+# The soak starts and restarts a PostgreSQL of its own: it needs no DATABASE_URL.
+SOAK_ARGS ?= --quick
+soak: venv
+	$(PY) bench/soak.py $(SOAK_ARGS)
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache test-artifacts staticfiles
