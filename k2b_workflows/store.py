@@ -17,6 +17,10 @@ key                            default     meaning
 ``MAX_CHILDREN_PER_STEP``      1000        fan-out bound of one ``run.children`` call
 ``ACTION_TIMEOUT_MS``          300000      leases are renewed at most this long while
                                            one action runs (``Action.timeout`` wins)
+``SHUTDOWN_GRACE_MS``          20000       after SIGTERM, how long steps in flight may
+                                           finish before the worker hands their runs
+                                           back and exits (keep it below the
+                                           supervisor's stop timeout)
 ``DATABASE``                   "default"   the alias holding the kernel's tables
 =============================  ==========  ==========================================
 """
@@ -36,6 +40,7 @@ WORKFLOW_RETRY_BACKOFF_MAX_MS = 300_000
 WORKFLOW_POLL_INTERVAL_MS = 1_000
 WORKFLOW_MAX_CHILDREN_PER_STEP = 1_000
 WORKFLOW_ACTION_TIMEOUT_MS = 300_000
+WORKFLOW_SHUTDOWN_GRACE_MS = 20_000
 
 # Error codes written to ``WorkflowRun.error_code`` by the kernel.
 WORKFLOW_RETRY_EXHAUSTED = "WORKFLOW_RETRY_EXHAUSTED"
@@ -63,6 +68,7 @@ _DEFAULTS: dict[str, Any] = {
     "POLL_INTERVAL_MS": WORKFLOW_POLL_INTERVAL_MS,
     "MAX_CHILDREN_PER_STEP": WORKFLOW_MAX_CHILDREN_PER_STEP,
     "ACTION_TIMEOUT_MS": WORKFLOW_ACTION_TIMEOUT_MS,
+    "SHUTDOWN_GRACE_MS": WORKFLOW_SHUTDOWN_GRACE_MS,
     "DATABASE": "default",
 }
 
@@ -101,6 +107,10 @@ def max_children_per_step() -> int:
 
 def action_timeout_ms() -> int:
     return int(_get("ACTION_TIMEOUT_MS"))
+
+
+def shutdown_grace_ms() -> int:
+    return int(_get("SHUTDOWN_GRACE_MS"))
 
 
 def database() -> str:

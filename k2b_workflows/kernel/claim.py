@@ -156,3 +156,35 @@ def release(using: str, run_id: Any, generation: int) -> bool:
             [run_id, generation],
         )
         return cursor.rowcount == 1
+
+
+_HAND_BACK_SQL = """
+WITH held(id, gen, delay_ms) AS (SELECT * FROM unnest(%s::uuid[], %s::bigint[], %s::bigint[])),
+     free AS (SELECT k.id, held.delay_ms
+                FROM k2b_run k JOIN held ON k.id = held.id AND k.generation = held.gen
+               WHERE k.status = 'running'
+                 FOR NO KEY UPDATE OF k SKIP LOCKED)
+UPDATE k2b_run r
+   SET status = 'queued',
+       run_after = statement_timestamp() + free.delay_ms * interval '1 millisecond',
+       lease_expires_at = NULL, claimed_by = '', updated_at = now()
+  FROM free
+ WHERE r.id = free.id
+RETURNING r.id
+"""
+
+
+def hand_back(using: str, held: dict[Any, tuple[int, int]]) -> set[Any]:
+    """Queue runs we still own again at once, without counting a failure (a shutdown).
+
+    ``held``: run id -> (generation, delay in ms before another worker may claim it).
+    A run whose row is locked by one of our step transactions is skipped, not
+    waited for: that transaction may still commit, and the fence makes it
+    fail once the run is queued. Returns the ids handed back.
+    """
+    if not held:
+        return set()
+    ids = list(held)
+    with connections[using].cursor() as cursor:
+        cursor.execute(_HAND_BACK_SQL, [ids, [held[i][0] for i in ids], [held[i][1] for i in ids]])
+        return {row[0] for row in cursor.fetchall()}

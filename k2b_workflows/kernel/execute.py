@@ -50,7 +50,7 @@ from ..actions import (
 )
 from ..exceptions import InvalidInput, LeaseLost, RunCanceled, StepFailed, Suspend, UnknownWorkflow
 from ..models import JournalEntry, LedgerEntry, WorkflowRun
-from . import budgets, db, evidence, waits
+from . import budgets, db, evidence, waits, weather
 from .context import StepContext, _holding
 
 if TYPE_CHECKING:
@@ -162,6 +162,8 @@ class Execution:
         self.stop_requested: threading.Event | None = None
         #: The run's row, journal and ledger, read in the claim's transaction.
         self.preloaded = preloaded
+        #: The run could not be released after a lost connection: the worker must.
+        self.release_pending = False
 
     # -- entry point ---------------------------------------------------------
 
@@ -215,6 +217,20 @@ class Execution:
             )
             self.outcome = "commit_unknown"
             self._release_after_unknown_commit()
+        except DatabaseError as exc:
+            if not weather.is_connection_error(exc):
+                raise
+            # The connection died under a step (a restart, a failover, a terminated
+            # backend): whatever that transaction wrote either committed with its
+            # journal entry or not at all. Same path as an unknown commit, and it
+            # is not the run's failure: no failure is counted.
+            logger.warning(
+                "run %s: database unavailable (%s); handing the run back",
+                self.run_id,
+                weather.describe(exc),
+            )
+            self.outcome = "db_unavailable"
+            self._release_after_unknown_commit()
         finally:
             if self.keeper:
                 self.keeper.untrack(self.run_id)
@@ -250,6 +266,8 @@ class Execution:
         except (Suspend, LeaseLost, RunCanceled, db.CommitOutcomeUnknown):
             raise
         except Exception as exc:
+            if weather.is_connection_error(exc):
+                raise  # the database's weather, not the workflow's failure
             logger.exception("run %s: workflow code raised", self.run_id)
             self._retry_later(f"workflow code raised {type(exc).__name__}: {exc}")
             return
@@ -398,6 +416,8 @@ class Execution:
             except (LeaseLost, RunCanceled, db.CommitOutcomeUnknown, Suspend):
                 raise
             except DatabaseError as exc:
+                if weather.is_connection_error(exc):
+                    raise
                 if db.is_conflict(exc) and attempt < 2:
                     logger.info("run %s step %s: conflict, retrying", self.run_id, step.seq)
                     continue
@@ -547,6 +567,8 @@ class Execution:
         except InvalidResult as exc:
             result = Unknown(f"reconcile() returned an invalid result: {exc}")
         except Exception as exc:
+            if weather.is_connection_error(exc):
+                raise  # a lookup that could not reach our database tells nothing: ask again later
             result = Unknown(f"reconcile() raised {type(exc).__name__}: {exc}")
         if isinstance(result, Succeeded):
             return self._journal_success(step, result, ledger_kind=LedgerEntry.Kind.RECONCILED)
@@ -605,7 +627,8 @@ class Execution:
     def _call(self, step: _Step, hook: str, allowed: tuple) -> Any:
         """Call an action hook with the lease kept alive, and validate what it returns."""
         if self.keeper:
-            self.keeper.action_started(self.run_id, step.action.timeout)
+            external = hook == "run" and step.action.effect.is_external
+            self.keeper.action_started(self.run_id, step.action.timeout, external=external)
         try:
             result = getattr(step.action, hook)(step.ctx, step.input)
         except StepFailed as exc:
@@ -644,6 +667,8 @@ class Execution:
         except (LeaseLost, RunCanceled, Suspend):
             raise
         except Exception as exc:
+            if weather.is_connection_error(exc):
+                raise
             self._retry_later(f"step {step.seq} ({step.name}): authorize() raised {exc!r}")
         raise AssertionError("unreachable")
 
@@ -942,15 +967,15 @@ class Execution:
         raise Suspend
 
     def _release_after_unknown_commit(self) -> None:
-        from django.db import connections
-
+        """Hand the run back on a fresh connection; the worker retries it if even that fails."""
         from .claim import release
 
-        connections[self.using].close()
+        weather.close_quietly(self.using)
         try:
             release(self.using, self.run_id, self.generation)
         except DatabaseError:
-            logger.warning("run %s: could not release; the lease will expire", self.run_id)
+            weather.close_quietly(self.using)
+            self.release_pending = True
 
     # -- run.children --------------------------------------------------------
 

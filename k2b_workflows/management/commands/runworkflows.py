@@ -9,13 +9,19 @@ import sys
 import time
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
+from k2b_workflows.exceptions import DatabaseNotMigrated, DatabaseUnavailable
 from k2b_workflows.worker import Worker, default_status_stream
 
 
 class Command(BaseCommand):
-    help = "Claim and execute workflow runs. SIGTERM/SIGINT stop gracefully; a second one forces."
+    help = (
+        "Claim and execute workflow runs. SIGTERM/SIGINT stop gracefully (steps in flight"
+        " finish within SHUTDOWN_GRACE_MS, then their runs are handed back); a second one"
+        " hands back and exits at once."
+    )
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument(
@@ -32,6 +38,13 @@ class Command(BaseCommand):
         parser.add_argument(
             "--no-listen", action="store_true", help="poll only; do not LISTEN for wake-ups"
         )
+        parser.add_argument(
+            "--wait-for-db",
+            type=float,
+            default=None,
+            metavar="SECONDS",
+            help="at start-up, wait at most this long for the database (default: forever)",
+        )
 
     def handle(
         self,
@@ -40,28 +53,33 @@ class Command(BaseCommand):
         concurrency: int,
         burst: bool,
         no_listen: bool,
+        wait_for_db: float | None,
         **options: Any,
     ) -> None:
         if concurrency < 1:
             raise CommandError("--concurrency must be at least 1")
+        if wait_for_db is not None and wait_for_db < 0:
+            raise CommandError("--wait-for-db must not be negative")
         worker = Worker(
             app_ids=apps,
             concurrency=concurrency,
             burst=burst,
             listen=not no_listen,
             status_stream=default_status_stream(),
+            wait_for_db=wait_for_db,
+            notice_stream=sys.stderr,
         )
         stops = 0
 
         def on_signal(signum: int, frame: Any) -> None:
             nonlocal stops
             stops += 1
+            name = signal.Signals(signum).name
             if stops > 1:
-                # Forced: leases expire and other workers take over (the crash path).
-                os._exit(1)
-            self.stderr.write(
-                f"received {signal.Signals(signum).name}: stopping after current steps"
-            )
+                self.stderr.write(f"received {name} again: handing runs back, exiting now")
+                worker.stop(force=True)
+                return
+            self.stderr.write(f"received {name}: stopping after current steps")
             worker.stop()
 
         signal.signal(signal.SIGTERM, on_signal)
@@ -69,6 +87,19 @@ class Command(BaseCommand):
         # Jitter so a fleet restarted at once does not claim in lockstep.
         if not burst:
             time.sleep(random.uniform(0, 0.2))
-        worker.run()
+        try:
+            worker.run()
+        except DatabaseNotMigrated as exc:
+            raise CommandError(str(exc), returncode=2) from None
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc), returncode=2) from None
+        except DatabaseUnavailable as exc:
+            raise CommandError(str(exc), returncode=1) from None
         if not sys.stdout.isatty():
             self.stdout.write(f"worker stopped: {dict(worker.stats)}")
+        if worker.abandoned:
+            # Threads still inside a step (their runs handed back or fenced): the
+            # interpreter would wait for them at exit. Nothing they write can commit.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
