@@ -515,90 +515,12 @@ class Soak:
     def check(self, drained: bool, elapsed: float) -> dict[str, Any]:
         from django.db import connection
 
-        from k2b_workflows.kernel import evidence
         from k2b_workflows.models import WorkflowRun
 
         connection.close()
-
-        def rows(sql: str, params: list[Any] | None = None) -> list[tuple]:
-            with connection.cursor() as cursor:
-                cursor.execute(sql, params or [])
-                return list(cursor.fetchall())
-
-        from bench.soak_app.workflows import MIX
-
+        found = findings(self.started)
         statuses = Counter(WorkflowRun.objects.values_list("status", flat=True))
-        roots = WorkflowRun.objects.filter(parent__isnull=True, workflow_name__in=list(MIX)).count()
-        unsettled = rows("SELECT id, status FROM k2b_run WHERE status <> ALL(%s)", [list(SETTLED)])
-        lost = (self.started - roots) + len(unsettled)
-
-        duplicates = rows(
-            """SELECT 'external', effect_key, count(*) FROM soak_provider_call
-                GROUP BY effect_key HAVING count(*) > 1
-               UNION ALL
-               SELECT kind, effect_key, count(*) FROM soak_effect
-                GROUP BY kind, effect_key HAVING count(*) > 1"""
-        )
-        missing = rows(
-            """SELECT 'journaled without its effect', j.run_id, j.seq, j.action_name
-                 FROM k2b_journal j
-                WHERE j.state = 'succeeded' AND (
-                      (j.action_name IN ('soak.write_row', 'soak.send_notice') AND NOT EXISTS
-                        (SELECT 1 FROM soak_effect e WHERE e.run_id = j.run_id AND e.seq = j.seq))
-                   OR (j.action_name IN ('soak.charge', 'soak.charge_blind') AND NOT EXISTS
-                        (SELECT 1 FROM soak_provider_call p
-                          WHERE p.run_id = j.run_id AND p.seq = j.seq)))
-               UNION ALL
-               SELECT 'transactional effect without its journal entry', e.run_id, e.seq, e.kind
-                 FROM soak_effect e
-                WHERE e.kind = 'transactional' AND NOT EXISTS
-                      (SELECT 1 FROM k2b_journal j WHERE j.run_id = e.run_id AND j.seq = e.seq)"""
-        )
-        # A write of generation g is stale when the claim of g+1 (or later) had
-        # committed before it: by then the run belonged to another worker. Late
-        # EXTERNAL results are appended as evidence by the fenced-out worker on purpose.
-        writes = """
-            SELECT 'journal' AS what, run_id, seq, generation,
-                   pg_xact_commit_timestamp(xmin) AS committed FROM k2b_journal
-            UNION ALL
-            SELECT 'ledger ' || kind, run_id, seq, generation, pg_xact_commit_timestamp(xmin)
-              FROM k2b_ledger WHERE generation IS NOT NULL AND kind <> 'late_result'
-            UNION ALL
-            SELECT 'effect ' || kind, run_id, seq, generation, pg_xact_commit_timestamp(xmin)
-              FROM soak_effect"""
-        stale = rows(
-            f"""SELECT w.what, w.run_id, w.seq, w.generation, c.generation, w.committed, c.committed
-                  FROM ({writes}) w
-                  JOIN LATERAL (SELECT generation, pg_xact_commit_timestamp(xmin) AS committed
-                                  FROM soak_claim c
-                                 WHERE c.run_id = w.run_id AND c.generation > w.generation
-                                 ORDER BY generation LIMIT 1) c ON true
-                 WHERE c.committed < w.committed"""
-        )
-        unchecked = rows(
-            f"""SELECT count(*) FROM ({writes}) w WHERE w.committed IS NULL
-                UNION ALL
-                SELECT count(*) FROM soak_claim WHERE pg_xact_commit_timestamp(xmin) IS NULL"""
-        )
-        broken = []
-        for run_id in WorkflowRun.objects.values_list("pk", flat=True).iterator():
-            problem = evidence.verify_chains(run_id, "default")
-            if problem is not None:
-                broken.append((str(run_id), problem))
-        attention = rows(
-            """SELECT r.id, r.error_code, r.attention_step,
-                      (SELECT l.action_name FROM k2b_ledger l
-                        WHERE l.run_id = r.id AND l.seq = r.attention_step
-                          AND l.kind = 'dispatched' ORDER BY l.id LIMIT 1),
-                      (SELECT count(*) FROM soak_provider_call p
-                        WHERE p.run_id = r.id AND p.seq = r.attention_step)
-                 FROM k2b_run r WHERE r.status = 'needs_attention'"""
-        )
-        unexpected = [
-            a
-            for a in attention
-            if a[1] != "EFFECT_OUTCOME_UNKNOWN" or a[3] != "soak.charge_blind" or a[4] > 1
-        ]
+        attention = found.pop("attention")
         calls = Counter(str(a[4]) for a in attention)
         codes = Counter(
             f"{status} {code}".strip()
@@ -611,9 +533,9 @@ class Soak:
             "runs_total": sum(statuses.values()),
             "statuses": dict(statuses),
             "outcomes_not_succeeded": dict(codes),
-            "provider_calls": rows("SELECT count(*) FROM soak_provider_call")[0][0],
-            "effects": rows("SELECT count(*) FROM soak_effect")[0][0],
-            "claims": rows("SELECT count(*) FROM soak_claim")[0][0],
+            "provider_calls": found.pop("provider_calls"),
+            "effects": found.pop("effects"),
+            "claims": found.pop("claims"),
             "needs_attention": len(attention),
             "needs_attention_provider_calls": dict(calls),
             "workers": self.args.workers,
@@ -627,30 +549,16 @@ class Soak:
             "waker_restarts": self.tally.waker_restarts,
             "drained": drained,
             "seconds": round(elapsed, 1),
-            "lost": lost,
-            "duplicate_effects": len(duplicates),
-            "missing_effects": len(missing),
-            "stale_writes": len(stale),
-            "unchecked_writes": sum(r[0] for r in unchecked),
-            "broken_chains": len(broken),
-            "unexpected_attention": len(unexpected),
-            "died_on_their_own": len(self.tally.died),
-            "unclean_stops": len(self.tally.unclean),
         }
+        found["died_on_their_own"] = self.tally.died
+        found["unclean_stops"] = self.tally.unclean
+        for name in INVARIANTS:
+            report[name] = len(found[name]) if name != "unchecked_writes" else found[name][0]
         report["ok"] = all(report[k] == 0 for k in INVARIANTS)
-        details: dict[str, list[Any]] = {
-            "unsettled": unsettled,
-            "duplicate_effects": duplicates,
-            "missing_effects": missing,
-            "stale_writes": stale,
-            "broken_chains": broken,
-            "unexpected_attention": unexpected,
-            "died_on_their_own": self.tally.died,
-            "unclean_stops": self.tally.unclean,
-        }
-        for name, items in details.items():
-            for item in items[:10]:
-                say(f"  {name}: {item}")
+        for name, items in found.items():
+            if name != "unchecked_writes":
+                for item in items[:10]:
+                    say(f"  {name}: {item}")
         return report
 
     def run(self) -> int:
@@ -712,6 +620,116 @@ def print_report(report: dict[str, Any]) -> None:
         say(f"| {key} | {report[key]}{'' if report[key] == 0 else '  <-- VIOLATED'} |")
     say()
     say("SOAK " + json.dumps(report, sort_keys=True, default=str))
+
+
+# -- the invariants --------------------------------------------------------------------
+
+
+def findings(started: int, using: str = "default") -> dict[str, Any]:
+    """What the database shows after the soak: each invariant's offending rows, and counts.
+
+    ``lost`` holds one item per started root run that is missing and one per run
+    not settled; ``unchecked_writes`` is a one-item list of a count.
+    """
+    from django.db import connections
+
+    from bench.soak_app.workflows import MIX
+    from k2b_workflows.kernel import evidence
+    from k2b_workflows.models import WorkflowRun
+
+    connection = connections[using]
+
+    def rows(sql: str, params: list[Any] | None = None) -> list[tuple]:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params or [])
+            return list(cursor.fetchall())
+
+    runs = WorkflowRun.objects.using(using)
+    roots = runs.filter(parent__isnull=True, workflow_name__in=list(MIX)).count()
+    unsettled = rows("SELECT id, status FROM k2b_run WHERE status <> ALL(%s)", [list(SETTLED)])
+    lost: list[Any] = [("root runs started", started, "found", roots)] * abs(started - roots)
+    lost += unsettled
+
+    duplicates = rows(
+        """SELECT 'external', effect_key, count(*) FROM soak_provider_call
+            GROUP BY effect_key HAVING count(*) > 1
+           UNION ALL
+           SELECT kind, effect_key, count(*) FROM soak_effect
+            GROUP BY kind, effect_key HAVING count(*) > 1"""
+    )
+    missing = rows(
+        """SELECT 'journaled without its effect', j.run_id, j.seq, j.action_name
+             FROM k2b_journal j
+            WHERE j.state = 'succeeded' AND (
+                  (j.action_name IN ('soak.write_row', 'soak.send_notice') AND NOT EXISTS
+                    (SELECT 1 FROM soak_effect e WHERE e.run_id = j.run_id AND e.seq = j.seq))
+               OR (j.action_name IN ('soak.charge', 'soak.charge_blind') AND NOT EXISTS
+                    (SELECT 1 FROM soak_provider_call p
+                      WHERE p.run_id = j.run_id AND p.seq = j.seq)))
+           UNION ALL
+           SELECT 'transactional effect without its journal entry', e.run_id, e.seq, e.kind
+             FROM soak_effect e
+            WHERE e.kind = 'transactional' AND NOT EXISTS
+                  (SELECT 1 FROM k2b_journal j WHERE j.run_id = e.run_id AND j.seq = e.seq)"""
+    )
+    # A write of generation g is stale when the claim of g+1 (or later) had
+    # committed before it: by then the run belonged to another worker. Late
+    # EXTERNAL results are appended as evidence by the fenced-out worker on purpose.
+    writes = """
+        SELECT 'journal' AS what, run_id, seq, generation,
+               pg_xact_commit_timestamp(xmin) AS committed FROM k2b_journal
+        UNION ALL
+        SELECT 'ledger ' || kind, run_id, seq, generation, pg_xact_commit_timestamp(xmin)
+          FROM k2b_ledger WHERE generation IS NOT NULL AND kind <> 'late_result'
+        UNION ALL
+        SELECT 'effect ' || kind, run_id, seq, generation, pg_xact_commit_timestamp(xmin)
+          FROM soak_effect"""
+    stale = rows(
+        f"""SELECT w.what, w.run_id, w.seq, w.generation, c.generation, w.committed, c.committed
+              FROM ({writes}) w
+              JOIN LATERAL (SELECT generation, pg_xact_commit_timestamp(xmin) AS committed
+                              FROM soak_claim c
+                             WHERE c.run_id = w.run_id AND c.generation > w.generation
+                             ORDER BY generation LIMIT 1) c ON true
+             WHERE c.committed < w.committed"""
+    )
+    unchecked = rows(
+        f"""SELECT count(*) FROM ({writes}) w WHERE w.committed IS NULL
+            UNION ALL
+            SELECT count(*) FROM soak_claim WHERE pg_xact_commit_timestamp(xmin) IS NULL"""
+    )
+    broken = []
+    for run_id in runs.values_list("pk", flat=True).iterator():
+        problem = evidence.verify_chains(run_id, using)
+        if problem is not None:
+            broken.append((str(run_id), problem))
+    attention = rows(
+        """SELECT r.id, r.error_code, r.attention_step,
+                  (SELECT l.action_name FROM k2b_ledger l
+                    WHERE l.run_id = r.id AND l.seq = r.attention_step
+                      AND l.kind = 'dispatched' ORDER BY l.id LIMIT 1),
+                  (SELECT count(*) FROM soak_provider_call p
+                    WHERE p.run_id = r.id AND p.seq = r.attention_step)
+             FROM k2b_run r WHERE r.status = 'needs_attention'"""
+    )
+    unexpected = [
+        a
+        for a in attention
+        if a[1] != "EFFECT_OUTCOME_UNKNOWN" or a[3] != "soak.charge_blind" or a[4] > 1
+    ]
+    return {
+        "lost": lost,
+        "duplicate_effects": duplicates,
+        "missing_effects": missing,
+        "stale_writes": stale,
+        "unchecked_writes": [sum(r[0] for r in unchecked)],
+        "broken_chains": broken,
+        "unexpected_attention": unexpected,
+        "attention": attention,
+        "provider_calls": rows("SELECT count(*) FROM soak_provider_call")[0][0],
+        "effects": rows("SELECT count(*) FROM soak_effect")[0][0],
+        "claims": rows("SELECT count(*) FROM soak_claim")[0][0],
+    }
 
 
 # -- the waker ---------------------------------------------------------------------
