@@ -81,7 +81,7 @@ INVARIANTS = (
 )
 
 QUICK = {
-    "runs": 150,
+    "runs": 120,
     "workers": 3,
     "concurrency": 3,
     "duration": 35.0,

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.soak import QUICK
+
 pytestmark = [pytest.mark.slow, pytest.mark.crash]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,7 +48,7 @@ def test_quick_soak_keeps_every_invariant():
     report = json.loads(lines[-1].removeprefix("SOAK "))
 
     # The chaos happened: a soak that killed nothing proves nothing.
-    assert report["runs_started"] == 150
+    assert report["runs_started"] == QUICK["runs"]
     assert report["runs_total"] > report["runs_started"]  # fan-out children
     assert report["kills"] >= 1 and report["freezes"] >= 1, report
     assert report["restart_modes"] == ["fast", "immediate"], report
