@@ -170,17 +170,34 @@ class Cluster:
 # -- processes ----------------------------------------------------------------------
 
 
+#: Runs ``manage.py`` and notes, before the interpreter tears down, that it ended by
+#: itself: a worker that is SIGKILLed while already exiting still counts as dead on its own.
+LAUNCH = """
+import os, runpy, sys
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+except BaseException as exc:
+    with open(os.environ["K2B_SOAK_EXIT_FILE"], "w") as f:
+        f.write(f"{type(exc).__name__}: {exc}")
+    raise
+with open(os.environ["K2B_SOAK_EXIT_FILE"], "w") as f:
+    f.write("returned")
+"""
+
+
 class Worker:
     """One ``runworkflows`` process; its output goes to a log file of its own."""
 
     def __init__(self, slot: int, serial: int, env: dict[str, str], args: list[str], logs: Path):
         self.slot = slot
         self.log_path = logs / f"worker-{slot}-{serial}.log"
+        self.exit_path = logs / f"worker-{slot}-{serial}.exit"
         self.log = open(self.log_path, "w")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), "runworkflows", "--app", "soak", *args],
+            [sys.executable, "-c", LAUNCH, "manage.py", "runworkflows", "--app", "soak", *args],
             cwd=ROOT,
-            env=env,
+            env={**env, "K2B_SOAK_EXIT_FILE": str(self.exit_path)},
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
@@ -295,11 +312,12 @@ class Soak:
                     worker.proc.send_signal(signal.SIGCONT)
                     worker.thaw_at = None
                 continue
-            if not worker.killed:
+            if not worker.killed or worker.exit_path.exists():
                 self.tally.died.append(
                     {
                         "pid": worker.pid,
                         "code": code,
+                        "ended": worker.exit_path.read_text() if worker.exit_path.exists() else "",
                         "last": worker.tail(1),
                         "log": str(worker.log_path),
                     }
