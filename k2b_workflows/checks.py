@@ -91,6 +91,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         "MAX_CHILDREN_PER_STEP",
         "RUN_MAX_CONSECUTIVE_FAILURES",
         "ACTION_TIMEOUT_MS",
+        "SHUTDOWN_GRACE_MS",
     ):
         value = configured.get(key)
         if value is not None and (not isinstance(value, int) or value <= 0):

@@ -49,7 +49,8 @@ def start_workflow_run(
 ) -> WorkflowRun:
     """Queue a run of workflow ``name``. The same ``idempotency_key`` returns the same run.
 
-    Raises ``UnknownWorkflow`` or ``InvalidInput`` before creating anything.
+    Raises ``UnknownWorkflow`` or ``InvalidInput`` before creating anything, and
+    ``DatabaseNotMigrated`` when the app's tables are missing.
     """
     definition = get_workflow(name)
     input = to_json_value(input, "the workflow input")
@@ -59,7 +60,7 @@ def start_workflow_run(
     ):
         raise InvalidInput("idempotency_key must be a non-empty string or None")
     using = store.database()
-    with transaction.atomic(using=using):
+    with db.schema_required(), transaction.atomic(using=using):
         parent_run = None
         if parent is not None:
             parent_id = parent.pk if isinstance(parent, WorkflowRun) else parent

@@ -121,7 +121,7 @@ def manage(url: str, *args: str, check: bool = True, timeout: float = 300) -> An
 
 def django_script(url: str, code: str, timeout: float = 300) -> str:
     """Run ``code`` in a Django process on the database at ``url``; returns its stdout."""
-    result = manage(url, "shell", "-c", code, timeout=timeout, check=False)
+    result = manage(url, "shell", "-v", "0", "-c", code, timeout=timeout, check=False)
     if result.returncode != 0:
         raise AssertionError(f"script failed ({result.returncode}):\n{result.stderr}")
     return result.stdout

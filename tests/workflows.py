@@ -343,5 +343,6 @@ from . import (  # noqa: E402
     workflows_fanout,  # noqa: F401
     workflows_kernel,  # noqa: F401
     workflows_polling,  # noqa: F401
+    workflows_survive,  # noqa: F401
     workflows_waits,  # noqa: F401
 )
