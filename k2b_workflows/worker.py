@@ -575,6 +575,8 @@ class Worker:
         this thread gets none: that is not the run's failure. The run goes back
         to the queue now and claims pause for a while.
         """
+        if weather.hung_up(self.using):
+            weather.close_quietly(self.using)
         try:
             connections[self.using].ensure_connection()
         except DatabaseError as exc:

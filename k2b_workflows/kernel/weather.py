@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import select
 from dataclasses import dataclass, field
 
 from django.db import DatabaseError, connections
@@ -71,6 +72,25 @@ def close_quietly(using: str) -> None:
     """
     with contextlib.suppress(DatabaseError):
         connections[using].close()
+
+
+def hung_up(using: str) -> bool:
+    """True when the server already ended this thread's idle connection.
+
+    A backend terminated (or a server restarted) while the connection sat
+    idle between runs leaves a FATAL message or an EOF unread on its socket.
+    Checking the socket costs one ``select`` and no round trip, and saves
+    starting a run on a connection whose first statement must fail.
+    """
+    conn = connections[using]
+    raw = conn.connection
+    if raw is None or conn.in_atomic_block:
+        return False
+    try:
+        readable, _, _ = select.select([raw.fileno()], [], [], 0)
+    except Exception:  # closed or unusable: as good as hung up
+        return True
+    return bool(readable)
 
 
 def describe(exc: BaseException) -> str:
