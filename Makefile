@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 # and stops the recipe if no database could be had.
 WITH_DB = url="$$($(PY) scripts/dbenv.py)" || exit $$?; export DATABASE_URL="$$url";
 
-.PHONY: help venv db db-stop demo serve test lint format bench soak clean distclean
+.PHONY: help venv db db-stop demo serve test lint format bench soak docs docs-serve clean distclean
 
 help:
 	@echo "make demo      set everything up and run the demo workflows with real workers"
@@ -28,6 +28,8 @@ help:
 	@echo "make format    ruff format and ruff check --fix"
 	@echo "make bench     run bench/run.py"
 	@echo "make soak      the quick soak (SOAK_ARGS='--runs 2000 --duration 300' for a long one)"
+	@echo "make docs      build the documentation site into build/site (strict: a warning fails)"
+	@echo "make docs-serve serve the documentation at http://127.0.0.1:8001/ while you edit it"
 	@echo "make venv      create .venv and install the project with its dev extras"
 	@echo "make db        start the embedded PostgreSQL (unless DATABASE_URL is set) and print its URL"
 	@echo "make db-stop   stop the embedded PostgreSQL"
@@ -76,6 +78,13 @@ bench: venv db
 SOAK_ARGS ?= --quick
 soak: venv
 	$(PY) bench/soak.py $(SOAK_ARGS)
+
+# NO_MKDOCS_2_WARNING silences a banner about MkDocs' future that is not a build warning.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+docs-serve: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8001
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache test-artifacts staticfiles

@@ -5,14 +5,26 @@ the calling thread, with the same kernel code as ``manage.py runworkflows``,
 until nothing of the selected apps is runnable. Delayed retries are waited
 for (they are part of "until idle"); waiting runs are not, unless their
 deadline passes within ``timeout``.
+
+``crash_after_effect`` lets a test prove what its ``reconcile()`` is for: the
+action's effect happens, then the "process dies" before the kernel hears the
+result, exactly as a SIGKILL would leave it (the dispatch committed, no result,
+a lease that runs out). ``assert_run_status`` and ``assert_effect_once`` fail
+with the run's journal and ledger in the message, so a failing test says what
+the run did.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from django.db import connections
+from django.test import override_settings
 
 from . import store
 from .kernel import ai, claim
@@ -49,7 +61,11 @@ def run_until_idle(
                 execution = Execution(
                     run_id, generation, using=using, keeper=keeper, preloaded=loaded.get(run_id)
                 )
-                stats[execution.execute()] += 1
+                try:
+                    stats[execution.execute()] += 1
+                except SimulatedCrash:
+                    _expire_lease(using, run_id, generation)
+                    stats["crashed"] += 1
                 stats["runs"] += 1
                 stats["steps"] += execution.steps_executed
             for task in tasks:
@@ -83,3 +99,131 @@ def _next_deadline_ms(using: str) -> float | None:
         )
         value = cursor.fetchone()[0]
     return None if value is None else max(0.0, float(value))
+
+
+class SimulatedCrash(BaseException):
+    """Raised by an action under ``crash_after_effect`` after its effect.
+
+    A BaseException, like the kernel's own control flow, so that no
+    ``except Exception`` in the kernel or in workflow code can treat it as an
+    ordinary failure: the step is left exactly where a killed process leaves it.
+    """
+
+
+def _expire_lease(using: str, run_id: Any, generation: int) -> None:
+    """What the dead process leaves behind: its lease runs out, nothing else changes."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            "UPDATE k2b_run SET lease_expires_at = statement_timestamp() - interval '1 ms'"
+            " WHERE id = %s AND generation = %s AND status = 'running'",
+            [run_id, generation],
+        )
+
+
+@contextlib.contextmanager
+def crash_after_effect(action: type, *, times: int = 1) -> Iterator[list[Any]]:
+    """Make the next ``times`` calls of ``action.run()`` crash right after their effect.
+
+    Inside the block, ``run()`` runs for real and then raises ``SimulatedCrash``
+    instead of returning its result to the kernel. ``run_until_idle`` treats
+    that as the worker process dying: nothing more is written, the run's lease
+    expires and the run is taken over as after a SIGKILL. An EXTERNAL action is
+    then reconciled (``reconcile()``, or an incident without one), never re-run;
+    an IDEMPOTENT one runs again with the same ``effect_key``; a TRANSACTIONAL
+    one was rolled back with its journal entry. Yields the list of the results
+    ``run()`` returned before each crash.
+    """
+    original = action.__dict__.get("run")
+    if original is None:
+        raise TypeError(f"{action.__name__} does not define run()")
+    remaining = [times]
+    lost: list[Any] = []
+
+    def run(self: Any, ctx: Any, input: Any) -> Any:
+        result = original(self, ctx, input)
+        if remaining[0] > 0:
+            remaining[0] -= 1
+            lost.append(result)
+            raise SimulatedCrash(f"{action.__name__}.run() crashed after its effect")
+        return result
+
+    action.run = run  # type: ignore[attr-defined]
+    try:
+        yield lost
+    finally:
+        action.run = original  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def fast_retries(backoff_ms: int = 1) -> Iterator[None]:
+    """Retry backoff of ``backoff_ms`` inside the block, other settings unchanged.
+
+    Retries back off exponentially from ``RETRY_BACKOFF_MS`` (one second by
+    default), which ``run_until_idle`` waits out; tests of retry paths need not.
+    """
+    from django.conf import settings
+
+    current = dict(getattr(settings, "K2B_WORKFLOWS", {}))
+    with override_settings(K2B_WORKFLOWS={**current, "RETRY_BACKOFF_MS": backoff_ms}):
+        yield
+
+
+def describe_run(run_or_id: Any) -> str:
+    """The run's status, error, journal and ledger as text, for a failing assertion."""
+    from .models import JournalEntry, LedgerEntry, WorkflowRun
+
+    run_id = getattr(run_or_id, "pk", run_or_id)
+    run = WorkflowRun.objects.filter(pk=run_id).first()
+    if run is None:
+        return f"run {run_id}: no such run"
+    lines = [
+        f"run {run.pk} ({run.workflow_name}): {run.status}"
+        + (f" {run.error_code}: {run.error_message}" if run.error_code else "")
+        + f", generation {run.generation}, consecutive failures {run.consecutive_failures}",
+        "journal:",
+    ]
+    for entry in JournalEntry.objects.filter(run_id=run.pk).order_by("seq"):
+        lines.append(f"  step {entry.seq} {entry.action_name}: {entry.state}")
+    lines.append("ledger:")
+    for entry in LedgerEntry.objects.filter(run_id=run.pk).order_by("id"):
+        step = "-" if entry.seq is None else entry.seq
+        message = f" ({entry.message})" if entry.message else ""
+        lines.append(
+            f"  step {step} {entry.kind} {entry.action_name} gen {entry.generation}{message}"
+        )
+    return "\n".join(lines)
+
+
+def assert_run_status(run_or_id: Any, status: str, *, error_code: str | None = None) -> None:
+    """Fail unless the run is in ``status`` (and has ``error_code``), showing what it did."""
+    from .models import WorkflowRun
+
+    run = WorkflowRun.objects.get(pk=getattr(run_or_id, "pk", run_or_id))
+    if run.status != status or (error_code is not None and run.error_code != error_code):
+        wanted = status + (f" with {error_code}" if error_code else "")
+        raise AssertionError(f"expected {wanted}\n{describe_run(run)}")
+
+
+def assert_effect_once(run_or_id: Any, step: int) -> None:
+    """Fail unless the EXTERNAL (or stronger) step ``step`` was dispatched exactly once
+    and its outcome is settled (succeeded, reconciled or confirmed by an operator).
+
+    The ledger records every dispatch before ``run()`` is called, so this holds
+    across crashes: a step reconciled after a crash still shows one dispatch.
+    IDEMPOTENT steps may run again by design (with the same ``effect_key``);
+    count their effects in your own dedup table instead.
+    """
+    from .models import JournalEntry, LedgerEntry
+
+    run_id = getattr(run_or_id, "pk", run_or_id)
+    dispatched = LedgerEntry.objects.filter(
+        run_id=run_id, seq=step, kind=LedgerEntry.Kind.DISPATCHED
+    ).count()
+    settled = JournalEntry.objects.filter(
+        run_id=run_id, seq=step, state=JournalEntry.State.SUCCEEDED
+    ).exists()
+    if dispatched != 1 or not settled:
+        raise AssertionError(
+            f"expected step {step} dispatched once and settled; dispatched {dispatched}"
+            f" time(s), settled: {settled}\n{describe_run(run_id)}"
+        )

@@ -25,6 +25,7 @@ APPROVAL_LIMIT_CENTS = 50_000
 ai_provider("demo.summarizer")(summarize)
 
 
+# --8<-- [start:create_order]
 class CreateOrder(Action):
     """TRANSACTIONAL: the order row commits in the same transaction as the journal entry."""
 
@@ -47,6 +48,10 @@ class CreateOrder(Action):
         return succeeded({"order_id": order.pk, "items": order.items}, summary=f"order {order.pk}")
 
 
+# --8<-- [end:create_order]
+
+
+# --8<-- [start:wait_for_approval]
 class WaitForApproval(Action):
     """PURE: large orders wait for a person; small ones pass straight through."""
 
@@ -66,6 +71,10 @@ class WaitForApproval(Action):
         return succeeded({"approved_by": approval.approved_by})
 
 
+# --8<-- [end:wait_for_approval]
+
+
+# --8<-- [start:charge_card]
 class ChargeCard(Action):
     """EXTERNAL: recorded as dispatched before the call; reconciled by key after any doubt."""
 
@@ -96,6 +105,10 @@ class ChargeCard(Action):
         return succeeded({"charge_id": charge_id, "reconciled": True}, summary=charge_id)
 
 
+# --8<-- [end:charge_card]
+
+
+# --8<-- [start:send_receipt]
 class SendReceipt(Action):
     """IDEMPOTENT: the outbox deduplicates by the step's effect key."""
 
@@ -118,6 +131,10 @@ class SendReceipt(Action):
         return succeeded({"message_key": ctx.effect_key})
 
 
+# --8<-- [end:send_receipt]
+
+
+# --8<-- [start:summarize_order]
 class SummarizeOrder(Action):
     """Asks the AI provider once per step; the step waits for the durable task."""
 
@@ -125,12 +142,20 @@ class SummarizeOrder(Action):
     effect = Effect.IDEMPOTENT
 
     def plan(self, ctx, input):
-        return succeeded({"planned": True}, summary="Summarize the order with the AI provider")
+        # The workflow reads "summary" from this step's output: a plan must have its shape.
+        return succeeded(
+            {"planned": True, "summary": "(a summary of the order)"},
+            summary="Summarize the order with the AI provider",
+        )
 
     def run(self, ctx, input):
         return ctx.ai_task("demo.summarizer", {"text": input["text"]})
 
 
+# --8<-- [end:summarize_order]
+
+
+# --8<-- [start:reserve_stock]
 class ReserveStock(Action):
     name = "shop.book_courier"
     effect = Effect.IDEMPOTENT
@@ -145,6 +170,10 @@ class ReserveStock(Action):
         return succeeded({"shipment": shipment.pk})
 
 
+# --8<-- [end:reserve_stock]
+
+
+# --8<-- [start:bank_payout]
 class BankPayout(Action):
     """EXTERNAL without reconcile: after a timeout only an operator can tell."""
 
@@ -161,11 +190,19 @@ class BankPayout(Action):
         return succeeded({"transfer": transfer})
 
 
+# --8<-- [end:bank_payout]
+
+
+# --8<-- [start:ship_item]
 @workflow("shop.ship_item", app_id="shop")
 def ship_item(run, input):
     return run.step(ReserveStock, input)
 
 
+# --8<-- [end:ship_item]
+
+
+# --8<-- [start:checkout]
 @workflow(
     "shop.checkout",
     app_id="shop",
@@ -207,6 +244,13 @@ def checkout(run, input):
     }
 
 
+# --8<-- [end:checkout]
+
+
+# --8<-- [start:payout]
 @workflow("shop.payout", app_id="shop")
 def payout(run, input):
     return run.step(BankPayout, input)
+
+
+# --8<-- [end:payout]

@@ -6,11 +6,13 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections import Counter
 from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db.models import Count, Q
+from django.urls import reverse
 
 from k2b_workflows import cancel_workflow_run, start_workflow_run, wake_workflow_runs_waiting_on
 from k2b_workflows.models import JournalEntry, LedgerEntry, WorkflowRun
@@ -37,6 +39,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, concurrency: int, timeout: float, **options: Any) -> None:
         batch = uuid.uuid4().hex[:6]
+        self._last_settled = -1
         self._ensure_admin()
         runs: dict[str, WorkflowRun] = {}
         for i, order in enumerate(ORDERS):
@@ -116,10 +119,25 @@ class Command(BaseCommand):
             open_runs = WorkflowRun.objects.filter(
                 pk__in=ids, status__in=["queued", "running", "waiting"]
             ).count()
+            self._progress(len(ids) - open_runs, len(ids))
             if not open_runs:
                 return
             time.sleep(0.1)
         self.stderr.write("Some runs did not settle within the timeout; see the admin.")
+
+    def _progress(self, settled: int, total: int) -> None:
+        """A progress bar on a terminal; elsewhere a line each time a run settles."""
+        if settled == self._last_settled:
+            return
+        self._last_settled = settled
+        width = 30
+        filled = width * settled // total
+        bar = f"[{'#' * filled}{'.' * (width - filled)}] {settled}/{total} runs settled"
+        if self.stdout.isatty():
+            self.stdout.write("\r" + bar, ending="\n" if settled == total else "")
+            self.stdout.flush()
+        else:
+            self.stdout.write("  " + bar)
 
     def _report(self, runs: dict[str, WorkflowRun], worker: Worker) -> None:
         w = self.stdout.write
@@ -158,19 +176,25 @@ class Command(BaseCommand):
             f"  ledger entries {LedgerEntry.objects.filter(run__in=ids).count()}; "
             f"worker: {dict(worker.stats)}"
         )
+        statuses = Counter(WorkflowRun.objects.filter(pk__in=ids).values_list("status", flat=True))
+        w("")
+        w("Runs by status: " + ", ".join(f"{s} {n}" for s, n in sorted(statuses.items())))
         incidents = WorkflowRun.objects.filter(pk__in=ids, status="needs_attention")
         w("")
         w(f"Incidents waiting for an operator: {incidents.count()}")
+        site = "http://127.0.0.1:8000"
         for run in incidents[:5]:
             w(f"  {run.workflow_name} {run.pk}: {run.error_code} — {run.error_message}")
+            resolve = reverse("admin:k2b_workflows_incident_resolve", args=[run.pk])
+            w(f"    resolve it: {site}{resolve}")
         w("")
         w("Where to look: start the admin with  make serve  and open")
         w(
-            "  http://127.0.0.1:8000/admin/k2b_workflows/workflowrun/   every run, its journal"
-            " timeline and evidence ledger"
+            f"  {site}{reverse('admin:k2b_workflows_workflowrun_changelist')}"
+            "   every run, its journal timeline and evidence ledger"
         )
         w(
-            "  http://127.0.0.1:8000/admin/k2b_workflows/incident/      the incident queue: resolve"
-            " the bank payout with evidence"
+            f"  {site}{reverse('admin:k2b_workflows_incident_changelist')}"
+            "      the incident queue: resolve the bank payout with evidence"
         )
         w("Log in as admin / admin (created for this local demo).")

@@ -1,0 +1,130 @@
+"""The recipes of docs/testing.md, run as they are shown there (the page includes this file).
+
+They test the demo shop's checkout (example_project/demo), the way a team
+would test its own workflows.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from example_project.demo.models import OutboxEmail, Payment
+from example_project.demo.workflows import ChargeCard, SendReceipt
+from k2b_workflows import start_workflow_run
+from k2b_workflows.testing import (
+    assert_effect_once,
+    assert_run_status,
+    crash_after_effect,
+    describe_run,
+    fast_retries,
+    run_until_idle,
+)
+
+ORDER = {"sku": "TEA-01", "items": ["teapot"], "amount_cents": 2_900, "customer": "a@example.com"}
+CHARGE_STEP = 2  # create order, approval, charge, ...
+
+
+# --8<-- [start:happy_path]
+@pytest.mark.django_db(transaction=True)
+def test_checkout_succeeds_and_charges_once():
+    run = start_workflow_run("shop.checkout", ORDER)
+
+    run_until_idle()
+
+    assert_run_status(run, "succeeded")
+    assert_effect_once(run, step=CHARGE_STEP)
+    assert Payment.objects.count() == 1
+
+
+# --8<-- [end:happy_path]
+
+
+# --8<-- [start:crash_after_charge]
+@pytest.mark.django_db(transaction=True)
+def test_a_crash_after_the_charge_is_reconciled_not_charged_again():
+    with crash_after_effect(ChargeCard) as lost_results, fast_retries():
+        run = start_workflow_run("shop.checkout", ORDER)
+        run_until_idle()
+
+    assert len(lost_results) == 1  # the card was charged, then the worker "died"
+    assert_run_status(run, "succeeded")
+    assert_effect_once(run, step=CHARGE_STEP)  # reconcile() found it: one dispatch
+    assert Payment.objects.count() == 1
+
+
+# --8<-- [end:crash_after_charge]
+
+
+# --8<-- [start:crash_after_idempotent]
+@pytest.mark.django_db(transaction=True)
+def test_a_crash_after_the_receipt_sends_it_again_under_the_same_key():
+    with crash_after_effect(SendReceipt), fast_retries():
+        run = start_workflow_run("shop.checkout", ORDER)
+        run_until_idle()
+
+    assert_run_status(run, "succeeded")
+    assert OutboxEmail.objects.count() == 1  # the outbox deduplicated the second send
+
+
+# --8<-- [end:crash_after_idempotent]
+
+
+# --8<-- [start:incident]
+@pytest.mark.django_db(transaction=True)
+def test_a_payout_the_bank_cannot_confirm_goes_to_an_operator():
+    run = start_workflow_run("shop.payout", {"amount_cents": 12_500})
+
+    run_until_idle()
+
+    assert_run_status(run, "needs_attention", error_code="EFFECT_OUTCOME_UNKNOWN")
+
+
+# --8<-- [end:incident]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_assert_run_status_shows_the_journal_and_ledger_when_it_fails():
+    run = start_workflow_run("shop.payout", {"amount_cents": 12_500})
+    run_until_idle()
+
+    with pytest.raises(AssertionError) as failure:
+        assert_run_status(run, "succeeded")
+
+    message = str(failure.value)
+    assert "expected succeeded" in message
+    assert "needs_attention EFFECT_OUTCOME_UNKNOWN" in message
+    assert "step 0 dispatched shop.bank_payout" in message
+    assert message.endswith(describe_run(run).splitlines()[-1])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_assert_effect_once_fails_when_a_step_was_dispatched_twice():
+    # Without reconcile() doubt ends in an incident; an operator's "absent"
+    # makes the kernel dispatch the step again: two dispatches of one step.
+    from django.contrib.auth import get_user_model
+
+    from k2b_workflows import EFFECT_ABSENT, resolve_effect
+
+    run = start_workflow_run("shop.payout", {"amount_cents": 12_500})
+    run_until_idle()
+    operator = get_user_model().objects.create_superuser("op", "op@example.com", "pw")
+    resolve_effect(run.pk, EFFECT_ABSENT, evidence="bank statement: no transfer", actor=operator)
+    run_until_idle()
+
+    with pytest.raises(AssertionError, match="dispatched 2 time"):
+        assert_effect_once(run, step=0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_crash_after_effect_restores_the_action_and_crashes_only_as_often_as_asked():
+    original = ChargeCard.__dict__["run"]
+    with crash_after_effect(ChargeCard, times=1) as lost, fast_retries():
+        first = start_workflow_run("shop.checkout", ORDER)
+        run_until_idle()
+        second = start_workflow_run("shop.checkout", {**ORDER, "customer": "b@example.com"})
+        run_until_idle()
+    assert ChargeCard.__dict__["run"] is original
+    assert len(lost) == 1
+    assert_run_status(first, "succeeded")
+    assert_run_status(second, "succeeded")
+    assert Payment.objects.count() == 2
