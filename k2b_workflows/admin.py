@@ -18,13 +18,19 @@ from django.contrib import admin
 from django.db.models import Prefetch, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import path, reverse
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.timesince import timesince
 
-from . import admin_views
-from .admin_display import incident_answers, incident_dispatch, run_page_context
+from . import admin_views, store
+from .admin_display import (
+    format_duration,
+    incident_answers,
+    incident_dispatch,
+    run_page_context,
+)
 from .kernel.evidence import hash_value
-from .models import Incident, JournalEntry, LedgerEntry, RunStatus, WorkflowRun
+from .models import Incident, JournalEntry, LedgerEntry, RunStatus, WorkerRecord, WorkflowRun
 
 HASH_PREVIEW = 8
 
@@ -88,6 +94,7 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
                 "fields": (
                     "id",
                     "status_badge",
+                    "held_by",
                     "workflow_name",
                     "workflow_version",
                     "app_id",
@@ -178,6 +185,22 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
             run.parent_id,
             run.parent_step,
             run.child_index,
+        )
+
+    @admin.display(description="held by")
+    def held_by(self, run: WorkflowRun) -> str:
+        """Which worker process executes the run now: where to look when it seems stuck."""
+        if run.status != RunStatus.RUNNING or not run.claimed_by:
+            return "—"
+        worker = WorkerRecord.objects.filter(pk=run.claimed_by).first()
+        if worker is None:
+            return format_html("<code>{}</code> (no longer registered)", run.claimed_by)
+        return format_html(
+            '<a href="{}">{}</a> {} · heartbeat {} ago',
+            reverse("admin:k2b_workflows_workerrecord_change", args=[worker.pk]),
+            worker.worker_id,
+            worker_state_badge(worker),
+            format_duration(timezone.now() - worker.heartbeat_at),
         )
 
     @admin.display(description="root")
@@ -433,3 +456,99 @@ class LedgerEntryAdmin(_EntryAdmin):
     list_filter = ("kind", "effect", "action_name")
     search_fields = ("action_name", "invocation_key", "actor")
     search_help_text = "Run id (full), action name, invocation key or operator."
+
+
+def effective_worker_state(worker: WorkerRecord) -> str:
+    """A row still "alive" whose heartbeat is too old belongs to a dead process: say lost."""
+    if worker.state == WorkerRecord.State.ALIVE:
+        silent_ms = (timezone.now() - worker.heartbeat_at).total_seconds() * 1000
+        if silent_ms > store.worker_lost_after_ms():
+            return WorkerRecord.State.LOST
+    return worker.state
+
+
+def worker_state_badge(worker: WorkerRecord) -> str:
+    state = effective_worker_state(worker)
+    return format_html('<span class="k2b-badge k2b-worker-{}">{}</span>', state, state)
+
+
+@admin.register(WorkerRecord)
+class WorkerRecordAdmin(ReadOnlyMixin, admin.ModelAdmin):
+    """The fleet: one row per worker process, written only by the workers themselves."""
+
+    list_display = (
+        "worker_id",
+        "state_badge",
+        "host",
+        "pid",
+        "busy",
+        "heartbeat_age",
+        "uptime",
+        "apps_column",
+        "workflows_count",
+    )
+    list_filter = ("state", "host")
+    search_fields = ("worker_id", "host")
+    search_help_text = "Worker id or host."
+    list_per_page = 100
+    fields = (
+        "worker_id",
+        "state_badge",
+        "host",
+        "pid",
+        "started_at",
+        "heartbeat_at",
+        "stopped_at",
+        "concurrency",
+        "in_flight",
+        "apps_column",
+        "workflows_column",
+        "running_runs",
+    )
+    readonly_fields = fields
+
+    class Media:
+        css = {"all": ["k2b_workflows/admin.css"]}
+
+    @admin.display(description="state", ordering="state")
+    def state_badge(self, worker: WorkerRecord) -> str:
+        return worker_state_badge(worker)
+
+    @admin.display(description="busy")
+    def busy(self, worker: WorkerRecord) -> str:
+        return f"{worker.in_flight}/{worker.concurrency}"
+
+    @admin.display(description="last heartbeat", ordering="-heartbeat_at")
+    def heartbeat_age(self, worker: WorkerRecord) -> str:
+        return f"{format_duration(timezone.now() - worker.heartbeat_at)} ago"
+
+    @admin.display(description="up", ordering="started_at")
+    def uptime(self, worker: WorkerRecord) -> str:
+        end = worker.heartbeat_at if worker.state != WorkerRecord.State.ALIVE else timezone.now()
+        return format_duration(end - worker.started_at)
+
+    @admin.display(description="apps")
+    def apps_column(self, worker: WorkerRecord) -> str:
+        return ", ".join(worker.apps) if worker.apps else "all"
+
+    @admin.display(description="workflows")
+    def workflows_count(self, worker: WorkerRecord) -> str:
+        """A count in the list (a worker may know hundreds); each one on hover and on its page."""
+        names = ", ".join(f"{w['name']} v{w['version']}" for w in worker.workflows)
+        return format_html('<span title="{}">{}</span>', names, len(worker.workflows))
+
+    @admin.display(description="workflows")
+    def workflows_column(self, worker: WorkerRecord) -> str:
+        return format_html_join(
+            ", ", "<code>{}</code>&nbsp;v{}", ((w["name"], w["version"]) for w in worker.workflows)
+        )
+
+    @admin.display(description="runs it holds")
+    def running_runs(self, worker: WorkerRecord) -> str:
+        runs = WorkflowRun.objects.filter(status=RunStatus.RUNNING, claimed_by=worker.worker_id)
+        links = format_html_join(
+            ", ",
+            '<a href="{}">{}</a>',
+            ((admin_views.run_url(r.pk), r.pk) for r in runs.only("id")[:50]),
+        )
+        return links or "—"

@@ -92,6 +92,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         "RUN_MAX_CONSECUTIVE_FAILURES",
         "ACTION_TIMEOUT_MS",
         "SHUTDOWN_GRACE_MS",
+        "WORKER_HEARTBEAT_MS",
+        "WORKER_LOST_AFTER_MS",
+        "WORKER_PURGE_AFTER_MS",
     ):
         value = configured.get(key)
         if value is not None and (not isinstance(value, int) or value <= 0):
@@ -107,6 +110,22 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
                 "RUN_LEASE_MS below 500 ms: leases renewed every third of it will expire "
                 "under load",
                 id="k2b_workflows.W002",
+            )
+        )
+    listen = configured.get("LISTEN_DATABASE")
+    if listen is not None and listen not in settings.DATABASES:
+        errors.append(
+            Error(
+                f"K2B_WORKFLOWS['LISTEN_DATABASE'] is {listen!r}, which is not in DATABASES",
+                id="k2b_workflows.E009",
+            )
+        )
+    if not errors and store.worker_lost_after_ms() <= 2 * store.worker_heartbeat_ms():
+        # A worker busy for one slow beat would be reported lost while alive.
+        errors.append(
+            Warning(
+                "WORKER_LOST_AFTER_MS should be more than two WORKER_HEARTBEAT_MS",
+                id="k2b_workflows.W003",
             )
         )
     if not errors and store.retry_backoff_max_ms() < store.retry_backoff_ms():

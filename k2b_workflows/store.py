@@ -22,6 +22,18 @@ key                            default     meaning
                                            back and exits (keep it below the
                                            supervisor's stop timeout)
 ``DATABASE``                   "default"   the alias holding the kernel's tables
+``LISTEN_DATABASE``            None        the alias whose connection settings the
+                                           workers' LISTEN connection uses (None: the
+                                           ``DATABASE`` alias). Point it at a direct
+                                           connection when ``DATABASE`` goes through
+                                           PgBouncer in transaction pooling mode, which
+                                           does not deliver notifications
+``WORKER_HEARTBEAT_MS``        None        how often a worker refreshes its row in the
+                                           fleet table; None: a third of the lease
+``WORKER_LOST_AFTER_MS``       None        a worker whose heartbeat is older than this
+                                           is marked lost; None: three leases
+``WORKER_PURGE_AFTER_MS``      604800000   rows of stopped or lost workers are deleted
+                                           this long after their last heartbeat (7 days)
 =============================  ==========  ==========================================
 """
 
@@ -41,6 +53,7 @@ WORKFLOW_POLL_INTERVAL_MS = 1_000
 WORKFLOW_MAX_CHILDREN_PER_STEP = 1_000
 WORKFLOW_ACTION_TIMEOUT_MS = 300_000
 WORKFLOW_SHUTDOWN_GRACE_MS = 20_000
+WORKFLOW_WORKER_PURGE_AFTER_MS = 7 * 24 * 3600 * 1000
 
 # Error codes written to ``WorkflowRun.error_code`` by the kernel.
 WORKFLOW_RETRY_EXHAUSTED = "WORKFLOW_RETRY_EXHAUSTED"
@@ -70,6 +83,10 @@ _DEFAULTS: dict[str, Any] = {
     "ACTION_TIMEOUT_MS": WORKFLOW_ACTION_TIMEOUT_MS,
     "SHUTDOWN_GRACE_MS": WORKFLOW_SHUTDOWN_GRACE_MS,
     "DATABASE": "default",
+    "LISTEN_DATABASE": None,
+    "WORKER_HEARTBEAT_MS": None,
+    "WORKER_LOST_AFTER_MS": None,
+    "WORKER_PURGE_AFTER_MS": WORKFLOW_WORKER_PURGE_AFTER_MS,
 }
 
 
@@ -115,6 +132,28 @@ def shutdown_grace_ms() -> int:
 
 def database() -> str:
     return str(_get("DATABASE"))
+
+
+def listen_database() -> str:
+    """The alias the LISTEN connection is opened with (LISTEN needs a session of its own)."""
+    alias = _get("LISTEN_DATABASE")
+    return str(alias) if alias else database()
+
+
+def worker_heartbeat_ms() -> int:
+    """A third of the lease: a worker misses two beats before anyone could call it late."""
+    value = _get("WORKER_HEARTBEAT_MS")
+    return int(value) if value else max(lease_ms() // 3, 100)
+
+
+def worker_lost_after_ms() -> int:
+    """Three leases: by then every run the worker held has been taken over anyway."""
+    value = _get("WORKER_LOST_AFTER_MS")
+    return int(value) if value else 3 * lease_ms()
+
+
+def worker_purge_after_ms() -> int:
+    return int(_get("WORKER_PURGE_AFTER_MS"))
 
 
 #: The LISTEN/NOTIFY channel. Fixed: the database triggers name it.

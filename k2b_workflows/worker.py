@@ -10,7 +10,9 @@ Threads:
   next due run, or the poll interval;
 - a listener on its own autocommit psycopg connection (a pooled Django
   connection would keep listening for its next borrower) sets the wake-up;
-- the lease keeper renews leases and notices cancellations.
+- the lease keeper renews leases and notices cancellations;
+- the heartbeat keeps this process's row in the fleet table fresh
+  (``fleet.py``), and, with ``metrics_port``, an HTTP thread serves metrics.
 
 No database error ends the process (``kernel/weather.py``): every thread
 closes its broken connection, logs one line, backs off with jitter and
@@ -38,8 +40,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections, transaction
 from django.db.backends.signals import connection_created
 
-from . import store
+from . import fleet, metrics, store
 from .exceptions import DatabaseNotMigrated, DatabaseUnavailable
+from .health import HealthFile
 from .kernel import ai, claim, db, weather
 from .kernel.execute import Execution, Preloaded, preload
 from .kernel.leases import LeaseKeeper
@@ -78,6 +81,7 @@ class Listener(threading.Thread):
                             self.wake.set()
             except Exception as exc:
                 self.connected.clear()
+                metrics.count_db_reconnect("listener")
                 delay = backoff.next()
                 logger.warning(
                     "listener: %s; polling, reconnecting in %.1f s", weather.describe(exc), delay
@@ -107,6 +111,8 @@ class Worker:
         status_stream: TextIO | None = None,
         wait_for_db: float | None = None,
         notice_stream: TextIO | None = None,
+        health_file: str | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -121,6 +127,15 @@ class Worker:
         self.wait_for_db = wait_for_db
         #: Where start-up notices go ("waiting for the database"), besides the log.
         self.notice_stream = notice_stream
+        self.health = HealthFile(health_file) if health_file else None
+        self.metrics_port = metrics_port
+        self.heartbeat = fleet.Heartbeat(
+            using=self.using,
+            worker_id=self.worker_id,
+            concurrency=concurrency,
+            app_ids=self.app_ids,
+            in_flight=self.in_flight,
+        )
         self.stats: Counter[str] = Counter()
         self.stopping = threading.Event()
         self.wake = threading.Event()
@@ -159,10 +174,14 @@ class Worker:
             " (burst)" if self.burst else "",
         )
         connection_created.connect(self._limit_idle_transactions, weak=False)
+        if self.metrics_port is not None:
+            port = metrics.serve(self.metrics_port, using=self.using)
+            logger.info("worker %s: metrics on port %d", self.worker_id, port)
+        self.heartbeat.start()
         self.keeper.start()
         listener = None
         if self.listen:
-            listener = Listener(self.using, self.app_ids, self.wake)
+            listener = Listener(store.listen_database(), self.app_ids, self.wake)
             listener.start()
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="k2b-worker")
         try:
@@ -176,6 +195,9 @@ class Worker:
                 listener.stop()
                 listener.join(timeout=5)
             self.keeper.stop()
+            self.heartbeat.stop()
+            if self.health:
+                self.health.remove()
             self._print_status(final=True)
             if not connections[self.using].in_atomic_block:  # e.g. call_command in a test
                 weather.close_quietly(self.using)
@@ -317,6 +339,11 @@ class Worker:
             len(held) - len(handed),
         )
 
+    def in_flight(self) -> int:
+        """Runs and AI tasks this process is executing now."""
+        with self._lock:
+            return len(self._inflight)
+
     def _close_thread_connections(self, pool: ThreadPoolExecutor) -> None:
         """Have every pool thread close its own connections (Django forbids closing another's).
 
@@ -380,6 +407,8 @@ class Worker:
         self._hand_back_pending()
         self._housekeeping(poll)
         started = self._fill(pool)
+        if self.health:
+            self.health.touch()
         self._print_status()
         if started:
             return False
@@ -408,6 +437,7 @@ class Worker:
         weather.close_quietly(self.using)
         if weather.is_connection_error(exc):
             self.stats["reconnects"] += 1
+            metrics.count_db_reconnect("loop")
             logger.warning(
                 "%s: database unavailable: %s; reconnecting in %.1f s",
                 where,
@@ -556,6 +586,7 @@ class Worker:
                 self.stats["steps"] += execution.steps_executed
         except Exception as exc:
             if weather.is_connection_error(exc):
+                metrics.count_db_reconnect("run")
                 logger.warning("run %s: database unavailable: %s", run_id, weather.describe(exc))
                 weather.close_quietly(self.using)
                 self._give_back(run_id, generation)

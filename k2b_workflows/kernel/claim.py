@@ -13,7 +13,7 @@ from typing import Any
 
 from django.db import connections
 
-from .. import store
+from .. import metrics, store
 
 _CLAIM_SQL = """
 UPDATE k2b_run r
@@ -88,7 +88,10 @@ def reap_expired(using: str) -> int:
     """
     with connections[using].cursor() as cursor:
         cursor.execute(_REAP_SQL, [store.retry_backoff_ms(), store.retry_backoff_max_ms()])
-        return cursor.rowcount
+        reaped = cursor.rowcount
+    # Counted before the caller's commit: a rolled-back reap is re-counted by the next one.
+    metrics.count_lease_takeovers(reaped)
+    return reaped
 
 
 def promote_due_waits(using: str) -> int:

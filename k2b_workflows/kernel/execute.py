@@ -50,7 +50,7 @@ from ..actions import (
 )
 from ..exceptions import InvalidInput, LeaseLost, RunCanceled, StepFailed, Suspend, UnknownWorkflow
 from ..models import JournalEntry, LedgerEntry, WorkflowRun
-from . import budgets, db, evidence, waits, weather
+from . import budgets, db, events, evidence, waits, weather
 from .context import StepContext, _holding
 
 if TYPE_CHECKING:
@@ -191,6 +191,7 @@ class Execution:
         self.root_id = run.root_id or run.id
         self.app_id = run.app_id
         self.principal = copy.deepcopy(run.principal)
+        events.run_claimed(self)
         if self.keeper:
             self.keeper.track(self.run_id, self.generation, self.canceled)
         try:
@@ -349,6 +350,7 @@ class Execution:
 
             release(self.using, self.run_id, self.generation)
             self.outcome = "released"
+            events.run_changed(self, "released")
             raise Suspend
 
     def _replay(self, entry: JournalEntry, name: str, input_hash: str) -> Any:
@@ -570,6 +572,9 @@ class Execution:
             if weather.is_connection_error(exc):
                 raise  # a lookup that could not reach our database tells nothing: ask again later
             result = Unknown(f"reconcile() raised {type(exc).__name__}: {exc}")
+        events.reconcile_answered(
+            self, step.seq, step.ctx.effect_key, type(result).__name__.lower()
+        )
         if isinstance(result, Succeeded):
             return self._journal_success(step, result, ledger_kind=LedgerEntry.Kind.RECONCILED)
         if isinstance(result, Waiting):
@@ -723,6 +728,7 @@ class Execution:
         # A completed step resets the counter (the fence did it in the row): a later
         # failure in this claim must count from zero, not from before the step.
         self.run.consecutive_failures = 0
+        events.step_journaled(self, entry)
 
     def _journal_success(
         self,
@@ -793,6 +799,14 @@ class Execution:
             )
         values.update(fields)
         evidence.append_ledger(self.using, **values)
+        events.ledger_written(
+            self,
+            self.using,
+            seq=step.seq,
+            kind=kind,
+            effect=step.action.effect.value,
+            effect_key=step.ctx.effect_key,
+        )
 
     def _ledger_event(self, step: _Step, kind: str, *, message: str = "", fenced: bool) -> None:
         def write() -> None:
@@ -867,6 +881,7 @@ class Execution:
             self._needs_attention(store.INTEGRITY_CHAIN_BROKEN, broken[0], step=None)
         if entry is not None:
             self._journaled(entry)
+        events.run_changed(self, outcome)
         self.outcome = outcome
         raise Suspend
 
@@ -964,6 +979,7 @@ class Execution:
 
         db.run_in_transaction(write, self.using)
         self.outcome = "waiting" if parked[-1] else "rewoken"
+        events.run_changed(self, self.outcome, step=seq)
         raise Suspend
 
     def _release_after_unknown_commit(self) -> None:
@@ -1071,6 +1087,7 @@ class Execution:
                 return [r["run_id"] for r in last["entry"].output]
             return [ChildResult(**r) for r in last["entry"].output]
         self.outcome = "waiting" if last["parked"] else "rewoken"
+        events.run_changed(self, self.outcome, step=seq)
         raise Suspend
 
 

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import store
+from .. import metrics, store
 from . import db, weather
 from .claim import renew_leases
 
@@ -125,6 +125,7 @@ class LeaseKeeper:
                 # fence keeps whatever this process then writes from committing.
                 delay = backoff.next()
                 if weather.is_connection_error(exc):
+                    metrics.count_db_reconnect("lease_keeper")
                     logger.warning(
                         "lease keeper: database unavailable: %s; reconnecting in %.1f s",
                         weather.describe(exc),

@@ -1,4 +1,5 @@
-"""``manage.py purgeworkflows``: retention for finished run trees and old wait rendezvous."""
+"""``manage.py purgeworkflows``: retention for finished run trees, old wait rendezvous and
+the rows of workers that stopped or were lost."""
 
 from __future__ import annotations
 
@@ -6,14 +7,18 @@ import datetime as dt
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
 
+from k2b_workflows import fleet
+from k2b_workflows.models import WorkerRecord
 from k2b_workflows.retention import purge_finished_runs
 
 
 class Command(BaseCommand):
     help = (
         "Delete run trees whose every run ended more than --older-than-days ago, with their "
-        "journal, ledger and charges. Runs that need attention are never deleted."
+        "journal, ledger and charges. Runs that need attention are never deleted. Also deletes "
+        "rows of stopped or lost workers whose last heartbeat is as old."
     )
 
     def add_arguments(self, parser: Any) -> None:
@@ -34,5 +39,12 @@ class Command(BaseCommand):
                 total[key] = total.get(key, 0) + value
             if dry_run or counts["run trees"] < batch:
                 break
+        if dry_run:
+            total["worker rows"] = WorkerRecord.objects.filter(
+                state__in=["stopped", "lost"], heartbeat_at__lt=timezone.now() - older_than
+            ).count()
+        else:
+            fleet.mark_lost()
+            total["worker rows"] = fleet.purge(older_than_ms=int(older_than.total_seconds() * 1000))
         verb = "would delete" if dry_run else "deleted"
         self.stdout.write(f"{verb}: " + ", ".join(f"{n} {label}" for label, n in total.items()))

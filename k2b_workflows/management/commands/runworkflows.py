@@ -45,6 +45,17 @@ class Command(BaseCommand):
             metavar="SECONDS",
             help="at start-up, wait at most this long for the database (default: forever)",
         )
+        parser.add_argument(
+            "--health-file",
+            metavar="PATH",
+            help="touch PATH after every healthy loop iteration (check: manage.py workerhealth)",
+        )
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            metavar="PORT",
+            help="serve Prometheus metrics on PORT (0: any free port; needs prometheus_client)",
+        )
 
     def handle(
         self,
@@ -54,12 +65,23 @@ class Command(BaseCommand):
         burst: bool,
         no_listen: bool,
         wait_for_db: float | None,
+        health_file: str | None = None,
+        metrics_port: int | None = None,
         **options: Any,
     ) -> None:
         if concurrency < 1:
             raise CommandError("--concurrency must be at least 1")
         if wait_for_db is not None and wait_for_db < 0:
             raise CommandError("--wait-for-db must not be negative")
+        if metrics_port is not None:
+            from k2b_workflows import metrics
+
+            if not metrics.AVAILABLE:
+                raise CommandError(
+                    "--metrics-port needs prometheus_client: pip install 'k2b-workflows[metrics]'"
+                )
+            if not 0 <= metrics_port <= 65535:
+                raise CommandError("--metrics-port must be between 0 and 65535")
         worker = Worker(
             app_ids=apps,
             concurrency=concurrency,
@@ -68,6 +90,8 @@ class Command(BaseCommand):
             status_stream=default_status_stream(),
             wait_for_db=wait_for_db,
             notice_stream=sys.stderr,
+            health_file=health_file,
+            metrics_port=metrics_port,
         )
         stops = 0
 

@@ -1,0 +1,248 @@
+"""The fleet: every worker process registers, beats, and is marked lost when it stops beating.
+
+The failure this is built around: a worker dies (SIGKILL, OOM, a lost host)
+and nobody notices until queued runs pile up. Each worker keeps a row in
+``k2b_worker`` fresh from a thread of its own, on a connection of its own, so
+that a worker whose every pool thread is busy in long steps still beats.
+A row whose heartbeat is older than ``WORKER_LOST_AFTER_MS`` (database
+clock) is not alive, whether or not anyone has marked it ``lost`` yet; every
+beating worker and ``manage.py workflowstatus`` mark such rows, and rows of
+stopped or lost workers are deleted after ``WORKER_PURGE_AFTER_MS``.
+
+A heartbeat that fails (database restart, failover, a killed backend) is
+weather: log one line, drop the connection, retry at the next beat. It never
+stops the worker; at worst the row is marked lost and revived by the next
+successful beat.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from django.db import connections
+
+from . import metrics, store
+from .kernel import db
+from .workflows import registered_workflows
+
+logger = logging.getLogger("k2b_workflows.fleet")
+
+_REGISTER_SQL = """
+INSERT INTO k2b_worker (worker_id, host, pid, started_at, heartbeat_at, stopped_at, state,
+                        concurrency, apps, workflows, in_flight)
+VALUES (%s, %s, %s, now(), now(), NULL, 'alive', %s, %s, %s, %s)
+ON CONFLICT (worker_id) DO UPDATE
+   SET heartbeat_at = now(), stopped_at = NULL, state = 'alive', in_flight = EXCLUDED.in_flight
+"""
+
+_MARK_LOST_SQL = """
+UPDATE k2b_worker SET state = 'lost'
+ WHERE state = 'alive' AND heartbeat_at < now() - %s * interval '1 millisecond'
+"""
+
+_PURGE_SQL = """
+DELETE FROM k2b_worker
+ WHERE state IN ('stopped', 'lost') AND heartbeat_at < now() - %s * interval '1 millisecond'
+"""
+
+
+def capabilities(app_ids: Sequence[str] | None) -> list[dict[str, Any]]:
+    """The workflows (name, version, app) a worker with this ``--app`` filter can claim."""
+    return sorted(
+        (
+            {"name": name, "version": getattr(d, "version", 1), "app_id": d.app_id}
+            for name, d in registered_workflows().items()
+            if not app_ids or d.app_id in app_ids
+        ),
+        key=lambda c: (c["name"], c["version"]),
+    )
+
+
+class Heartbeat(threading.Thread):
+    """Registers the worker, refreshes its row every ``WORKER_HEARTBEAT_MS``, deregisters it."""
+
+    def __init__(
+        self,
+        *,
+        using: str,
+        worker_id: str,
+        concurrency: int,
+        app_ids: Sequence[str] | None,
+        in_flight: Callable[[], int],
+    ) -> None:
+        super().__init__(name="k2b-heartbeat", daemon=True)
+        self.using = using
+        self.worker_id = worker_id
+        self.concurrency = concurrency
+        self.app_ids = list(app_ids or ())
+        self.in_flight = in_flight
+        self.stopping = threading.Event()
+        #: Set after the first successful beat (tests and start-up logs wait on it).
+        self.registered = threading.Event()
+        self.beats = 0
+        self.failures = 0
+        self._conn: Any = None
+
+    def run(self) -> None:
+        interval = store.worker_heartbeat_ms() / 1000
+        while not self.stopping.is_set():
+            self.beat()
+            self.stopping.wait(interval)
+        self._close()
+
+    def beat(self) -> bool:
+        """One heartbeat; True when it reached the database."""
+        import json
+
+        try:
+            if self._conn is None:
+                self._conn = db.autocommit_connection(self.using)
+                if self.failures:
+                    metrics.count_db_reconnect("heartbeat")
+            self._conn.execute(
+                _REGISTER_SQL,
+                [
+                    self.worker_id,
+                    socket.gethostname(),
+                    os.getpid(),
+                    self.concurrency,
+                    json.dumps(self.app_ids),
+                    json.dumps(capabilities(self.app_ids)),
+                    self.in_flight(),
+                ],
+            )
+            # Any beating worker does the fleet's housekeeping: two tiny statements.
+            self._conn.execute(_MARK_LOST_SQL, [store.worker_lost_after_ms()])
+            self._conn.execute(_PURGE_SQL, [store.worker_purge_after_ms()])
+        except Exception as exc:
+            if self.failures == 0:
+                logger.warning("heartbeat of %s failed: %s; retrying", self.worker_id, exc)
+            self.failures += 1
+            self._close()
+            return False
+        if self.failures:
+            logger.info("heartbeat of %s back after %d failure(s)", self.worker_id, self.failures)
+        self.failures = 0
+        self.beats += 1
+        self.registered.set()
+        return True
+
+    def stop(self) -> None:
+        """Stop beating and mark the row stopped (best effort: a lost row is marked lost later)."""
+        self.stopping.set()
+        if self.is_alive():
+            self.join(timeout=10)
+        try:
+            conn = db.autocommit_connection(self.using)
+        except Exception as exc:
+            logger.warning("could not deregister %s: %s", self.worker_id, exc)
+            return
+        try:
+            conn.execute(
+                """UPDATE k2b_worker SET state = 'stopped', stopped_at = now(),
+                          heartbeat_at = now(), in_flight = 0 WHERE worker_id = %s""",
+                [self.worker_id],
+            )
+        except Exception as exc:
+            logger.warning("could not deregister %s: %s", self.worker_id, exc)
+        finally:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = None
+
+
+def mark_lost(using: str | None = None) -> int:
+    """Mark alive rows whose heartbeat is older than ``WORKER_LOST_AFTER_MS`` as lost."""
+    return db.execute(using or store.database(), _MARK_LOST_SQL, [store.worker_lost_after_ms()])
+
+
+def purge(using: str | None = None, older_than_ms: int | None = None) -> int:
+    """Delete rows of stopped or lost workers whose last heartbeat is older than the bound."""
+    bound = store.worker_purge_after_ms() if older_than_ms is None else older_than_ms
+    return db.execute(using or store.database(), _PURGE_SQL, [bound])
+
+
+_LIVE = "state = 'alive' AND heartbeat_at >= now() - %s * interval '1 millisecond'"
+
+
+def live_workers(using: str | None = None) -> list[dict[str, Any]]:
+    """Workers whose heartbeat is fresh, whatever their row says."""
+    rows = db.fetchall(
+        using or store.database(),
+        f"""SELECT worker_id, host, pid, concurrency, in_flight, workflows,
+                   EXTRACT(EPOCH FROM now() - heartbeat_at)
+              FROM k2b_worker WHERE {_LIVE} ORDER BY worker_id""",
+        [store.worker_lost_after_ms()],
+    )
+    return [
+        {
+            "worker_id": r[0],
+            "host": r[1],
+            "pid": r[2],
+            "concurrency": r[3],
+            "in_flight": r[4],
+            "workflows": db.from_json(r[5]),
+            "heartbeat_age_s": round(float(r[6]), 3),
+        }
+        for r in rows
+    ]
+
+
+def status(using: str | None = None) -> dict[str, Any]:
+    """What an on-call engineer asks first: counts, the oldest queued run, incidents, workers.
+
+    ``unserved`` lists the (workflow, version) pairs with queued runs that no
+    live worker can claim: those runs will wait forever.
+    """
+    using = using or store.database()
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT status, count(*) FROM k2b_run GROUP BY status")
+        counts = dict(cursor.fetchall())
+        cursor.execute(
+            """SELECT EXTRACT(EPOCH FROM now() - min(run_after)), count(*)
+                 FROM k2b_run WHERE status = 'queued' AND run_after <= now()"""
+        )
+        oldest, due = cursor.fetchone()
+        cursor.execute(
+            """SELECT workflow_name, workflow_version, app_id, count(*),
+                      EXTRACT(EPOCH FROM now() - min(created_at))
+                 FROM k2b_run WHERE status = 'queued'
+                GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"""
+        )
+        queued = cursor.fetchall()
+    workers = live_workers(using)
+    servable = {
+        (c["name"], int(c["version"]), c["app_id"]) for w in workers for c in w["workflows"]
+    }
+    unserved = [
+        {
+            "workflow": name,
+            "version": version,
+            "app_id": app_id,
+            "queued": n,
+            "oldest_age_s": round(float(age), 3),
+        }
+        for name, version, app_id, n, age in queued
+        if (name, version, app_id) not in servable
+    ]
+    from .models import RunStatus
+
+    return {
+        "runs": {s: counts.get(s, 0) for s in RunStatus.values},
+        "queued_due": due,
+        "oldest_queued_age_s": round(max(float(oldest), 0.0), 3) if oldest is not None else None,
+        "open_incidents": counts.get("needs_attention", 0),
+        "live_workers": workers,
+        "unserved": unserved,
+    }

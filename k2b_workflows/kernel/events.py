@@ -1,0 +1,117 @@
+"""State changes of runs and steps, told once to the log and to the metrics.
+
+Why a module of its own: an operator reading logs after an incident needs
+every change of a run with the same fields (``run_id``, ``workflow``,
+``step``, ``generation``, ``effect_key``) as structured ``extra``, so that a
+JSON formatter or a log search can follow one run or one effect across
+workers. Only committed changes are told: the executor calls these after its
+transaction commits (ledger entries through ``on_commit``), so a rolled-back
+write never appears as having happened.
+
+Logger: ``k2b_workflows.events`` (INFO for progress, WARNING for doubt).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from django.db import transaction
+
+from .. import metrics
+
+if TYPE_CHECKING:
+    from ..models import JournalEntry
+    from .execute import Execution
+
+logger = logging.getLogger("k2b_workflows.events")
+
+#: Ledger kinds that leave an effect in doubt: logged as warnings.
+_DOUBT = {"outcome_unknown", "reconcile_unknown", "late_result"}
+
+
+def _extra(execution: Execution, step: int | None, effect_key: str = "", **more: Any) -> dict:
+    run = getattr(execution, "run", None)
+    return {
+        "run_id": str(execution.run_id),
+        "workflow": run.workflow_name if run is not None else "",
+        "step": step,
+        "generation": execution.generation,
+        "effect_key": effect_key or (f"{execution.run_id}:{step}" if step is not None else ""),
+        **more,
+    }
+
+
+def run_claimed(execution: Execution, worker_id: str = "") -> None:
+    logger.info(
+        "run %s claimed (generation %s)",
+        execution.run_id,
+        execution.generation,
+        extra=_extra(execution, None, event="claimed", worker_id=worker_id),
+    )
+
+
+def step_journaled(execution: Execution, entry: JournalEntry) -> None:
+    """A journal entry committed: the step succeeded or failed for good."""
+    seconds = None
+    if entry.started_at and entry.created_at:
+        seconds = (entry.created_at - entry.started_at).total_seconds()
+    metrics.count_step(entry.effect, entry.state, seconds)
+    logger.info(
+        "run %s step %s (%s) %s",
+        execution.run_id,
+        entry.seq,
+        entry.action_name,
+        entry.state,
+        extra=_extra(
+            execution,
+            entry.seq,
+            event=f"step_{entry.state}",
+            action=entry.action_name,
+            effect=entry.effect,
+            error_code=entry.error_code,
+        ),
+    )
+
+
+def ledger_written(
+    execution: Execution, using: str, *, seq: int, kind: str, effect: str, effect_key: str
+) -> None:
+    """A ledger entry was written in the current transaction: tell it once that commits."""
+
+    def told() -> None:
+        if kind == "outcome_unknown":
+            metrics.count_step(effect, "outcome_unknown")
+        logger.log(
+            logging.WARNING if kind in _DOUBT else logging.INFO,
+            "run %s step %s effect %s",
+            execution.run_id,
+            seq,
+            kind,
+            extra=_extra(execution, seq, effect_key, event=f"effect_{kind}", effect=effect),
+        )
+
+    transaction.on_commit(told, using=using)
+
+
+def run_changed(execution: Execution, outcome: str, step: int | None = None) -> None:
+    """The run's status changed (committed): succeeded, failed, waiting, retry, ..."""
+    metrics.count_run_transition(outcome)
+    logger.log(
+        logging.WARNING if outcome == "needs_attention" else logging.INFO,
+        "run %s -> %s",
+        execution.run_id,
+        outcome,
+        extra=_extra(execution, step, event=f"run_{outcome}"),
+    )
+
+
+def reconcile_answered(execution: Execution, seq: int, effect_key: str, answer: str) -> None:
+    metrics.count_reconcile_answer(answer)
+    logger.info(
+        "run %s step %s reconcile answered %s",
+        execution.run_id,
+        seq,
+        answer,
+        extra=_extra(execution, seq, effect_key, event="reconcile", answer=answer),
+    )

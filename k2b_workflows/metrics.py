@@ -1,0 +1,257 @@
+"""Prometheus metrics, through ``prometheus_client`` when it is installed.
+
+``pip install k2b-workflows[metrics]``. Without the package every ``count_*``
+function is a no-op and ``serve``/``metrics_view`` say what is missing, so
+the kernel calls them unconditionally.
+
+Two kinds of numbers:
+
+- counters and the step latency histogram live in the process that does the
+  work (the worker): ``runworkflows --metrics-port`` serves them;
+- gauges of the shared state (runs by status, queue depth, age of the oldest
+  queued run, open incidents, live workers) are read from the database at
+  scrape time by ``DatabaseCollector``, so any one scrape target tells the
+  truth of the whole fleet, and a web process can serve them
+  (``metrics_view``; with ``PROMETHEUS_MULTIPROC_DIR`` set it also merges
+  the counters of every process of a multiprocess server).
+
+Database reconnects are counted by whoever reconnects:
+``count_db_reconnect(component)``, e.g. ``"heartbeat"``, ``"listener"``,
+``"lease_keeper"``, ``"loop"``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from . import store
+
+logger = logging.getLogger("k2b_workflows")
+
+AVAILABLE = importlib.util.find_spec("prometheus_client") is not None
+
+#: Step latency buckets in seconds: from a PURE step's commit to a slow provider call.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+
+_metrics: dict[str, Any] = {}
+# Pool threads count their first steps at the same moment: one creates the metrics.
+_create_lock = threading.Lock()
+_collectors: list[DatabaseCollector] = []
+
+F = TypeVar("F", bound=Callable[..., None])
+
+
+def _never_raises(fn: F) -> F:
+    """Counting is called from inside the kernel: a broken metric must not fail a run."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        try:
+            fn(*args, **kwargs)
+        except Exception:
+            logger.exception("metrics: %s failed", fn.__name__)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _get(name: str) -> Any:
+    """The metric called ``name``, created on first use (None without prometheus_client)."""
+    if not AVAILABLE:
+        return None
+    if not _metrics:
+        with _create_lock:
+            if not _metrics:
+                _create()
+    return _metrics[name]
+
+
+def _create() -> None:
+    from prometheus_client import Counter, Histogram
+
+    _metrics.update(
+        steps=Counter(
+            "k2b_steps",
+            "Steps that reached an outcome, by effect class and outcome.",
+            ["effect", "outcome"],
+        ),
+        step_seconds=Histogram(
+            "k2b_step_duration_seconds",
+            "Time from a step's start to its journal entry, by effect class.",
+            ["effect"],
+            buckets=LATENCY_BUCKETS,
+        ),
+        transitions=Counter(
+            "k2b_run_transitions",
+            "Run state changes made by this process, by new status.",
+            ["status"],
+        ),
+        takeovers=Counter(
+            "k2b_lease_takeovers",
+            "Runs re-queued because their lease expired (a crashed or frozen worker).",
+        ),
+        reconcile=Counter(
+            "k2b_reconcile_answers",
+            "Answers of reconcile() after a doubted external effect.",
+            ["answer"],
+        ),
+        reconnects=Counter(
+            "k2b_db_reconnects",
+            "Database connections re-opened after an error, by component.",
+            ["component"],
+        ),
+    )
+
+
+@_never_raises
+def count_step(effect: str, outcome: str, seconds: float | None = None) -> None:
+    if (steps := _get("steps")) is None:
+        return
+    steps.labels(effect=effect, outcome=outcome).inc()
+    if seconds is not None:
+        _get("step_seconds").labels(effect=effect).observe(max(seconds, 0.0))
+
+
+@_never_raises
+def count_run_transition(status: str) -> None:
+    if (transitions := _get("transitions")) is not None:
+        transitions.labels(status=status).inc()
+
+
+@_never_raises
+def count_lease_takeovers(n: int) -> None:
+    if n and (takeovers := _get("takeovers")) is not None:
+        takeovers.inc(n)
+
+
+@_never_raises
+def count_reconcile_answer(answer: str) -> None:
+    if (reconcile := _get("reconcile")) is not None:
+        reconcile.labels(answer=answer).inc()
+
+
+@_never_raises
+def count_db_reconnect(component: str) -> None:
+    """Count one database reconnection of ``component`` (the heartbeat, the listener, ...)."""
+    if (reconnects := _get("reconnects")) is not None:
+        reconnects.labels(component=component).inc()
+
+
+class DatabaseCollector:
+    """Gauges of the shared state, read from the database at scrape time.
+
+    Reads on a connection of its own, opened and closed per scrape: a scrape
+    must not borrow (or leave a transaction open on) a worker thread's
+    connection. A scrape during a database outage reports
+    ``k2b_database_up 0`` instead of failing.
+    """
+
+    def __init__(self, using: str | None = None) -> None:
+        self.using = using or store.database()
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        from . import fleet
+        from .kernel import db
+
+        up = GaugeMetricFamily("k2b_database_up", "1 when the last scrape could read the database.")
+        try:
+            conn = db.autocommit_connection(self.using)
+        except Exception as exc:
+            logger.warning("metrics: database unreachable: %s", exc)
+            up.add_metric([], 0)
+            yield up
+            return
+        try:
+            runs = dict(conn.execute("SELECT status, count(*) FROM k2b_run GROUP BY 1").fetchall())
+            depth, oldest = conn.execute(
+                """SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(run_after)), 0)
+                     FROM k2b_run WHERE status = 'queued' AND run_after <= now()"""
+            ).fetchone()
+            live = conn.execute(
+                f"SELECT count(*) FROM k2b_worker WHERE {fleet._LIVE}",
+                [store.worker_lost_after_ms()],
+            ).fetchone()[0]
+        except Exception as exc:
+            logger.warning("metrics: database query failed: %s", exc)
+            up.add_metric([], 0)
+            yield up
+            return
+        finally:
+            conn.close()
+        up.add_metric([], 1)
+        yield up
+        from .models import RunStatus
+
+        by_status = GaugeMetricFamily("k2b_runs", "Runs by status.", labels=["status"])
+        for status in RunStatus.values:
+            by_status.add_metric([status], runs.get(status, 0))
+        yield by_status
+        yield GaugeMetricFamily(
+            "k2b_queue_depth", "Queued runs that are due now.", value=int(depth)
+        )
+        yield GaugeMetricFamily(
+            "k2b_oldest_queued_age_seconds",
+            "How long the oldest due queued run has waited (0: none).",
+            value=max(float(oldest), 0.0),
+        )
+        yield GaugeMetricFamily(
+            "k2b_open_incidents",
+            "Runs in needs_attention (an operator must decide).",
+            value=runs.get("needs_attention", 0),
+        )
+        yield GaugeMetricFamily(
+            "k2b_live_workers", "Workers whose heartbeat is fresh.", value=int(live)
+        )
+
+
+def serve(port: int, addr: str = "0.0.0.0", using: str | None = None) -> int:
+    """Serve this process's metrics and the database gauges over HTTP; returns the port.
+
+    ``port=0`` picks a free port (the worker logs it).
+    """
+    if not AVAILABLE:
+        raise RuntimeError(
+            "--metrics-port needs prometheus_client: pip install 'k2b-workflows[metrics]'"
+        )
+    from prometheus_client import REGISTRY, start_http_server
+
+    _get("steps")  # create the counters so that a first scrape lists them at 0
+    with _create_lock:
+        if not _collectors:
+            _collectors.append(DatabaseCollector(using))
+            REGISTRY.register(_collectors[0])
+    server, _thread = start_http_server(port, addr=addr, registry=REGISTRY)
+    return int(server.server_port)
+
+
+def metrics_view(request: Any) -> Any:
+    """A Django view with the database gauges (and, in multiprocess mode, every process's counters).
+
+    Route it yourself and protect it like any internal endpoint::
+
+        path("metrics", k2b_workflows.metrics.metrics_view)
+    """
+    from django.http import HttpResponse
+
+    if not AVAILABLE:
+        return HttpResponse(
+            "prometheus_client is not installed: pip install 'k2b-workflows[metrics]'\n",
+            status=501,
+            content_type="text/plain",
+        )
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry()
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.MultiProcessCollector(registry)
+    registry.register(DatabaseCollector())
+    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
