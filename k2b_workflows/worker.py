@@ -152,6 +152,8 @@ class Worker:
         #: No claims before this ``time.monotonic()``: connections are short.
         self._claims_paused_until = 0.0
         self._shortage = weather.Backoff(first=0.2, cap=5.0)
+        #: After a lost connection: look for runs whose claim committed unseen.
+        self._orphans_possible = False
         #: Set by a second SIGTERM/SIGINT: hand back and exit without waiting for steps.
         self.forced = threading.Event()
         #: Pool threads still inside a step when the worker returned (shutdown grace ran
@@ -405,6 +407,8 @@ class Worker:
         """One pass of the loop; True when a burst worker is done."""
         self.wake.clear()
         self._hand_back_pending()
+        if self._orphans_possible:
+            self._hand_back_orphans()
         self._housekeeping(poll)
         started = self._fill(pool)
         if self.health:
@@ -435,6 +439,7 @@ class Worker:
         """
         delay = backoff.next()
         weather.close_quietly(self.using)
+        self._orphans_possible = True
         if weather.is_connection_error(exc):
             self.stats["reconnects"] += 1
             metrics.count_db_reconnect("loop")
@@ -517,6 +522,17 @@ class Worker:
                 self._hand_back.pop(run_id, None)
         if handed:
             logger.warning("database unavailable for %d claimed run(s); handed back", len(handed))
+
+    def _hand_back_orphans(self) -> None:
+        with self._lock:
+            executing = list(self._claimed)
+        with transaction.atomic(using=self.using):
+            orphans = claim.hand_back_orphans(self.using, self.worker_id, executing)
+        self._orphans_possible = False
+        if orphans:
+            logger.warning(
+                "handed back %d run(s) claimed while the database connection was lost", orphans
+            )
 
     def _housekeeping(self, poll: float) -> None:
         now = time.monotonic()

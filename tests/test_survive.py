@@ -423,3 +423,43 @@ def test_a_second_sigterm_hands_back_and_exits_now(start_worker):
     assert worker.wait(timeout=TIMEOUT) == 0, worker.output()
     back = fresh(run)
     assert (back.status, back.claimed_by, back.consecutive_failures) == ("queued", "", 0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_runs_claimed_by_a_commit_that_lost_its_answer_are_handed_back_on_reconnect(start_worker):
+    """The claim committed, its answer never came back: the worker finds the runs again."""
+    import re
+
+    from django.db import connection, transaction
+
+    from k2b_workflows import start_workflow_run
+    from tests.kernel_helpers import fresh
+
+    worker = start_worker("--concurrency", "1", env=long_lease())
+    found = wait_for(
+        lambda: re.search(r"worker (\S+): \d+ thread", worker.output()),
+        timeout=TIMEOUT,
+        message="the worker's start",
+    )
+    worker_id = found.group(1)  # type: ignore[union-attr]
+    with transaction.atomic(), connection.cursor() as cursor:
+        run = start_workflow_run("test.pure", {"a": 1, "b": 2})
+        # What the worker's claim wrote; the worker never saw it return.
+        cursor.execute(
+            "UPDATE k2b_run SET status = 'running', generation = generation + 1,"
+            " claimed_by = %s, lease_expires_at = now() + interval '600 s' WHERE id = %s",
+            [worker_id, run.pk],
+        )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    wait_for(
+        lambda: fresh(run).status == "succeeded",
+        timeout=TIMEOUT,
+        message=f"the orphaned run to be handed back and run:\n{worker.output()[-3000:]}",
+    )
+    done = fresh(run)
+    assert done.consecutive_failures == 0 and done.generation == 2
+    assert "claimed while the database connection was lost" in worker.output()

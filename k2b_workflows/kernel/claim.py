@@ -191,3 +191,26 @@ def hand_back(using: str, held: dict[Any, tuple[int, int]]) -> set[Any]:
     with connections[using].cursor() as cursor:
         cursor.execute(_HAND_BACK_SQL, [ids, [held[i][0] for i in ids], [held[i][1] for i in ids]])
         return {row[0] for row in cursor.fetchall()}
+
+
+_ORPHANS_SQL = """
+UPDATE k2b_run
+   SET status = 'queued', run_after = statement_timestamp(), lease_expires_at = NULL,
+       claimed_by = '', updated_at = now()
+ WHERE id IN (SELECT id FROM k2b_run
+               WHERE status = 'running' AND claimed_by = %s AND NOT (id = ANY(%s::uuid[]))
+                 FOR NO KEY UPDATE SKIP LOCKED)
+"""
+
+
+def hand_back_orphans(using: str, worker_id: str, executing: list[Any]) -> int:
+    """Queue again runs claimed under ``worker_id`` that none of its threads executes.
+
+    A claim whose COMMIT lost its answer (the connection died during it) may
+    have committed: its runs are ours in the database and nobody's in memory.
+    Left alone they wait for their lease to expire and count a failure; handed
+    back they run now. Nothing of ours can commit for them, so this is safe.
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute(_ORPHANS_SQL, [worker_id, list(executing)])
+        return cursor.rowcount
