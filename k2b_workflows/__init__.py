@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from .actions import Action, Dependency, Effect, ambiguous, failed, succeeded, unknown, waiting
 from .exceptions import (
     DatabaseNotMigrated,
+    EvidenceChanged,
     InvalidInput,
     LeaseLost,
     NotRetryable,
@@ -73,6 +74,7 @@ __all__ = [
     "Dependency",
     "DryRunReport",
     "Effect",
+    "EvidenceChanged",
     "InvalidInput",
     "LeaseLost",
     "NotRetryable",

@@ -14,12 +14,13 @@ import json
 import uuid
 from typing import Any
 
-from django.contrib import admin
-from django.db.models import Prefetch, Q, QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.contrib import admin, messages
+from django.db.models import F, Prefetch, Q, QuerySet
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
 from . import admin_views, store
@@ -29,8 +30,9 @@ from .admin_display import (
     incident_dispatch,
     run_page_context,
 )
-from .kernel.evidence import hash_value
+from .kernel.evidence import hash_value, verify_chains
 from .models import Incident, JournalEntry, LedgerEntry, RunStatus, WorkerRecord, WorkflowRun
+from .redaction import redact, redact_text, shorten
 
 HASH_PREVIEW = 8
 
@@ -46,14 +48,37 @@ def short_hash(value: str) -> str:
     return format_html('<code class="k2b-hash" title="{}">{}…</code>', value, value[:HASH_PREVIEW])
 
 
+#: Strings in JSON shown on a page are cut to this many characters, and the
+#: whole value to ``MAX_JSON_SHOWN`` (the database keeps them whole).
+MAX_STRING_SHOWN = 2_000
+MAX_JSON_SHOWN = 200_000
+
+
 def pretty_json(value: Any) -> str:
-    return format_html(
-        '<pre class="k2b-json">{}</pre>', json.dumps(value, indent=2, sort_keys=True)
-    )
+    """A JSON value as the admin shows it: redacted (passwords, tokens, card numbers), bounded."""
+    shown = redact(shorten(value, MAX_STRING_SHOWN))
+    text = json.dumps(shown, indent=2, sort_keys=True, ensure_ascii=False)
+    if len(text) > MAX_JSON_SHOWN:
+        text = (
+            f"{text[:MAX_JSON_SHOWN]}\n… [{len(text) - MAX_JSON_SHOWN} more characters not shown]"
+        )
+    return format_html('<pre class="k2b-json">{}</pre>', text)
 
 
 class ReadOnlyMixin:
-    """Journal, ledger and runs are never added, edited or deleted from the admin."""
+    """Journal, ledger and runs are never added, edited or deleted from the admin.
+
+    Their lists refuse a NUL character in a filter or search: PostgreSQL cannot
+    compare text with one, and the error would be a 500 instead of an answer.
+    """
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        if any("\x00" in value for values in request.GET.lists() for value in values[1]):
+            messages.error(request, "A filter or search contained a NUL character; ignored.")
+            return HttpResponseRedirect(request.path)
+        return super().changelist_view(request, extra_context)  # type: ignore[misc]
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -94,11 +119,12 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
                 "fields": (
                     "id",
                     "status_badge",
+                    "integrity",
                     "held_by",
                     "workflow_name",
                     "workflow_version",
                     "app_id",
-                    "idempotency_key",
+                    "idempotency_key_shown",
                     "principal_hash",
                     "parent_link",
                     "root_link",
@@ -107,7 +133,7 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
         ),
         (
             "Input and result",
-            {"fields": ("input_json", "output_json", "error_code", "error_message")},
+            {"fields": ("input_json", "output_json", "error_code", "error_message_shown")},
         ),
         (
             "Execution",
@@ -171,6 +197,29 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
     def output_json(self, run: WorkflowRun) -> str:
         return pretty_json(run.output) if run.output is not None else "—"
 
+    @admin.display(description="integrity")
+    def integrity(self, run: WorkflowRun) -> str:
+        """Verified now, from the database, with the evidence keys: a finished run
+        whose resolution was edited shows it here, not only at its next claim."""
+        problem = verify_chains(run.pk, run._state.db or store.database())
+        if problem is None:
+            return mark_safe(
+                '<span class="k2b-badge k2b-integrity-verified">verified</span>'
+                " journal and ledger chains and anchors intact"
+            )
+        return format_html(
+            '<span class="k2b-badge k2b-integrity-broken">broken</span> <strong>{}</strong>',
+            str(problem),
+        )
+
+    @admin.display(description="idempotency key")
+    def idempotency_key_shown(self, run: WorkflowRun) -> str:
+        return redact_text(run.idempotency_key) or "—"
+
+    @admin.display(description="error message")
+    def error_message_shown(self, run: WorkflowRun) -> str:
+        return redact_text(run.error_message) or "—"
+
     @admin.display(description="principal (hash)")
     def principal_hash(self, run: WorkflowRun) -> str:
         return short_hash(hash_value(run.principal)) if run.principal is not None else "—"
@@ -214,6 +263,12 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
         if obj is not None and not obj.wait_kind:
             return self.fieldsets[:-1]
         return self.fieldsets
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        # Lists never need the JSON bodies: ten runs with 10 MB inputs would
+        # otherwise be read whole for a table that shows none of it. The run
+        # page reads them when it draws them.
+        return super().get_queryset(request).defer("input", "output", "principal")
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet, search_term: str
@@ -281,7 +336,10 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
         form_url: str = "",
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
+        admin_views.run_id_or_404(object_id)
         run = self.get_object(request, object_id)
+        if run is None:
+            raise Http404(f"no run {object_id}")
         extra = dict(extra_context or {})
         if run is not None:
             extra.update(run_page_context(run))
@@ -322,7 +380,15 @@ class IncidentAdmin(WorkflowRunAdmin):
             .get_queryset(request)
             .filter(status=RunStatus.NEEDS_ATTENTION)
             .prefetch_related(
-                Prefetch("ledger", queryset=LedgerEntry.objects.order_by("id"), to_attr="entries")
+                # Only the entries of the step in doubt: a run that polled for a week
+                # has thousands on other steps.
+                Prefetch(
+                    "ledger",
+                    queryset=LedgerEntry.objects.filter(seq=F("run__attention_step")).order_by(
+                        "id"
+                    ),
+                    to_attr="entries",
+                )
             )
         )
 
@@ -348,7 +414,7 @@ class IncidentAdmin(WorkflowRunAdmin):
             format_html_join(
                 "",
                 '<li><span class="k2b-kind k2b-kind-{}">{}</span> {}</li>',
-                ((a.kind, a.kind, a.message) for a in answers),
+                ((a.kind, a.kind, redact_text(a.message)) for a in answers),
             ),
         )
 
@@ -412,13 +478,60 @@ class IncidentAdmin(WorkflowRunAdmin):
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
         # A resolved incident leaves the queue; its page is the run's page.
-        return HttpResponseRedirect(admin_views.run_url(object_id))
+        return HttpResponseRedirect(admin_views.run_url(admin_views.run_id_or_404(object_id)))
 
 
 class _EntryAdmin(ReadOnlyMixin, admin.ModelAdmin):
     list_select_related = ("run",)
     list_per_page = 100
     show_full_result_count = False
+    #: Fields shown through ``redact``/``redact_text`` on an entry's page, never raw.
+    redacted_fields: tuple[str, ...] = ()
+
+    #: Large JSON columns the list never shows.
+    list_defer: tuple[str, ...] = ()
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        # The "run" column joins the run row: never its JSON bodies (10 MB inputs
+        # times a page of entries), nor the entry's own large columns.
+        queryset = super().get_queryset(request).select_related("run")
+        return queryset.defer("run__input", "run__output", "run__principal", *self.list_defer)
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return [
+            f"{name}_shown" if name in self.redacted_fields else name
+            for name in super().get_fields(request, obj)
+        ]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return (*super().get_readonly_fields(request, obj), *self._shown_names())
+
+    def _shown_names(self) -> tuple[str, ...]:
+        return tuple(f"{name}_shown" for name in self.redacted_fields)
+
+    @admin.display(description="output")
+    def output_shown(self, entry: Any) -> str:
+        return pretty_json(entry.output) if entry.output is not None else "—"
+
+    @admin.display(description="detail")
+    def detail_shown(self, entry: Any) -> str:
+        return pretty_json(entry.detail) if entry.detail is not None else "—"
+
+    @admin.display(description="message")
+    def message_shown(self, entry: Any) -> str:
+        return redact_text(entry.message) or "—"
+
+    @admin.display(description="error message")
+    def error_message_shown(self, entry: Any) -> str:
+        return redact_text(entry.error_message) or "—"
+
+    @admin.display(description="summary")
+    def summary_shown(self, entry: Any) -> str:
+        return redact_text(entry.summary) or "—"
+
+    @admin.display(description="evidence")
+    def evidence_shown(self, entry: Any) -> str:
+        return redact_text(entry.evidence) or "—"
 
     class Media:
         css = {"all": ["k2b_workflows/admin.css"]}
@@ -436,6 +549,7 @@ class _EntryAdmin(ReadOnlyMixin, admin.ModelAdmin):
 class JournalEntryAdmin(_EntryAdmin):
     list_display = ("run", "seq", "action_name", "effect", "state", "error_code", "created_at")
     list_filter = ("state", "effect", "action_name")
+    redacted_fields = ("output", "error_message", "summary")
     search_fields = ("action_name",)
     search_help_text = "Run id (full) or action name."
 
@@ -454,6 +568,7 @@ class LedgerEntryAdmin(_EntryAdmin):
         "created_at",
     )
     list_filter = ("kind", "effect", "action_name")
+    redacted_fields = ("detail", "message", "evidence")
     search_fields = ("action_name", "invocation_key", "actor")
     search_help_text = "Run id (full), action name, invocation key or operator."
 

@@ -10,8 +10,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.urls import reverse
 from django.utils import timezone
 
+from . import store
 from .control import count_child_workflow_runs
 from .models import (
     BudgetAccount,
@@ -225,10 +227,26 @@ def budget_lines(account: BudgetAccount | None) -> list[BudgetLine]:
     return lines
 
 
+def _newest(queryset: Any, order: str, limit: int) -> tuple[list[Any], int]:
+    """The newest ``limit`` rows in ascending ``order``, and how many there are in all.
+
+    A run that polled a provider for a week has tens of thousands of ledger
+    entries: the page shows the newest (where an incident is) and links to the rest.
+    """
+    rows = list(queryset.order_by(f"-{order}")[: limit + 1])
+    if len(rows) <= limit:
+        return rows[::-1], len(rows)
+    return rows[:limit][::-1], queryset.count()
+
+
 def run_page_context(run: WorkflowRun) -> dict[str, Any]:
     """Everything the run page shows below the run's own fields, read in a few queries."""
-    journal = list(JournalEntry.objects.filter(run=run).order_by("seq"))
-    ledger = list(LedgerEntry.objects.filter(run=run).order_by("id"))
+    limit = store.admin_run_page_rows()
+    # The step outputs are not drawn on the page; they may be large.
+    journal, journal_total = _newest(
+        JournalEntry.objects.filter(run=run).defer("output"), "seq", limit
+    )
+    ledger, ledger_total = _newest(LedgerEntry.objects.filter(run=run), "id", limit)
     account = BudgetAccount.objects.filter(root_id=run.root_id or run.id).first()
     children = list(
         WorkflowRun.objects.filter(parent=run)
@@ -240,6 +258,10 @@ def run_page_context(run: WorkflowRun) -> dict[str, Any]:
         "timeline": build_timeline(run, journal, ledger),
         "journal": journal,
         "ledger": ledger,
+        "journal_total": journal_total,
+        "ledger_total": ledger_total,
+        "journal_list_url": f"{reverse('admin:k2b_workflows_journalentry_changelist')}?q={run.pk}",
+        "ledger_list_url": f"{reverse('admin:k2b_workflows_ledgerentry_changelist')}?q={run.pk}",
         "budget_account": account,
         "budget_lines": budget_lines(account),
         "charges": list(BudgetCharge.objects.filter(run=run).order_by("seq", "unit")),

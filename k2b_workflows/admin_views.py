@@ -8,6 +8,7 @@ the ledger entries), and writes what it did to Django's admin log.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -15,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 from django.contrib import messages
 from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
-from django.db import transaction
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
@@ -31,9 +31,16 @@ from .control import (
     retry_workflow_run,
 )
 from .dryrun import dry_run
-from .exceptions import InvalidInput, NotRetryable, ResolutionRefused, UnknownWorkflow
+from .exceptions import (
+    EvidenceChanged,
+    InvalidInput,
+    NotRetryable,
+    ResolutionRefused,
+    UnknownWorkflow,
+)
 from .forms import DECISION_CHOICES, DryRunForm, ReasonForm, ResolutionForm
 from .models import TERMINAL_STATUSES, LedgerEntry, RunStatus, WorkflowRun
+from .redaction import redact
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin
@@ -43,6 +50,20 @@ DECISION_LABELS = {
     LedgerEntry.Kind.RESOLVED_CONFIRMED: "effect confirmed",
     LedgerEntry.Kind.RESOLVED_ABSENT: "effect absent",
 }
+
+
+def run_id_or_404(object_id: Any) -> uuid.UUID:
+    """The run id in an admin URL, or 404: a malformed id never reaches the database."""
+    try:
+        return uuid.UUID(str(object_id))
+    except ValueError:
+        raise Http404(f"no run {str(object_id)[:60]!r}") from None
+
+
+def can_view_runs(request: HttpRequest) -> bool:
+    return request.user.has_perm("k2b_workflows.view_workflowrun") or request.user.has_perm(
+        "k2b_workflows.change_workflowrun"
+    )
 
 
 def run_url(run: WorkflowRun | Any) -> str:
@@ -101,7 +122,7 @@ def resolve_incident_view(
     """
     if not request.user.has_perm(RESOLVE_PERMISSION):
         raise PermissionDenied
-    run = get_object_or_404(WorkflowRun, pk=object_id)
+    run = get_object_or_404(WorkflowRun, pk=run_id_or_404(object_id))
     confirming = False
     if request.method == "POST" and "_confirm" in request.POST and "_edit" not in request.POST:
         # No status check here: resolve_effect decides under the run's row lock,
@@ -122,9 +143,12 @@ def resolve_incident_view(
         confirming = form.is_valid() and "_edit" not in request.POST
     else:
         head = LedgerEntry.objects.filter(run=run).order_by("-id").first()
-        form = ResolutionForm(initial={"seen_ledger_id": head.pk if head else 0})
+        form = ResolutionForm(
+            initial={"seen_ledger_id": head.pk if head else 0, "step": run.attention_step}
+        )
 
-    ledger = list(LedgerEntry.objects.filter(run=run).order_by("id"))
+    # Only the step in doubt: a run may have thousands of entries on other steps.
+    ledger = list(LedgerEntry.objects.filter(run=run, seq=run.attention_step).order_by("id"))
     title = f"Resolve step {run.attention_step} of {run.workflow_name}"
     context = _admin_context(
         model_admin,
@@ -152,32 +176,31 @@ def _apply_resolution(
     data = form.cleaned_data
     decision = data["decision"]
     try:
-        with transaction.atomic(using=store.database()):
-            locked = WorkflowRun.objects.select_for_update().get(pk=run.pk)
-            head = LedgerEntry.objects.filter(run_id=run.pk).order_by("-id").first()
-            seen = data.get("seen_ledger_id")
-            if (
-                locked.status == RunStatus.NEEDS_ATTENTION
-                and seen is not None
-                and head is not None
-                and head.pk != seen
-            ):
-                messages.warning(
-                    request,
-                    "New evidence arrived for this run since the form was shown "
-                    f"(ledger entry {head.pk}: {head.kind}). Nothing changed; review it and "
-                    "decide again.",
-                )
-                return HttpResponseRedirect(request.path)
-            resolved = resolve_effect(
-                run.pk,
-                decision,
-                evidence=data["evidence"],
-                actor=request.user,
-                output=data["output_value"] if decision == EFFECT_CONFIRMED else None,
-            )
-    except ResolutionRefused:
-        messages.error(request, _refusal_message(run.pk))
+        # The step and the evidence version are compared under the run lock.
+        resolved = resolve_effect(
+            run.pk,
+            decision,
+            evidence=data["evidence"],
+            actor=request.user,
+            output=data["output_value"] if decision == EFFECT_CONFIRMED else None,
+            step=data["step"],
+            seen_ledger_id=data["seen_ledger_id"],
+        )
+    except EvidenceChanged as exc:
+        head = exc.head
+        messages.warning(
+            request,
+            "New evidence arrived for this run since the form was shown "
+            f"(ledger entry {head.pk}: {head.kind}). Nothing changed; review it and "
+            "decide again.",
+        )
+        return HttpResponseRedirect(request.path)
+    except ResolutionRefused as exc:
+        current = WorkflowRun.objects.get(pk=run.pk)
+        if current.status == RunStatus.NEEDS_ATTENTION and current.attention_step is not None:
+            messages.error(request, f"Nothing changed: {exc}.")
+        else:
+            messages.error(request, _refusal_message(run.pk))
         return HttpResponseRedirect(run_url(run))
     except InvalidInput as exc:
         form.add_error(None, str(exc))
@@ -268,7 +291,8 @@ def confirm_operation(
     a run's page. Returns ``None`` once done, so the changelist redirects.
     """
     spec = OPERATIONS[operation]
-    if not request.user.has_perm(spec.permission):
+    # Acting on runs one may not see would be acting blind: view permission too.
+    if not request.user.has_perm(spec.permission) or not can_view_runs(request):
         raise PermissionDenied
     runs = list(queryset.order_by("created_at"))
     eligible = [run for run in runs if not spec.check(run)]
@@ -311,7 +335,7 @@ def run_operation_view(
     model_admin: ModelAdmin, request: HttpRequest, object_id: str, operation: str
 ) -> HttpResponse:
     """The "Cancel…" and "Retry now…" buttons of a run's page."""
-    queryset = WorkflowRun.objects.filter(pk=object_id)
+    queryset = WorkflowRun.objects.filter(pk=run_id_or_404(object_id))
     if not queryset.exists():
         raise Http404
     response = confirm_operation(model_admin, request, queryset, operation)
@@ -344,10 +368,10 @@ def dry_run_view(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
         form=form,
         report=report,
         # Outputs as JSON, as the workflow and the operator write them, not Python reprs.
-        step_rows=[(step, json.dumps(step.output, sort_keys=True)) for step in report.steps]
+        step_rows=[(step, json.dumps(redact(step.output), sort_keys=True)) for step in report.steps]
         if report
         else [],
-        output_json=json.dumps(report.output, indent=2, sort_keys=True) if report else "",
+        output_json=json.dumps(redact(report.output), indent=2, sort_keys=True) if report else "",
         budget_rows=[(unit, report.cost.get(unit, 0), report.budget.get(unit)) for unit in units]
         if report
         else [],

@@ -9,6 +9,10 @@ class K2BWorkflowsConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
+        from .redaction import install_log_filter
+
+        # What the kernel logs is scrubbed like what it stores (secrets in URLs).
+        install_log_filter()
 
         # Each installed app's ``workflows`` module defines its actions and
         # workflows, as ``admin.py`` modules register admin classes.

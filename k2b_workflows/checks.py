@@ -133,3 +133,33 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
             Error("RETRY_BACKOFF_MAX_MS is smaller than RETRY_BACKOFF_MS", id="k2b_workflows.E008")
         )
     return errors
+
+
+# Tagged "database": it connects, so Django runs it with ``check --database`` and
+# before ``migrate``; a migrate on the owner's alias (OWNER_DATABASE) skips it.
+@register(Tags.database)
+def check_runtime_role(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list:
+    """Warn when web and workers connect as a role that could rewrite the evidence."""
+    alias = store.database()
+    if not databases or alias not in databases or connections[alias].vendor != "postgresql":
+        return []
+    from django.db import DatabaseError
+
+    from .roles import excess_privileges
+
+    try:
+        problems = excess_privileges(alias)
+    except DatabaseError:
+        return []  # no database yet: check_database and migrate say so
+    if not problems:
+        return []
+    return [
+        Warning(
+            f"the role of database {alias!r} can bypass the append-only evidence: "
+            + "; ".join(problems),
+            hint="Connect web and workers as a runtime role holding only what "
+            "'manage.py grantworkflows ROLE' grants, and migrate and purge through "
+            "K2B_WORKFLOWS['OWNER_DATABASE'] (see docs/security.md).",
+            id="k2b_workflows.W003",
+        )
+    ]

@@ -15,7 +15,13 @@ from django.utils import timezone
 
 from . import signals, store
 from .actions import to_json_value
-from .exceptions import InvalidInput, NotRetryable, ResolutionRefused, StepFailed
+from .exceptions import (
+    EvidenceChanged,
+    InvalidInput,
+    NotRetryable,
+    ResolutionRefused,
+    StepFailed,
+)
 from .kernel import children, db, waits
 from .kernel import evidence as chain
 from .kernel.budgets import BudgetExceeded
@@ -83,6 +89,7 @@ def start_workflow_run(
             updated_at=now,
             parent=parent_run,
             root_id=(parent_run.root_id or parent_run.id) if parent_run else run_id,
+            **chain.initial_anchors(run_id),
         )
         # ON CONFLICT DO NOTHING without a target, then read by key: two
         # concurrent starts with one key never raise a unique violation.
@@ -223,7 +230,14 @@ def count_child_workflow_runs(run_id: Any) -> dict[str, int]:
 
 
 def resolve_effect(
-    run_id: Any, decision: str, *, evidence: str, actor: Any, output: Any = None
+    run_id: Any,
+    decision: str,
+    *,
+    evidence: str,
+    actor: Any,
+    output: Any = None,
+    step: int | None = None,
+    seen_ledger_id: int | None = None,
 ) -> WorkflowRun:
     """An operator's decision on an effect whose outcome the kernel cannot know.
 
@@ -231,6 +245,13 @@ def resolve_effect(
     the provider; ``EFFECT_ABSENT`` re-queues the run so the step runs again
     under a new invocation key and the same ``effect_key``. Both append a
     ledger entry naming the operator with the evidence text.
+
+    ``step`` and ``seen_ledger_id`` (the newest ledger entry the operator was
+    shown) are compared under the run lock: a decision about another step, or
+    taken before a late result, a reconcile answer or another operator's
+    decision arrived, raises ``ResolutionRefused`` (``EvidenceChanged``) and
+    changes nothing. The admin always passes both; code calling this directly
+    should too.
     """
     if decision not in RESOLUTION_DECISIONS:
         raise InvalidInput(f"decision must be EFFECT_CONFIRMED or EFFECT_ABSENT, not {decision!r}")
@@ -246,6 +267,10 @@ def resolve_effect(
         )
     if decision == EFFECT_CONFIRMED:
         output = to_json_value(output, "the confirmed output")
+    for name, value in (("step", step), ("seen_ledger_id", seen_ledger_id)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise InvalidInput(f"{name} must be an integer, not {value!r}")
+    expected_step = step
     using = store.database()
     with transaction.atomic(using=using):
         row = db.lock_run(using, run_id)
@@ -263,6 +288,18 @@ def resolve_effect(
                 + (f" ({run.error_code})" if run.error_code else "")
                 + ": it is not waiting for a decision on an effect"
             )
+        if expected_step is not None and expected_step != step:
+            raise ResolutionRefused(
+                f"run {run_id} needs a decision on step {step}, not on step {expected_step}"
+            )
+        if seen_ledger_id is not None:
+            head = LedgerEntry.objects.using(using).filter(run_id=run_id).order_by("-id").first()
+            if head is not None and head.pk != seen_ledger_id:
+                raise EvidenceChanged(
+                    f"run {run_id}: new evidence since ledger entry {seen_ledger_id} "
+                    f"(entry {head.pk}: {head.kind})",
+                    head=head,
+                )
         dispatched = (
             LedgerEntry.objects.using(using)
             .filter(run_id=run_id, seq=step, kind=LedgerEntry.Kind.DISPATCHED)

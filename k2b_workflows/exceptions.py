@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class WorkflowError(Exception):
     """Base class of the errors this app raises on purpose."""
@@ -48,6 +50,17 @@ class RunCanceled(WorkflowError):
 
 class ResolutionRefused(WorkflowError):
     """``resolve_effect`` was called on a run that is not waiting for that decision."""
+
+
+class EvidenceChanged(ResolutionRefused):
+    """The ledger moved on since the operator looked: the decision was taken on old evidence.
+
+    ``head`` is the newest ledger entry now, which the operator has not seen.
+    """
+
+    def __init__(self, message: str, head: Any = None) -> None:
+        super().__init__(message)
+        self.head = head
 
 
 class NotRetryable(WorkflowError):

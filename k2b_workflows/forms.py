@@ -21,27 +21,78 @@ DECISION_CHOICES = [
 ]
 
 
+#: Bounds of a JSON value typed into an admin form. Far above any real output or
+#: input, far below what would tie up a web process or overflow Python's stack.
+MAX_JSON_CHARS = 1_000_000
+MAX_JSON_DEPTH = 64
+MAX_EVIDENCE_CHARS = 20_000
+
+
+def _depth_and_nul(value: Any, what: str) -> None:
+    """Refuse values nested deeper than ``MAX_JSON_DEPTH`` or holding a NUL character.
+
+    PostgreSQL's jsonb cannot store ``\\u0000``, and a deep value would overflow
+    the stack of whatever walks it next: both are form errors here, not a 500 later.
+    """
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise ValidationError(
+                "%(what)s is nested more than %(max)d levels deep.",
+                code="too_deep",
+                params={"what": what, "max": MAX_JSON_DEPTH},
+            )
+        if isinstance(item, str) and "\x00" in item:
+            raise ValidationError(
+                "%(what)s contains a NUL character (\\u0000), which cannot be stored.",
+                code="nul",
+                params={"what": what},
+            )
+        if isinstance(item, dict):
+            stack.extend((k, depth) for k in item)
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+
+
 def _parse_json(text: str, what: str) -> Any:
+    if len(text) > MAX_JSON_CHARS:
+        raise ValidationError(
+            "%(what)s is %(size)d characters long; at most %(max)d are accepted here.",
+            code="too_long",
+            params={"what": what, "size": len(text), "max": MAX_JSON_CHARS},
+        )
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValidationError(
             "%(what)s is not valid JSON: %(error)s",
             code="invalid_json",
             params={"what": what, "error": exc},
         ) from exc
+    except RecursionError as exc:  # the parser's own stack: nested thousands deep
+        raise ValidationError(
+            "%(what)s is nested more than %(max)d levels deep.",
+            code="too_deep",
+            params={"what": what, "max": MAX_JSON_DEPTH},
+        ) from exc
+    _depth_and_nul(value, what)
+    return value
 
 
 class ResolutionForm(forms.Form):
     """An operator's decision on one ambiguous effect.
 
-    ``seen_ledger_id`` is the newest ledger entry the operator was shown: a
-    decision taken on evidence that has since changed (another operator
-    resolved, the step ran again, a late result arrived) is refused.
+    ``seen_ledger_id`` is the newest ledger entry the operator was shown and
+    ``step`` the step the decision is about; both are required: a decision
+    taken on evidence that has since changed (another operator resolved, the
+    step ran again, a late result arrived), or about another step, is refused.
     """
 
     decision = forms.ChoiceField(choices=DECISION_CHOICES, widget=forms.RadioSelect)
     evidence = forms.CharField(
+        max_length=MAX_EVIDENCE_CHARS,
         widget=forms.Textarea(attrs={"rows": 4, "cols": 60}),
         help_text="What you checked and found, e.g. the provider's dashboard entry. "
         "Kept in the ledger with your name.",
@@ -53,7 +104,9 @@ class ResolutionForm(forms.Form):
         help_text='For "effect confirmed": the step\'s result as the provider reported it, '
         'e.g. {"charge_id": "ch_123"}. Ignored for "effect absent".',
     )
-    seen_ledger_id = forms.IntegerField(widget=forms.HiddenInput, required=False)
+    # Required, but checked in clean(): a hidden field's own error is never shown.
+    seen_ledger_id = forms.IntegerField(widget=forms.HiddenInput, required=False, min_value=0)
+    step = forms.IntegerField(widget=forms.HiddenInput, required=False, min_value=0)
 
     def clean_evidence(self) -> str:
         evidence = self.cleaned_data["evidence"].strip()
@@ -63,6 +116,16 @@ class ResolutionForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
+        hidden = ("seen_ledger_id", "step")
+        if any(name in self.errors or data.get(name) is None for name in hidden):
+            for name in hidden:
+                self.errors.pop(name, None)
+            raise ValidationError(
+                "This decision does not say which evidence and which step it was taken on "
+                "(seen_ledger_id and step are required). Nothing changed: reload the "
+                "incident, review its evidence and decide again.",
+                code="stale_form",
+            )
         if data.get("decision") == EFFECT_CONFIRMED:
             text = (data.get("output") or "").strip()
             if not text:

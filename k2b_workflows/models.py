@@ -35,6 +35,46 @@ class Notify(pgtrigger.Trigger):
         return f"PERFORM pg_notify('{self.channel}', NEW.app_id); RETURN NULL;"
 
 
+#: Created by migration 0007. Raises unless the session's role may own the table:
+#: ``pgtrigger.ignore`` is a session setting any role can set, so without this a
+#: runtime role could switch off the status rules of the rows it updates.
+OWNER_ONLY_IGNORE_SQL = """
+CREATE OR REPLACE FUNCTION "public"._k2b_refuse_foreign_ignore(trigger_name NAME, tbl OID)
+RETURNS BOOLEAN AS $$
+BEGIN
+    IF trigger_name = ANY(NULLIF(current_setting('pgtrigger.ignore', true), '')::text[])
+       AND NOT pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = tbl), 'MEMBER')
+    THEN
+        RAISE EXCEPTION 'k2b_workflows: only the owner of % may ignore %', tbl::regclass,
+            trigger_name USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN TRUE;
+END;
+$$ LANGUAGE plpgsql STABLE;
+"""
+
+
+class OwnerOnlyIgnore:
+    """Honour ``pgtrigger.ignore`` for the table's owner only (see ``OWNER_ONLY_IGNORE_SQL``).
+
+    A DECLARE initializer runs before pgtrigger's own ignore check in the body.
+    """
+
+    def get_declare(self, model):
+        return [
+            *super().get_declare(model),
+            ("_k2b_owner", 'BOOLEAN := "public"._k2b_refuse_foreign_ignore(TG_NAME, TG_RELID)'),
+        ]
+
+
+class GuardedFSM(OwnerOnlyIgnore, pgtrigger.FSM):
+    pass
+
+
+class GuardedProtect(OwnerOnlyIgnore, pgtrigger.Protect):
+    pass
+
+
 class RunStatus(models.TextChoices):
     QUEUED = "queued"
     RUNNING = "running"
@@ -70,8 +110,30 @@ RUN_TRANSITIONS = [
 _EFFECT_CHOICES = [(e.value, e.name.replace("_", " ").lower()) for e in Effect]
 
 
-def _append_only(name: str) -> pgtrigger.Protect:
-    return pgtrigger.Protect(name=name, operation=pgtrigger.Update | pgtrigger.Delete)
+class RefuseTruncate(pgtrigger.Trigger):
+    """Refuse ``TRUNCATE``: row-level protections never see it, and it empties a table at once.
+
+    A truncated journal made a woken run replay from nothing and charge the
+    provider a second time. The runtime role has no TRUNCATE privilege anyway;
+    this stops the owner too (``purgeworkflows`` deletes rows, it never truncates).
+    """
+
+    when = pgtrigger.Before
+    operation = pgtrigger.Truncate
+    level = pgtrigger.Statement
+
+    def get_func(self, model):
+        return (
+            "RAISE EXCEPTION 'k2b_workflows: % is append-only, TRUNCATE is refused', "
+            "TG_TABLE_NAME USING ERRCODE = 'insufficient_privilege';"
+        )
+
+
+def _append_only(name: str) -> list[pgtrigger.Trigger]:
+    return [
+        GuardedProtect(name=name, operation=pgtrigger.Update | pgtrigger.Delete),
+        RefuseTruncate(name=name.replace("append_only", "no_truncate")),
+    ]
 
 
 class WorkflowRun(models.Model):
@@ -125,6 +187,11 @@ class WorkflowRun(models.Model):
     updated_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
 
+    #: Keyed seals over (entry count, head) of the journal and the ledger, rewritten
+    #: with every entry: a deleted tail no longer matches (``kernel/evidence.py``).
+    journal_anchor = models.CharField(max_length=100, blank=True, default="", editable=False)
+    ledger_anchor = models.CharField(max_length=100, blank=True, default="", editable=False)
+
     class Meta:
         db_table = "k2b_run"
         ordering = ["-created_at"]
@@ -172,8 +239,8 @@ class WorkflowRun(models.Model):
             models.Index(fields=["status", "created_at"], name="k2b_run_status"),
         ]
         triggers = [
-            pgtrigger.FSM(name="status_transitions", field="status", transitions=RUN_TRANSITIONS),
-            pgtrigger.Protect(
+            GuardedFSM(name="status_transitions", field="status", transitions=RUN_TRANSITIONS),
+            GuardedProtect(
                 name="generation_never_decreases",
                 operation=pgtrigger.Update,
                 condition=pgtrigger.Q(new__generation__lt=pgtrigger.F("old__generation")),
@@ -205,7 +272,9 @@ class WorkflowRun(models.Model):
 class JournalEntry(models.Model):
     """A step's final outcome, checkpointed: what replay returns instead of running it again.
 
-    Append-only and hash-chained per run: ``entry_hash = sha256(prev_hash ‖ canonical(entry))``.
+    Append-only and hash-chained per run:
+    ``entry_hash = HMAC(key, prev_hash ‖ canonical(entry))``, sealed by
+    ``WorkflowRun.journal_anchor``.
     """
 
     class State(models.TextChoices):
@@ -225,6 +294,9 @@ class JournalEntry(models.Model):
     generation = models.BigIntegerField()
     started_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
+    #: Id of the evidence key the hashes were made with; "" for unkeyed SHA-256
+    #: (entries written before keyed chains).
+    key_id = models.CharField(max_length=16, blank=True, default="")
     prev_hash = models.CharField(max_length=64)
     entry_hash = models.CharField(max_length=64)
 
@@ -233,7 +305,7 @@ class JournalEntry(models.Model):
         ordering = ["run", "seq"]
         verbose_name_plural = "journal entries"
         constraints = [models.UniqueConstraint(fields=["run", "seq"], name="k2b_journal_step_once")]
-        triggers = [_append_only("journal_append_only")]
+        triggers = _append_only("journal_append_only")
 
     def __str__(self) -> str:
         return f"{self.run_id} #{self.seq} {self.action_name} {self.state}"
@@ -283,6 +355,9 @@ class LedgerEntry(models.Model):
     evidence = models.TextField(blank=True, default="")
     detail = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
+    #: Id of the evidence key the hashes were made with; "" for unkeyed SHA-256
+    #: (entries written before keyed chains).
+    key_id = models.CharField(max_length=16, blank=True, default="")
     prev_hash = models.CharField(max_length=64)
     entry_hash = models.CharField(max_length=64)
 
@@ -291,7 +366,7 @@ class LedgerEntry(models.Model):
         ordering = ["run", "id"]
         verbose_name_plural = "ledger entries"
         indexes = [models.Index(fields=["run", "seq"], name="k2b_ledger_step")]
-        triggers = [_append_only("ledger_append_only")]
+        triggers = _append_only("ledger_append_only")
 
     def __str__(self) -> str:
         return f"{self.run_id} #{self.seq} {self.kind}"
@@ -338,7 +413,7 @@ class BudgetCharge(models.Model):
                 fields=["account", "run", "seq", "unit"], name="k2b_charge_once_per_step"
             )
         ]
-        triggers = [_append_only("charge_append_only")]
+        triggers = _append_only("charge_append_only")
 
     def __str__(self) -> str:
         return f"{self.amount} {self.unit} for {self.run_id} #{self.seq}"
@@ -405,7 +480,7 @@ class AiTask(models.Model):
             ),
         ]
         triggers = [
-            pgtrigger.FSM(
+            GuardedFSM(
                 name="ai_status_transitions",
                 field="status",
                 transitions=[

@@ -1,7 +1,8 @@
 """Retention: delete whole finished run trees, and wait rendezvous nobody can need.
 
-Journal, ledger and budget charges are append-only by trigger; this is the
-one sanctioned way to remove them, and only together with their runs, once
+Journal, ledger and budget charges are append-only by trigger and by
+privilege; this is the one sanctioned way to remove them, run as the tables'
+owner (``K2B_WORKFLOWS["OWNER_DATABASE"]``), and only together with their runs, once
 every run of a tree has ended before the cutoff. Runs that need attention
 are never purged.
 """
@@ -71,7 +72,9 @@ def purge_finished_runs(
     """
     if older_than <= dt.timedelta(0):
         raise ValueError("older_than must be positive")
-    using = using or store.database()
+    # The runtime role holds no DELETE on the append-only tables (roles.py): only
+    # the owner purges, and pgtrigger.ignore is then the one sanctioned bypass.
+    using = using or store.owner_database()
     cutoff = timezone.now() - older_than
     counts: dict[str, Any] = {}
     with (

@@ -21,7 +21,26 @@ key                            default     meaning
                                            finish before the worker hands their runs
                                            back and exits (keep it below the
                                            supervisor's stop timeout)
-``DATABASE``                   "default"   the alias holding the kernel's tables
+``DATABASE``                   "default"   the alias holding the kernel's tables; web
+                                           and workers connect with the runtime role
+``OWNER_DATABASE``             None        the alias that connects as the tables' owner,
+                                           used by ``purgeworkflows`` (None: ``DATABASE``)
+``EVIDENCE_KEYS``              None        secrets keying the evidence hashes, chains and
+                                           anchors, newest first: the first signs, all
+                                           verify. None: derived from ``SECRET_KEY`` and
+                                           then ``SECRET_KEY_FALLBACKS``
+``REDACT_KEYS``                see below   JSON keys whose values the admin never shows,
+                                           matched as substrings, ignoring case, ``_``,
+                                           ``-`` and ``.`` (``token`` hides ``card_token``)
+``REDACT_EXACT_KEYS``          see below   keys hidden only on an exact (normalized)
+                                           match: short names like ``pan`` or ``pin``
+                                           that would hide innocent keys as substrings
+``REDACT_HOOK``                None        dotted path to (or a) callable receiving each
+                                           redacted JSON value and returning what to show
+``ERROR_TEXT_MAX_CHARS``       2000        exception texts stored or logged are scrubbed
+                                           of credentials and cut to this length
+``ADMIN_RUN_PAGE_ROWS``        100         journal and ledger rows shown on a run's page;
+                                           the rest is one link away (filtered list)
 ``LISTEN_DATABASE``            None        the alias whose connection settings the
                                            workers' LISTEN connection uses (None: the
                                            ``DATABASE`` alias). Point it at a direct
@@ -35,13 +54,27 @@ key                            default     meaning
 ``WORKER_PURGE_AFTER_MS``      604800000   rows of stopped or lost workers are deleted
                                            this long after their last heartbeat (7 days)
 =============================  ==========  ==========================================
+
+Evidence keys never live in the database: whoever can write the tables but
+does not hold a key cannot recompute a chain or an anchor. Each entry records
+the id of the key it was made with (a short digest of the key, not the key),
+so rotating is adding a new secret in front and keeping the old ones until
+``verifyworkflows`` no longer needs them, exactly like ``SECRET_KEY_FALLBACKS``.
+``REDACT_KEYS`` defaults to ``DEFAULT_REDACT_KEYS`` and ``REDACT_EXACT_KEYS`` to
+``DEFAULT_REDACT_EXACT_KEYS``; set them to a longer list to redact more (keep
+the defaults in it: they are replaced, not extended).
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import hmac
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.crypto import salted_hmac
 
 #: Default lease of a claimed run, in milliseconds.
 WORKFLOW_RUN_LEASE_MS = 30_000
@@ -73,6 +106,30 @@ AI_TASK_FAILED = "AI_TASK_FAILED"
 CANCELED = "CANCELED"
 ACTION_FAILED = "ACTION_FAILED"
 
+DEFAULT_REDACT_KEYS: tuple[str, ...] = (
+    "password",
+    "passwd",
+    "passphrase",
+    "secret",
+    "token",
+    "api_key",
+    "apikey",
+    "access_key",
+    "private_key",
+    "authorization",
+    "credential",
+    "cookie",
+    "session",
+    "signature",
+    "card_number",
+    "cardnumber",
+    "cvv",
+    "cvc",
+    "security_code",
+    "iban",
+)
+DEFAULT_REDACT_EXACT_KEYS: tuple[str, ...] = ("pan", "pin", "ssn", "auth", "otp")
+
 _DEFAULTS: dict[str, Any] = {
     "RUN_LEASE_MS": WORKFLOW_RUN_LEASE_MS,
     "RUN_MAX_CONSECUTIVE_FAILURES": WORKFLOW_RUN_MAX_CONSECUTIVE_FAILURES,
@@ -83,6 +140,13 @@ _DEFAULTS: dict[str, Any] = {
     "ACTION_TIMEOUT_MS": WORKFLOW_ACTION_TIMEOUT_MS,
     "SHUTDOWN_GRACE_MS": WORKFLOW_SHUTDOWN_GRACE_MS,
     "DATABASE": "default",
+    "OWNER_DATABASE": None,
+    "EVIDENCE_KEYS": None,
+    "REDACT_KEYS": DEFAULT_REDACT_KEYS,
+    "REDACT_EXACT_KEYS": DEFAULT_REDACT_EXACT_KEYS,
+    "REDACT_HOOK": None,
+    "ERROR_TEXT_MAX_CHARS": 2_000,
+    "ADMIN_RUN_PAGE_ROWS": 100,
     "LISTEN_DATABASE": None,
     "WORKER_HEARTBEAT_MS": None,
     "WORKER_LOST_AFTER_MS": None,
@@ -132,6 +196,59 @@ def shutdown_grace_ms() -> int:
 
 def database() -> str:
     return str(_get("DATABASE"))
+
+
+def owner_database() -> str:
+    """The alias connected as the owner of the tables: the only one that may purge."""
+    return str(_get("OWNER_DATABASE") or database())
+
+
+_KEY_SALT = "k2b_workflows.evidence"
+
+
+@functools.lru_cache(maxsize=32)
+def _derive(secret: str | bytes) -> tuple[str, bytes]:
+    """(key id, key) for one secret, derived the way ``django.core.signing`` derives its keys.
+
+    The secret itself is never used as a key: another use of ``SECRET_KEY`` (sessions,
+    password reset tokens) cannot produce an evidence hash, nor the other way round.
+    """
+    key = salted_hmac(_KEY_SALT, "evidence key", secret=secret, algorithm="sha256").digest()
+    key_id = hmac.new(key, b"key id", hashlib.sha256).hexdigest()[:8]
+    return key_id, key
+
+
+def evidence_keys() -> list[tuple[str, bytes]]:
+    """The evidence keys, newest first, as (key id, key): the first one signs."""
+    secrets = _get("EVIDENCE_KEYS")
+    if secrets is None:
+        secrets = [settings.SECRET_KEY, *getattr(settings, "SECRET_KEY_FALLBACKS", [])]
+    if isinstance(secrets, (str, bytes)) or not secrets or not all(secrets):
+        raise ImproperlyConfigured(
+            "K2B_WORKFLOWS['EVIDENCE_KEYS'] must be a non-empty list of non-empty secrets"
+        )
+    return [_derive(secret) for secret in secrets]
+
+
+def redact_keys() -> tuple[str, ...]:
+    return tuple(str(k) for k in _get("REDACT_KEYS"))
+
+
+def redact_exact_keys() -> tuple[str, ...]:
+    return tuple(str(k) for k in _get("REDACT_EXACT_KEYS"))
+
+
+def redact_hook() -> Any:
+    """A dotted path to a callable, the callable itself, or None."""
+    return _get("REDACT_HOOK")
+
+
+def error_text_max_chars() -> int:
+    return int(_get("ERROR_TEXT_MAX_CHARS"))
+
+
+def admin_run_page_rows() -> int:
+    return int(_get("ADMIN_RUN_PAGE_ROWS"))
 
 
 def listen_database() -> str:

@@ -16,9 +16,28 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pgtrigger
 import pytest
+from django.db.backends.postgresql.operations import DatabaseOperations
 
 ROOT = Path(__file__).resolve().parent.parent
+
+#: The database refuses TRUNCATE of the append-only tables (#9), and Django's
+#: test teardown empties tables with TRUNCATE: only that flush steps past it.
+_NO_TRUNCATE = (
+    "k2b_workflows.JournalEntry:journal_no_truncate",
+    "k2b_workflows.LedgerEntry:ledger_no_truncate",
+    "k2b_workflows.BudgetCharge:charge_no_truncate",
+)
+_execute_sql_flush = DatabaseOperations.execute_sql_flush
+
+
+def _flush_past_the_truncate_guard(self: DatabaseOperations, sql_list: list[str]) -> None:
+    with pgtrigger.ignore(*_NO_TRUNCATE, databases=[self.connection.alias]):
+        _execute_sql_flush(self, sql_list)
+
+
+DatabaseOperations.execute_sql_flush = _flush_past_the_truncate_guard  # type: ignore[method-assign]
 
 
 def wait_for(

@@ -71,6 +71,7 @@ def resolution_data(run: WorkflowRun, decision: str, **extra: str) -> dict[str, 
         "evidence": "Provider dashboard: no charge for this effect key.",
         "output": "",
         "seen_ledger_id": str(head_ledger_id(run)),
+        "step": str(run.attention_step),
     }
     data.update(extra)
     return data

@@ -341,8 +341,11 @@ def non_json_output_workflow(run, input):
 from . import (  # noqa: E402
     workflows_edges,  # noqa: F401
     workflows_fanout,  # noqa: F401
+    workflows_fence,  # noqa: F401
+    workflows_integrity,  # noqa: F401
     workflows_kernel,  # noqa: F401
     workflows_polling,  # noqa: F401
+    workflows_secrets,  # noqa: F401
     workflows_survive,  # noqa: F401
     workflows_waits,  # noqa: F401
 )

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
 
-from .. import store
+from .. import redaction, store
 from ..actions import Dependency, Result, canonical_json, failed, succeeded, to_json_value, waiting
 from ..exceptions import InvalidInput
 from . import budgets, db, waits
@@ -143,7 +143,7 @@ def run_task(using: str, task: tuple, abort: threading.Event) -> str:
         status, error = "succeeded", ""
     except Exception as exc:
         logger.warning("AI task %s (%s) failed: %r", task_id, provider, exc)
-        output, status, error = None, "failed", f"{type(exc).__name__}: {exc}"
+        output, status, error = None, "failed", redaction.scrub_error(exc)
 
     def finish() -> int:
         updated = db.execute(

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from ..actions import Dependency
 from ..models import TERMINAL_STATUSES, RunStatus, WorkflowRun
-from . import budgets, db
+from . import budgets, db, evidence
 
 KIND = "k2b.children"
 
@@ -43,9 +43,10 @@ def create(
     root_id = parent.root_id or parent.id
     budgets.reserve_children(using, root_id=root_id, count=len(missing))
     now = timezone.now()
+    new_ids = {i: uuid.uuid4() for i in missing}
     rows = [
         WorkflowRun(
-            id=uuid.uuid4(),
+            id=new_ids[i],
             workflow_name=definition.name,
             workflow_version=definition.version,
             app_id=definition.app_id,
@@ -59,6 +60,7 @@ def create(
             run_after=now,
             created_at=now,
             updated_at=now,
+            **evidence.initial_anchors(new_ids[i]),
         )
         for i in missing
     ]

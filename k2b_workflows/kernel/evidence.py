@@ -1,36 +1,97 @@
-"""Hashing, the append-only journal and ledger, and their hash chains.
+"""Keyed evidence hashes, the append-only journal and ledger, their chains and anchors.
 
-Every checkpoint of a run chains to the previous one:
-``entry_hash = sha256(prev_hash ‖ canonical(entry))``. The chain is verified
-before a run's success commits; a row changed behind the kernel's back (the
-triggers refuse it, but a superuser can disable triggers) breaks it.
+The failure this is built around: someone with write access to the database
+(a leaked password, a careless migration, a superuser) edits, deletes or
+truncates evidence and recomputes the hashes, so the run replays the edited
+output or re-runs an effect that already happened, and the audit trail lies.
+
+- Every hash is an HMAC-SHA256 under a key kept outside the database
+  (``store.evidence_keys()``): without the key nobody recomputes a chain, and
+  nobody recovers a small input, principal or idempotency key by brute force.
+- Each run's journal and ledger are chains:
+  ``entry_hash = HMAC(key, prev_hash ‖ canonical(entry))``; the entry records
+  its ``key_id`` so that rotated keys still verify.
+- The run row carries a keyed anchor per chain over (run, entry count, head),
+  written in the transaction of every entry: a deleted or truncated tail, or a
+  wiped chain, no longer matches it.
+- Chains are verified when a run is loaded, before any step runs, and again
+  before a success commits; ``manage.py verifyworkflows`` checks every run.
+
+Runs written before keyed chains (entries with an empty ``key_id``, unkeyed
+SHA-256) still verify; their anchors were written by migration 0007. An
+unkeyed entry after a keyed one is a break: nobody downgrades a chain.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+import hmac
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from django.db import connections
+from django.db import connections, transaction
 
+from .. import store
 from ..actions import canonical_json
-from ..models import JournalEntry, LedgerEntry
+from ..models import JournalEntry, LedgerEntry, WorkflowRun
 
 GENESIS = "0" * 64
 
 
 def sha256_hex(text: str) -> str:
+    """Unkeyed: only for chains written before keyed hashes (``key_id == ""``)."""
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _hmac_hex(key: bytes, text: str) -> str:
+    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
+
+
+def signing_key() -> tuple[str, bytes]:
+    """The (key id, key) new evidence is made with."""
+    return store.evidence_keys()[0]
+
+
 def hash_value(value: Any) -> str:
-    """Hash of a JSON value's canonical text (inputs, principals, previews)."""
-    return sha256_hex(canonical_json(value))
+    """Keyed hash of a JSON value's canonical text (inputs, principals, previews, outputs)."""
+    return _hmac_hex(signing_key()[1], canonical_json(value))
 
 
 def hash_optional(value: str | None) -> str:
-    return sha256_hex(value) if value else ""
+    return _hmac_hex(signing_key()[1], value) if value else ""
+
+
+def same_input(stored: str, value: Any, current: str) -> bool:
+    """Whether a journaled input hash is of ``value``, under whichever key made it.
+
+    ``current`` is the hash under today's key; an entry made before a rotation (or
+    before keyed hashes) is compared under the old keys and unkeyed SHA-256. This is
+    replay's determinism check, not a security boundary: the chain covers the hash.
+    """
+    if hmac.compare_digest(stored, current):
+        return True
+    text = canonical_json(value)
+    candidates = [_hmac_hex(key, text) for _, key in store.evidence_keys()[1:]]
+    candidates.append(sha256_hex(text))
+    return any(hmac.compare_digest(stored, c) for c in candidates)
+
+
+def redacted_summary(value: Any) -> dict[str, Any]:
+    """What a late result may show an operator: its shape, never its contents.
+
+    A provider's raw output can hold card numbers or live tokens; the keyed
+    ``output_hash`` beside this summary proves which output it was.
+    """
+    summary: dict[str, Any] = {
+        "type": type(value).__name__ if value is not None else "null",
+        "size": len(canonical_json(value).encode()),
+    }
+    if isinstance(value, dict):
+        summary["keys"] = sorted(str(k) for k in value)[:50]
+    elif isinstance(value, list):
+        summary["items"] = len(value)
+    return summary
 
 
 _JOURNAL_FIELDS = (
@@ -68,57 +129,173 @@ _LEDGER_FIELDS = (
 )
 
 
-def _entry_hash(prev_hash: str, entry: Any, fields: Iterable[str]) -> str:
+def _entry_hash(prev_hash: str, entry: Any, fields: Iterable[str], key: bytes | None) -> str:
     body = {name: getattr(entry, name) for name in fields}
     body["run_id"] = str(body["run_id"])
-    return sha256_hex(prev_hash + canonical_json(body))
+    text = prev_hash + canonical_json(body)
+    return sha256_hex(text) if key is None else _hmac_hex(key, text)
 
 
-def journal_hash(prev_hash: str, entry: JournalEntry) -> str:
-    return _entry_hash(prev_hash, entry, _JOURNAL_FIELDS)
+def journal_hash(prev_hash: str, entry: JournalEntry, key: bytes | None) -> str:
+    return _entry_hash(prev_hash, entry, _JOURNAL_FIELDS, key)
 
 
-def ledger_hash(prev_hash: str, entry: LedgerEntry) -> str:
-    return _entry_hash(prev_hash, entry, _LEDGER_FIELDS)
+def ledger_hash(prev_hash: str, entry: LedgerEntry, key: bytes | None) -> str:
+    return _entry_hash(prev_hash, entry, _LEDGER_FIELDS, key)
+
+
+def anchor(run_id: Any, chain: str, count: int, head: str, key_id: str, key: bytes) -> str:
+    """The run row's seal over one chain: which run, which chain, how many entries, which head."""
+    mac = _hmac_hex(key, canonical_json([str(run_id), chain, count, head]))
+    return f"{key_id}:{mac}"
+
+
+def initial_anchors(run_id: Any) -> dict[str, str]:
+    """Anchors of a new run's empty chains: a run whose chains were wiped is not a new run."""
+    key_id, key = signing_key()
+    return {
+        "journal_anchor": anchor(run_id, "journal", 0, GENESIS, key_id, key),
+        "ledger_anchor": anchor(run_id, "ledger", 0, GENESIS, key_id, key),
+    }
+
+
+def _seal(using: str, run_id: Any, chain: str, count: int, head: str) -> None:
+    key_id, key = signing_key()
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            f"UPDATE k2b_run SET {chain}_anchor = %s WHERE id = %s",
+            [anchor(run_id, chain, count, head, key_id, key), run_id],
+        )
 
 
 def append_journal(entry: JournalEntry, prev_hash: str, using: str) -> JournalEntry:
-    """Insert a journal entry chained to ``prev_hash``. Caller holds the run lock."""
+    """Insert a journal entry chained to ``prev_hash`` and re-seal the run's anchor.
+
+    Caller holds the run row lock, so no other entry of this run commits between
+    the count and the insert.
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM k2b_journal WHERE run_id = %s", [entry.run_id])
+        count = cursor.fetchone()[0]
+    key_id, key = signing_key()
+    entry.key_id = key_id
     entry.prev_hash = prev_hash
-    entry.entry_hash = journal_hash(prev_hash, entry)
+    entry.entry_hash = journal_hash(prev_hash, entry, key)
     entry.save(using=using, force_insert=True)
+    _seal(using, entry.run_id, "journal", count + 1, entry.entry_hash)
     return entry
 
 
 def append_ledger(using: str, **fields: Any) -> LedgerEntry:
-    """Append a ledger entry to the run's chain. Caller holds the run row lock."""
+    """Append a ledger entry to the run's chain and re-seal its anchor.
+
+    Caller holds the run row lock.
+    """
     entry = LedgerEntry(**fields)
     with connections[using].cursor() as cursor:
         cursor.execute(
-            "SELECT entry_hash FROM k2b_ledger WHERE run_id = %s ORDER BY id DESC LIMIT 1",
-            [entry.run_id],
+            """SELECT count(*), (SELECT entry_hash FROM k2b_ledger WHERE run_id = %s
+                                  ORDER BY id DESC LIMIT 1)
+                 FROM k2b_ledger WHERE run_id = %s""",
+            [entry.run_id, entry.run_id],
         )
-        row = cursor.fetchone()
-    entry.prev_hash = row[0] if row else GENESIS
-    entry.entry_hash = ledger_hash(entry.prev_hash, entry)
+        count, head = cursor.fetchone()
+    key_id, key = signing_key()
+    entry.key_id = key_id
+    entry.prev_hash = head or GENESIS
+    entry.entry_hash = ledger_hash(entry.prev_hash, entry, key)
     entry.save(using=using, force_insert=True)
+    _seal(using, entry.run_id, "ledger", count + 1, entry.entry_hash)
     return entry
 
 
-def verify_chains(run_id: Any, using: str) -> str | None:
-    """Re-read the run's journal and ledger from the database and check both chains.
+@dataclass(frozen=True)
+class ChainBreak:
+    """Where a run's evidence stops being trustworthy, and why."""
 
-    Returns a description of the first break, or None when both are intact.
-    """
-    for model, hasher, order in (
-        (JournalEntry, journal_hash, "seq"),
-        (LedgerEntry, ledger_hash, "id"),
-    ):
-        prev = GENESIS
-        for entry in model.objects.using(using).filter(run_id=run_id).order_by(order):
-            if entry.prev_hash != prev:
-                return f"{model.__name__} {entry.pk}: prev_hash does not match the previous entry"
-            if hasher(prev, entry) != entry.entry_hash:
-                return f"{model.__name__} {entry.pk}: contents do not match entry_hash"
-            prev = entry.entry_hash
+    chain: str  # "journal" or "ledger"
+    position: int  # 1-based entry number in the chain; for an anchor, the entry count
+    reason: str
+    entry_id: int | None = None
+    seq: int | None = None
+
+    def __str__(self) -> str:
+        if self.entry_id is None:  # the run row's anchor over the whole chain
+            return f"{self.chain} anchor over {self.position} entries: {self.reason}"
+        where = f"{self.chain} entry {self.position}"
+        if self.entry_id is not None:
+            where += f" (id {self.entry_id}" + (
+                f", step {self.seq})" if self.seq is not None else ")"
+            )
+        return f"{where}: {self.reason}"
+
+
+def _verify_chain(
+    run: WorkflowRun, chain: str, entries: Sequence[Any], keys: dict[str, bytes]
+) -> ChainBreak | None:
+    hasher = journal_hash if chain == "journal" else ledger_hash
+    prev = GENESIS
+    keyed = False
+    for position, entry in enumerate(entries, start=1):
+
+        def broken(reason: str, entry: Any = entry, position: int = position) -> ChainBreak:
+            return ChainBreak(chain, position, reason, entry.pk, entry.seq)
+
+        if entry.prev_hash != prev:
+            return broken("prev_hash does not match the previous entry (an entry was removed)")
+        if entry.key_id:
+            key = keys.get(entry.key_id)
+            if key is None:
+                return broken(f"made with key id {entry.key_id!r}, which no evidence key has")
+            keyed = True
+        elif keyed:
+            return broken("an unkeyed entry after keyed ones (a recomputed chain)")
+        else:
+            key = None
+        if not hmac.compare_digest(hasher(prev, entry, key), entry.entry_hash):
+            return broken("contents do not match entry_hash (the entry was edited)")
+        prev = entry.entry_hash
+    sealed = getattr(run, f"{chain}_anchor")
+    key_id, _, _mac = sealed.partition(":")
+    count = len(entries)
+    if not sealed:
+        return ChainBreak(chain, count, "the run has no anchor (it was wiped)")
+    if key_id not in keys:
+        return ChainBreak(chain, count, f"anchor made with key id {key_id!r}, which no key has")
+    expected = anchor(run.pk, chain, count, prev, key_id, keys[key_id])
+    if not hmac.compare_digest(expected, sealed):
+        return ChainBreak(
+            chain,
+            count,
+            "does not match (entries were removed, added or rewritten)",
+        )
     return None
+
+
+def verify_run(
+    run: WorkflowRun, journal: Sequence[JournalEntry], ledger: Sequence[LedgerEntry]
+) -> ChainBreak | None:
+    """Check both chains of a run (journal by ``seq``, ledger by ``id``) and their anchors.
+
+    Pure: the caller reads the rows (the claim's preload, a ``verifyworkflows`` batch).
+    """
+    keys = dict(store.evidence_keys())
+    return _verify_chain(run, "journal", journal, keys) or _verify_chain(
+        run, "ledger", ledger, keys
+    )
+
+
+def verify_chains(run_id: Any, using: str) -> ChainBreak | None:
+    """Re-read the run's row, journal and ledger from the database and check them.
+
+    Returns the first break, or None when everything is intact. The run row is
+    share-locked first: every append locks it too, so the row's anchor and the
+    entries are read as of one moment, never an anchor from before an entry
+    that committed between two of these reads (a false break on a live run).
+    """
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        cursor.execute("SELECT 1 FROM k2b_run WHERE id = %s FOR SHARE", [run_id])
+        run = WorkflowRun.objects.using(using).get(pk=run_id)
+        journal = list(JournalEntry.objects.using(using).filter(run_id=run_id).order_by("seq"))
+        ledger = list(LedgerEntry.objects.using(using).filter(run_id=run_id).order_by("id"))
+    return verify_run(run, journal, ledger)

@@ -32,7 +32,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
-from .. import signals, store
+from .. import redaction, signals, store
 from ..actions import (
     Action,
     Ambiguous,
@@ -106,7 +106,7 @@ class Preloaded:
 
 
 def preload(using: str, run_ids: list[Any]) -> dict[Any, Preloaded]:
-    """Read claimed runs with their journals and open ledger entries: three queries in all.
+    """Read claimed runs with their journals and ledgers: three queries in all.
 
     Called inside the claim's transaction, so a claim and its reads cost one commit.
     """
@@ -119,11 +119,8 @@ def preload(using: str, run_ids: list[Any]) -> dict[Any, Preloaded]:
         JournalEntry.objects.using(using).filter(run_id__in=run_ids).order_by("run_id", "seq")
     ):
         journals[entry.run_id].append(entry)
-    for entry in (
-        LedgerEntry.objects.using(using)
-        .filter(run_id__in=run_ids, seq__isnull=False)
-        .order_by("id")
-    ):
+    # The whole ledger, not only the steps' entries: its chain is verified before use (#9).
+    for entry in LedgerEntry.objects.using(using).filter(run_id__in=run_ids).order_by("id"):
         ledgers[entry.run_id].append(entry)
     return {pk: Preloaded(run, journals[pk], ledgers[pk]) for pk, run in runs.items()}
 
@@ -195,6 +192,9 @@ class Execution:
         if self.keeper:
             self.keeper.track(self.run_id, self.generation, self.canceled)
         try:
+            # Before anything replays the journal or trusts the ledger (#9): a tampered,
+            # truncated or wiped chain stops the run here, with nothing executed.
+            self._verify_loaded(loaded)
             try:
                 self.definition: WorkflowDefinition = get_workflow(run.workflow_name)
             except UnknownWorkflow:
@@ -237,13 +237,35 @@ class Execution:
                 self.keeper.untrack(self.run_id)
         return self.outcome
 
+    def _verify_loaded(self, loaded: Preloaded) -> None:
+        """Stop the run in ``needs_attention`` if its chains or anchors do not verify (#9).
+
+        A claim's preload reads under the claim's row lock. Without one (no
+        preload given), an entry may commit between the reads of the row and of
+        the entries: a break is confirmed on a locked re-read before it counts.
+        """
+        broken = evidence.verify_run(loaded.run, loaded.journal, loaded.ledger)
+        if broken is not None and self.preloaded is None:
+            with transaction.atomic(using=self.using):
+                db.lock_run(self.using, self.run_id)
+                again = preload(self.using, [self.run_id])[self.run_id]
+            if again.run.generation != self.generation or again.run.status != "running":
+                raise Suspend  # taken over or canceled meanwhile: outcome "dropped"
+            broken = evidence.verify_run(again.run, again.journal, again.ledger)
+            if broken is None:
+                self._load(again)
+                self.run = again.run
+        if broken is not None:
+            logger.error("run %s: integrity chain broken: %s", self.run_id, broken)
+            self._needs_attention(store.INTEGRITY_CHAIN_BROKEN, str(broken), step=None)
+
     def _load(self, loaded: Preloaded) -> None:
         entries = loaded.journal
         self.journal = {e.seq: e for e in entries}
         self.last_hash = entries[-1].entry_hash if entries else evidence.GENESIS
         self.effects: dict[int, _EffectState] = {}
         for entry in loaded.ledger:
-            if entry.seq in self.journal:
+            if entry.seq is None or entry.seq in self.journal:
                 continue
             state = self.effects.setdefault(entry.seq, _EffectState())
             if entry.kind == LedgerEntry.Kind.DISPATCHED:
@@ -301,7 +323,7 @@ class Execution:
         input_hash = evidence.hash_value(input)
         entry = self.journal.get(seq)
         if entry is not None:
-            return self._replay(entry, name, input_hash)
+            return self._replay(entry, name, input, input_hash)
         ctx = StepContext(self, seq)
         started = timezone.now()
         step = _Step(seq, action, name, input, input_hash, started, ctx)
@@ -353,12 +375,12 @@ class Execution:
             events.run_changed(self, "released")
             raise Suspend
 
-    def _replay(self, entry: JournalEntry, name: str, input_hash: str) -> Any:
+    def _replay(self, entry: JournalEntry, name: str, input: Any, input_hash: str) -> Any:
         if entry.action_name != name:
             raise Nondeterministic(
                 f"step {entry.seq} was {entry.action_name!r} when journaled, now {name!r}"
             )
-        if entry.input_hash != input_hash:
+        if not evidence.same_input(entry.input_hash, input, input_hash):
             raise Nondeterministic(
                 f"step {entry.seq} ({name}) was journaled with another input (hash differs)"
             )
@@ -713,7 +735,7 @@ class Execution:
             output=result.output if result else None,
             summary=(result.summary or "") if result else "",
             error_code=code,
-            error_message=message,
+            error_message=redaction.scrub_error(message) if message else "",
             input_hash=step.input_hash,
             generation=self.generation,
             started_at=step.started,
@@ -798,6 +820,8 @@ class Execution:
                 detail={k: v for k, v in step.refs.items() if v} or None,
             )
         values.update(fields)
+        if values.get("message"):
+            values["message"] = redaction.scrub_error(values["message"])
         evidence.append_ledger(self.using, **values)
         events.ledger_written(
             self,
@@ -826,7 +850,10 @@ class Execution:
                 LedgerEntry.Kind.LATE_RESULT,
                 message=message,
                 output_hash=evidence.hash_value(output) if output is not None else "",
-                detail={"output": output} if output is not None else None,
+                # Never the raw output: it may hold card tokens or credentials (#9).
+                detail={"output": evidence.redacted_summary(output)}
+                if output is not None
+                else None,
             )
 
         try:
@@ -859,8 +886,8 @@ class Execution:
             self._fence()
             if verify:
                 problem = evidence.verify_chains(self.run_id, self.using)
-                if problem:
-                    broken.append(problem)
+                if problem is not None:
+                    broken.append(str(problem))
                     return
             if entry is not None:
                 evidence.append_journal(entry, self.last_hash, self.using)
@@ -900,6 +927,7 @@ class Execution:
 
     def _fail_run(self, code: str, message: str, step: _Step | None = None) -> None:
         """Fail the run for good (journaling the step's failure when there is one)."""
+        message = redaction.scrub_error(message)  # exception texts may carry credentials
         entry = None
         if step is not None and step.seq not in self.journal:
             entry = self._new_entry(step, JournalEntry.State.FAILED, code=code, message=message)
@@ -915,6 +943,7 @@ class Execution:
         )
 
     def _needs_attention(self, code: str, message: str, step: int | None) -> None:
+        message = redaction.scrub_error(message)
         self._transition(
             """UPDATE k2b_run SET status = 'needs_attention', error_code = %s, error_message = %s,
                       attention_step = %s, lease_expires_at = NULL, updated_at = now()
@@ -932,6 +961,7 @@ class Execution:
 
     def _retry_later(self, reason: str) -> None:
         """A retryable failure: count it, back off, or give up past the limit."""
+        reason = redaction.scrub_error(reason)  # stored and logged: no credentials, bounded
         failures = self.run.consecutive_failures + 1
         if failures >= store.max_consecutive_failures():
             self._exhausted(failures, reason)
@@ -1012,7 +1042,7 @@ class Execution:
             action_name = f"{CHILDREN_KIND}.create:{name}"
         entry = self.journal.get(seq)
         if entry is not None:
-            replayed = self._replay(entry, action_name, input_hash)
+            replayed = self._replay(entry, action_name, inputs, input_hash)
             return (
                 [r["run_id"] for r in replayed]
                 if not wait
