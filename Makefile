@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 # and stops the recipe if no database could be had.
 WITH_DB = url="$$($(PY) scripts/dbenv.py)" || exit $$?; export DATABASE_URL="$$url";
 
-.PHONY: help venv db db-stop demo serve test lint format bench docs docs-serve clean distclean
+.PHONY: help venv db db-stop demo serve test lint format bench soak docs docs-serve clean distclean
 
 help:
 	@echo "make demo      set everything up and run the demo workflows with real workers"
@@ -27,6 +27,7 @@ help:
 	@echo "make lint      ruff check, ruff format --check, mypy, and no missing migration"
 	@echo "make format    ruff format and ruff check --fix"
 	@echo "make bench     run bench/run.py"
+	@echo "make soak      the quick soak (SOAK_ARGS= for the long one: 2000 runs, ~10 min)"
 	@echo "make docs      build the documentation site into build/site (strict: a warning fails)"
 	@echo "make docs-serve serve the documentation at http://127.0.0.1:8001/ while you edit it"
 	@echo "make venv      create .venv and install the project with its dev extras"
@@ -73,6 +74,11 @@ format: venv
 
 bench: venv db
 	@$(WITH_DB) $(PY) bench/run.py
+
+# The soak starts and restarts a PostgreSQL of its own: it needs no DATABASE_URL.
+SOAK_ARGS ?= --quick
+soak: venv
+	$(PY) bench/soak.py $(SOAK_ARGS)
 
 # NO_MKDOCS_2_WARNING silences a banner about MkDocs' future that is not a build warning.
 docs: venv
