@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 # and stops the recipe if no database could be had.
 WITH_DB = url="$$($(PY) scripts/dbenv.py)" || exit $$?; export DATABASE_URL="$$url";
 
-.PHONY: help venv db db-stop demo serve test lint format bench bench-quick compare docs docs-serve clean distclean
+.PHONY: help venv db db-stop demo serve test lint format bench bench-quick compare soak docs docs-serve clean distclean
 
 help:
 	@echo "make demo      set everything up and run the demo workflows with real workers"
@@ -28,6 +28,7 @@ help:
 	@echo "make format    ruff format and ruff check --fix"
 	@echo "make bench     run bench/run.py (full; bench-quick: under a minute)"
 	@echo "make compare   the same workload on DBOS and Procrastinate (needs the bench extra)"
+	@echo "make soak      the quick soak (SOAK_ARGS= for the long one: 2000 runs, ~10 min)"
 	@echo "make docs      build the documentation site into build/site (strict: a warning fails)"
 	@echo "make docs-serve serve the documentation at http://127.0.0.1:8001/ while you edit it"
 	@echo "make venv      create .venv and install the project with its dev extras"
@@ -81,6 +82,11 @@ bench-quick: venv db
 compare: venv db
 	$(PY) -m pip install -q -e '.[bench]'
 	@$(WITH_DB) $(PY) bench/compare.py
+
+# The soak starts and restarts a PostgreSQL of its own: it needs no DATABASE_URL.
+SOAK_ARGS ?= --quick
+soak: venv
+	$(PY) bench/soak.py $(SOAK_ARGS)
 
 # NO_MKDOCS_2_WARNING silences a banner about MkDocs' future that is not a build warning.
 docs: venv

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from .actions import Action, Dependency, Effect, ambiguous, failed, succeeded, unknown, waiting
 from .exceptions import (
+    DatabaseNotMigrated,
     EvidenceChanged,
     IdempotencyConflict,
     InvalidInput,
@@ -70,6 +71,7 @@ __all__ = [
     "EFFECT_ABSENT",
     "EFFECT_CONFIRMED",
     "Action",
+    "DatabaseNotMigrated",
     "Dependency",
     "DryRunReport",
     "Effect",

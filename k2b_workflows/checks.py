@@ -94,6 +94,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         "MAX_CHILDREN_PER_STEP",
         "RUN_MAX_CONSECUTIVE_FAILURES",
         "ACTION_TIMEOUT_MS",
+        "SHUTDOWN_GRACE_MS",
         "MAX_VALUE_BYTES",
         "AI_TASK_MAX_ATTEMPTS",
         "MAX_RECONCILE_POLLS",

@@ -66,8 +66,9 @@ def start_workflow_run(
 
     The run is pinned to ``version`` (default: the newest registered here) for
     its whole life. Raises ``UnknownWorkflow`` or ``InvalidInput`` before
-    creating anything, and ``IdempotencyConflict`` when the key names a run
-    started with another input.
+    creating anything, ``IdempotencyConflict`` when the key names a run
+    started with another input, and ``DatabaseNotMigrated`` when the app's
+    tables are missing.
     """
     validation.text(name, "the workflow name", max_length=200)
     validation.integer(version, "version", minimum=1, maximum=validation.MAX_INT, optional=True)
@@ -80,7 +81,7 @@ def start_workflow_run(
         validation.text(idempotency_key, "idempotency_key", max_length=255)
     parent_id = None if parent is None else validation.run_id(parent, "parent")
     using = store.database()
-    with transaction.atomic(using=using):
+    with db.schema_required(), transaction.atomic(using=using):
         parent_run = None
         if parent_id is not None:
             parent_run = WorkflowRun.objects.using(using).filter(pk=parent_id).first()

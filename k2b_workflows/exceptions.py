@@ -80,6 +80,14 @@ class NotRetryable(WorkflowError):
     """An operator asked to retry a run that is not failed."""
 
 
+class DatabaseNotMigrated(WorkflowError):
+    """The app's tables are missing or older than its code: ``manage.py migrate`` was not run."""
+
+
+class DatabaseUnavailable(WorkflowError):
+    """The database could not be reached within the time a caller was ready to wait."""
+
+
 class Suspend(BaseException):
     """Unwinds workflow code when the kernel stops executing a run for now.
 

@@ -21,6 +21,10 @@ key                            default     meaning
                                            free threads, so a thread that finishes a
                                            run starts the next without waiting for a
                                            claim (leases renewed; handed back on stop)
+``SHUTDOWN_GRACE_MS``          20000       after SIGTERM, how long steps in flight may
+                                           finish before the worker hands their runs
+                                           back and exits (keep it below the
+                                           supervisor's stop timeout)
 ``MAX_VALUE_BYTES``            1048576     largest JSON value stored (run input and output,
                                            principal, step output, AI request and
                                            answer, resolution output and evidence),
@@ -99,6 +103,7 @@ WORKFLOW_POLL_INTERVAL_MS = 1_000
 WORKFLOW_MAX_CHILDREN_PER_STEP = 1_000
 WORKFLOW_ACTION_TIMEOUT_MS = 300_000
 WORKFLOW_CLAIM_PREFETCH = 4
+WORKFLOW_SHUTDOWN_GRACE_MS = 20_000
 #: 1 MiB: far below PostgreSQL's 255 MB jsonb and 1 GB text limits, so a value
 #: is refused at the boundary instead of failing after minutes inside the server.
 WORKFLOW_MAX_VALUE_BYTES = 1_048_576
@@ -160,6 +165,7 @@ _DEFAULTS: dict[str, Any] = {
     "MAX_CHILDREN_PER_STEP": WORKFLOW_MAX_CHILDREN_PER_STEP,
     "ACTION_TIMEOUT_MS": WORKFLOW_ACTION_TIMEOUT_MS,
     "CLAIM_PREFETCH": WORKFLOW_CLAIM_PREFETCH,
+    "SHUTDOWN_GRACE_MS": WORKFLOW_SHUTDOWN_GRACE_MS,
     "MAX_VALUE_BYTES": WORKFLOW_MAX_VALUE_BYTES,
     "AI_TASK_MAX_ATTEMPTS": WORKFLOW_AI_TASK_MAX_ATTEMPTS,
     "MAX_RECONCILE_POLLS": WORKFLOW_MAX_RECONCILE_POLLS,
@@ -217,6 +223,10 @@ def action_timeout_ms() -> int:
 
 def claim_prefetch() -> int:
     return int(_get("CLAIM_PREFETCH"))
+
+
+def shutdown_grace_ms() -> int:
+    return int(_get("SHUTDOWN_GRACE_MS"))
 
 
 def max_value_bytes() -> int:

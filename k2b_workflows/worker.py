@@ -16,6 +16,11 @@ Threads:
 - the lease keeper renews leases and notices cancellations;
 - the heartbeat keeps this process's row in the fleet table fresh
   (``fleet.py``), and, with ``metrics_port``, an HTTP thread serves metrics.
+
+No database error ends the process (``kernel/weather.py``): every thread
+closes its broken connection, logs one line, backs off with jitter and
+reconnects. The process exits on SIGTERM/SIGINT (handing its runs back), or
+at start-up on a configuration error (an unmigrated database, a bad URL).
 """
 
 from __future__ import annotations
@@ -30,15 +35,18 @@ import time
 import uuid
 from collections import Counter, deque
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from typing import Any, TextIO
 
-from django.db import connections, transaction
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError, connections, transaction
 from django.db.backends.signals import connection_created
 
 from . import fleet, metrics, store
+from .exceptions import DatabaseNotMigrated, DatabaseUnavailable
 from .health import HealthFile
-from .kernel import ai, claim, db, waits
+from .kernel import ai, claim, db, waits, weather
 from .kernel.execute import Execution, Preloaded, preload
 from .kernel.leases import LeaseKeeper
 from .workflows import registered_versions
@@ -59,14 +67,14 @@ class Listener(threading.Thread):
         self.received = 0
 
     def run(self) -> None:
-        backoff = 0.1
+        backoff = weather.Backoff()
         while not self.stopping.is_set():
             conn = None
             try:
                 conn = db.autocommit_connection(self.using)
                 conn.execute(f"LISTEN {store.CHANNEL}")
                 self.connected.set()
-                backoff = 0.1
+                backoff.reset()
                 # Anything committed while we were not listening is found by polling.
                 self.wake.set()
                 while not self.stopping.is_set():
@@ -76,9 +84,12 @@ class Listener(threading.Thread):
                             self.wake.set()
             except Exception as exc:
                 self.connected.clear()
-                logger.warning("listener: %s; polling until reconnected", exc)
-                self.stopping.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
+                metrics.count_db_reconnect("listener")
+                delay = backoff.next()
+                logger.warning(
+                    "listener: %s; polling, reconnecting in %.1f s", weather.describe(exc), delay
+                )
+                self.stopping.wait(delay)
             finally:
                 if conn is not None:
                     with contextlib.suppress(Exception):
@@ -101,6 +112,8 @@ class Worker:
         worker_id: str | None = None,
         listen: bool = True,
         status_stream: TextIO | None = None,
+        wait_for_db: float | None = None,
+        notice_stream: TextIO | None = None,
         health_file: str | None = None,
         metrics_port: int | None = None,
     ) -> None:
@@ -126,6 +139,10 @@ class Worker:
         self._lock = threading.Lock()
         self._last_housekeeping = 0.0
         self._last_status = 0.0
+        #: At start-up, give up after this many seconds without a database (None: never).
+        self.wait_for_db = wait_for_db
+        #: Where start-up notices go ("waiting for the database"), besides the log.
+        self.notice_stream = notice_stream
         self.health = HealthFile(health_file) if health_file else None
         self.metrics_port = metrics_port
         self.heartbeat = fleet.Heartbeat(
@@ -135,10 +152,29 @@ class Worker:
             app_ids=self.app_ids,
             in_flight=self.in_flight,
         )
+        #: Runs claimed by this process and not yet finished, whether waiting in
+        #: ``_ready`` or executing: run id -> generation.
+        self._claimed: dict[Any, int] = {}
+        #: Claimed runs a pool thread could not execute or release (no connection):
+        #: the main loop hands them back with its own connection.
+        self._hand_back: dict[Any, int] = {}
+        #: No claims before this ``time.monotonic()``: connections are short.
+        self._claims_paused_until = 0.0
+        self._shortage = weather.Backoff(first=0.2, cap=5.0)
+        #: After a lost connection: look for runs whose claim committed unseen.
+        self._orphans_possible = False
+        #: Set by a second SIGTERM/SIGINT: hand back and exit without waiting for steps.
+        self.forced = threading.Event()
+        #: Pool threads still inside a step when the worker returned (shutdown grace ran
+        #: out): the process must exit without joining them (``os._exit``).
+        self.abandoned = 0
 
     # -- lifecycle -----------------------------------------------------------
 
     def run(self) -> None:
+        self.start_up()
+        if self.stopping.is_set():
+            return
         names = self._workflows()
         logger.info(
             "worker %s: %d thread(s), apps %s, %d workflow version(s)%s",
@@ -162,11 +198,10 @@ class Worker:
         try:
             self._loop(pool)
         finally:
-            # Graceful: executions stop after their current step and release their runs.
+            # Graceful: executions stop after their current step and release their runs;
+            # what is still running when the grace period ends is handed back.
             self.stopping.set()
-            self._release_ready()
-            self._close_thread_connections(pool)
-            pool.shutdown(wait=True)
+            self._shut_down(pool)
             if listener:
                 listener.stop()
                 listener.join(timeout=5)
@@ -176,9 +211,152 @@ class Worker:
                 self.health.remove()
             self._print_status(final=True)
             if not connections[self.using].in_atomic_block:  # e.g. call_command in a test
-                connections[self.using].close()
+                weather.close_quietly(self.using)
             connection_created.disconnect(self._limit_idle_transactions)
         logger.info("worker %s stopped: %s", self.worker_id, dict(self.stats))
+
+    # -- start-up --------------------------------------------------------------
+
+    def start_up(self) -> None:
+        """Wait for the database (up to ``wait_for_db``), then check its schema.
+
+        Raises ``DatabaseUnavailable`` when the wait runs out, and
+        ``DatabaseNotMigrated`` (a configuration error: retrying cannot help) when
+        the app's migrations are not all applied.
+        """
+        started = time.monotonic()
+        backoff = weather.Backoff(first=0.5, cap=5.0)
+        last_notice = -float("inf")
+        while not self.stopping.is_set():
+            try:
+                # The schema check reads django_migrations: the database may go
+                # away between connecting and reading it, which is weather too.
+                connections[self.using].ensure_connection()
+                db.check_migrated(self.using)
+                break
+            except DatabaseNotMigrated:
+                weather.close_quietly(self.using)
+                raise
+            except DatabaseError as exc:
+                if not weather.is_connection_error(exc):
+                    raise
+                weather.close_quietly(self.using)
+                reason = weather.describe(exc)
+                if _is_configuration_error(reason):
+                    raise ImproperlyConfigured(f"cannot connect to the database: {reason}") from exc
+                waited = time.monotonic() - started
+                if self.wait_for_db is not None and waited >= self.wait_for_db:
+                    raise DatabaseUnavailable(
+                        f"database unreachable for {waited:.0f} s (--wait-for-db): {reason}"
+                    ) from None
+                if time.monotonic() - last_notice >= 5:
+                    last_notice = time.monotonic()
+                    self._notice(f"waiting for the database ({waited:.0f} s so far): {reason}")
+                delay = backoff.next()
+                if self.wait_for_db is not None:
+                    delay = max(0.0, min(delay, self.wait_for_db - waited))
+                self.stopping.wait(delay)
+        if self.stopping.is_set():
+            return
+        if time.monotonic() - started > 1:
+            self._notice("database reachable; starting")
+
+    def _notice(self, line: str) -> None:
+        logger.warning("worker %s: %s", self.worker_id, line)
+        if self.notice_stream is not None:
+            self.notice_stream.write(line + "\n")
+            self.notice_stream.flush()
+
+    # -- shutting down ---------------------------------------------------------
+
+    def _shut_down(self, pool: ThreadPoolExecutor) -> None:
+        """Let steps in flight finish for up to the grace period, then hand their runs back.
+
+        Handing back (queued, no failure counted) lets another worker continue a
+        run now instead of after its lease expires. Two cases are not handed back
+        at once, because this process may still commit or cause an effect:
+
+        - a run whose row is locked by one of our step transactions (a
+          TRANSACTIONAL step): it is skipped, and taken over when its lease expires
+          (the server rolls the transaction back when this process exits);
+        - a run whose EXTERNAL ``run()`` is in flight: it is handed back with
+          ``run_after`` one lease ahead, so the provider call this process made has
+          the same time to land as after a crash before anyone reconciles it, and
+          the late result this thread may still write is fenced out as evidence.
+        """
+        # Runs claimed ahead of the threads were never started: back to the queue now.
+        self._release_ready()
+        grace = store.shutdown_grace_ms() / 1000
+        deadline = time.monotonic() + grace
+        while not self.forced.is_set():
+            with self._lock:
+                pending = set(self._inflight)
+            left = deadline - time.monotonic()
+            if not pending or left <= 0:
+                break
+            wait_futures(pending, timeout=min(left, 0.2), return_when=FIRST_COMPLETED)
+        with self._lock:
+            still = set(self._inflight)
+        if still:
+            self._hand_back_claimed()
+        with self._lock:
+            still = {f for f in self._inflight if not f.done()}
+        if still:
+            self.abandoned = len(still)
+            logger.warning(
+                "worker %s: %d step(s) still running after the grace period; exiting without them",
+                self.worker_id,
+                len(still),
+            )
+            pool.shutdown(wait=False, cancel_futures=True)
+            return
+        try:
+            self._hand_back_pending()
+        except DatabaseError as exc:
+            weather.close_quietly(self.using)
+            logger.warning("could not hand back runs (%s); their leases will expire", exc)
+        self._close_thread_connections(pool)
+        pool.shutdown(wait=True)
+
+    def _hand_back_claimed(self) -> None:
+        lease = store.lease_ms()
+        external = self.keeper.external_in_flight()
+        with self._lock:
+            held = {
+                run_id: (generation, lease if run_id in external else 0)
+                for run_id, generation in {**self._claimed, **self._hand_back}.items()
+            }
+        if not held:
+            return
+        try:
+            with transaction.atomic(using=self.using):
+                handed = claim.hand_back(self.using, held)
+        except DatabaseError as exc:
+            weather.close_quietly(self.using)
+            logger.warning(
+                "worker %s: could not hand back %d run(s) (%s); their leases will expire",
+                self.worker_id,
+                len(held),
+                weather.describe(exc),
+            )
+            return
+        with self._lock:
+            for run_id in handed:
+                self._hand_back.pop(run_id, None)
+        self.stats["handed_back"] += len(handed)
+        logger.info(
+            "worker %s: handed back %d run(s) (%d after one lease: external effect in flight;"
+            " %d locked by a step, left to their lease)",
+            self.worker_id,
+            len(handed),
+            len(external & handed),
+            len(held) - len(handed),
+        )
+
+    def in_flight(self) -> int:
+        """Runs and AI tasks this process is executing now."""
+        with self._lock:
+            return len(self._inflight)
 
     def _close_thread_connections(self, pool: ThreadPoolExecutor) -> None:
         """Have every pool thread close its own connections (Django forbids closing another's).
@@ -195,11 +373,6 @@ class Worker:
 
         for future in [pool.submit(close) for _ in range(self.concurrency)]:
             future.result()
-
-    def in_flight(self) -> int:
-        """Runs and AI tasks this process is executing now."""
-        with self._lock:
-            return len(self._inflight)
 
     def _limit_idle_transactions(self, sender: Any, connection: Any, **kwargs: Any) -> None:
         """Let the server end a transaction this process leaves idle for longer than a lease.
@@ -219,37 +392,84 @@ class Worker:
                 [str(store.lease_ms())],
             )
 
-    def stop(self) -> None:
-        """Stop claiming; running executions finish their current step and release the run."""
+    def stop(self, *, force: bool = False) -> None:
+        """Stop claiming; running executions finish their current step and release the run.
+
+        ``force``: do not wait for steps in flight; hand their runs back now.
+        """
         self.stopping.set()
+        if force:
+            self.forced.set()
         self.wake.set()
 
     # -- the loop ------------------------------------------------------------
 
     def _loop(self, pool: ThreadPoolExecutor) -> None:
         poll = store.poll_interval_ms() / 1000
+        backoff = weather.Backoff()
         while not self.stopping.is_set():
-            self.wake.clear()
-            self._housekeeping(poll)
-            started = self._fill(pool)
-            if self.health:
-                self.health.touch()
-            self._print_status()
-            if started:
-                continue
-            with self._lock:
-                busy = len(self._inflight)
-            if self.burst and busy == 0 and not self._ready and not self._pending():
-                return
-            timeout = poll
-            if busy < self.concurrency:
-                # With every thread busy nothing can be claimed before one ends
-                # (which sets ``wake``): skip the query, one commit per run saved.
-                due = claim.next_due_in_ms(self.using)
-                if due is not None:
-                    timeout = min(timeout, max(due / 1000, 0.005))
-            self.wake.wait(timeout)
-        self._drain()
+            try:
+                if self._iteration(pool, poll):
+                    return
+                backoff.reset()
+            except Exception as exc:
+                self._weather("claim loop", exc, backoff)
+
+    def _iteration(self, pool: ThreadPoolExecutor, poll: float) -> bool:
+        """One pass of the loop; True when a burst worker is done."""
+        self.wake.clear()
+        self._hand_back_pending()
+        if self._orphans_possible:
+            self._hand_back_orphans()
+        self._housekeeping(poll)
+        started = self._fill(pool)
+        if self.health:
+            self.health.touch()
+        self._print_status()
+        if started:
+            return False
+        with self._lock:
+            busy = len(self._inflight)
+        if (
+            self.burst
+            and busy == 0
+            and not self._hand_back
+            and not self._ready
+            and not self._pending()
+        ):
+            return True
+        timeout = poll
+        if busy < self.concurrency:
+            # With every thread busy nothing can be claimed before one ends
+            # (which sets ``wake``): skip the query, one commit per run saved.
+            due = claim.next_due_in_ms(self.using)
+            if due is not None:
+                timeout = min(timeout, max(due / 1000, 0.005))
+        self.wake.wait(timeout)
+        return False
+
+    def _weather(self, where: str, exc: Exception, backoff: weather.Backoff) -> None:
+        """A failed pass of the loop: close the connection, log one line, back off, carry on.
+
+        A worker that exits on a database error leaves its runs to lease expiry
+        and needs a supervisor to come back: it is the process, not the run, that
+        must outlive a restart or a failover.
+        """
+        delay = backoff.next()
+        weather.close_quietly(self.using)
+        self._orphans_possible = True
+        if weather.is_connection_error(exc):
+            self.stats["reconnects"] += 1
+            metrics.count_db_reconnect("loop")
+            logger.warning(
+                "%s: database unavailable: %s; reconnecting in %.1f s",
+                where,
+                weather.describe(exc),
+                delay,
+            )
+        else:
+            logger.exception("%s: unexpected error; retrying in %.1f s", where, delay)
+        self.stopping.wait(delay)
 
     def _fill(self, pool: ThreadPoolExecutor) -> int:
         """Top up the local queue and start idle threads on it; returns how many were claimed.
@@ -257,6 +477,8 @@ class Worker:
         The queue is topped up only when a thread is idle or it runs low, so
         that one claim (one commit) serves several runs.
         """
+        if time.monotonic() < self._claims_paused_until:
+            return 0
         with self._lock:
             free = self.concurrency - len(self._inflight)
             queued = len(self._ready)
@@ -267,6 +489,7 @@ class Worker:
             )
             with self._lock:
                 for run_id, generation in runs:
+                    self._claimed[run_id] = generation
                     self.keeper.track(run_id, generation, threading.Event())
                     self._ready.append((run_id, generation, loaded.get(run_id)))
             for task in tasks:
@@ -284,14 +507,22 @@ class Worker:
         with self._lock:
             held = [(run_id, generation) for run_id, generation, _ in self._ready]
             self._ready.clear()
+            for run_id, _ in held:
+                self._claimed.pop(run_id, None)
         if not held:
             return
         for run_id, _ in held:
             self.keeper.untrack(run_id)
         try:
-            released = claim.release_many(self.using, held)
-        except Exception:
-            logger.exception("could not hand back %d claimed run(s); leases will expire", len(held))
+            with transaction.atomic(using=self.using):
+                released = claim.release_many(self.using, held)
+        except DatabaseError as exc:
+            weather.close_quietly(self.using)
+            logger.warning(
+                "could not hand back %d prefetched run(s) (%s); their leases will expire",
+                len(held),
+                weather.describe(exc),
+            )
             return
         self.stats["released"] += released
 
@@ -337,6 +568,35 @@ class Worker:
                 return
             for future in pending:
                 future.result()
+
+    def _hand_back_pending(self) -> None:
+        """Release claimed runs that a pool thread could not execute for want of a connection.
+
+        Not a failure of the run: no failure is counted, and the run is queued
+        at once rather than left to expire as if this worker had crashed.
+        """
+        with self._lock:
+            pending = dict(self._hand_back)
+        if not pending:
+            return
+        with transaction.atomic(using=self.using):
+            handed = claim.hand_back(self.using, {r: (g, 0) for r, g in pending.items()})
+        with self._lock:
+            for run_id in pending:
+                self._hand_back.pop(run_id, None)
+        if handed:
+            logger.warning("database unavailable for %d claimed run(s); handed back", len(handed))
+
+    def _hand_back_orphans(self) -> None:
+        with self._lock:
+            executing = list(self._claimed)
+        with transaction.atomic(using=self.using):
+            orphans = claim.hand_back_orphans(self.using, self.worker_id, executing)
+        self._orphans_possible = False
+        if orphans:
+            logger.warning(
+                "handed back %d run(s) claimed while the database connection was lost", orphans
+            )
 
     def _housekeeping(self, poll: float) -> None:
         now = time.monotonic()
@@ -405,22 +665,71 @@ class Worker:
 
     def _execute_run(self, run_id: Any, generation: int, loaded: Preloaded | None) -> None:
         try:
+            if not self._connected(run_id, generation):
+                return
             execution = Execution(
                 run_id, generation, using=self.using, keeper=self.keeper, preloaded=loaded
             )
             execution.stop_requested = self.stopping
             outcome = execution.execute()
+            if execution.release_pending:
+                self._give_back(run_id, generation)
             with self._lock:
                 self.stats["runs"] += 1
                 self.stats[outcome] += 1
                 self.stats["steps"] += execution.steps_executed
-        except Exception:
-            logger.exception("run %s: unexpected error in the worker", run_id)
-            self.stats["errors"] += 1
+        except Exception as exc:
+            if weather.is_connection_error(exc):
+                metrics.count_db_reconnect("run")
+                logger.warning("run %s: database unavailable: %s", run_id, weather.describe(exc))
+                weather.close_quietly(self.using)
+                self._give_back(run_id, generation)
+            else:
+                logger.exception("run %s: unexpected error in the worker", run_id)
+                self.stats["errors"] += 1
         finally:
-            if self.keeper:
-                self.keeper.untrack(run_id)  # a dropped execution never tracked it itself
+            self.keeper.untrack(run_id)  # a dropped execution never tracked it itself
+            with self._lock:
+                self._claimed.pop(run_id, None)
             keep_or_close_connection(self.using)
+
+    def _connected(self, run_id: Any, generation: int) -> bool:
+        """Make sure this thread has a connection before the run's first step.
+
+        With connections short (``max_connections``, a role's connection limit,
+        a pooler's limit) the claim succeeded on the main loop's connection but
+        this thread gets none: that is not the run's failure. The run goes back
+        to the queue now and claims pause for a while.
+        """
+        if weather.hung_up(self.using):
+            weather.close_quietly(self.using)
+        try:
+            connections[self.using].ensure_connection()
+        except DatabaseError as exc:
+            if not weather.is_connection_error(exc):
+                raise
+            weather.close_quietly(self.using)
+            with self._lock:
+                delay = self._shortage.next()
+                self._claims_paused_until = time.monotonic() + delay
+            logger.warning(
+                "run %s: database unavailable: no connection for this run (%s);"
+                " handing it back, claiming again in %.1f s",
+                run_id,
+                weather.describe(exc),
+                delay,
+            )
+            self._give_back(run_id, generation)
+            return False
+        with self._lock:
+            self._shortage.reset()
+        return True
+
+    def _give_back(self, run_id: Any, generation: int) -> None:
+        with self._lock:
+            self._hand_back[run_id] = generation
+            self.stats["handed_back"] += 1
+        self.wake.set()
 
     def _execute_task(self, task: tuple) -> None:
         abort = threading.Event()
@@ -430,8 +739,16 @@ class Worker:
             outcome = ai.run_task(self.using, task, abort)
             with self._lock:
                 self.stats[f"ai_{outcome}"] += 1
-        except Exception:
-            logger.exception("AI task %s: unexpected error in the worker", task_id)
+        except Exception as exc:
+            if weather.is_connection_error(exc):
+                # The task's lease expires and it is queued again (the provider
+                # result, if any, is lost with this claim: see kernel/ai.py).
+                logger.warning(
+                    "AI task %s: database unavailable: %s", task_id, weather.describe(exc)
+                )
+                weather.close_quietly(self.using)
+            else:
+                logger.exception("AI task %s: unexpected error in the worker", task_id)
         finally:
             self.keeper.untrack_task(task_id)
             keep_or_close_connection(self.using)
@@ -481,6 +798,18 @@ def keep_or_close_connection(using: str) -> None:
         conn.close()
     else:
         conn.errors_occurred = False
+
+
+_CONFIGURATION_ERRORS = ("does not exist", "authentication failed", "no password supplied")
+
+
+def _is_configuration_error(reason: str) -> bool:
+    """A connection refused for a reason waiting cannot fix: a wrong name, user or password.
+
+    psycopg gives no SQLSTATE for a failed connection attempt: only the
+    server's message tells.
+    """
+    return any(marker in reason for marker in _CONFIGURATION_ERRORS)
 
 
 def default_status_stream() -> TextIO | None:

@@ -21,6 +21,13 @@ if os.environ.get("K2B_TEST_DB_NAME"):
     DATABASES["default"]["NAME"] = os.environ["K2B_TEST_DB_NAME"]
     DATABASES["default"].setdefault("TEST", {})["NAME"] = os.environ["K2B_TEST_DB_NAME"]
 
+# A worker subprocess may be given other K2B_WORKFLOWS values (a JSON object),
+# e.g. a long lease to tell a hand-back from an expiry.
+if os.environ.get("K2B_TEST_SETTINGS"):
+    import json
+
+    K2B_WORKFLOWS = {**K2B_WORKFLOWS, **json.loads(os.environ["K2B_TEST_SETTINGS"])}
+
 # On Django 6 the admin runs under a strict Content-Security-Policy, as
 # Django's own admin tests do: an inline script or style in our templates
 # would be refused by the browser, and the browser tests fail on that.

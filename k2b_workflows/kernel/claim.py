@@ -187,3 +187,58 @@ def release_many(using: str, held: Sequence[tuple[Any, int]]) -> int:
             [[h[0] for h in held], [h[1] for h in held]],
         )
         return cursor.rowcount
+
+
+_HAND_BACK_SQL = """
+WITH held(id, gen, delay_ms) AS (SELECT * FROM unnest(%s::uuid[], %s::bigint[], %s::bigint[])),
+     free AS (SELECT k.id, held.delay_ms
+                FROM k2b_run k JOIN held ON k.id = held.id AND k.generation = held.gen
+               WHERE k.status = 'running'
+                 FOR NO KEY UPDATE OF k SKIP LOCKED)
+UPDATE k2b_run r
+   SET status = 'queued',
+       run_after = statement_timestamp() + free.delay_ms * interval '1 millisecond',
+       lease_expires_at = NULL, claimed_by = '', updated_at = now()
+  FROM free
+ WHERE r.id = free.id
+RETURNING r.id
+"""
+
+
+def hand_back(using: str, held: dict[Any, tuple[int, int]]) -> set[Any]:
+    """Queue runs we still own again at once, without counting a failure (a shutdown).
+
+    ``held``: run id -> (generation, delay in ms before another worker may claim it).
+    A run whose row is locked by one of our step transactions is skipped, not
+    waited for: that transaction may still commit, and the fence makes it
+    fail once the run is queued. Returns the ids handed back.
+    """
+    if not held:
+        return set()
+    ids = list(held)
+    with connections[using].cursor() as cursor:
+        cursor.execute(_HAND_BACK_SQL, [ids, [held[i][0] for i in ids], [held[i][1] for i in ids]])
+        return {row[0] for row in cursor.fetchall()}
+
+
+_ORPHANS_SQL = """
+UPDATE k2b_run
+   SET status = 'queued', run_after = statement_timestamp(), lease_expires_at = NULL,
+       claimed_by = '', updated_at = now()
+ WHERE id IN (SELECT id FROM k2b_run
+               WHERE status = 'running' AND claimed_by = %s AND NOT (id = ANY(%s::uuid[]))
+                 FOR NO KEY UPDATE SKIP LOCKED)
+"""
+
+
+def hand_back_orphans(using: str, worker_id: str, executing: list[Any]) -> int:
+    """Queue again runs claimed under ``worker_id`` that none of its threads executes.
+
+    A claim whose COMMIT lost its answer (the connection died during it) may
+    have committed: its runs are ours in the database and nobody's in memory.
+    Left alone they wait for their lease to expire and count a failure; handed
+    back they run now. Nothing of ours can commit for them, so this is safe.
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute(_ORPHANS_SQL, [worker_id, list(executing)])
+        return cursor.rowcount

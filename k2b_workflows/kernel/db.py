@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, OperationalError, connections, transaction
+from django.db import DatabaseError, OperationalError, ProgrammingError, connections, transaction
 
-from ..exceptions import LeaseLost, RunCanceled
+from ..exceptions import DatabaseNotMigrated, LeaseLost, RunCanceled
 
 logger = logging.getLogger("k2b_workflows")
 
@@ -145,6 +145,43 @@ def lease_lost(using: str, run_id: Any, generation: int) -> Exception:
         f"run {run_id}: generation {generation} no longer holds the lease"
         + (f" (now {row[0]}, generation {row[1]})" if row else "")
     )
+
+
+# undefined_table, undefined_column: what our own SQL meets on an unmigrated database.
+_SCHEMA_SQLSTATES = frozenset({"42P01", "42703"})
+MIGRATE_HINT = "the k2b_workflows tables are missing or out of date: run `manage.py migrate`"
+
+
+@contextmanager
+def schema_required() -> Iterator[None]:
+    """Turn "relation k2b_run does not exist" into ``DatabaseNotMigrated``, one clear line.
+
+    Wrap only the kernel's own statements: a user's query failing on a missing
+    table of their own is their error, not ours to reword.
+    """
+    try:
+        yield
+    except ProgrammingError as exc:
+        if sqlstate(exc) in _SCHEMA_SQLSTATES:
+            first_line = (str(exc).strip().splitlines() or [""])[0]
+            raise DatabaseNotMigrated(f"{MIGRATE_HINT} ({first_line})") from exc
+        raise
+
+
+def check_migrated(using: str) -> None:
+    """Raise ``DatabaseNotMigrated`` unless every migration of this app is applied.
+
+    A worker must not start on a database older than its code: the first claim
+    would fail on a missing column, in a loop that treats errors as weather.
+    """
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connections[using])
+    targets = [n for n in executor.loader.graph.leaf_nodes() if n[0] == "k2b_workflows"]
+    plan = executor.migration_plan(targets)
+    if plan:
+        missing = ", ".join(f"{m.app_label}.{m.name}" for m, _ in plan[:3])
+        raise DatabaseNotMigrated(f"{MIGRATE_HINT} (not applied: {missing})")
 
 
 def lock_run(using: str, run_id: Any) -> tuple[str, int, int | None] | None:

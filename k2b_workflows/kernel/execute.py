@@ -59,7 +59,7 @@ from ..actions import (
 from ..exceptions import InvalidInput, LeaseLost, RunCanceled, StepFailed, Suspend, UnknownWorkflow
 from ..models import JournalEntry, LedgerEntry, WorkflowRun
 from ..workflows import ChildResult, RunHandle, WorkflowDefinition, get_workflow
-from . import budgets, db, events, evidence, waits
+from . import budgets, db, events, evidence, waits, weather
 from .context import StepContext, _holding
 
 if TYPE_CHECKING:
@@ -186,6 +186,8 @@ class Execution:
         #: A step's success not committed yet: it commits with the next write of
         #: this run (the next step's start, or the run's end), see ``_journal_success``.
         self._pending: _Pending | None = None
+        #: The run could not be released after a lost connection: the worker must.
+        self.release_pending = False
 
     # -- entry point ---------------------------------------------------------
 
@@ -252,6 +254,11 @@ class Execution:
             )
             self.outcome = "commit_unknown"
             self._release_after_unknown_commit()
+        except DatabaseError as exc:
+            if not weather.is_connection_error(exc):
+                raise
+            with contextlib.suppress(Suspend):
+                self._lost_connection(exc)
         finally:
             if self.keeper:
                 self.keeper.untrack(self.run_id)
@@ -311,6 +318,8 @@ class Execution:
             self._retry_later(f"database error: {exc}")
             return
         except Exception as exc:
+            if weather.is_connection_error(exc):
+                raise  # the database's weather, not the workflow's failure
             # Step errors never get here (``step`` turns them into retries): this is
             # the workflow function's own bug. Retrying the same code replays to the
             # same line, so one traceback and an operator, not five and backoff.
@@ -354,8 +363,12 @@ class Execution:
         except (StepFailed, LeaseLost, RunCanceled, db.CommitOutcomeUnknown):
             raise
         except DatabaseError as exc:
+            if weather.is_connection_error(exc):
+                self._lost_connection(exc)
             self._retry_later(f"step {seq} ({name}): database error: {exc}")
         except Exception as exc:
+            if weather.is_connection_error(exc):
+                self._lost_connection(exc)
             # An action's hook raised (PURE, IDEMPOTENT): retryable. Handled here so
             # that it can never be mistaken for the workflow's own bug, nor be
             # swallowed by the workflow's ``except Exception``.
@@ -592,6 +605,8 @@ class Execution:
             except (LeaseLost, RunCanceled, db.CommitOutcomeUnknown, Suspend):
                 raise
             except DatabaseError as exc:
+                if weather.is_connection_error(exc):
+                    raise
                 if db.is_conflict(exc) and attempt < 2:
                     logger.info("run %s step %s: conflict, retrying", self.run_id, step.seq)
                     continue
@@ -741,6 +756,8 @@ class Execution:
         except InvalidResult as exc:
             result = Unknown(f"reconcile() returned an invalid result: {exc}")
         except Exception as exc:
+            if weather.is_connection_error(exc):
+                raise  # a lookup that could not reach our database tells nothing: ask again later
             result = Unknown(f"reconcile() raised {type(exc).__name__}: {exc}")
         events.reconcile_answered(
             self, step.seq, step.ctx.effect_key, type(result).__name__.lower()
@@ -806,7 +823,8 @@ class Execution:
     def _call(self, step: _Step, hook: str, allowed: tuple) -> Any:
         """Call an action hook with the lease kept alive, and validate what it returns."""
         if self.keeper:
-            self.keeper.action_started(self.run_id, step.action.timeout)
+            external = hook == "run" and step.action.effect.is_external
+            self.keeper.action_started(self.run_id, step.action.timeout, external=external)
         try:
             result = getattr(step.action, hook)(step.ctx, step.input)
         except StepFailed as exc:
@@ -845,6 +863,8 @@ class Execution:
         except (LeaseLost, RunCanceled, Suspend):
             raise
         except Exception as exc:
+            if weather.is_connection_error(exc):
+                raise
             self._retry_later(f"step {step.seq} ({step.name}): authorize() raised {exc!r}")
         raise AssertionError("unreachable")
 
@@ -1240,16 +1260,33 @@ class Execution:
         events.run_changed(self, self.outcome, step=seq)
         raise Suspend
 
-    def _release_after_unknown_commit(self) -> None:
-        from django.db import connections
+    def _lost_connection(self, exc: BaseException) -> None:
+        """The connection died under a step (a restart, a failover, a terminated backend).
 
+        Whatever that transaction wrote either committed with its journal entry or
+        not at all: the same path as an unknown commit. It is not the run's
+        failure, so none is counted, and ``Suspend`` leaves the workflow code
+        without its ``except Exception`` seeing the error.
+        """
+        logger.warning(
+            "run %s: database unavailable (%s); handing the run back",
+            self.run_id,
+            weather.describe(exc),
+        )
+        self.outcome = "db_unavailable"
+        self._release_after_unknown_commit()
+        raise Suspend
+
+    def _release_after_unknown_commit(self) -> None:
+        """Hand the run back on a fresh connection; the worker retries it if even that fails."""
         from .claim import release
 
-        connections[self.using].close()
+        weather.close_quietly(self.using)
         try:
             release(self.using, self.run_id, self.generation)
         except DatabaseError:
-            logger.warning("run %s: could not release; the lease will expire", self.run_id)
+            weather.close_quietly(self.using)
+            self.release_pending = True
 
     # -- run.children --------------------------------------------------------
 

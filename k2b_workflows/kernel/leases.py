@@ -8,14 +8,15 @@ and sets the execution's ``ctx.canceled`` event (the abort signal).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import store
-from . import db
+from .. import metrics, store
+from . import db, weather
 from .claim import renew_leases
 
 logger = logging.getLogger("k2b_workflows")
@@ -29,6 +30,8 @@ class _Held:
     event: threading.Event
     action_deadline: float | None = None
     action_started: float | None = None
+    #: An EXTERNAL (or stronger) ``run()`` is in flight: its effect may land at any moment.
+    external: bool = False
 
 
 @dataclass
@@ -51,19 +54,26 @@ class LeaseKeeper:
         with self._lock:
             self._runs.pop(run_id, None)
 
-    def action_started(self, run_id: Any, timeout_s: float | None) -> None:
+    def action_started(self, run_id: Any, timeout_s: float | None, external: bool = False) -> None:
         timeout = timeout_s if timeout_s is not None else store.action_timeout_ms() / 1000
         with self._lock:
             if run_id in self._runs:
                 now = time.monotonic()
                 self._runs[run_id].action_deadline = now + timeout
                 self._runs[run_id].action_started = now
+                self._runs[run_id].external = external
 
     def action_finished(self, run_id: Any) -> None:
         with self._lock:
             if run_id in self._runs:
                 self._runs[run_id].action_deadline = None
                 self._runs[run_id].action_started = None
+                self._runs[run_id].external = False
+
+    def external_in_flight(self) -> set[Any]:
+        """Runs whose external ``run()`` has been called and has not returned."""
+        with self._lock:
+            return {run_id for run_id, held in self._runs.items() if held.external}
 
     def track_task(self, task_id: Any, generation: int, event: threading.Event) -> None:
         with self._lock:
@@ -88,8 +98,13 @@ class LeaseKeeper:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=5)
-        if self._conn is not None:
-            self._conn.close()
+        self._drop_connection()
+
+    def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
 
     def _connection(self) -> Any:
         if self._conn is None or self._conn.closed:
@@ -98,18 +113,31 @@ class LeaseKeeper:
 
     def _loop(self) -> None:
         last_renew = 0.0
-        while not self._stop.wait(CHECK_INTERVAL_S):
+        backoff = weather.Backoff(first=CHECK_INTERVAL_S, cap=2.0)
+        delay = CHECK_INTERVAL_S
+        while not self._stop.wait(delay):
             try:
                 renew_every = store.lease_ms() / 3000
                 renew = time.monotonic() - last_renew >= renew_every
                 self.tick(renew=renew)
                 if renew:
                     last_renew = time.monotonic()
-            except Exception:
-                logger.exception("lease keeper: tick failed; reconnecting")
-                if self._conn is not None:
-                    self._conn.close()
-                self._conn = None
+                backoff.reset()
+                delay = CHECK_INTERVAL_S
+            except Exception as exc:
+                # Leases not renewed while the database is away expire, and the
+                # fence keeps whatever this process then writes from committing.
+                delay = backoff.next()
+                if weather.is_connection_error(exc):
+                    metrics.count_db_reconnect("lease_keeper")
+                    logger.warning(
+                        "lease keeper: database unavailable: %s; reconnecting in %.1f s",
+                        weather.describe(exc),
+                        delay,
+                    )
+                else:
+                    logger.exception("lease keeper: tick failed; reconnecting in %.1f s", delay)
+                self._drop_connection()
 
     def tick(self, *, renew: bool) -> None:
         now = time.monotonic()

@@ -9,10 +9,13 @@ import sys
 import time
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from k2b_workflows import store
+from k2b_workflows.exceptions import DatabaseNotMigrated, DatabaseUnavailable
+from k2b_workflows.kernel import weather
 from k2b_workflows.management import arguments
 from k2b_workflows.worker import Worker, default_status_stream
 
@@ -35,7 +38,11 @@ SELECT current_setting('max_connections')::int,
 
 
 class Command(BaseCommand):
-    help = "Claim and execute workflow runs. SIGTERM/SIGINT stop gracefully; a second one forces."
+    help = (
+        "Claim and execute workflow runs. SIGTERM/SIGINT stop gracefully (steps in flight"
+        " finish within SHUTDOWN_GRACE_MS, then their runs are handed back); a second one"
+        " hands back and exits at once."
+    )
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument(
@@ -57,6 +64,13 @@ class Command(BaseCommand):
             "--no-listen", action="store_true", help="poll only; do not LISTEN for wake-ups"
         )
         parser.add_argument(
+            "--wait-for-db",
+            type=float,
+            default=None,
+            metavar="SECONDS",
+            help="at start-up, wait at most this long for the database (default: forever)",
+        )
+        parser.add_argument(
             "--health-file",
             metavar="PATH",
             help="touch PATH after every healthy loop iteration (check: manage.py workerhealth)",
@@ -75,10 +89,13 @@ class Command(BaseCommand):
         concurrency: int,
         burst: bool,
         no_listen: bool,
+        wait_for_db: float | None,
         health_file: str | None = None,
         metrics_port: int | None = None,
         **options: Any,
     ) -> None:
+        if wait_for_db is not None and wait_for_db < 0:
+            raise CommandError("--wait-for-db must not be negative")
         self._check_connections(concurrency)
         if metrics_port is not None:
             from k2b_workflows import metrics
@@ -95,6 +112,8 @@ class Command(BaseCommand):
             burst=burst,
             listen=not no_listen,
             status_stream=default_status_stream(),
+            wait_for_db=wait_for_db,
+            notice_stream=sys.stderr,
             health_file=health_file,
             metrics_port=metrics_port,
         )
@@ -103,12 +122,12 @@ class Command(BaseCommand):
         def on_signal(signum: int, frame: Any) -> None:
             nonlocal stops
             stops += 1
+            name = signal.Signals(signum).name
             if stops > 1:
-                # Forced: leases expire and other workers take over (the crash path).
-                os._exit(1)
-            self.stderr.write(
-                f"received {signal.Signals(signum).name}: stopping after current steps"
-            )
+                self.stderr.write(f"received {name} again: handing runs back, exiting now")
+                worker.stop(force=True)
+                return
+            self.stderr.write(f"received {name}: stopping after current steps")
             worker.stop()
 
         signal.signal(signal.SIGTERM, on_signal)
@@ -116,9 +135,22 @@ class Command(BaseCommand):
         # Jitter so a fleet restarted at once does not claim in lockstep.
         if not burst:
             time.sleep(random.uniform(0, 0.2))
-        worker.run()
+        try:
+            worker.run()
+        except DatabaseNotMigrated as exc:
+            raise CommandError(str(exc), returncode=2) from None
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc), returncode=2) from None
+        except DatabaseUnavailable as exc:
+            raise CommandError(str(exc), returncode=1) from None
         if not sys.stdout.isatty():
             self.stdout.write(f"worker stopped: {dict(worker.stats)}")
+        if worker.abandoned:
+            # Threads still inside a step (their runs handed back or fenced): the
+            # interpreter would wait for them at exit. Nothing they write can commit.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
 
     def _check_connections(self, concurrency: int) -> None:
         """Refuse a ``--concurrency`` the server can never serve; warn when it cannot now.
@@ -126,9 +158,16 @@ class Command(BaseCommand):
         A worker claims runs for threads that then fail to connect; every lease
         that expires meanwhile counts against the run. Better to say so at start.
         """
-        with connections[store.database()].cursor() as cursor:
-            cursor.execute(_CONNECTIONS_SQL)
-            max_conn, reserved, in_use, superuser, role_limit, role_in_use = cursor.fetchone()
+        try:
+            with connections[store.database()].cursor() as cursor:
+                cursor.execute(_CONNECTIONS_SQL)
+                max_conn, reserved, in_use, superuser, role_limit, role_in_use = cursor.fetchone()
+        except DatabaseError as exc:
+            if not weather.is_connection_error(exc):
+                raise
+            # Unreachable for now: the worker's start-up waits for it (--wait-for-db).
+            weather.close_quietly(store.database())
+            return
         needed = concurrency + EXTRA_CONNECTIONS
         allowed = max_conn if superuser else max_conn - reserved
         if needed > allowed:

