@@ -18,12 +18,13 @@ PYTEST_ARGS ?=
 # and stops the recipe if no database could be had.
 WITH_DB = url="$$($(PY) scripts/dbenv.py)" || exit $$?; export DATABASE_URL="$$url";
 
-.PHONY: help venv db db-stop demo serve test lint format bench bench-quick compare soak docs docs-serve clean distclean
+.PHONY: help venv db db-stop demo serve test test-fast lint format bench bench-quick compare soak docs docs-serve clean distclean
 
 help:
 	@echo "make demo      set everything up and run the demo workflows with real workers"
 	@echo "make serve     run the example site (admin at http://127.0.0.1:8000/admin/)"
 	@echo "make test      run the test suite on PostgreSQL (PYTEST_ARGS='-k foo' to pass options)"
+	@echo "make test-fast the suite without crash, slow and browser tests (the inner loop)"
 	@echo "make lint      ruff check, ruff format --check, mypy, and no missing migration"
 	@echo "make format    ruff format and ruff check --fix"
 	@echo "make bench     run bench/run.py (full; bench-quick: under a minute)"
@@ -62,6 +63,10 @@ serve: venv db
 
 test: venv db
 	@$(WITH_DB) $(PY) -m pytest $(PYTEST_ARGS)
+
+# The inner loop: no killed workers, no soak, no stress, no browser.
+test-fast: venv db
+	@$(WITH_DB) $(PY) -m pytest -m "not crash and not slow and not browser" $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .
