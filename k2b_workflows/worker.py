@@ -515,7 +515,8 @@ class Worker:
             self.keeper.untrack(run_id)
         try:
             with transaction.atomic(using=self.using):
-                released = claim.release_many(self.using, held)
+                # No thread started them: nothing of ours can still commit for them.
+                released = len(claim.hand_back(self.using, {r: (g, 0) for r, g in held}))
         except DatabaseError as exc:
             weather.close_quietly(self.using)
             logger.warning(

@@ -17,22 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from bench.soak import QUICK
+from bench.soak import INVARIANTS, QUICK
 
 pytestmark = [pytest.mark.slow, pytest.mark.crash]
 
 ROOT = Path(__file__).resolve().parent.parent
-INVARIANTS = (
-    "lost",
-    "duplicate_effects",
-    "missing_effects",
-    "stale_writes",
-    "unchecked_writes",
-    "broken_chains",
-    "unexpected_attention",
-    "died_on_their_own",
-    "unclean_stops",
-)
 
 
 def test_quick_soak_keeps_every_invariant():

@@ -174,21 +174,6 @@ def release(using: str, run_id: Any, generation: int) -> bool:
         return cursor.rowcount == 1
 
 
-def release_many(using: str, held: Sequence[tuple[Any, int]]) -> int:
-    """``release`` for several (run id, generation) pairs in one statement."""
-    if not held:
-        return 0
-    with connections[using].cursor() as cursor:
-        cursor.execute(
-            """UPDATE k2b_run r SET status = 'queued', run_after = statement_timestamp(),
-                      lease_expires_at = NULL, claimed_by = '', updated_at = now()
-                 FROM unnest(%s::uuid[], %s::bigint[]) AS a(id, gen)
-                WHERE r.id = a.id AND r.generation = a.gen AND r.status = 'running'""",
-            [[h[0] for h in held], [h[1] for h in held]],
-        )
-        return cursor.rowcount
-
-
 _HAND_BACK_SQL = """
 WITH held(id, gen, delay_ms) AS (SELECT * FROM unnest(%s::uuid[], %s::bigint[], %s::bigint[])),
      free AS (SELECT k.id, held.delay_ms
