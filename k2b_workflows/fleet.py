@@ -200,6 +200,25 @@ def live_workers(using: str | None = None) -> list[dict[str, Any]]:
     ]
 
 
+def queue_counts(cursor: Any) -> tuple[dict[str, int], int, float | None, int]:
+    """Runs by status, queued runs that are due, the oldest due one's age, live workers.
+
+    ``cursor``: a Django cursor or a raw psycopg one (the metrics scrape reads on
+    a connection of its own). Returns (counts, due, oldest age in seconds or
+    None when nothing is due, live worker count).
+    """
+    cursor.execute("SELECT status, count(*) FROM k2b_run GROUP BY status")
+    counts = dict(cursor.fetchall())
+    cursor.execute(
+        """SELECT count(*), EXTRACT(EPOCH FROM now() - min(run_after))
+             FROM k2b_run WHERE status = 'queued' AND run_after <= now()"""
+    )
+    due, oldest = cursor.fetchone()
+    cursor.execute(f"SELECT count(*) FROM k2b_worker WHERE {_LIVE}", [store.worker_lost_after_ms()])
+    live = cursor.fetchone()[0]
+    return counts, int(due), None if oldest is None else float(oldest), int(live)
+
+
 def status(using: str | None = None) -> dict[str, Any]:
     """What an on-call engineer asks first: counts, the oldest queued run, incidents, workers.
 
@@ -208,13 +227,7 @@ def status(using: str | None = None) -> dict[str, Any]:
     """
     using = using or store.database()
     with connections[using].cursor() as cursor:
-        cursor.execute("SELECT status, count(*) FROM k2b_run GROUP BY status")
-        counts = dict(cursor.fetchall())
-        cursor.execute(
-            """SELECT EXTRACT(EPOCH FROM now() - min(run_after)), count(*)
-                 FROM k2b_run WHERE status = 'queued' AND run_after <= now()"""
-        )
-        oldest, due = cursor.fetchone()
+        counts, due, oldest, _ = queue_counts(cursor)
         cursor.execute(
             """SELECT workflow_name, workflow_version, app_id, count(*),
                       EXTRACT(EPOCH FROM now() - min(created_at))
@@ -242,7 +255,7 @@ def status(using: str | None = None) -> dict[str, Any]:
     return {
         "runs": {s: counts.get(s, 0) for s in RunStatus.values},
         "queued_due": due,
-        "oldest_queued_age_s": round(max(float(oldest), 0.0), 3) if oldest is not None else None,
+        "oldest_queued_age_s": round(max(oldest, 0.0), 3) if oldest is not None else None,
         "open_incidents": counts.get("needs_attention", 0),
         "live_workers": workers,
         "unserved": unserved,

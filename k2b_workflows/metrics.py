@@ -169,15 +169,8 @@ class DatabaseCollector:
             yield up
             return
         try:
-            runs = dict(conn.execute("SELECT status, count(*) FROM k2b_run GROUP BY 1").fetchall())
-            depth, oldest = conn.execute(
-                """SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(run_after)), 0)
-                     FROM k2b_run WHERE status = 'queued' AND run_after <= now()"""
-            ).fetchone()
-            live = conn.execute(
-                f"SELECT count(*) FROM k2b_worker WHERE {fleet._LIVE}",
-                [store.worker_lost_after_ms()],
-            ).fetchone()[0]
+            with conn.cursor() as cursor:
+                runs, depth, oldest, live = fleet.queue_counts(cursor)
         except Exception as exc:
             logger.warning("metrics: database query failed: %s", exc)
             up.add_metric([], 0)
@@ -193,22 +186,18 @@ class DatabaseCollector:
         for status in RunStatus.values:
             by_status.add_metric([status], runs.get(status, 0))
         yield by_status
-        yield GaugeMetricFamily(
-            "k2b_queue_depth", "Queued runs that are due now.", value=int(depth)
-        )
+        yield GaugeMetricFamily("k2b_queue_depth", "Queued runs that are due now.", value=depth)
         yield GaugeMetricFamily(
             "k2b_oldest_queued_age_seconds",
             "How long the oldest due queued run has waited (0: none).",
-            value=max(float(oldest), 0.0),
+            value=max(oldest or 0.0, 0.0),
         )
         yield GaugeMetricFamily(
             "k2b_open_incidents",
             "Runs in needs_attention (an operator must decide).",
             value=runs.get("needs_attention", 0),
         )
-        yield GaugeMetricFamily(
-            "k2b_live_workers", "Workers whose heartbeat is fresh.", value=int(live)
-        )
+        yield GaugeMetricFamily("k2b_live_workers", "Workers whose heartbeat is fresh.", value=live)
 
 
 def serve(port: int, addr: str = "0.0.0.0", using: str | None = None) -> int:
