@@ -142,7 +142,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         errors.append(
             Warning(
                 "WORKER_LOST_AFTER_MS should be more than two WORKER_HEARTBEAT_MS",
-                id="k2b_workflows.W003",
+                id="k2b_workflows.W004",
             )
         )
     if not errors and store.retry_backoff_max_ms() < store.retry_backoff_ms():

@@ -303,5 +303,5 @@ def test_checks_refuse_an_unknown_listen_alias_and_a_lost_timeout_below_two_beat
         "WORKER_HEARTBEAT_MS": 1000,
         "WORKER_LOST_AFTER_MS": 1500,
     }
-    assert [e.id for e in check_settings()] == ["k2b_workflows.W003"]
+    assert [e.id for e in check_settings()] == ["k2b_workflows.W004"]
     assert store.listen_database() == "default"
