@@ -20,8 +20,10 @@ from django.db import connections
 APPEND_ONLY_TABLES = ("k2b_journal", "k2b_ledger", "k2b_budget_charge")
 _FORBIDDEN = ("UPDATE", "DELETE", "TRUNCATE")
 #: Tables whose rows the runtime role removes itself: workers purge the fleet
-#: rows of stopped or lost workers as they beat (``fleet.py``). Nothing else.
-RUNTIME_DELETES = ("k2b_worker",)
+#: rows of stopped or lost workers as they beat (``fleet.py``), and wait
+#: rendezvous nobody consumed in their housekeeping (``kernel/waits.py``).
+#: Neither holds evidence. Nothing else.
+RUNTIME_DELETES = ("k2b_wait", "k2b_worker")
 
 
 def kernel_tables() -> list[str]:
