@@ -510,7 +510,38 @@ class Soak:
             time.sleep(0.25)
         return False
 
+    def wait_until_registered(self, timeout: float = 60.0) -> None:
+        """Wait until every worker is up: registered in the fleet table.
+
+        A worker registers after ``runworkflows`` installed its SIGTERM handler.
+        One the supervisor restarted moments ago may still be importing Django,
+        and a SIGTERM then ends it by the default action (exit -15) before it
+        could claim anything. The stop checks graceful shutdown, not that race,
+        so it signals workers once they are up (or after ``timeout``, and then
+        an early exit still counts as unclean).
+        """
+        from django.db import DatabaseError, InterfaceError, connection
+
+        from k2b_workflows.models import WorkerRecord
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pids = {worker.pid for worker in self.workers}
+            try:
+                up = set(
+                    WorkerRecord.objects.filter(pid__in=pids, state="alive").values_list(
+                        "pid", flat=True
+                    )
+                )
+            except (DatabaseError, InterfaceError):
+                connection.close()
+                up = set()
+            if up >= pids:
+                return
+            time.sleep(0.25)
+
     def stop_workers(self) -> None:
+        self.wait_until_registered()
         for worker in self.workers:
             worker.proc.send_signal(signal.SIGTERM)
         for worker in self.workers:
