@@ -94,7 +94,28 @@ class WorkerProcess:
         self.proc.wait(timeout=10)
 
     def wait(self, timeout: float = 30) -> int:
-        return self.proc.wait(timeout=timeout)
+        """The exit code; a worker still running after ``timeout`` fails the test with
+        its log and every thread's stack, so a hang on a loaded machine can be read."""
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(
+                f"worker {self.pid} still running after {timeout} s\n"
+                f"-- threads --\n{self.stacks()}\n-- log --\n{self.output()}"
+            )
+
+    def stacks(self) -> str:
+        """Every thread's Python stack, read from outside by py-spy (a dev dependency)."""
+        try:
+            dump = subprocess.run(
+                [str(Path(sys.executable).with_name("py-spy")), "dump", "--pid", str(self.pid)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"(no stacks: {exc})"
+        return dump.stdout or dump.stderr
 
     def output(self) -> str:
         self.log.flush()

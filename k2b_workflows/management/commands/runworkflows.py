@@ -17,6 +17,7 @@ from k2b_workflows import store
 from k2b_workflows.exceptions import DatabaseNotMigrated, DatabaseUnavailable
 from k2b_workflows.kernel import weather
 from k2b_workflows.management import arguments
+from k2b_workflows.stop_signals import stop_signals
 from k2b_workflows.worker import Worker, default_status_stream
 
 #: Threads of one process. Past a few hundred, a process spends its time
@@ -119,7 +120,8 @@ class Command(BaseCommand):
         )
         stops = 0
 
-        def on_signal(signum: int, frame: Any) -> None:
+        def on_signal(signum: int) -> None:
+            # Called by the watcher thread (see stop_signals), never inside a handler.
             nonlocal stops
             stops += 1
             name = signal.Signals(signum).name
@@ -130,19 +132,18 @@ class Command(BaseCommand):
             self.stderr.write(f"received {name}: stopping after current steps")
             worker.stop()
 
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
-        # Jitter so a fleet restarted at once does not claim in lockstep.
-        if not burst:
-            time.sleep(random.uniform(0, 0.2))
-        try:
-            worker.run()
-        except DatabaseNotMigrated as exc:
-            raise CommandError(str(exc), returncode=2) from None
-        except ImproperlyConfigured as exc:
-            raise CommandError(str(exc), returncode=2) from None
-        except DatabaseUnavailable as exc:
-            raise CommandError(str(exc), returncode=1) from None
+        with stop_signals(on_signal):
+            # Jitter so a fleet restarted at once does not claim in lockstep.
+            if not burst:
+                time.sleep(random.uniform(0, 0.2))
+            try:
+                worker.run()
+            except DatabaseNotMigrated as exc:
+                raise CommandError(str(exc), returncode=2) from None
+            except ImproperlyConfigured as exc:
+                raise CommandError(str(exc), returncode=2) from None
+            except DatabaseUnavailable as exc:
+                raise CommandError(str(exc), returncode=1) from None
         if not sys.stdout.isatty():
             self.stdout.write(f"worker stopped: {dict(worker.stats)}")
         if worker.abandoned:
