@@ -167,6 +167,27 @@ def test_a_wiped_anchor_is_detected():
     assert "no anchor" in _stopped_for_integrity(run)
 
 
+def test_a_journal_append_whose_step_is_not_the_next_seals_over_the_real_count():
+    """The one-statement append seals over ``seq + 1`` entries; when the journal holds
+    another count, the anchor is sealed over what it really holds, and still verifies."""
+    run = _parked("integrity.charge_then_wait", amount=7, key="gap")
+    (first,) = journal(run)
+    entry = JournalEntry(
+        run_id=run.pk,
+        seq=5,
+        action_name="x",
+        effect="PURE",
+        state="succeeded",
+        output={"n": 1},
+        input_hash="h",
+        generation=run.generation,
+    )
+    with transaction.atomic():
+        evidence.append_journal(entry, first.entry_hash, "default")
+    assert [e.seq for e in journal(run)] == [0, 5]
+    assert evidence.verify_chains(run.pk, "default") is None
+
+
 # -- finished runs: verifyworkflows and the admin badge ---------------------------------
 
 

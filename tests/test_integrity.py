@@ -66,6 +66,15 @@ def test_a_tampered_journal_entry_blocks_success():
     assert fresh(run).output is None
 
 
+def test_a_journal_entry_edited_while_the_run_executes_blocks_its_success():
+    """Verified at load is not enough: the chains are read again before success commits."""
+    run = start_workflow_run("kernel.tamper_while_running", {})
+    run_to_end()
+    state = describe(run)
+    assert (state["status"], state["code"]) == ("needs_attention", INTEGRITY_CHAIN_BROKEN)
+    assert fresh(run).output is None
+
+
 def test_an_intact_chain_lets_the_same_run_succeed():
     run = start_workflow_run("kernel.tamper", {"key": "go"})
     DomainRow.objects.create(key="go")

@@ -471,6 +471,30 @@ def tamper_workflow(run, input):
     return first
 
 
+class EditEarlierStep(Action):
+    """PURE, played by an attacker: while this step runs, step 0's journaled output is
+    edited in place (append-only trigger bypassed, hashes left as they were)."""
+
+    name = "kernel.edit_earlier_step"
+    effect = Effect.PURE
+
+    def run(self, ctx, input):
+        import pgtrigger
+
+        from k2b_workflows.models import JournalEntry
+
+        with pgtrigger.ignore("k2b_workflows.JournalEntry:journal_append_only"):
+            JournalEntry.objects.filter(run_id=ctx.run_id, seq=0).update(output={"n": 999})
+        return succeeded({"edited": True})
+
+
+@workflow("kernel.tamper_while_running", app_id="tests")
+def tamper_while_running_workflow(run, input):
+    first = run.step(Record, {"n": 1})
+    run.step(EditEarlierStep, {})
+    return first
+
+
 @workflow("kernel.slow", app_id="tests")
 def slow_workflow(run, input):
     run.step(Slow, {"seconds": input.get("seconds", 1)})

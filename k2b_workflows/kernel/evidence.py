@@ -169,25 +169,87 @@ def _seal(using: str, run_id: Any, chain: str, count: int, head: str) -> None:
         )
 
 
-def append_journal(entry: JournalEntry, prev_hash: str, using: str) -> JournalEntry:
-    """Insert a journal entry chained to ``prev_hash`` and re-seal the run's anchor.
+_JOURNAL_COLUMNS = """run_id, seq, action_name, effect, state, output, summary, error_code,
+                         error_message, input_hash, generation, started_at, created_at,
+                         key_id, prev_hash, entry_hash"""
+_JOURNAL_VALUES = "id, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s"
 
-    Caller holds the run row lock, so no other entry of this run commits between
-    the count and the insert.
-    """
-    with connections[using].cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM k2b_journal WHERE run_id = %s", [entry.run_id])
-        count = cursor.fetchone()[0]
+
+def _journal_values(entry: JournalEntry) -> list[Any]:
+    """Parameters for ``_JOURNAL_VALUES``, the run id coming from the row the CTE locked."""
+    return [
+        entry.seq,
+        entry.action_name,
+        entry.effect,
+        entry.state,
+        None if entry.output is None else canonical_json(entry.output),
+        entry.summary,
+        entry.error_code,
+        entry.error_message,
+        entry.input_hash,
+        entry.generation,
+        entry.started_at,
+        entry.created_at,
+        entry.key_id,
+        entry.prev_hash,
+        entry.entry_hash,
+    ]
+
+
+def _inserted(entry: JournalEntry, using: str, pk: Any) -> JournalEntry:
+    entry.pk = pk
+    entry._state.adding = False
+    entry._state.db = using
+    return entry
+
+
+def _chain_journal(entry: JournalEntry, prev_hash: str) -> tuple[str, bytes]:
     key_id, key = signing_key()
     entry.key_id = key_id
     entry.prev_hash = prev_hash
     entry.entry_hash = journal_hash(prev_hash, entry, key)
+    return key_id, key
+
+
+_SEALED_JOURNAL_SQL = f"""
+WITH sealed AS (
+    UPDATE k2b_run SET journal_anchor = %s
+     WHERE id = %s AND (SELECT count(*) FROM k2b_journal WHERE run_id = %s) = %s
+    RETURNING id)
+INSERT INTO k2b_journal ({_JOURNAL_COLUMNS})
+SELECT {_JOURNAL_VALUES} FROM sealed
+RETURNING id
+"""
+
+
+def append_journal(entry: JournalEntry, prev_hash: str, using: str) -> JournalEntry:
+    """Insert a journal entry chained to ``prev_hash`` and re-seal the run's anchor.
+
+    Caller holds the run row lock, so no other entry of this run commits meanwhile.
+    Steps are journaled in order, so the journal holds ``seq`` entries before this
+    one and the anchor is sealed over ``seq + 1``: seal and insert are one statement
+    that matches only if that count is right (the count subquery does not see the
+    statement's own insert). Otherwise (never, unless the journal has a gap) the
+    count is read and the entry written in three statements, as before.
+    """
+    key_id, key = _chain_journal(entry, prev_hash)
+    sealed = anchor(entry.run_id, "journal", entry.seq + 1, entry.entry_hash, key_id, key)
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            _SEALED_JOURNAL_SQL,
+            [sealed, entry.run_id, entry.run_id, entry.seq, *_journal_values(entry)],
+        )
+        row = cursor.fetchone()
+        if row is not None:
+            return _inserted(entry, using, row[0])
+        cursor.execute("SELECT count(*) FROM k2b_journal WHERE run_id = %s", [entry.run_id])
+        count = cursor.fetchone()[0]
     entry.save(using=using, force_insert=True)
     _seal(using, entry.run_id, "journal", count + 1, entry.entry_hash)
     return entry
 
 
-_FENCED_JOURNAL_SQL = """
+_FENCED_JOURNAL_SQL = f"""
 WITH fenced AS (
     UPDATE k2b_run
        SET lease_expires_at = statement_timestamp() + %s * interval '1 millisecond',
@@ -196,10 +258,8 @@ WITH fenced AS (
      WHERE id = %s AND generation = %s AND status = 'running'
        AND (SELECT count(*) FROM k2b_journal WHERE run_id = %s) = %s
     RETURNING id)
-INSERT INTO k2b_journal (run_id, seq, action_name, effect, state, output, summary, error_code,
-                         error_message, input_hash, generation, started_at, created_at,
-                         key_id, prev_hash, entry_hash)
-SELECT id, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s FROM fenced
+INSERT INTO k2b_journal ({_JOURNAL_COLUMNS})
+SELECT {_JOURNAL_VALUES} FROM fenced
 RETURNING id
 """
 
@@ -218,10 +278,7 @@ def append_journal_fenced(
     where fence + count + insert + seal in a transaction are six.
     Raises ``LeaseLost`` or ``RunCanceled`` when the run is no longer ours.
     """
-    key_id, key = signing_key()
-    entry.key_id = key_id
-    entry.prev_hash = prev_hash
-    entry.entry_hash = journal_hash(prev_hash, entry, key)
+    key_id, key = _chain_journal(entry, prev_hash)
     sealed = anchor(entry.run_id, "journal", entry.seq + 1, entry.entry_hash, key_id, key)
     params = [
         lease_ms,
@@ -231,31 +288,14 @@ def append_journal_fenced(
         entry.generation,
         entry.run_id,
         entry.seq,
-        entry.seq,
-        entry.action_name,
-        entry.effect,
-        entry.state,
-        None if entry.output is None else canonical_json(entry.output),
-        entry.summary,
-        entry.error_code,
-        entry.error_message,
-        entry.input_hash,
-        entry.generation,
-        entry.started_at,
-        entry.created_at,
-        entry.key_id,
-        entry.prev_hash,
-        entry.entry_hash,
+        *_journal_values(entry),
     ]
     with connections[using].cursor() as cursor:
         cursor.execute(_FENCED_JOURNAL_SQL, params)
         row = cursor.fetchone()
     if row is None:
         raise lease_lost(using, entry.run_id, entry.generation)
-    entry.pk = row[0]
-    entry._state.adding = False
-    entry._state.db = using
-    return entry
+    return _inserted(entry, using, row[0])
 
 
 def append_ledger(using: str, **fields: Any) -> LedgerEntry:
