@@ -4,8 +4,8 @@ Every ```python block of docs/*.md is one of:
 
 * included from a source file the suite runs (pymdownx.snippets): the examples
   in docs/examples/ (run by tests/test_docs_examples.py), the demo shop (run
-  below: ``manage.py demo`` and a dry run of each demo workflow) and the
-  recipes of tests/test_testing_recipes.py;
+  below: ``manage.py demo`` and a dry run of each demo workflow) and test
+  modules such as tests/test_testing_recipes.py;
 * configuration kept inline, listed in ``INLINE`` with the test that
   evaluates it here.
 
@@ -43,12 +43,9 @@ from k2b_workflows.testing import assert_run_status, run_until_idle
 from . import test_docs_examples
 from .docs_helpers import EXAMPLES, ROOT, Block, block, blocks, examples, section
 
-#: Where an included block may come from: files the suite runs.
-INCLUDED_FROM = (
-    "docs/examples/",
-    "example_project/demo/workflows.py",
-    "tests/test_testing_recipes.py",
-)
+#: Where an included block may come from: files the suite runs (tests/test_*.py are
+#: pytest modules themselves, e.g. the recipes of docs/testing.md).
+INCLUDED_FROM = ("docs/examples/", "example_project/demo/workflows.py", "tests/test_")
 
 #: (page, first line) of each inline block -> the test that evaluates it.
 INLINE = {
