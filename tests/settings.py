@@ -3,7 +3,7 @@
 from example_project.settings import *  # noqa: F403
 from example_project.settings import INSTALLED_APPS
 
-INSTALLED_APPS = [*INSTALLED_APPS, "tests"]
+INSTALLED_APPS = [*INSTALLED_APPS, "tests", "docs.examples"]
 
 # Short timings so that lease expiry, retries and polling happen quickly in tests.
 K2B_WORKFLOWS = {
