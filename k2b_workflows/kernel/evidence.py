@@ -249,49 +249,66 @@ def append_journal(entry: JournalEntry, prev_hash: str, using: str) -> JournalEn
     return entry
 
 
-_FENCED_JOURNAL_SQL = f"""
+_FENCED_JOURNAL_SQL = """
 WITH fenced AS (
     UPDATE k2b_run
-       SET lease_expires_at = statement_timestamp() + %s * interval '1 millisecond',
-           updated_at = now(), current_step = %s, consecutive_failures = 0,
-           journal_anchor = %s
+       SET {set_run}, current_step = %s, consecutive_failures = 0, journal_anchor = %s,
+           updated_at = now()
      WHERE id = %s AND generation = %s AND status = 'running'
        AND (SELECT count(*) FROM k2b_journal WHERE run_id = %s) = %s
     RETURNING id)
-INSERT INTO k2b_journal ({_JOURNAL_COLUMNS})
-SELECT {_JOURNAL_VALUES} FROM fenced
+INSERT INTO k2b_journal ({columns})
+SELECT {values} FROM fenced
 RETURNING id
 """
+#: Still running: the lease is extended.
+_STEP_JOURNAL_SQL = _FENCED_JOURNAL_SQL.format(
+    set_run="lease_expires_at = statement_timestamp() + %s * interval '1 millisecond'",
+    columns=_JOURNAL_COLUMNS,
+    values=_JOURNAL_VALUES,
+)
+#: The last step: the run ends with it, in the same statement.
+_FINISH_JOURNAL_SQL = _FENCED_JOURNAL_SQL.format(
+    set_run="""status = 'succeeded', output = %s::jsonb, error_code = '', error_message = '',
+           finished_at = now(), lease_expires_at = NULL""",
+    columns=_JOURNAL_COLUMNS,
+    values=_JOURNAL_VALUES,
+)
 
 
 def append_journal_fenced(
-    entry: JournalEntry, prev_hash: str, using: str, *, lease_ms: int
+    entry: JournalEntry,
+    prev_hash: str,
+    using: str,
+    *,
+    lease_ms: int = 0,
+    run_output: str | None = None,
 ) -> JournalEntry:
-    """Fence the run, insert the entry and re-seal the anchor in one statement (autocommit).
+    """Fence the run, insert the entry and re-seal the anchor in one statement.
 
     The UPDATE in the statement takes the run row lock and checks the
     generation (re-checked on the newest row version if a takeover committed
     meanwhile), and the INSERT reads its row from that UPDATE: a fenced-out
     worker inserts nothing. The anchor is sealed over ``seq + 1`` entries, and
     the UPDATE matches only if the journal holds exactly ``seq`` entries before
-    this one. One statement in autocommit is one round trip and one commit,
-    where fence + count + insert + seal in a transaction are six.
-    Raises ``LeaseLost`` or ``RunCanceled`` when the run is no longer ours.
+    this one. In autocommit this is one round trip and one commit, where fence +
+    count + insert + seal in a transaction are six.
+
+    ``run_output`` (canonical JSON): the step is the run's last; the same UPDATE
+    marks the run succeeded with this output (the caller's transaction then
+    verifies the chains before it commits). Otherwise the lease is extended by
+    ``lease_ms``. Raises ``LeaseLost`` or ``RunCanceled`` when the run is no
+    longer ours.
     """
     key_id, key = _chain_journal(entry, prev_hash)
     sealed = anchor(entry.run_id, "journal", entry.seq + 1, entry.entry_hash, key_id, key)
-    params = [
-        lease_ms,
-        entry.seq,
-        sealed,
-        entry.run_id,
-        entry.generation,
-        entry.run_id,
-        entry.seq,
-        *_journal_values(entry),
-    ]
+    fenced = [entry.seq, sealed, entry.run_id, entry.generation, entry.run_id, entry.seq]
+    if run_output is None:
+        sql, params = _STEP_JOURNAL_SQL, [lease_ms, *fenced]
+    else:
+        sql, params = _FINISH_JOURNAL_SQL, [run_output, *fenced]
     with connections[using].cursor() as cursor:
-        cursor.execute(_FENCED_JOURNAL_SQL, params)
+        cursor.execute(sql, [*params, *_journal_values(entry)])
         row = cursor.fetchone()
     if row is None:
         raise lease_lost(using, entry.run_id, entry.generation)

@@ -1159,6 +1159,11 @@ class Execution:
         raise Suspend
 
     def _succeed_run(self, output: Any) -> None:
+        pending = self._pending
+        if pending is not None and pending.ledger_kind is None:
+            with contextlib.suppress(Suspend):
+                self._succeed_with_last_step(output, pending)
+            return
         with contextlib.suppress(Suspend):
             self._transition(
                 """UPDATE k2b_run SET status = 'succeeded', output = %s, error_code = '',
@@ -1170,6 +1175,51 @@ class Execution:
                 verify=True,
                 announce={"signal": signals.run_finished, "status": "succeeded", "error_code": ""},
             )
+
+    def _succeed_with_last_step(self, output: Any, pending: _Pending) -> None:
+        """The common end: the last step's deferred success and the run's end in one
+        statement, then the chains verified, then one commit (four round trips).
+
+        The statement takes the row lock, fences and journals; the verifying read is
+        a statement of its own, so its snapshot is newer than the lock and holds every
+        entry of the run, ours included. A break rolls everything back and goes the
+        way of ``_transition``'s: the run needs attention, the deferred success with it.
+        """
+        broken: list[str] = []
+
+        def write() -> None:
+            evidence.append_journal_fenced(
+                pending.entry, self.last_hash, self.using, run_output=canonical_json(output)
+            )
+            again = preload(self.using, [self.run_id])[self.run_id]
+            problem = evidence.verify_run(again.run, again.journal, again.ledger)
+            if problem is not None:
+                broken.append(str(problem))
+                raise _ChainBroken
+            if self.run.parent_id:
+                wake_parent(self.using, self.run)
+            signals.send_on_commit(
+                using=self.using,
+                run_id=self.run_id,
+                workflow_name=self.run.workflow_name,
+                signal=signals.run_finished,
+                status="succeeded",
+                error_code="",
+            )
+
+        try:
+            db.run_in_transaction(write, self.using)
+        except (LeaseLost, RunCanceled):
+            self._pending_lost(pending)
+            raise
+        except _ChainBroken:
+            logger.error("run %s: integrity chain broken: %s", self.run_id, broken[0])
+            self._needs_attention(store.INTEGRITY_CHAIN_BROKEN, broken[0], step=None)
+        self._pending = None
+        self._journaled(pending.entry)
+        events.run_changed(self, "succeeded", reason="")
+        self.outcome = "succeeded"
+        raise Suspend
 
     def _fail_run(self, code: str, message: str, step: _Step | None = None) -> None:
         """Fail the run for good (journaling the step's failure when there is one)."""
@@ -1404,6 +1454,10 @@ def _has_other_versions(name: str) -> bool:
     from ..workflows import registered_workflows
 
     return name in registered_workflows()
+
+
+class _ChainBroken(Exception):
+    """Raised inside a finishing transaction to roll it back: the chains did not verify."""
 
 
 @dataclass
