@@ -1177,44 +1177,47 @@ class Execution:
             )
 
     def _succeed_with_last_step(self, output: Any, pending: _Pending) -> None:
-        """The common end: the last step's deferred success and the run's end in one
-        statement, then the chains verified, then one commit (four round trips).
+        """The common end: the chains verified, then the last step's deferred success
+        and the run's end in one statement that fences, journals and seals.
 
-        The statement takes the row lock, fences and journals; the verifying read is
-        a statement of its own, so its snapshot is newer than the lock and holds every
-        entry of the run, ours included. A break rolls everything back and goes the
-        way of ``_transition``'s: the run needs attention, the deferred success with it.
+        The verifying read is one statement, so the run row (its anchors) and every
+        entry come from one snapshot: an append commits both or neither, and no
+        lock is needed for a consistent view. Then the finishing statement is its
+        own transaction (a child's also wakes its parent, in one transaction): two
+        round trips and one commit. A break leaves the run to ``_needs_attention``,
+        the deferred success with it, as ``_transition`` does.
         """
-        broken: list[str] = []
+        again = preload(self.using, [self.run_id]).get(self.run_id)
+        problem = (
+            None if again is None else evidence.verify_run(again.run, again.journal, again.ledger)
+        )
+        if problem is not None:
+            logger.error("run %s: integrity chain broken: %s", self.run_id, problem)
+            self._needs_attention(store.INTEGRITY_CHAIN_BROKEN, str(problem), step=None)
 
-        def write() -> None:
+        def finish() -> None:
             evidence.append_journal_fenced(
                 pending.entry, self.last_hash, self.using, run_output=canonical_json(output)
             )
-            again = preload(self.using, [self.run_id])[self.run_id]
-            problem = evidence.verify_run(again.run, again.journal, again.ledger)
-            if problem is not None:
-                broken.append(str(problem))
-                raise _ChainBroken
             if self.run.parent_id:
                 wake_parent(self.using, self.run)
-            signals.send_on_commit(
-                using=self.using,
-                run_id=self.run_id,
-                workflow_name=self.run.workflow_name,
-                signal=signals.run_finished,
-                status="succeeded",
-                error_code="",
-            )
 
         try:
-            db.run_in_transaction(write, self.using)
+            if self.run.parent_id:
+                db.run_in_transaction(finish, self.using)
+            else:
+                db.run_statement(finish, self.using)
         except (LeaseLost, RunCanceled):
             self._pending_lost(pending)
             raise
-        except _ChainBroken:
-            logger.error("run %s: integrity chain broken: %s", self.run_id, broken[0])
-            self._needs_attention(store.INTEGRITY_CHAIN_BROKEN, broken[0], step=None)
+        signals.send_on_commit(
+            using=self.using,
+            run_id=self.run_id,
+            workflow_name=self.run.workflow_name,
+            signal=signals.run_finished,
+            status="succeeded",
+            error_code="",
+        )
         self._pending = None
         self._journaled(pending.entry)
         events.run_changed(self, "succeeded", reason="")
@@ -1454,10 +1457,6 @@ def _has_other_versions(name: str) -> bool:
     from ..workflows import registered_workflows
 
     return name in registered_workflows()
-
-
-class _ChainBroken(Exception):
-    """Raised inside a finishing transaction to roll it back: the chains did not verify."""
 
 
 @dataclass
