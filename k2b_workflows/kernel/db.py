@@ -225,3 +225,64 @@ def fetchall(using: str, sql: str, params: list[Any] | tuple[Any, ...] = ()) -> 
     with connections[using].cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall()
+
+
+# -- a transaction in two round trips ---------------------------------------------------
+#
+# Through Django, a transaction costs a round trip for BEGIN (psycopg sends it
+# before the first statement), one per statement, and one for COMMIT. With
+# client-side binding (Django's default for psycopg 3) several statements go in
+# one simple-protocol message, so "BEGIN; read" and "write; COMMIT" make a
+# read-check-write transaction of two round trips. Only outside
+# ``transaction.atomic`` (Django must not think it owns a transaction here).
+
+
+def batches_statements(using: str) -> bool:
+    """Whether ``begin_and_fetch``/``commit_with`` may be used on this connection now."""
+    wrapper = connections[using]
+    options = wrapper.settings_dict.get("OPTIONS") or {}
+    return not wrapper.in_atomic_block and options.get("server_side_binding") is not True
+
+
+def begin_and_fetch(using: str, sql: str, params: list[Any]) -> list[tuple]:
+    """Open a transaction and run ``sql`` in it, in one round trip; returns its rows.
+
+    The caller ends the transaction with ``commit_with`` or ``rollback_quietly``.
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute("BEGIN; " + sql, params)
+        cursor.nextset()
+        return cursor.fetchall()
+
+
+def commit_with(using: str, sql: str, params: list[Any]) -> tuple | None:
+    """Run ``sql`` and COMMIT in one round trip; returns the statement's first row.
+
+    A failed statement skips the COMMIT (the server drops the rest of the
+    message): the transaction is rolled back and the error raised. A connection
+    lost on the way is ``CommitOutcomeUnknown``.
+    """
+    try:
+        with connections[using].cursor() as cursor:
+            cursor.execute(sql + "; COMMIT", params)
+            row = cursor.fetchone()
+            cursor.nextset()
+            return row
+    except OperationalError as exc:
+        if is_conflict(exc):
+            rollback_quietly(using)
+            raise
+        raise CommitOutcomeUnknown(str(exc)) from exc
+    except BaseException:
+        rollback_quietly(using)
+        raise
+
+
+def rollback_quietly(using: str) -> None:
+    """End a transaction ``begin_and_fetch`` opened, whatever state it is in."""
+    try:
+        with connections[using].cursor() as cursor:
+            cursor.execute("ROLLBACK")
+    except DatabaseError:
+        # The connection is gone: the server rolled the transaction back.
+        connections[using].close()

@@ -295,21 +295,34 @@ def append_journal_fenced(
     count + insert + seal in a transaction are six.
 
     ``run_output`` (canonical JSON): the step is the run's last; the same UPDATE
-    marks the run succeeded with this output (the caller's transaction then
-    verifies the chains before it commits). Otherwise the lease is extended by
+    marks the run succeeded with this output (the caller has verified the
+    chains). Otherwise the lease is extended by
     ``lease_ms``. Raises ``LeaseLost`` or ``RunCanceled`` when the run is no
     longer ours.
     """
+    sql, params = fenced_journal_statement(
+        entry, prev_hash, lease_ms=lease_ms, run_output=run_output
+    )
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return fenced_journal_written(entry, using, row)
+
+
+def fenced_journal_statement(
+    entry: JournalEntry, prev_hash: str, *, lease_ms: int = 0, run_output: str | None = None
+) -> tuple[str, list[Any]]:
+    """Chain ``entry`` and return the statement of ``append_journal_fenced`` and its parameters."""
     key_id, key = _chain_journal(entry, prev_hash)
     sealed = anchor(entry.run_id, "journal", entry.seq + 1, entry.entry_hash, key_id, key)
     fenced = [entry.seq, sealed, entry.run_id, entry.generation, entry.run_id, entry.seq]
     if run_output is None:
-        sql, params = _STEP_JOURNAL_SQL, [lease_ms, *fenced]
-    else:
-        sql, params = _FINISH_JOURNAL_SQL, [run_output, *fenced]
-    with connections[using].cursor() as cursor:
-        cursor.execute(sql, [*params, *_journal_values(entry)])
-        row = cursor.fetchone()
+        return _STEP_JOURNAL_SQL, [lease_ms, *fenced, *_journal_values(entry)]
+    return _FINISH_JOURNAL_SQL, [run_output, *fenced, *_journal_values(entry)]
+
+
+def fenced_journal_written(entry: JournalEntry, using: str, row: tuple | None) -> JournalEntry:
+    """The entry as inserted by that statement's returned ``row``; no row: not ours any more."""
     if row is None:
         raise lease_lost(using, entry.run_id, entry.generation)
     return _inserted(entry, using, row[0])

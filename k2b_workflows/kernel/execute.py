@@ -135,10 +135,20 @@ def preload(using: str, run_ids: list[Any]) -> dict[Any, Preloaded]:
     """
     if not run_ids:
         return {}
+    return preloaded(using, db.fetchall(using, preload_sql(), [list(run_ids)]))
+
+
+def preload_sql() -> str:
+    """The statement of ``preload``; its one parameter is a list of run ids."""
     run_fields = WorkflowRun._meta.concrete_fields
-    sql = _PRELOAD_SQL.format(run_columns=", ".join(f"r.{f.column}" for f in run_fields))
+    return _PRELOAD_SQL.format(run_columns=", ".join(f"r.{f.column}" for f in run_fields))
+
+
+def preloaded(using: str, rows: list[tuple]) -> dict[Any, Preloaded]:
+    """Runs, journals and ledgers from the rows of ``preload_sql``."""
+    run_fields = WorkflowRun._meta.concrete_fields
     loaded: dict[Any, Preloaded] = {}
-    for row in db.fetchall(using, sql, [list(run_ids)]):
+    for row in rows:
         values = [
             db.from_json(v) if isinstance(f, JSONField) else v
             for f, v in zip(run_fields, row, strict=False)
@@ -1181,35 +1191,55 @@ class Execution:
         and the run's end in one statement that fences, journals and seals.
 
         The verifying read is one statement, so the run row (its anchors) and every
-        entry come from one snapshot: an append commits both or neither, and no
-        lock is needed for a consistent view. Then the finishing statement is its
-        own transaction (a child's also wakes its parent, in one transaction): two
-        round trips and one commit. A break leaves the run to ``_needs_attention``,
+        entry come from one snapshot: an append commits both or neither, so the view
+        is consistent without a lock. Read and write share one transaction: one
+        commit, and two round trips where statements can be batched ("BEGIN; read",
+        "write; COMMIT"); a child, which also wakes its parent, goes through Django's
+        transaction. A break rolls back and leaves the run to ``_needs_attention``,
         the deferred success with it, as ``_transition`` does.
         """
-        again = preload(self.using, [self.run_id]).get(self.run_id)
-        problem = (
-            None if again is None else evidence.verify_run(again.run, again.journal, again.ledger)
+        sql, params = evidence.fenced_journal_statement(
+            pending.entry, self.last_hash, run_output=canonical_json(output)
         )
-        if problem is not None:
-            logger.error("run %s: integrity chain broken: %s", self.run_id, problem)
-            self._needs_attention(store.INTEGRITY_CHAIN_BROKEN, str(problem), step=None)
+        broken: list[str] = []
 
-        def finish() -> None:
-            evidence.append_journal_fenced(
-                pending.entry, self.last_hash, self.using, run_output=canonical_json(output)
-            )
-            if self.run.parent_id:
-                wake_parent(self.using, self.run)
+        def verified(rows: list[tuple]) -> bool:
+            again = preloaded(self.using, rows).get(self.run_id)
+            problem = again and evidence.verify_run(again.run, again.journal, again.ledger)
+            if problem:
+                broken.append(str(problem))
+            return not problem
+
+        def write() -> None:
+            if verified(db.fetchall(self.using, preload_sql(), [[self.run_id]])):
+                written = db.fetchall(self.using, sql, params)
+                evidence.fenced_journal_written(
+                    pending.entry, self.using, written[0] if written else None
+                )
+                if self.run.parent_id:
+                    wake_parent(self.using, self.run)
 
         try:
-            if self.run.parent_id:
-                db.run_in_transaction(finish, self.using)
+            if self.run.parent_id or not db.batches_statements(self.using):
+                db.run_in_transaction(write, self.using)
             else:
-                db.run_statement(finish, self.using)
+                rows = db.begin_and_fetch(self.using, preload_sql(), [[self.run_id]])
+                try:
+                    ok = verified(rows)
+                except BaseException:
+                    db.rollback_quietly(self.using)
+                    raise
+                if ok:
+                    row = db.commit_with(self.using, sql, params)
+                    evidence.fenced_journal_written(pending.entry, self.using, row)
+                else:
+                    db.rollback_quietly(self.using)
         except (LeaseLost, RunCanceled):
             self._pending_lost(pending)
             raise
+        if broken:
+            logger.error("run %s: integrity chain broken: %s", self.run_id, broken[0])
+            self._needs_attention(store.INTEGRITY_CHAIN_BROKEN, broken[0], step=None)
         signals.send_on_commit(
             using=self.using,
             run_id=self.run_id,
