@@ -229,6 +229,15 @@ def test_a_stale_finish_does_not_end_the_run(mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_a_stale_finish_after_a_journaled_step_does_not_end_the_run(mode):
+    run, _, after = stale_attempt("fence.finish_journaled", mode)
+    assert row_state(run.pk) == after, "the stale worker changed the run's row"
+    assert row_state(run.pk)[0] != "succeeded"
+    # Step 0 committed before the run was taken away; nothing after it did.
+    assert list(JournalEntry.objects.filter(run=run).values_list("seq", flat=True)) == [0]
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_a_stale_release_hands_nothing_back(mode):
     run, _ = start("fence.journal", gate_inside=False)
     generation = claim_for_stale_worker(run)

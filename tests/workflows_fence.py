@@ -183,3 +183,11 @@ def finish_workflow(run, input):
     run.step(GatedPure, {})
     gate(input["gate"])
     return {"finished": True}
+
+
+@workflow("fence.finish_journaled", app_id="fence")
+def finish_journaled_workflow(run, input):
+    """The last step commits its own journal entry: the end is a statement of its own."""
+    run.step(TxWrite, {"gate": input["gate"], "path": "ctx.tx"})
+    gate(input["gate"])
+    return {"finished": True}

@@ -114,6 +114,15 @@ class Preloaded:
     ledger: list[LedgerEntry]
 
 
+#: A run's end when its last step is already journaled; fenced like every write.
+_FINISH_SQL = """
+UPDATE k2b_run
+   SET status = 'succeeded', output = %s::jsonb, error_code = '', error_message = '',
+       finished_at = now(), lease_expires_at = NULL, consecutive_failures = 0, updated_at = now()
+ WHERE id = %s AND generation = %s AND status = 'running'
+RETURNING id
+"""
+
 _PRELOAD_SQL = """
 SELECT {run_columns},
        (SELECT json_agg(j ORDER BY j.seq) FROM k2b_journal j WHERE j.run_id = r.id),
@@ -645,10 +654,12 @@ class Execution:
                 raise _Rollback(exc) from None
             if not isinstance(result, Succeeded):
                 raise _Rollback(result)
-            # The action may have run for long: extend the lease as we commit.
-            self._fence(step.seq, reset_failures=True)
+            # The action may have run for long: fence again, extending the lease, in
+            # the statement that journals the step.
             entry = self._new_entry(step, JournalEntry.State.SUCCEEDED, result)
-            evidence.append_journal(entry, self.last_hash, self.using)
+            evidence.append_journal_fenced(
+                entry, self.last_hash, self.using, lease_ms=store.lease_ms()
+            )
         step.ctx.tx = None
         self._journaled(entry)
         return copy.deepcopy(entry.output)
@@ -1170,9 +1181,9 @@ class Execution:
 
     def _succeed_run(self, output: Any) -> None:
         pending = self._pending
-        if pending is not None and pending.ledger_kind is None:
+        if pending is None or pending.ledger_kind is None:
             with contextlib.suppress(Suspend):
-                self._succeed_with_last_step(output, pending)
+                self._finish(output, pending)
             return
         with contextlib.suppress(Suspend):
             self._transition(
@@ -1186,9 +1197,9 @@ class Execution:
                 announce={"signal": signals.run_finished, "status": "succeeded", "error_code": ""},
             )
 
-    def _succeed_with_last_step(self, output: Any, pending: _Pending) -> None:
-        """The common end: the chains verified, then the last step's deferred success
-        and the run's end in one statement that fences, journals and seals.
+    def _finish(self, output: Any, pending: _Pending | None) -> None:
+        """The common end: the chains verified, then the run's end in one statement that
+        fences and, with the last step's deferred success, journals and seals.
 
         The verifying read is one statement, so the run row (its anchors) and every
         entry come from one snapshot: an append commits both or neither, so the view
@@ -1198,10 +1209,19 @@ class Execution:
         transaction. A break rolls back and leaves the run to ``_needs_attention``,
         the deferred success with it, as ``_transition`` does.
         """
-        sql, params = evidence.fenced_journal_statement(
-            pending.entry, self.last_hash, run_output=canonical_json(output)
-        )
+        if pending is not None:
+            sql, params = evidence.fenced_journal_statement(
+                pending.entry, self.last_hash, run_output=canonical_json(output)
+            )
+        else:
+            sql, params = _FINISH_SQL, [canonical_json(output), self.run_id, self.generation]
         broken: list[str] = []
+
+        def finished(row: tuple | None) -> None:
+            if pending is not None:
+                evidence.fenced_journal_written(pending.entry, self.using, row)
+            elif row is None:
+                raise db.lease_lost(self.using, self.run_id, self.generation)
 
         def verified(rows: list[tuple]) -> bool:
             again = preloaded(self.using, rows).get(self.run_id)
@@ -1213,9 +1233,7 @@ class Execution:
         def write() -> None:
             if verified(db.fetchall(self.using, preload_sql(), [[self.run_id]])):
                 written = db.fetchall(self.using, sql, params)
-                evidence.fenced_journal_written(
-                    pending.entry, self.using, written[0] if written else None
-                )
+                finished(written[0] if written else None)
                 if self.run.parent_id:
                     wake_parent(self.using, self.run)
 
@@ -1230,8 +1248,7 @@ class Execution:
                     db.rollback_quietly(self.using)
                     raise
                 if ok:
-                    row = db.commit_with(self.using, sql, params)
-                    evidence.fenced_journal_written(pending.entry, self.using, row)
+                    finished(db.commit_with(self.using, sql, params))
                 else:
                     db.rollback_quietly(self.using)
         except (LeaseLost, RunCanceled):
@@ -1248,8 +1265,9 @@ class Execution:
             status="succeeded",
             error_code="",
         )
-        self._pending = None
-        self._journaled(pending.entry)
+        if pending is not None:
+            self._pending = None
+            self._journaled(pending.entry)
         events.run_changed(self, "succeeded", reason="")
         self.outcome = "succeeded"
         raise Suspend
