@@ -46,6 +46,28 @@ class Dispatch(Action):
         return succeeded({"n": input["n"] + 1, "key": ctx.invocation_key})
 
 
+class DispatchAfterStep(Action):
+    """EXTERNAL whose provider notes how many of the run's steps were journaled when called."""
+
+    name = "hot.dispatch_after_step"
+    effect = Effect.EXTERNAL
+
+    def plan(self, ctx, input):
+        return succeeded({"planned": True})
+
+    def run(self, ctx, input):
+        before = JournalEntry.objects.filter(run_id=ctx.run_id, seq__lt=ctx.step).count()
+        return succeeded({"journaled_before_call": before})
+
+    reconcile = run
+
+
+@workflow("hot.pure_then_external", app_id="hot")
+def pure_then_external(run, input):
+    run.step(AddOne, {"n": 0})
+    return run.step(DispatchAfterStep, {})
+
+
 @workflow("hot.three_pure", app_id="hot")
 def three_pure(run, input):
     n = input["n"]
@@ -138,6 +160,24 @@ def test_a_run_ends_in_the_same_commit_as_its_last_step():
     assert steps[-1] == end  # ... and the run's end is in the last one
     assert fresh(run).status == "succeeded"
     assert fresh(run).output == {"n": 3}
+    assert evidence.verify_chains(run.pk, "default") is None
+
+
+def test_an_external_dispatch_commits_the_previous_steps_success_before_the_call():
+    """The deferred success of step 0 rides in step 1's dispatch: one commit, not two,
+    and committed before the provider is called."""
+    run = start_workflow_run("hot.pure_then_external", {})
+    generation = _claim(run)
+    assert Execution(run.pk, generation).execute() == "succeeded"
+    assert fresh(run).output == {"journaled_before_call": 1}
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT xmin::text FROM k2b_journal WHERE run_id = %s AND seq = 0", [run.pk])
+        (step0,) = cursor.fetchone()
+        cursor.execute(
+            "SELECT xmin::text FROM k2b_ledger WHERE run_id = %s AND kind = 'dispatched'", [run.pk]
+        )
+        (dispatch,) = cursor.fetchone()
+    assert step0 == dispatch
     assert evidence.verify_chains(run.pk, "default") is None
 
 

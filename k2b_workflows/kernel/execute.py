@@ -362,11 +362,14 @@ class Execution:
         approval_ref: str | None = None,
         backup_ref: str | None = None,
     ) -> Any:
-        self._flush_pending()
+        action = as_action(action)
+        stopping = self.stop_requested is not None and self.stop_requested.is_set()
+        if stopping or not action.effect.is_external or self.next_seq in self.journal:
+            self._flush_pending()
+        # else an external step commits the deferred success with its dispatch.
         self._check_shutdown()
         seq = self.next_seq
         self.next_seq += 1
-        action = as_action(action)
         name = action.action_name()
         try:
             # Step inputs are hashed, never stored: NUL and size are no concern here.
@@ -667,21 +670,29 @@ class Execution:
     # -- EXTERNAL, IRREVERSIBLE, SNAPSHOT_RESTORE ----------------------------
 
     def _external(self, step: _Step) -> Any:
+        """A new external step. The previous step's deferred success, if any, is not
+        flushed yet (see ``step``): it commits in the dispatch's transaction, before
+        the provider is called; every other way out of here flushes it first."""
         state = self.effects.setdefault(step.seq, _EffectState())
         if state.open_key:
             # Dispatched before (a crash, an exception, a late result): never run
             # it again blindly. Ask the provider, or an operator.
+            self._flush_pending()
             step.ctx.invocation_key = state.open_key
             return self._reconcile(step, state)
         denial = self._authorize_outside_tx(step)
         if denial is not None:
+            self._flush_pending()
             self._ledger_event(step, LedgerEntry.Kind.REJECTED, message=denial.message, fenced=True)
             return self._step_failed(step, denial.code or store.FORBIDDEN, denial.message)
         invocation_key = f"{step.ctx.effect_key}:{state.attempts + 1}"
         step.ctx.invocation_key = invocation_key
+        pending = self._pending
 
         def dispatch() -> None:
-            self._fence(step.seq)
+            self._fence(step.seq, reset_failures=pending is not None)
+            if pending is not None:
+                self._write_pending(pending)
             if step.cost:
                 self._charge(step)
             self._ledger(step, LedgerEntry.Kind.DISPATCHED, with_hashes=True)
@@ -689,11 +700,18 @@ class Execution:
         try:
             db.run_in_transaction(dispatch, self.using)
         except budgets.BudgetExceeded as exc:
+            self._flush_pending()  # rolled back with the dispatch: written now, alone
             self._ledger_event(step, LedgerEntry.Kind.REJECTED, message=str(exc), fenced=True)
             return self._step_failed(step, store.EFFECT_BUDGET_EXCEEDED, str(exc))
+        except (LeaseLost, RunCanceled):
+            self._pending_lost(pending)
+            raise
         except db.CommitOutcomeUnknown:
             self._close_unsent_dispatch(step, invocation_key)
             raise
+        if pending is not None:
+            self._pending = None
+            self._journaled(pending.entry)
         state.attempts += 1
         state.open_key = invocation_key
 
