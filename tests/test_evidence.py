@@ -188,6 +188,23 @@ def test_a_journal_append_whose_step_is_not_the_next_seals_over_the_real_count()
     assert evidence.verify_chains(run.pk, "default") is None
 
 
+@pytest.mark.parametrize("hint", ["right", "stale"])
+def test_a_ledger_append_with_a_head_hint_chains_to_the_real_end(hint):
+    """The hint saves a read; a stale one (a rolled-back append, another writer) must
+    never chain an entry to the wrong place."""
+    run = _parked("integrity.charge_then_wait", amount=7, key=f"hint-{hint}")
+    entries = list(LedgerEntry.objects.filter(run=run).order_by("id"))
+    assert entries
+    expect = evidence.LedgerHead.of(entries if hint == "right" else entries[:-1])
+    with transaction.atomic():
+        written = evidence.append_ledger(
+            "default", expect=expect, run_id=run.pk, kind=LedgerEntry.Kind.CANCELED, message="x"
+        )
+    assert written.prev_hash == entries[-1].entry_hash
+    assert (expect.count, expect.head) == (len(entries) + 1, written.entry_hash)
+    assert evidence.verify_chains(run.pk, "default") is None
+
+
 # -- finished runs: verifyworkflows and the admin badge ---------------------------------
 
 

@@ -328,13 +328,79 @@ def fenced_journal_written(entry: JournalEntry, using: str, row: tuple | None) -
     return _inserted(entry, using, row[0])
 
 
-def append_ledger(using: str, **fields: Any) -> LedgerEntry:
+def _ledger_insert() -> tuple[list[Any], str]:
+    fields = [f for f in LedgerEntry._meta.concrete_fields if not f.primary_key]
+    columns = ", ".join(f.column for f in fields)
+    values = ", ".join("%s" for _ in fields)
+    return (
+        fields,
+        f"""
+WITH sealed AS (
+    UPDATE k2b_run SET ledger_anchor = %s
+     WHERE id = %s
+       AND (SELECT count(*) FROM k2b_ledger WHERE run_id = %s) = %s
+       AND (SELECT entry_hash FROM k2b_ledger WHERE run_id = %s ORDER BY id DESC LIMIT 1)
+           IS NOT DISTINCT FROM %s
+    RETURNING id)
+INSERT INTO k2b_ledger ({columns})
+SELECT {values} FROM sealed
+RETURNING id
+""",
+    )
+
+
+@dataclass
+class LedgerHead:
+    """Where a run's ledger chain ends, as its executor last saw it: a hint, checked by
+    the append itself, so a stale one costs a round trip and never a wrong chain."""
+
+    count: int
+    head: str | None
+
+    @classmethod
+    def of(cls, entries: Sequence[LedgerEntry]) -> LedgerHead:
+        return cls(len(entries), entries[-1].entry_hash if entries else None)
+
+
+def append_ledger(using: str, *, expect: LedgerHead | None = None, **fields: Any) -> LedgerEntry:
     """Append a ledger entry to the run's chain and re-seal its anchor.
 
-    Caller holds the run row lock.
+    Caller holds the run row lock. With ``expect`` (the chain's end as the caller
+    believes it), chain, insert and seal are one statement that matches only if
+    the ledger really ends there; ``expect`` is then moved past the new entry.
+    Without it, or when it was stale, the end is read first (two more round trips).
     """
     entry = LedgerEntry(**fields)
-    with connections[using].cursor() as cursor:
+    key_id, key = signing_key()
+    entry.key_id = key_id
+    connection = connections[using]
+    if expect is not None:
+        entry.prev_hash = expect.head or GENESIS
+        entry.entry_hash = ledger_hash(entry.prev_hash, entry, key)
+        sealed = anchor(entry.run_id, "ledger", expect.count + 1, entry.entry_hash, key_id, key)
+        model_fields, sql = _ledger_insert()
+        values = [f.get_db_prep_save(getattr(entry, f.attname), connection) for f in model_fields]
+        with connection.cursor() as cursor:
+            cursor.execute(
+                sql,
+                [
+                    sealed,
+                    entry.run_id,
+                    entry.run_id,
+                    expect.count,
+                    entry.run_id,
+                    expect.head,
+                    *values,
+                ],
+            )
+            row = cursor.fetchone()
+        if row is not None:
+            expect.count, expect.head = expect.count + 1, entry.entry_hash
+            entry.pk = row[0]
+            entry._state.adding = False
+            entry._state.db = using
+            return entry
+    with connection.cursor() as cursor:
         cursor.execute(
             """SELECT count(*), (SELECT entry_hash FROM k2b_ledger WHERE run_id = %s
                                   ORDER BY id DESC LIMIT 1)
@@ -342,12 +408,12 @@ def append_ledger(using: str, **fields: Any) -> LedgerEntry:
             [entry.run_id, entry.run_id],
         )
         count, head = cursor.fetchone()
-    key_id, key = signing_key()
-    entry.key_id = key_id
     entry.prev_hash = head or GENESIS
     entry.entry_hash = ledger_hash(entry.prev_hash, entry, key)
     entry.save(using=using, force_insert=True)
     _seal(using, entry.run_id, "ledger", count + 1, entry.entry_hash)
+    if expect is not None:
+        expect.count, expect.head = count + 1, entry.entry_hash
     return entry
 
 

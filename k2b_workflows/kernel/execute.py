@@ -205,6 +205,9 @@ class Execution:
         #: A step's success not committed yet: it commits with the next write of
         #: this run (the next step's start, or the run's end), see ``_journal_success``.
         self._pending: _Pending | None = None
+        #: Where the run's ledger chain ends, as far as this execution knows (a hint
+        #: that saves the append a read; the append checks it).
+        self.ledger_head: evidence.LedgerHead | None = None
         #: The run could not be released after a lost connection: the worker must.
         self.release_pending = False
 
@@ -308,6 +311,7 @@ class Execution:
     def _load(self, loaded: Preloaded) -> None:
         entries = loaded.journal
         self.journal = {e.seq: e for e in entries}
+        self.ledger_head = evidence.LedgerHead.of(loaded.ledger)
         self.last_hash = entries[-1].entry_hash if entries else evidence.GENESIS
         self.effects: dict[int, _EffectState] = {}
         for entry in loaded.ledger:
@@ -1086,7 +1090,7 @@ class Execution:
         values.update(fields)
         if values.get("message"):
             values["message"] = redaction.scrub_error(values["message"])
-        evidence.append_ledger(self.using, **values)
+        evidence.append_ledger(self.using, expect=self.ledger_head, **values)
         events.ledger_written(
             self,
             self.using,
