@@ -35,6 +35,7 @@ from django.db import connections, transaction
 from .. import store
 from ..actions import canonical_json
 from ..models import JournalEntry, LedgerEntry, WorkflowRun
+from . import clock
 from .db import lease_lost
 
 GENESIS = "0" * 64
@@ -190,8 +191,8 @@ def append_journal(entry: JournalEntry, prev_hash: str, using: str) -> JournalEn
 _FENCED_JOURNAL_SQL = """
 WITH fenced AS (
     UPDATE k2b_run
-       SET lease_expires_at = statement_timestamp() + %s * interval '1 millisecond',
-           updated_at = now(), current_step = %s, consecutive_failures = 0,
+       SET lease_expires_at = k2b_now() + %s * interval '1 millisecond',
+           updated_at = k2b_now(), current_step = %s, consecutive_failures = 0,
            journal_anchor = %s
      WHERE id = %s AND generation = %s AND status = 'running'
        AND (SELECT count(*) FROM k2b_journal WHERE run_id = %s) = %s
@@ -263,7 +264,7 @@ def append_ledger(using: str, **fields: Any) -> LedgerEntry:
 
     Caller holds the run row lock.
     """
-    entry = LedgerEntry(**fields)
+    entry = LedgerEntry(**{"created_at": clock.now(), **fields})
     with connections[using].cursor() as cursor:
         cursor.execute(
             """SELECT count(*), (SELECT entry_hash FROM k2b_ledger WHERE run_id = %s
