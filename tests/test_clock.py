@@ -94,6 +94,19 @@ def test_an_hour_of_retry_backoff_passes_on_the_clock_without_sleeping(k2b_clock
 
 
 @pytest.mark.django_db(transaction=True)
+def test_hourly_retries_run_out_at_once_on_the_clock(k2b_clock):
+    run = start_workflow_run("test.flaky", {"times": 100})
+
+    with _hourly_retries():
+        run_until_idle(timeout=QUICK)
+
+    failed = fresh(run)
+    assert (failed.status, failed.error_code) == ("failed", "WORKFLOW_RETRY_EXHAUSTED")
+    # 1 + 2 + 4 + 8 hours of backoff between the five attempts.
+    assert k2b_clock.offset > dt.timedelta(hours=14, minutes=59)
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_retry_is_due_when_its_backoff_has_passed_on_the_clock_and_not_before(k2b_clock):
     k2b_clock.advance(days=1)
     run = start_workflow_run("test.flaky", {"times": 1})
