@@ -321,6 +321,33 @@ def test_a_connection_opened_while_the_clock_runs_follows_it():
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_thread_that_connects_while_the_clock_runs_follows_its_moves():
+    seen: list[dt.timedelta] = []
+    first_read, moved = threading.Event(), threading.Event()
+
+    def worker_thread() -> None:
+        from django.db import connection as thread_connection
+
+        try:
+            seen.append(_database_offset())  # this thread's own, new connection
+            first_read.set()
+            moved.wait(timeout=10)
+            seen.append(_database_offset())
+        finally:
+            thread_connection.close()
+
+    with controlled_clock() as clock:
+        clock.advance(hours=1)
+        thread = threading.Thread(target=worker_thread)
+        thread.start()
+        assert first_read.wait(timeout=10)
+        clock.advance(hours=1)
+        moved.set()
+        thread.join(timeout=10)
+    assert seen == [dt.timedelta(hours=1), dt.timedelta(hours=2)]
+
+
+@pytest.mark.django_db(transaction=True)
 def test_without_a_clock_the_kernel_reads_real_time():
     with connection.cursor() as cursor:
         cursor.execute("SELECT k2b_now() = statement_timestamp()")
