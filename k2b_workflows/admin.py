@@ -18,7 +18,6 @@ from django.contrib import admin, messages
 from django.db.models import F, Prefetch, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import path, reverse
-from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
@@ -33,6 +32,7 @@ from .admin_display import (
     incident_traceback,
     run_page_context,
 )
+from .kernel import clock
 from .kernel.evidence import hash_value, verify_chains
 from .models import Incident, JournalEntry, LedgerEntry, RunStatus, WorkerRecord, WorkflowRun
 from .redaction import redact, redact_text, shorten
@@ -192,7 +192,7 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.display(description="age", ordering="-created_at")
     def age(self, run: WorkflowRun) -> str:
-        return timesince(run.created_at)
+        return timesince(run.created_at, clock.now())
 
     @admin.display(description="code")
     def code_column(self, run: WorkflowRun) -> str:
@@ -261,7 +261,7 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
             reverse("admin:k2b_workflows_workerrecord_change", args=[worker.pk]),
             worker.worker_id,
             worker_state_badge(worker),
-            format_duration(timezone.now() - worker.heartbeat_at),
+            format_duration(clock.now() - worker.heartbeat_at),
         )
 
     @admin.display(description="root")
@@ -621,7 +621,7 @@ class LedgerEntryAdmin(_EntryAdmin):
 def effective_worker_state(worker: WorkerRecord) -> str:
     """A row still "alive" whose heartbeat is too old belongs to a dead process: say lost."""
     if worker.state == WorkerRecord.State.ALIVE:
-        silent_ms = (timezone.now() - worker.heartbeat_at).total_seconds() * 1000
+        silent_ms = (clock.now() - worker.heartbeat_at).total_seconds() * 1000
         if silent_ms > store.worker_lost_after_ms():
             return WorkerRecord.State.LOST
     return worker.state
@@ -680,11 +680,11 @@ class WorkerRecordAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.display(description="last heartbeat", ordering="-heartbeat_at")
     def heartbeat_age(self, worker: WorkerRecord) -> str:
-        return f"{format_duration(timezone.now() - worker.heartbeat_at)} ago"
+        return f"{format_duration(clock.now() - worker.heartbeat_at)} ago"
 
     @admin.display(description="up", ordering="started_at")
     def uptime(self, worker: WorkerRecord) -> str:
-        end = worker.heartbeat_at if worker.state != WorkerRecord.State.ALIVE else timezone.now()
+        end = worker.heartbeat_at if worker.state != WorkerRecord.State.ALIVE else clock.now()
         return format_duration(end - worker.started_at)
 
     @admin.display(description="apps")

@@ -11,10 +11,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.urls import reverse
-from django.utils import timezone
 
 from . import store
 from .control import RESOLVABLE_CODES, count_child_workflow_runs
+from .kernel import clock
 from .models import (
     BudgetAccount,
     BudgetCharge,
@@ -119,7 +119,7 @@ def build_timeline(
     no journal entry: it ends at its last ledger entry (a run that needs
     attention), or now (a run still running or waiting).
     """
-    now = now or timezone.now()
+    now = now or clock.now()
     bars: list[TimelineBar] = []
     previous_end = run.created_at
     for entry in sorted(journal, key=lambda e: e.seq):

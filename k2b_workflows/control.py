@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
-from django.utils import timezone
 
 from . import signals, store, validation
 from .actions import to_json_value
@@ -23,7 +22,7 @@ from .exceptions import (
     ResolutionRefused,
     StepFailed,
 )
-from .kernel import children, db, waits
+from .kernel import children, clock, db, waits
 from .kernel import evidence as chain
 from .kernel.budgets import BudgetExceeded
 from .kernel.context import StepContext
@@ -88,7 +87,7 @@ def start_workflow_run(
             if parent_run is None:
                 raise InvalidInput(f"parent run {parent_id} does not exist")
         run_id = uuid.uuid4()
-        now = timezone.now()
+        now = clock.now()
         run = WorkflowRun(
             id=run_id,
             workflow_name=name,
@@ -158,7 +157,7 @@ def cancel_workflow_run(run_id: Any, reason: str) -> WorkflowRun:
                    UNION ALL
                    SELECT r.id FROM k2b_run r JOIN tree t ON r.parent_id = t.id)
                UPDATE k2b_run SET status = 'canceled', error_code = %s, error_message = %s,
-                      finished_at = now(), lease_expires_at = NULL, updated_at = now()
+                      finished_at = k2b_now(), lease_expires_at = NULL, updated_at = k2b_now()
                 WHERE id IN (SELECT id FROM tree)
                   AND status NOT IN ('succeeded', 'failed', 'canceled')
                RETURNING id, workflow_name""",
@@ -176,8 +175,8 @@ def cancel_workflow_run(run_id: Any, reason: str) -> WorkflowRun:
             )
         db.execute(
             using,
-            """UPDATE k2b_ai_task SET status = 'canceled', finished_at = now(), updated_at = now(),
-                      lease_expires_at = NULL
+            """UPDATE k2b_ai_task SET status = 'canceled', finished_at = k2b_now(),
+                      updated_at = k2b_now(), lease_expires_at = NULL
                 WHERE run_id = ANY(%s) AND status IN ('queued', 'running')""",
             [ids],
         )
@@ -365,7 +364,7 @@ def resolve_effect(
                 summary=f"confirmed by {actor.get_username()}",
                 input_hash=dispatched.input_hash,
                 generation=run.generation,
-                created_at=timezone.now(),
+                created_at=clock.now(),
             )
             chain.append_journal(entry, last.entry_hash if last else chain.GENESIS, using)
         else:
@@ -374,7 +373,7 @@ def resolve_effect(
             using,
             """UPDATE k2b_run SET status = 'queued', attention_step = NULL, error_code = '',
                       error_message = '', error_detail = NULL, consecutive_failures = 0,
-                      run_after = statement_timestamp(), updated_at = now() WHERE id = %s""",
+                      run_after = k2b_now(), updated_at = k2b_now() WHERE id = %s""",
             [run_id],
         )
     return WorkflowRun.objects.using(using).get(pk=run_id)
@@ -434,8 +433,8 @@ def retry_workflow_run(run_id: Any, *, actor: Any, reason: str = "") -> Workflow
             using,
             """UPDATE k2b_run SET status = 'queued', consecutive_failures = 0,
                       error_code = '', error_message = '', error_detail = NULL,
-                      attention_step = NULL, run_after = statement_timestamp(),
-                      finished_at = NULL, updated_at = now()
+                      attention_step = NULL, run_after = k2b_now(),
+                      finished_at = NULL, updated_at = k2b_now()
                 WHERE id = %s""",
             [run_id],
         )

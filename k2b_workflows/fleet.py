@@ -36,19 +36,19 @@ logger = logging.getLogger("k2b_workflows.fleet")
 _REGISTER_SQL = """
 INSERT INTO k2b_worker (worker_id, host, pid, started_at, heartbeat_at, stopped_at, state,
                         concurrency, apps, workflows, in_flight)
-VALUES (%s, %s, %s, now(), now(), NULL, 'alive', %s, %s, %s, %s)
+VALUES (%s, %s, %s, k2b_now(), k2b_now(), NULL, 'alive', %s, %s, %s, %s)
 ON CONFLICT (worker_id) DO UPDATE
-   SET heartbeat_at = now(), stopped_at = NULL, state = 'alive', in_flight = EXCLUDED.in_flight
+   SET heartbeat_at = k2b_now(), stopped_at = NULL, state = 'alive', in_flight = EXCLUDED.in_flight
 """
 
 _MARK_LOST_SQL = """
 UPDATE k2b_worker SET state = 'lost'
- WHERE state = 'alive' AND heartbeat_at < now() - %s * interval '1 millisecond'
+ WHERE state = 'alive' AND heartbeat_at < k2b_now() - %s * interval '1 millisecond'
 """
 
 _PURGE_SQL = """
 DELETE FROM k2b_worker
- WHERE state IN ('stopped', 'lost') AND heartbeat_at < now() - %s * interval '1 millisecond'
+ WHERE state IN ('stopped', 'lost') AND heartbeat_at < k2b_now() - %s * interval '1 millisecond'
 """
 
 
@@ -146,8 +146,8 @@ class Heartbeat(threading.Thread):
             return
         try:
             conn.execute(
-                """UPDATE k2b_worker SET state = 'stopped', stopped_at = now(),
-                          heartbeat_at = now(), in_flight = 0 WHERE worker_id = %s""",
+                """UPDATE k2b_worker SET state = 'stopped', stopped_at = k2b_now(),
+                          heartbeat_at = k2b_now(), in_flight = 0 WHERE worker_id = %s""",
                 [self.worker_id],
             )
         except Exception as exc:
@@ -174,7 +174,7 @@ def purge(using: str | None = None, older_than_ms: int | None = None) -> int:
     return db.execute(using or store.database(), _PURGE_SQL, [bound])
 
 
-_LIVE = "state = 'alive' AND heartbeat_at >= now() - %s * interval '1 millisecond'"
+_LIVE = "state = 'alive' AND heartbeat_at >= k2b_now() - %s * interval '1 millisecond'"
 
 
 def live_workers(using: str | None = None) -> list[dict[str, Any]]:
@@ -182,7 +182,7 @@ def live_workers(using: str | None = None) -> list[dict[str, Any]]:
     rows = db.fetchall(
         using or store.database(),
         f"""SELECT worker_id, host, pid, concurrency, in_flight, workflows,
-                   EXTRACT(EPOCH FROM now() - heartbeat_at)
+                   EXTRACT(EPOCH FROM k2b_now() - heartbeat_at)
               FROM k2b_worker WHERE {_LIVE} ORDER BY worker_id""",
         [store.worker_lost_after_ms()],
     )
@@ -210,8 +210,8 @@ def queue_counts(cursor: Any) -> tuple[dict[str, int], int, float | None, int]:
     cursor.execute("SELECT status, count(*) FROM k2b_run GROUP BY status")
     counts = dict(cursor.fetchall())
     cursor.execute(
-        """SELECT count(*), EXTRACT(EPOCH FROM now() - min(run_after))
-             FROM k2b_run WHERE status = 'queued' AND run_after <= now()"""
+        """SELECT count(*), EXTRACT(EPOCH FROM k2b_now() - min(run_after))
+             FROM k2b_run WHERE status = 'queued' AND run_after <= k2b_now()"""
     )
     due, oldest = cursor.fetchone()
     cursor.execute(f"SELECT count(*) FROM k2b_worker WHERE {_LIVE}", [store.worker_lost_after_ms()])
@@ -230,7 +230,7 @@ def status(using: str | None = None) -> dict[str, Any]:
         counts, due, oldest, _ = queue_counts(cursor)
         cursor.execute(
             """SELECT workflow_name, workflow_version, app_id, count(*),
-                      EXTRACT(EPOCH FROM now() - min(created_at))
+                      EXTRACT(EPOCH FROM k2b_now() - min(created_at))
                  FROM k2b_run WHERE status = 'queued'
                 GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"""
         )

@@ -14,9 +14,9 @@ from typing import Any
 
 import pgtrigger
 from django.db import connections, transaction
-from django.utils import timezone
 
 from . import store
+from .kernel import clock
 
 _APPEND_ONLY = (
     "k2b_workflows.JournalEntry:journal_append_only",
@@ -75,7 +75,7 @@ def purge_finished_runs(
     # The runtime role holds no DELETE on the append-only tables (roles.py): only
     # the owner purges, and pgtrigger.ignore is then the one sanctioned bypass.
     using = using or store.owner_database()
-    cutoff = timezone.now() - older_than
+    cutoff = clock.now() - older_than
     counts: dict[str, Any] = {}
     with (
         transaction.atomic(using=using),

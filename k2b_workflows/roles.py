@@ -64,6 +64,9 @@ def runtime_grants(role: str, using: str) -> list[str]:
         statements.append(f"GRANT DELETE ON TABLE {names(deletable)} TO {grantee}")
     if sequences:
         statements.append(f"GRANT USAGE, SELECT ON SEQUENCE {', '.join(sequences)} TO {grantee}")
+    # Every statement of the kernel reads the time through it. PUBLIC may execute
+    # functions by default, but a hardened database revokes that default.
+    statements.append(f"GRANT EXECUTE ON FUNCTION {quote(schema)}.k2b_now() TO {grantee}")
     return statements
 
 

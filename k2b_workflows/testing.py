@@ -6,6 +6,12 @@ until nothing of the selected apps is runnable. Delayed retries are waited
 for (they are part of "until idle"); waiting runs are not, unless their
 deadline passes within ``timeout``.
 
+``controlled_clock`` moves the kernel's clock forward, so that a test passes
+an hour of retry backoff, a day-long wait deadline or a lease expiry at once
+instead of sleeping through it (or shortening it until it no longer tests the
+real setting). Under it, ``run_until_idle`` moves the clock to what it waits
+for instead of sleeping.
+
 ``crash_after_effect`` lets a test prove what its ``reconcile()`` is for: the
 action's effect happens, then the "process dies" before the kernel hears the
 result, exactly as a SIGKILL would leave it (the dispatch committed, no result,
@@ -17,17 +23,22 @@ the run did.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
+import math
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from django.db import connections
+from django.db.backends.signals import connection_created
 from django.test import override_settings
 
 from . import store
 from .kernel import ai, claim
+from .kernel import clock as kernel_clock
 from .kernel.execute import Execution
 from .kernel.leases import LeaseKeeper
 from .worker import Worker
@@ -42,7 +53,12 @@ def run_until_idle(
 ) -> Counter[str]:
     """Execute runnable runs until none is left; returns counts of outcomes.
 
-    Raises ``TimeoutError`` when work is still runnable after ``timeout`` seconds.
+    Raises ``TimeoutError`` when work is still runnable after ``timeout`` seconds
+    (real seconds, whatever the clock does).
+
+    Under ``controlled_clock()`` it does not sleep until a delayed retry (or,
+    with ``wait_for_deadlines``, a wait deadline) is due: it moves the clock
+    to that moment, so an hour of backoff takes no time.
     """
     using = using or store.database()
     worker = Worker(app_ids=app_ids, using=using, listen=False)
@@ -78,10 +94,16 @@ def run_until_idle(
             if runs or tasks:
                 continue
             if worker._pending():
+                if _active_clock is not None and _active_clock._skip_ms(
+                    _next_retry_ms(using, worker)
+                ):
+                    continue
                 due = claim.next_due_in_ms(using) or 0
                 time.sleep(min(max(due / 1000, 0.005), 0.2))
                 continue
             if wait_for_deadlines and _next_deadline_ms(using) is not None:
+                if _active_clock is not None and _active_clock._skip_ms(_next_deadline_ms(using)):
+                    continue
                 time.sleep(min(max((_next_deadline_ms(using) or 0) / 1000, 0.005), 0.2))
                 continue
             return stats
@@ -89,12 +111,36 @@ def run_until_idle(
         keeper.stop()
 
 
+def _next_retry_ms(using: str, worker: Worker) -> float | None:
+    """Milliseconds until the next queued run this worker may claim is due (None: none).
+
+    Only what ``run_until_idle`` waits for: not another app's retries, not a
+    lease some other (dead) worker still holds, not a wait deadline.
+    """
+    workflows = worker._workflows()
+    params: list[Any] = [[n for n, _ in workflows], [v for _, v in workflows]]
+    app_filter = ""
+    if worker.app_ids:
+        app_filter = "AND app_id = ANY(%s)"
+        params.append(list(worker.app_ids))
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            f"""SELECT EXTRACT(EPOCH FROM (min(run_after) - k2b_now())) * 1000 FROM k2b_run
+                 WHERE status = 'queued'
+                   AND (workflow_name, workflow_version)
+                       IN (SELECT * FROM unnest(%s::text[], %s::int[])) {app_filter}""",
+            params,
+        )
+        value = cursor.fetchone()[0]
+    return None if value is None else max(0.0, float(value))
+
+
 def _next_deadline_ms(using: str) -> float | None:
     from django.db import connections
 
     with connections[using].cursor() as cursor:
         cursor.execute(
-            "SELECT EXTRACT(EPOCH FROM (min(wait_deadline) - statement_timestamp())) * 1000"
+            "SELECT EXTRACT(EPOCH FROM (min(wait_deadline) - k2b_now())) * 1000"
             " FROM k2b_run WHERE status = 'waiting' AND wait_deadline IS NOT NULL"
         )
         value = cursor.fetchone()[0]
@@ -114,7 +160,7 @@ def _expire_lease(using: str, run_id: Any, generation: int) -> None:
     """What the dead process leaves behind: its lease runs out, nothing else changes."""
     with connections[using].cursor() as cursor:
         cursor.execute(
-            "UPDATE k2b_run SET lease_expires_at = statement_timestamp() - interval '1 ms'"
+            "UPDATE k2b_run SET lease_expires_at = k2b_now() - interval '1 ms'"
             " WHERE id = %s AND generation = %s AND status = 'running'",
             [run_id, generation],
         )
@@ -166,6 +212,138 @@ def fast_retries(backoff_ms: int = 1) -> Iterator[None]:
     current = dict(getattr(settings, "K2B_WORKFLOWS", {}))
     with override_settings(K2B_WORKFLOWS={**current, "RETRY_BACKOFF_MS": backoff_ms}):
         yield
+
+
+class WorkflowClock:
+    """The kernel's clock in a test: real time plus an offset that only moves forward.
+
+    Everything the kernel times follows it: lease expiry, retry backoff
+    (``RETRY_BACKOFF_MS``), wait and reconcile deadlines, AI task leases,
+    action timeouts, worker heartbeats, and the times it stamps on runs,
+    journal and ledger entries. The database's clock (``k2b_now()``) and the
+    kernel's Python reads move together, so no deadline has passed on one
+    and not on the other. Real time keeps running underneath: the clock is
+    never frozen, so nothing that waits on it hangs.
+
+    Get one from ``controlled_clock()`` (or the ``k2b_clock`` fixture of
+    ``k2b_workflows.pytest_plugin``).
+    """
+
+    def __init__(self) -> None:
+        self._offset = dt.timedelta(0)
+        #: Django's psycopg connections this clock pushed its offset to.
+        self._django: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def __repr__(self) -> str:
+        return f"<WorkflowClock now={self.now().isoformat()} offset={self._offset}>"
+
+    @property
+    def offset(self) -> dt.timedelta:
+        """How far ahead of real time the clock is."""
+        return self._offset
+
+    def now(self) -> dt.datetime:
+        """The kernel's time now (aware): what it compares deadlines and leases with."""
+        return kernel_clock.now()
+
+    def advance(
+        self,
+        delta: dt.timedelta | None = None,
+        *,
+        days: float = 0,
+        hours: float = 0,
+        minutes: float = 0,
+        seconds: float = 0,
+        milliseconds: float = 0,
+    ) -> dt.datetime:
+        """Move the clock forward (``advance(hours=1)`` or ``advance(timedelta(...))``).
+
+        Every deadline, backoff and lease that ends within the step is due
+        when this returns: the next ``run_until_idle()`` treats it as such.
+        Returns the new ``now()``. Call it from the test, not from inside an
+        action: a transaction of the kernel's that rolls back would take the
+        new time back with it.
+        """
+        step = (delta or dt.timedelta(0)) + dt.timedelta(
+            days=days, hours=hours, minutes=minutes, seconds=seconds, milliseconds=milliseconds
+        )
+        if step < dt.timedelta(0):
+            raise ValueError(f"the clock only moves forward (advance by {step})")
+        self._move(self._offset + step)
+        return self.now()
+
+    def advance_to(self, when: dt.datetime) -> dt.datetime:
+        """Move the clock forward to ``when`` (aware), e.g. a run's ``wait_deadline``.
+
+        Does nothing when ``when`` has already passed. Returns the new ``now()``.
+        """
+        left = when - self.now()
+        if left > dt.timedelta(0):
+            self.advance(left)
+        return self.now()
+
+    def _skip_ms(self, ms: float | None) -> bool:
+        """``run_until_idle``'s wait: to the moment something is due. False: it is due now."""
+        if not ms:
+            return False
+        self.advance(dt.timedelta(microseconds=math.ceil(ms * 1000)))
+        return True
+
+    def _move(self, offset: dt.timedelta) -> None:
+        self._offset = offset
+        conns = _django_connections()
+        self._django.update(conns)
+        kernel_clock.set_offset(offset, extra=conns)
+
+    def _follow(self, sender: Any, connection: Any, **kwargs: Any) -> None:
+        """``connection_created``: a connection opened while the clock runs follows it."""
+        if connection.vendor == "postgresql" and connection.connection is not None:
+            self._django.add(connection.connection)
+            kernel_clock.follow(connection.connection)
+
+
+def _django_connections() -> list[Any]:
+    """This thread's open PostgreSQL connections (psycopg objects) of every alias."""
+    return [
+        wrapper.connection
+        for wrapper in connections.all(initialized_only=True)
+        if wrapper.vendor == "postgresql" and wrapper.connection is not None
+    ]
+
+
+_active_clock: WorkflowClock | None = None
+
+
+@contextlib.contextmanager
+def controlled_clock() -> Iterator[WorkflowClock]:
+    """Run the block on a ``WorkflowClock`` the test moves with ``advance()``.
+
+    ``with controlled_clock() as clock: ...; clock.advance(hours=1); run_until_idle()``
+    passes an hour of retry backoff without sleeping, with the settings your
+    production runs with. The offset is a session setting (``k2b.clock_offset``)
+    that ``k2b_now()`` adds to the database's time. It is set on this thread's
+    open connections, on every connection opened while the block runs (any
+    thread), and on the kernel's own connections (the lease keeper's, the
+    heartbeat's). A connection another thread had open before the block keeps
+    real time: start in-process workers inside it, or use ``run_until_idle``.
+    On exit the clock is back to real time everywhere. Not nestable.
+    """
+    global _active_clock
+    if _active_clock is not None:
+        raise RuntimeError("a controlled_clock() is already running; move that one")
+    active = WorkflowClock()
+    connection_created.connect(active._follow, weak=False)
+    _active_clock = active
+    try:
+        active._move(dt.timedelta(0))
+        yield active
+    finally:
+        _active_clock = None
+        connection_created.disconnect(active._follow)
+        conns = _django_connections()
+        active._django.update(conns)
+        kernel_clock.set_offset(dt.timedelta(0), extra=conns)
+        kernel_clock.forget(list(active._django))
 
 
 def describe_run(run_or_id: Any) -> str:

@@ -71,7 +71,7 @@ class Listener(threading.Thread):
         while not self.stopping.is_set():
             conn = None
             try:
-                conn = db.autocommit_connection(self.using)
+                conn = db.autocommit_connection(self.using, follow_clock=False)
                 conn.execute(f"LISTEN {store.CHANNEL}")
                 self.connected.set()
                 backoff.reset()
@@ -629,7 +629,7 @@ class Worker:
                            IN (SELECT * FROM unnest(%s::text[], %s::int[])) {app_filter}
                         AND (status = 'queued'
                              OR (status = 'running'
-                                 AND lease_expires_at < statement_timestamp())))""",
+                                 AND lease_expires_at < k2b_now())))""",
                 params,
             )
             if cursor.fetchone()[0]:

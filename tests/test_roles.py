@@ -128,6 +128,20 @@ def test_the_kernel_runs_as_the_runtime_role(runtime):
     assert excess_privileges(RUNTIME) == []
 
 
+def test_the_runtime_role_reads_the_clock_where_functions_are_not_public(runtime):
+    # A hardened database revokes PUBLIC's default EXECUTE on functions:
+    # every kernel statement reads k2b_now(), so the grants must name it.
+    with connection.cursor() as cursor:
+        cursor.execute("REVOKE EXECUTE ON FUNCTION k2b_now() FROM PUBLIC")
+    try:
+        run = start_workflow_run("test.pure", {"a": 1, "b": 2})
+        run_until_idle(using=RUNTIME)
+        assert WorkflowRun.objects.get(pk=run.pk).status == "succeeded"
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("GRANT EXECUTE ON FUNCTION k2b_now() TO PUBLIC")
+
+
 @pytest.fixture
 def evidence_written(runtime) -> WorkflowRun:
     run = start_workflow_run("test.charge", {"amount": 3})
@@ -236,3 +250,4 @@ def test_grantworkflows_prints_only_insert_and_select_on_the_evidence():
     assert not any("TRUNCATE" in line for line in lines)
     deletes = [line for line in lines if "DELETE" in line]
     assert deletes == ['GRANT DELETE ON TABLE "k2b_wait", "k2b_worker" TO "k2b_app";']
+    assert 'GRANT EXECUTE ON FUNCTION "public".k2b_now() TO "k2b_app";' in lines

@@ -11,6 +11,7 @@ import pytest
 from example_project.demo.models import OutboxEmail, Payment
 from example_project.demo.workflows import ChargeCard, SendReceipt
 from k2b_workflows import start_workflow_run
+from k2b_workflows.models import WorkflowRun
 from k2b_workflows.testing import (
     assert_effect_once,
     assert_run_status,
@@ -19,6 +20,9 @@ from k2b_workflows.testing import (
     fast_retries,
     run_until_idle,
 )
+
+# Your root conftest.py says this once (here: for the k2b_clock recipe below).
+pytest_plugins = ["k2b_workflows.pytest_plugin"]
 
 ORDER = {"sku": "TEA-01", "items": ["teapot"], "amount_cents": 2_900, "customer": "a@example.com"}
 CHARGE_STEP = 2  # create order, approval, charge, ...
@@ -80,6 +84,26 @@ def test_a_payout_the_bank_cannot_confirm_goes_to_an_operator():
 
 
 # --8<-- [end:incident]
+
+
+# --8<-- [start:approval_deadline]
+@pytest.mark.django_db(transaction=True)
+def test_an_order_nobody_approves_is_looked_at_again_after_a_day(k2b_clock):
+    run = start_workflow_run("shop.checkout", {**ORDER, "amount_cents": 90_000})
+    run_until_idle()
+    assert_run_status(run, "waiting")  # for a manager, with a deadline a day away
+    deadline = WorkflowRun.objects.get(pk=run.pk).wait_deadline
+
+    k2b_clock.advance(hours=23)
+    run_until_idle()
+    assert WorkflowRun.objects.get(pk=run.pk).wait_deadline == deadline  # not yet
+
+    k2b_clock.advance(hours=1)
+    run_until_idle()  # past the deadline: the step looked again, and waits another day
+    assert WorkflowRun.objects.get(pk=run.pk).wait_deadline > deadline
+
+
+# --8<-- [end:approval_deadline]
 
 
 @pytest.mark.django_db(transaction=True)

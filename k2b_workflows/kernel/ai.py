@@ -79,8 +79,8 @@ def step_task(ctx: StepContext, provider: str, request: Any) -> Result:
                 using,
                 """INSERT INTO k2b_ai_task (id, run_id, seq, app_id, effect_key, provider, request,
                        status, attempts, generation, created_at, updated_at, error_message)
-                   VALUES (gen_random_uuid(), %s, %s, %s, %s, %s, %s, 'queued', 0, 0, now(), now(),
-                           '')""",
+                   VALUES (gen_random_uuid(), %s, %s, %s, %s, %s, %s, 'queued', 0, 0, k2b_now(),
+                           k2b_now(), '')""",
                 [
                     ctx.run_id,
                     ctx.step,
@@ -104,7 +104,7 @@ def step_task(ctx: StepContext, provider: str, request: Any) -> Result:
 _CLAIM_SQL = """
 UPDATE k2b_ai_task t
    SET status = 'running', generation = t.generation + 1, attempts = t.attempts + 1,
-       lease_expires_at = statement_timestamp() + %s * interval '1 millisecond', updated_at = now()
+       lease_expires_at = k2b_now() + %s * interval '1 millisecond', updated_at = k2b_now()
  WHERE t.id IN (SELECT id FROM k2b_ai_task
                  WHERE status = 'queued' AND provider = ANY(%s) {app_filter}
                  ORDER BY created_at LIMIT %s FOR UPDATE SKIP LOCKED)
@@ -144,10 +144,10 @@ def reap_expired(using: str) -> int:
                       THEN 'gave up after ' || t.attempts || ' attempts: each time the worker '
                            'lost the task before storing an answer (AI_TASK_MAX_ATTEMPTS)'
                       ELSE t.error_message END,
-                  finished_at = CASE WHEN t.attempts >= %s THEN now() END,
-                  lease_expires_at = NULL, updated_at = now()
+                  finished_at = CASE WHEN t.attempts >= %s THEN k2b_now() END,
+                  lease_expires_at = NULL, updated_at = k2b_now()
             WHERE t.id IN (SELECT id FROM k2b_ai_task WHERE status = 'running'
-                            AND lease_expires_at < statement_timestamp()
+                            AND lease_expires_at < k2b_now()
                             LIMIT 500 FOR UPDATE SKIP LOCKED)
         RETURNING t.status, t.app_id, t.effect_key""",
         [limit, limit, limit],
@@ -173,7 +173,7 @@ def run_task(using: str, task: tuple, abort: threading.Event) -> str:
         updated = db.execute(
             using,
             """UPDATE k2b_ai_task SET status = %s, result = %s, error_message = %s,
-                      finished_at = now(), updated_at = now(), lease_expires_at = NULL
+                      finished_at = k2b_now(), updated_at = k2b_now(), lease_expires_at = NULL
                 WHERE id = %s AND generation = %s AND status = 'running'""",
             [
                 status,

@@ -75,7 +75,7 @@ def charge(using: str, *, root_id: Any, run_id: Any, seq: int, cost: dict[str, i
             spent[unit] = spent.get(unit, 0) + amount
             cursor.execute(
                 "INSERT INTO k2b_budget_charge (account_id, run_id, seq, unit, amount, created_at)"
-                " VALUES (%s, %s, %s, %s, %s, statement_timestamp())",
+                " VALUES (%s, %s, %s, %s, %s, k2b_now())",
                 [root_id, run_id, seq, unit, amount],
             )
         cursor.execute(
@@ -100,7 +100,7 @@ def charge_ai_call(using: str, *, root_id: Any, run_id: Any, seq: int) -> None:
             raise BudgetExceeded(AI_CALLS, limit, used, 1)
         cursor.execute(
             "INSERT INTO k2b_budget_charge (account_id, run_id, seq, unit, amount, created_at)"
-            " VALUES (%s, %s, %s, %s, 1, statement_timestamp()) ON CONFLICT DO NOTHING",
+            " VALUES (%s, %s, %s, %s, 1, k2b_now()) ON CONFLICT DO NOTHING",
             [root_id, run_id, seq, AI_CALLS],
         )
         if cursor.rowcount:

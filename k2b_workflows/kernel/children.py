@@ -5,11 +5,9 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from django.utils import timezone
-
 from ..actions import Dependency
 from ..models import TERMINAL_STATUSES, RunStatus, WorkflowRun
-from . import budgets, db, evidence
+from . import budgets, clock, db, evidence
 
 KIND = "k2b.children"
 
@@ -42,7 +40,7 @@ def create(
     missing = [i for i in range(len(inputs)) if i not in existing]
     root_id = parent.root_id or parent.id
     budgets.reserve_children(using, root_id=root_id, count=len(missing))
-    now = timezone.now()
+    now = clock.now()
     new_ids = {i: uuid.uuid4() for i in missing}
     rows = [
         WorkflowRun(

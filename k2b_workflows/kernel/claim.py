@@ -20,12 +20,12 @@ WITH claimed AS (
 UPDATE k2b_run r
    SET status = 'running',
        generation = r.generation + 1,
-       lease_expires_at = statement_timestamp() + %s * interval '1 millisecond',
+       lease_expires_at = k2b_now() + %s * interval '1 millisecond',
        claimed_by = %s,
-       updated_at = now()
+       updated_at = k2b_now()
  WHERE r.id IN (
         SELECT id FROM k2b_run
-         WHERE status = 'queued' AND run_after <= statement_timestamp()
+         WHERE status = 'queued' AND run_after <= k2b_now()
            AND (workflow_name, workflow_version) IN (SELECT * FROM unnest(%s::text[], %s::int[]))
            {app_filter}
          ORDER BY run_after
@@ -72,23 +72,23 @@ _REAP_SQL = """
 UPDATE k2b_run
    SET status = 'queued',
        consecutive_failures = consecutive_failures + 1,
-       run_after = statement_timestamp() + LEAST(%s * power(2, LEAST(consecutive_failures, 30)), %s)
+       run_after = k2b_now() + LEAST(%s * power(2, LEAST(consecutive_failures, 30)), %s)
                            * interval '1 millisecond',
        lease_expires_at = NULL,
        claimed_by = '',
        error_message = 'lease expired (worker crashed, froze or timed out) at step '
                        || COALESCE(current_step::text, '-'),
-       updated_at = now()
+       updated_at = k2b_now()
  WHERE id IN (SELECT id FROM k2b_run
-               WHERE status = 'running' AND lease_expires_at < statement_timestamp()
+               WHERE status = 'running' AND lease_expires_at < k2b_now()
                LIMIT 500 FOR UPDATE SKIP LOCKED)
 """
 
 _PROMOTE_SQL = """
 UPDATE k2b_run
-   SET status = 'queued', run_after = statement_timestamp(), updated_at = now()
+   SET status = 'queued', run_after = k2b_now(), updated_at = k2b_now()
  WHERE id IN (SELECT id FROM k2b_run
-               WHERE status = 'waiting' AND wait_deadline <= statement_timestamp()
+               WHERE status = 'waiting' AND wait_deadline <= k2b_now()
                LIMIT 500 FOR UPDATE SKIP LOCKED)
 """
 
@@ -122,7 +122,7 @@ def next_due_in_ms(using: str) -> float | None:
                    (SELECT min(run_after) FROM k2b_run WHERE status = 'queued'),
                    (SELECT min(wait_deadline) FROM k2b_run WHERE status = 'waiting'),
                    (SELECT min(lease_expires_at) FROM k2b_run WHERE status = 'running')
-               ) - statement_timestamp())) * 1000"""
+               ) - k2b_now())) * 1000"""
         )
         value = cursor.fetchone()[0]
     return None if value is None else max(0.0, float(value))
@@ -130,7 +130,7 @@ def next_due_in_ms(using: str) -> float | None:
 
 _RENEW_SQL = """
 UPDATE k2b_run r
-   SET lease_expires_at = statement_timestamp() + %s * interval '1 millisecond'
+   SET lease_expires_at = k2b_now() + %s * interval '1 millisecond'
   FROM (SELECT k.id FROM k2b_run k
           JOIN unnest(%s::uuid[], %s::bigint[]) AS a(id, gen)
             ON k.id = a.id AND k.generation = a.gen AND k.status = 'running'
@@ -166,8 +166,8 @@ def release(using: str, run_id: Any, generation: int) -> bool:
     """Hand a run we still own back to the queue, without counting a failure."""
     with connections[using].cursor() as cursor:
         cursor.execute(
-            """UPDATE k2b_run SET status = 'queued', run_after = statement_timestamp(),
-                      lease_expires_at = NULL, claimed_by = '', updated_at = now()
+            """UPDATE k2b_run SET status = 'queued', run_after = k2b_now(),
+                      lease_expires_at = NULL, claimed_by = '', updated_at = k2b_now()
                 WHERE id = %s AND generation = %s AND status = 'running'""",
             [run_id, generation],
         )
@@ -182,8 +182,8 @@ WITH held(id, gen, delay_ms) AS (SELECT * FROM unnest(%s::uuid[], %s::bigint[], 
                  FOR NO KEY UPDATE OF k SKIP LOCKED)
 UPDATE k2b_run r
    SET status = 'queued',
-       run_after = statement_timestamp() + free.delay_ms * interval '1 millisecond',
-       lease_expires_at = NULL, claimed_by = '', updated_at = now()
+       run_after = k2b_now() + free.delay_ms * interval '1 millisecond',
+       lease_expires_at = NULL, claimed_by = '', updated_at = k2b_now()
   FROM free
  WHERE r.id = free.id
 RETURNING r.id
@@ -208,8 +208,8 @@ def hand_back(using: str, held: dict[Any, tuple[int, int]]) -> set[Any]:
 
 _ORPHANS_SQL = """
 UPDATE k2b_run
-   SET status = 'queued', run_after = statement_timestamp(), lease_expires_at = NULL,
-       claimed_by = '', updated_at = now()
+   SET status = 'queued', run_after = k2b_now(), lease_expires_at = NULL,
+       claimed_by = '', updated_at = k2b_now()
  WHERE id IN (SELECT id FROM k2b_run
                WHERE status = 'running' AND claimed_by = %s AND NOT (id = ANY(%s::uuid[]))
                  FOR NO KEY UPDATE SKIP LOCKED)

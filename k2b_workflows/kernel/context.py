@@ -87,7 +87,7 @@ class StepContext:
         with db.autocommit_connection(self.using) as conn:
             row = conn.execute(
                 "UPDATE k2b_run"
-                " SET lease_expires_at = statement_timestamp() + %s * interval '1 millisecond'"
+                " SET lease_expires_at = k2b_now() + %s * interval '1 millisecond'"
                 " WHERE id = %s AND generation = %s AND status = 'running' RETURNING id",
                 [lease, self.run_id, self.generation],
             ).fetchone()

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from django.db import DatabaseError, OperationalError, ProgrammingError, connections, transaction
 
 from ..exceptions import DatabaseNotMigrated, LeaseLost, RunCanceled
+from . import clock
 
 logger = logging.getLogger("k2b_workflows")
 
@@ -100,8 +101,8 @@ def run_statement(fn: Callable[[], T], using: str, attempts: int = 5) -> T:
 
 FENCE_SQL = """
 UPDATE k2b_run
-   SET lease_expires_at = statement_timestamp() + %s * interval '1 millisecond',
-       updated_at = now(),
+   SET lease_expires_at = k2b_now() + %s * interval '1 millisecond',
+       updated_at = k2b_now(),
        current_step = COALESCE(%s, current_step),
        consecutive_failures = CASE WHEN %s THEN 0 ELSE consecutive_failures END
  WHERE id = %s AND generation = %s AND status = 'running'
@@ -147,8 +148,9 @@ def lease_lost(using: str, run_id: Any, generation: int) -> Exception:
     )
 
 
-# undefined_table, undefined_column: what our own SQL meets on an unmigrated database.
-_SCHEMA_SQLSTATES = frozenset({"42P01", "42703"})
+# undefined_table, undefined_column, undefined_function (``k2b_now()``): what our own
+# SQL meets on an unmigrated database.
+_SCHEMA_SQLSTATES = frozenset({"42P01", "42703", "42883"})
 MIGRATE_HINT = "the k2b_workflows tables are missing or out of date: run `manage.py migrate`"
 
 
@@ -194,15 +196,20 @@ def lock_run(using: str, run_id: Any) -> tuple[str, int, int | None] | None:
         return cursor.fetchone()
 
 
-def autocommit_connection(using: str) -> Any:
+def autocommit_connection(using: str, *, follow_clock: bool = True) -> Any:
     """A new psycopg connection in autocommit, outside Django's connection handling.
 
     For what must not join a caller's transaction (renewing a lease) or must
     not be handed to another borrower by a pool (a LISTEN). The caller closes it.
+    It reads ``k2b_now()`` on the kernel's clock (``kernel/clock.py``) unless
+    ``follow_clock`` is False: a LISTEN reads no time, and its connection is
+    held by ``notifies()`` for up to a poll, which would stall a test's clock.
     """
     wrapper = connections[using]
     conn = wrapper.get_new_connection(wrapper.get_connection_params())
     conn.autocommit = True
+    if follow_clock:
+        clock.follow(conn)
     return conn
 
 

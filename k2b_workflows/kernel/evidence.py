@@ -35,6 +35,7 @@ from django.db import connections, transaction
 from .. import store
 from ..actions import canonical_json
 from ..models import JournalEntry, LedgerEntry, WorkflowRun
+from . import clock
 from .db import lease_lost
 
 GENESIS = "0" * 64
@@ -253,7 +254,7 @@ _FENCED_JOURNAL_SQL = """
 WITH fenced AS (
     UPDATE k2b_run
        SET {set_run}, current_step = %s, consecutive_failures = 0, journal_anchor = %s,
-           updated_at = now()
+           updated_at = k2b_now()
      WHERE id = %s AND generation = %s AND status = 'running'
        AND (SELECT count(*) FROM k2b_journal WHERE run_id = %s) = %s
     RETURNING id)
@@ -263,14 +264,14 @@ RETURNING id
 """
 #: Still running: the lease is extended.
 _STEP_JOURNAL_SQL = _FENCED_JOURNAL_SQL.format(
-    set_run="lease_expires_at = statement_timestamp() + %s * interval '1 millisecond'",
+    set_run="lease_expires_at = k2b_now() + %s * interval '1 millisecond'",
     columns=_JOURNAL_COLUMNS,
     values=_JOURNAL_VALUES,
 )
 #: The last step: the run ends with it, in the same statement.
 _FINISH_JOURNAL_SQL = _FENCED_JOURNAL_SQL.format(
     set_run="""status = 'succeeded', output = %s::jsonb, error_code = '', error_message = '',
-           finished_at = now(), lease_expires_at = NULL""",
+           finished_at = k2b_now(), lease_expires_at = NULL""",
     columns=_JOURNAL_COLUMNS,
     values=_JOURNAL_VALUES,
 )
@@ -370,7 +371,7 @@ def append_ledger(using: str, *, expect: LedgerHead | None = None, **fields: Any
     the ledger really ends there; ``expect`` is then moved past the new entry.
     Without it, or when it was stale, the end is read first (two more round trips).
     """
-    entry = LedgerEntry(**fields)
+    entry = LedgerEntry(**{"created_at": clock.now(), **fields})
     key_id, key = signing_key()
     entry.key_id = key_id
     connection = connections[using]

@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING, Any
 from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError, transaction
 from django.db.models import JSONField
-from django.utils import timezone
 
 from .. import redaction, signals, store, validation
 from ..actions import (
@@ -59,7 +58,7 @@ from ..actions import (
 from ..exceptions import InvalidInput, LeaseLost, RunCanceled, StepFailed, Suspend, UnknownWorkflow
 from ..models import JournalEntry, LedgerEntry, WorkflowRun
 from ..workflows import ChildResult, RunHandle, WorkflowDefinition, get_workflow
-from . import budgets, db, events, evidence, waits, weather
+from . import budgets, clock, db, events, evidence, waits, weather
 from .context import StepContext, _holding
 
 if TYPE_CHECKING:
@@ -118,7 +117,8 @@ class Preloaded:
 _FINISH_SQL = """
 UPDATE k2b_run
    SET status = 'succeeded', output = %s::jsonb, error_code = '', error_message = '',
-       finished_at = now(), lease_expires_at = NULL, consecutive_failures = 0, updated_at = now()
+       finished_at = k2b_now(), lease_expires_at = NULL, consecutive_failures = 0,
+       updated_at = k2b_now()
  WHERE id = %s AND generation = %s AND status = 'running'
 RETURNING id
 """
@@ -412,7 +412,7 @@ class Execution:
         backup_ref: str | None,
     ) -> Any:
         ctx = StepContext(self, seq)
-        started = timezone.now()
+        started = clock.now()
         step = _Step(seq, action, name, input, input_hash, started, ctx)
         if seq >= self.definition.max_steps:
             return self._step_failed(
@@ -548,7 +548,7 @@ class Execution:
             marker,
             None,
             evidence.hash_value(None),
-            timezone.now(),
+            clock.now(),
             StepContext(self, seq),
         )
         self._journal_success(step, Succeeded(True, summary=f"took patch {patch_id}"))
@@ -951,7 +951,7 @@ class Execution:
             input_hash=step.input_hash,
             generation=self.generation,
             started_at=step.started,
-            created_at=timezone.now(),
+            created_at=clock.now(),
         )
 
     def _journaled(self, entry: JournalEntry) -> None:
@@ -1210,8 +1210,8 @@ class Execution:
         with contextlib.suppress(Suspend):
             self._transition(
                 """UPDATE k2b_run SET status = 'succeeded', output = %s, error_code = '',
-                          error_message = '', finished_at = now(), lease_expires_at = NULL,
-                          consecutive_failures = 0, updated_at = now() WHERE id = %s""",
+                          error_message = '', finished_at = k2b_now(), lease_expires_at = NULL,
+                          consecutive_failures = 0, updated_at = k2b_now() WHERE id = %s""",
                 [canonical_json(output)],
                 "succeeded",
                 terminal=True,
@@ -1302,7 +1302,7 @@ class Execution:
             entry = self._new_entry(step, JournalEntry.State.FAILED, code=code, message=message)
         self._transition(
             """UPDATE k2b_run SET status = 'failed', error_code = %s, error_message = %s,
-                      finished_at = now(), lease_expires_at = NULL, updated_at = now()
+                      finished_at = k2b_now(), lease_expires_at = NULL, updated_at = k2b_now()
                 WHERE id = %s""",
             [code, message],
             "failed",
@@ -1319,7 +1319,7 @@ class Execution:
         self._transition(
             """UPDATE k2b_run SET status = 'needs_attention', error_code = %s, error_message = %s,
                       error_detail = %s, attention_step = %s, lease_expires_at = NULL,
-                      updated_at = now()
+                      updated_at = k2b_now()
                 WHERE id = %s""",
             [code, message, canonical_json(detail) if detail else None, step],
             "needs_attention",
@@ -1343,9 +1343,9 @@ class Execution:
         logger.info("run %s: retry %s in %s ms: %s", self.run_id, failures, delay, reason)
         self._transition(
             """UPDATE k2b_run SET status = 'queued', consecutive_failures = %s,
-                      run_after = statement_timestamp() + %s * interval '1 millisecond',
+                      run_after = k2b_now() + %s * interval '1 millisecond',
                       error_message = %s, lease_expires_at = NULL, claimed_by = '',
-                      updated_at = statement_timestamp()
+                      updated_at = k2b_now()
                 WHERE id = %s""",
             [failures, delay, reason],
             "retry",
@@ -1446,7 +1446,7 @@ class Execution:
             action_name,
             inputs,
             input_hash,
-            timezone.now(),
+            clock.now(),
             StepContext(self, seq),
         )
         if seq >= self.definition.max_steps:  # a children call is a step of the loop budget too

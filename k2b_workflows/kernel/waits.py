@@ -23,13 +23,14 @@ from django.utils import timezone
 from .. import store
 from ..actions import Dependency
 from ..store import CHANNEL
+from . import clock
 
 _UPSERT_SQL = """
 INSERT INTO k2b_wait (app_id, kind, key, signal_seq, signaled_at, created_at)
-VALUES (%s, %s, %s, %s, CASE WHEN %s THEN now() END, now())
+VALUES (%s, %s, %s, %s, CASE WHEN %s THEN k2b_now() END, k2b_now())
 ON CONFLICT (app_id, kind, key) DO UPDATE
    SET signal_seq = k2b_wait.signal_seq + %s,
-       signaled_at = CASE WHEN %s THEN now() ELSE k2b_wait.signaled_at END
+       signaled_at = CASE WHEN %s THEN k2b_now() ELSE k2b_wait.signaled_at END
 RETURNING signal_seq
 """
 
@@ -45,7 +46,7 @@ def _lock_rendezvous(using: str, app_id: str, kind: str, key: str, signal: bool)
 def deadline_at(dependency: Dependency) -> dt.datetime | None:
     deadline = dependency.deadline
     if isinstance(deadline, dt.timedelta):
-        return timezone.now() + deadline
+        return clock.now() + deadline
     if deadline is not None and timezone.is_naive(deadline):
         return timezone.make_aware(deadline)
     return deadline
@@ -74,8 +75,8 @@ def park(
     with connections[using].cursor() as cursor:
         if current > already_seen:
             cursor.execute(
-                """UPDATE k2b_run SET status = 'queued', run_after = statement_timestamp(),
-                          updated_at = now(),
+                """UPDATE k2b_run SET status = 'queued', run_after = k2b_now(),
+                          updated_at = k2b_now(),
                           wait_kind = %s, wait_key = %s, wait_signal_seq = %s, wait_step = %s,
                           wait_deadline = NULL, waiting_since = NULL, lease_expires_at = NULL,
                           consecutive_failures = 0
@@ -84,9 +85,9 @@ def park(
             )
             return False
         cursor.execute(
-            """UPDATE k2b_run SET status = 'waiting', updated_at = now(),
+            """UPDATE k2b_run SET status = 'waiting', updated_at = k2b_now(),
                       wait_kind = %s, wait_key = %s, wait_signal_seq = %s, wait_step = %s,
-                      wait_deadline = %s, waiting_since = now(), lease_expires_at = NULL,
+                      wait_deadline = %s, waiting_since = k2b_now(), lease_expires_at = NULL,
                       consecutive_failures = 0
                 WHERE id = %s""",
             [dependency.kind, dependency.key, current, step, deadline, run_id],
@@ -104,8 +105,8 @@ def wake(using: str, *, app_id: str, kind: str, key: str) -> int:
         seq = _lock_rendezvous(using, app_id, kind, key, signal=True)
         with connections[using].cursor() as cursor:
             cursor.execute(
-                """UPDATE k2b_run SET status = 'queued', run_after = statement_timestamp(),
-                          updated_at = now(),
+                """UPDATE k2b_run SET status = 'queued', run_after = k2b_now(),
+                          updated_at = k2b_now(),
                           wait_signal_seq = %s, wait_deadline = NULL
                     WHERE status = 'waiting'
                       AND app_id = %s AND wait_kind = %s AND wait_key = %s""",
@@ -147,7 +148,7 @@ def purge_stale_rendezvous(using: str, *, force: bool = False, batch: int = 1000
             """DELETE FROM k2b_wait WHERE id IN (
                    SELECT w.id FROM k2b_wait w
                     WHERE COALESCE(w.signaled_at, w.created_at)
-                          < now() - %s * interval '1 hour'
+                          < k2b_now() - %s * interval '1 hour'
                       AND NOT EXISTS (
                           SELECT 1 FROM k2b_run r
                            WHERE r.status = 'waiting' AND r.app_id = w.app_id

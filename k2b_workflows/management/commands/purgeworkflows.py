@@ -7,9 +7,9 @@ import datetime as dt
 from typing import Any
 
 from django.core.management.base import BaseCommand
-from django.utils import timezone
 
 from k2b_workflows import fleet
+from k2b_workflows.kernel import clock
 from k2b_workflows.management import arguments
 from k2b_workflows.models import WorkerRecord
 from k2b_workflows.retention import purge_finished_runs
@@ -55,7 +55,7 @@ class Command(BaseCommand):
                 break
         if dry_run:
             total["worker rows"] = WorkerRecord.objects.filter(
-                state__in=["stopped", "lost"], heartbeat_at__lt=timezone.now() - older_than
+                state__in=["stopped", "lost"], heartbeat_at__lt=clock.now() - older_than
             ).count()
         else:
             fleet.mark_lost()

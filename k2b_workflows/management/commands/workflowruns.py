@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from k2b_workflows import store
 from k2b_workflows.exceptions import DatabaseNotMigrated
-from k2b_workflows.kernel import db
+from k2b_workflows.kernel import clock, db
 from k2b_workflows.management import arguments
 from k2b_workflows.models import RunStatus, WorkflowRun
 from k2b_workflows.versions import live_pairs, run_code_note
@@ -111,7 +111,7 @@ class Command(BaseCommand):
         total = runs.count()
         if limit:
             runs = runs[:limit]
-        now = timezone.now()
+        now = clock.now()
         runs = list(runs)
         # A queued run pinned to a version no live worker has would wait silently.
         live = live_pairs(store.database())
