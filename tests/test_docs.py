@@ -64,8 +64,11 @@ INLINE = {
     ("docs/testing.md", "# settings used by your test run"): (
         "test_the_test_settings_of_testing_md_are_the_suites"
     ),
-    # Code, not configuration: docs/testing.md is edited in parallel (#12); its wake
-    # runs as shown in tests/test_docs_examples.py until it moves to docs/examples.
+    ("docs/testing.md", 'pytest_plugins = ["k2b_workflows.pytest_plugin"]'): (
+        "test_the_plugin_line_of_testing_md_loads_the_fixtures_it_lists"
+    ),
+    # Code, not configuration: two lines that need the page's context; run as shown
+    # in tests/test_docs_examples.py.
     (
         "docs/testing.md",
         'wake_workflow_runs_waiting_on(app_id="shop", kind="approval", key="order-1")',
@@ -245,6 +248,17 @@ def test_the_two_role_settings_pass_the_checks() -> None:
     assert check_settings_with_databases(databases, k2b) == []
     with override_settings(K2B_WORKFLOWS=k2b):
         assert (store.database(), store.owner_database()) == ("default", "owner")
+
+
+def test_the_plugin_line_of_testing_md_loads_the_fixtures_it_lists() -> None:
+    import importlib
+
+    shown = evaluate("docs/testing.md", 'pytest_plugins = ["k2b_workflows.pytest_plugin"]')
+    (plugin,) = (importlib.import_module(name) for name in shown["pytest_plugins"])
+    page = (ROOT / "docs" / "testing.md").read_text()
+    listed = set(re.findall(r"^\| `(k2b_\w+)` \|", page, flags=re.M))
+    assert listed, "the page's fixture table"
+    assert all(callable(getattr(plugin, name, None)) for name in listed), listed
 
 
 def test_the_test_settings_of_testing_md_are_the_suites() -> None:
