@@ -1189,9 +1189,7 @@ class Execution:
             self._pending_lost(pending)
             raise
         if broken:
-            logger.error("run %s: integrity chain broken: %s", self.run_id, broken[0])
-            # Nothing committed: the deferred success, if any, goes with the incident.
-            self._needs_attention(store.INTEGRITY_CHAIN_BROKEN, broken[0], step=None)
+            self._chain_broken(broken[0])
         if pending is not None:
             self._pending = None
             self._journaled(pending.entry)
@@ -1200,6 +1198,12 @@ class Execution:
         events.run_changed(self, outcome, reason=reason)
         self.outcome = outcome
         raise Suspend
+
+    def _chain_broken(self, problem: str) -> None:
+        """Before a success: the chains did not verify, and nothing committed. The run
+        needs attention; the deferred success, if any, goes with the incident."""
+        logger.error("run %s: integrity chain broken: %s", self.run_id, problem)
+        self._needs_attention(store.INTEGRITY_CHAIN_BROKEN, problem, step=None)
 
     def _succeed_run(self, output: Any) -> None:
         pending = self._pending
@@ -1277,8 +1281,7 @@ class Execution:
             self._pending_lost(pending)
             raise
         if broken:
-            logger.error("run %s: integrity chain broken: %s", self.run_id, broken[0])
-            self._needs_attention(store.INTEGRITY_CHAIN_BROKEN, broken[0], step=None)
+            self._chain_broken(broken[0])
         signals.send_on_commit(
             using=self.using,
             run_id=self.run_id,
