@@ -202,7 +202,9 @@ def test_workers_outlive_database_restarts_and_every_run_completes_once(
 def test_workers_outlive_their_backends_being_terminated_at_random(cluster, database, workers):
     url = cluster.url(database)
     fleet = [workers(url, "--concurrency", "2") for _ in range(3)]
-    start_runs(url, RUNS)
+    # Two naps of 0.5 s per run, 18 runs on 6 threads: the runs are in flight for 3 s
+    # at least however fast the machine, time for a kill every 0.4 s at most.
+    start_runs(url, RUNS, nap=0.5)
     started(fleet)
     rng = random.Random(8)
     killed = 0
