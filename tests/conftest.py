@@ -21,6 +21,8 @@ import pgtrigger
 import pytest
 from django.db.backends.postgresql.operations import DatabaseOperations
 
+from tests import forkserver
+
 ROOT = Path(__file__).resolve().parent.parent
 
 #: The database refuses TRUNCATE, UPDATE and DELETE of the append-only tables
@@ -155,7 +157,7 @@ class WorkerProcess:
             / f"k2b-worker-{os.getpid()}-{time.monotonic_ns()}.log"
         )
         self.log = open(self.log_path, "w")  # noqa: SIM115
-        self.proc = subprocess.Popen(
+        self.proc = forkserver.popen(
             [sys.executable, str(ROOT / "manage.py"), "runworkflows", *args],
             cwd=ROOT,
             env=full_env,
