@@ -13,6 +13,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.k2b-installed
 PYTEST_ARGS ?=
+# The suite runs in TEST_WORKERS processes (pytest-xdist), each on a test database
+# of its own. Most tests wait on worker subprocesses and PostgreSQL, so more
+# processes than cores pay; TEST_WORKERS=0 runs it in one process. Tests go out
+# one at a time, longest first (tests/conftest.py), so that no worker queues them.
+TEST_WORKERS ?= 4
+XDIST = -n $(TEST_WORKERS) --dist load --maxschedchunk 1
 
 # Prefix for a recipe line that needs a database: sets and exports DATABASE_URL,
 # and stops the recipe if no database could be had.
@@ -23,7 +29,7 @@ WITH_DB = url="$$($(PY) scripts/dbenv.py)" || exit $$?; export DATABASE_URL="$$u
 help:
 	@echo "make demo      set everything up and run the demo workflows with real workers"
 	@echo "make serve     run the example site (admin at http://127.0.0.1:8000/admin/)"
-	@echo "make test      run the test suite on PostgreSQL (PYTEST_ARGS='-k foo' to pass options)"
+	@echo "make test      run the test suite on PostgreSQL in TEST_WORKERS=4 processes (PYTEST_ARGS='-k foo')"
 	@echo "make test-fast the suite without crash, slow and browser tests (the inner loop)"
 	@echo "make lint      ruff check, ruff format --check, mypy, and no missing migration"
 	@echo "make format    ruff format and ruff check --fix"
@@ -62,11 +68,11 @@ serve: venv db
 	@$(WITH_DB) $(PY) manage.py migrate --noinput && $(PY) manage.py runserver
 
 test: venv db
-	@$(WITH_DB) $(PY) -m pytest $(PYTEST_ARGS)
+	@$(WITH_DB) $(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # The inner loop: no killed workers, no soak, no stress, no browser.
 test-fast: venv db
-	@$(WITH_DB) $(PY) -m pytest -m "not crash and not slow and not browser" $(PYTEST_ARGS)
+	@$(WITH_DB) $(PY) -m pytest $(XDIST) -m "not crash and not slow and not browser" $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -329,7 +329,7 @@ class Worker:
         if not held:
             return
         try:
-            with transaction.atomic(using=self.using):
+            with self.keeper.paused(), transaction.atomic(using=self.using):
                 handed = claim.hand_back(self.using, held)
         except DatabaseError as exc:
             weather.close_quietly(self.using)
@@ -514,7 +514,7 @@ class Worker:
         for run_id, _ in held:
             self.keeper.untrack(run_id)
         try:
-            with transaction.atomic(using=self.using):
+            with self.keeper.paused(), transaction.atomic(using=self.using):
                 # No thread started them: nothing of ours can still commit for them.
                 released = len(claim.hand_back(self.using, {r: (g, 0) for r, g in held}))
         except DatabaseError as exc:
@@ -580,7 +580,7 @@ class Worker:
             pending = dict(self._hand_back)
         if not pending:
             return
-        with transaction.atomic(using=self.using):
+        with self.keeper.paused(), transaction.atomic(using=self.using):
             handed = claim.hand_back(self.using, {r: (g, 0) for r, g in pending.items()})
         with self._lock:
             for run_id in pending:

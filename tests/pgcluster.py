@@ -19,6 +19,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+from tests import forkserver
 from tests.conftest import ROOT
 
 SUPERUSER = "postgres"
@@ -108,12 +109,10 @@ def manage(url: str, *args: str, check: bool = True, timeout: float = 300) -> An
     """Run ``manage.py`` against the database at ``url`` with the test settings."""
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "DATABASE_URL": url}
     env.pop("K2B_TEST_DB_NAME", None)
-    return subprocess.run(
+    return forkserver.run(
         [sys.executable, str(ROOT / "manage.py"), *args],
         cwd=ROOT,
         env=env,
-        capture_output=True,
-        text=True,
         check=check,
         timeout=timeout,
     )

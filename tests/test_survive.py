@@ -12,6 +12,8 @@ import itertools
 import json
 import random
 import signal
+import sys
+import threading
 import time
 
 import pytest
@@ -200,7 +202,9 @@ def test_workers_outlive_database_restarts_and_every_run_completes_once(
 def test_workers_outlive_their_backends_being_terminated_at_random(cluster, database, workers):
     url = cluster.url(database)
     fleet = [workers(url, "--concurrency", "2") for _ in range(3)]
-    start_runs(url, RUNS)
+    # Two naps of 0.5 s per run, 18 runs on 6 threads: the runs are in flight for 3 s
+    # at least however fast the machine, time for a kill every 0.4 s at most.
+    start_runs(url, RUNS, nap=0.5)
     started(fleet)
     rng = random.Random(8)
     killed = 0
@@ -441,7 +445,73 @@ def test_a_second_sigterm_hands_back_and_exits_now(start_worker):
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=TIMEOUT) == 0, worker.output()
     back = fresh(run)
+    assert (back.status, back.claimed_by, back.consecutive_failures) == ("queued", "", 0), (
+        worker.output()
+    )
+
+
+def _blocked_in(thread: threading.Thread, function: str) -> bool:
+    """True while ``thread`` is inside ``function`` (it waits there: nothing else can run it)."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        if frame.f_code.co_name == function:
+            return True
+        frame = frame.f_back
+    return False
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_hand_back_is_not_skipped_for_the_lease_keepers_own_renewal(monkeypatch):
+    """The keeper's renewal locks the row until it commits; a shutdown meanwhile
+    handed back nothing ("locked by a step") and left the run to its lease."""
+    from django.db import connections
+
+    from k2b_workflows import start_workflow_run
+    from k2b_workflows.kernel import leases
+    from k2b_workflows.worker import Worker
+    from tests.kernel_helpers import fresh
+
+    run = start_workflow_run("test.pure", {"n": 1})
+    worker = Worker(concurrency=1, listen=False)
+    (claimed,), _, _ = worker.claim(1)
+    worker._claimed[run.pk] = claimed[1]
+    worker.keeper.track(run.pk, claimed[1], threading.Event())
+
+    renewing, commit = threading.Event(), threading.Event()
+    renew_leases = leases.renew_leases
+
+    def slow_commit(conn, held, lease):
+        with conn.transaction():  # as a loaded server's slow commit: the row stays locked
+            renewed = renew_leases(conn, held, lease)
+            renewing.set()
+            assert commit.wait(60)
+        return renewed
+
+    monkeypatch.setattr(leases, "renew_leases", slow_commit)
+    worker.keeper.start()
+    try:
+        assert renewing.wait(60), "the keeper renewed nothing"
+
+        def stop() -> None:
+            try:
+                worker._hand_back_claimed()
+            finally:
+                connections.close_all()
+
+        stopping = threading.Thread(target=stop)
+        stopping.start()
+        wait_for(
+            lambda: not stopping.is_alive() or _blocked_in(stopping, "paused"),
+            message="the hand-back to end or to wait for the renewal",
+        )
+        commit.set()
+        stopping.join(60)
+    finally:
+        commit.set()
+        worker.keeper.stop()
+    back = fresh(run)
     assert (back.status, back.claimed_by, back.consecutive_failures) == ("queued", "", 0)
+    assert worker.stats["handed_back"] == 1
 
 
 @pytest.mark.django_db(transaction=True)

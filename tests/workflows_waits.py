@@ -113,13 +113,18 @@ def open_gate(key: str, value: object = None) -> int:
         return wake_workflow_runs_waiting_on(app_id="tests", kind=GATE_KIND, key=key)
 
 
+#: A run of the stress test with this ``wake`` input is woken only once it has parked.
+WAKE_AFTER_PARK = "after_park"
+
+
 def waker_main(argv: list[str]) -> None:
     """A waker process for the stress test: wake runs of its share as soon as they start.
 
     ``argv``: prefix, total, share, shares. It opens the gate of every run
     whose key is ``{prefix}{i}`` with ``i % shares == share``, as soon as the
-    run has been claimed at least once, so wakes race the runs' parks. Prints
-    how many wakes re-queued a parked run and how many found none parked.
+    run has been claimed at least once, so wakes race the runs' parks; a run
+    whose input has ``"wake": WAKE_AFTER_PARK`` only once it is ``waiting``.
+    Prints how many wakes re-queued a parked run and how many found none parked.
     """
     prefix, total, share, shares = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
     from django.db import connection
@@ -132,8 +137,9 @@ def waker_main(argv: list[str]) -> None:
             cursor.execute(
                 """SELECT input->>'key' FROM k2b_run
                     WHERE workflow_name = 'waits.gate' AND generation >= 1
-                      AND input->>'key' = ANY(%s)""",
-                [list(pending)],
+                      AND input->>'key' = ANY(%s)
+                      AND (input->>'wake' IS DISTINCT FROM %s OR status = 'waiting')""",
+                [list(pending), WAKE_AFTER_PARK],
             )
             started = [row[0] for row in cursor.fetchall()]
         if not started:

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,8 @@ class LeaseKeeper:
     _runs: dict[Any, _Held] = field(default_factory=dict)
     _tasks: dict[Any, _Held] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Held while a tick talks to the database (see ``paused``).
+    _ticking: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _conn: Any = None
@@ -90,6 +93,23 @@ class LeaseKeeper:
         with self._lock:
             return len(self._runs) + len(self._tasks)
 
+    @contextlib.contextmanager
+    def paused(self, timeout: float = 5.0) -> Iterator[None]:
+        """No renewal runs inside this block: the worker hands runs back in it.
+
+        A renewal locks the rows it renews until it commits, and a hand-back
+        skips locked rows (they may be a step's, whose commit the fence must
+        refuse). Run at the same moment, the hand-back would take our own
+        renewal for a step and leave the run to its lease. ``timeout``: a tick
+        stuck on a database that went away does not hold the hand-back longer.
+        """
+        paused = self._ticking.acquire(timeout=timeout)
+        try:
+            yield
+        finally:
+            if paused:
+                self._ticking.release()
+
     # -- the thread --
 
     def start(self) -> None:
@@ -121,7 +141,8 @@ class LeaseKeeper:
             try:
                 renew_every = store.lease_ms() / 3000
                 renew = time.monotonic() - last_renew >= renew_every
-                self.tick(renew=renew)
+                with self._ticking:
+                    self.tick(renew=renew)
                 if renew:
                     last_renew = time.monotonic()
                 backoff.reset()
