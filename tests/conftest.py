@@ -205,7 +205,7 @@ class WorkerProcess:
             )
 
     def stacks(self) -> str:
-        """Every thread's Python stack, read from outside by py-spy (a dev dependency)."""
+        """Every thread's Python stack, read from outside by py-spy (in the test extra)."""
         try:
             dump = subprocess.run(
                 [str(Path(sys.executable).with_name("py-spy")), "dump", "--pid", str(self.pid)],
@@ -228,6 +228,8 @@ class WorkerProcess:
             self.proc.kill()
             self.proc.wait(timeout=10)
         self.log.close()
+        # A failing test has already put the log in its message.
+        self.log_path.unlink(missing_ok=True)
 
 
 @pytest.fixture
