@@ -181,6 +181,33 @@ def test_an_external_dispatch_commits_the_previous_steps_success_before_the_call
     assert evidence.verify_chains(run.pk, "default") is None
 
 
+def test_a_failed_batched_read_leaves_the_connection_usable():
+    """ "BEGIN; read" that fails leaves an aborted transaction Django does not know of:
+    it must be rolled back there, or the connection's next statement fails."""
+    from django.db import DataError
+
+    from k2b_workflows.kernel import db
+
+    with pytest.raises(DataError):
+        db.begin_and_fetch("default", "SELECT 1 / %s", [0])
+    assert connection.connection.info.transaction_status == 0  # idle
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        assert cursor.fetchone() == (1,)
+
+
+def test_a_batched_transaction_that_decides_not_to_write_writes_nothing():
+    from k2b_workflows.kernel import db
+
+    run = start_workflow_run("hot.three_pure", {"n": 0})
+    update = ("UPDATE k2b_run SET consecutive_failures = 0 WHERE id = %s RETURNING id", [run.pk])
+    sql = "SELECT id FROM k2b_run WHERE id = %s"
+    assert db.read_then_write("default", sql, [run.pk], lambda rows: None) == (False, None)
+    assert connection.connection.info.transaction_status == 0
+    assert db.read_then_write("default", sql, [run.pk], lambda rows: update) == (True, (run.pk,))
+    assert connection.connection.info.transaction_status == 0
+
+
 def test_the_raw_preload_reads_what_the_orm_reads():
     run = start_workflow_run("hot.external_then_pure", {"n": 0})
     from tests.kernel_helpers import run_to_end

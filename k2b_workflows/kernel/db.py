@@ -256,10 +256,16 @@ def begin_and_fetch(using: str, sql: str, params: list[Any]) -> list[tuple]:
 
     The caller ends the transaction with ``commit_with`` or ``rollback_quietly``.
     """
-    with connections[using].cursor() as cursor:
-        cursor.execute("BEGIN; " + sql, params)
-        cursor.nextset()
-        return cursor.fetchall()
+    try:
+        with connections[using].cursor() as cursor:
+            cursor.execute("BEGIN; " + sql, params)
+            cursor.nextset()
+            return cursor.fetchall()
+    except BaseException:
+        # A failed read leaves the transaction open and aborted: end it here, or the
+        # connection's next statement (Django believes it is in autocommit) fails.
+        rollback_quietly(using)
+        raise
 
 
 def commit_with(using: str, sql: str, params: list[Any]) -> tuple | None:
@@ -283,6 +289,39 @@ def commit_with(using: str, sql: str, params: list[Any]) -> tuple | None:
     except BaseException:
         rollback_quietly(using)
         raise
+
+
+def read_then_write(
+    using: str,
+    read_sql: str,
+    read_params: list[Any],
+    decide: Callable[[list[tuple]], tuple[str, list[Any]] | None],
+    attempts: int = 5,
+) -> tuple[bool, tuple | None]:
+    """One transaction in two round trips: "BEGIN; read", then the statement
+    ``decide(rows)`` returns and COMMIT, or ROLLBACK when it returns None.
+
+    Returns (written, the statement's first row). A conflict retries the whole,
+    as ``run_in_transaction`` does.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            rows = begin_and_fetch(using, read_sql, read_params)
+            try:
+                statement = decide(rows)
+            except BaseException:
+                rollback_quietly(using)
+                raise
+            if statement is None:
+                rollback_quietly(using)
+                return False, None
+            return True, commit_with(using, *statement)
+        except DatabaseError as exc:
+            if not is_conflict(exc) or attempt == attempts:
+                raise
+            logger.info("transaction conflict (%s), retrying", sqlstate(exc))
+            time.sleep(random.uniform(0, 0.01 * attempt))
+    raise AssertionError("unreachable")
 
 
 def rollback_quietly(using: str) -> None:

@@ -1267,16 +1267,14 @@ class Execution:
             if self.run.parent_id or not db.batches_statements(self.using):
                 db.run_in_transaction(write, self.using)
             else:
-                rows = db.begin_and_fetch(self.using, preload_sql(), [[self.run_id]])
-                try:
-                    ok = verified(rows)
-                except BaseException:
-                    db.rollback_quietly(self.using)
-                    raise
-                if ok:
-                    finished(db.commit_with(self.using, sql, params))
-                else:
-                    db.rollback_quietly(self.using)
+                written, row = db.read_then_write(
+                    self.using,
+                    preload_sql(),
+                    [[self.run_id]],
+                    lambda rows: (sql, params) if verified(rows) else None,
+                )
+                if written:
+                    finished(row)
         except (LeaseLost, RunCanceled):
             self._pending_lost(pending)
             raise
