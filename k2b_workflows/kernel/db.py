@@ -61,18 +61,27 @@ def atomic(using: str) -> Iterator[transaction.Atomic]:
         raise
 
 
-def run_in_transaction(fn: Callable[[], T], using: str, attempts: int = 5) -> T:
-    """Run ``fn`` in its own transaction, retrying the whole transaction on a conflict."""
+def _retrying_conflicts(transaction_once: Callable[[], T], attempts: int) -> T:
+    """Run ``transaction_once`` (a whole transaction), again after a conflict, with jitter."""
     for attempt in range(1, attempts + 1):
         try:
-            with atomic(using):
-                return fn()
+            return transaction_once()
         except DatabaseError as exc:
             if not is_conflict(exc) or attempt == attempts:
                 raise
             logger.info("transaction conflict (%s), retrying", sqlstate(exc))
             time.sleep(random.uniform(0, 0.01 * attempt))
     raise AssertionError("unreachable")
+
+
+def run_in_transaction(fn: Callable[[], T], using: str, attempts: int = 5) -> T:
+    """Run ``fn`` in its own transaction, retrying the whole transaction on a conflict."""
+
+    def once() -> T:
+        with atomic(using):
+            return fn()
+
+    return _retrying_conflicts(once, attempts)
 
 
 def run_statement(fn: Callable[[], T], using: str, attempts: int = 5) -> T:
@@ -304,24 +313,20 @@ def read_then_write(
     Returns (written, the statement's first row). A conflict retries the whole,
     as ``run_in_transaction`` does.
     """
-    for attempt in range(1, attempts + 1):
+
+    def once() -> tuple[bool, tuple | None]:
+        rows = begin_and_fetch(using, read_sql, read_params)
         try:
-            rows = begin_and_fetch(using, read_sql, read_params)
-            try:
-                statement = decide(rows)
-            except BaseException:
-                rollback_quietly(using)
-                raise
-            if statement is None:
-                rollback_quietly(using)
-                return False, None
-            return True, commit_with(using, *statement)
-        except DatabaseError as exc:
-            if not is_conflict(exc) or attempt == attempts:
-                raise
-            logger.info("transaction conflict (%s), retrying", sqlstate(exc))
-            time.sleep(random.uniform(0, 0.01 * attempt))
-    raise AssertionError("unreachable")
+            statement = decide(rows)
+        except BaseException:
+            rollback_quietly(using)
+            raise
+        if statement is None:
+            rollback_quietly(using)
+            return False, None
+        return True, commit_with(using, *statement)
+
+    return _retrying_conflicts(once, attempts)
 
 
 def rollback_quietly(using: str) -> None:
