@@ -24,11 +24,12 @@ unkeyed entry after a keyed one is a break: nobody downgrades a chain.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import connections, transaction
 
@@ -39,6 +40,8 @@ from . import clock
 from .db import lease_lost
 
 GENESIS = "0" * 64
+
+E = TypeVar("E", JournalEntry, LedgerEntry)
 
 
 def sha256_hex(text: str) -> str:
@@ -197,7 +200,8 @@ def _journal_values(entry: JournalEntry) -> list[Any]:
     ]
 
 
-def _inserted(entry: JournalEntry, using: str, pk: Any) -> JournalEntry:
+def _inserted(entry: E, using: str, pk: Any) -> E:
+    """``entry`` as Django's ``save()`` would leave it, after a raw INSERT returned ``pk``."""
     entry.pk = pk
     entry._state.adding = False
     entry._state.db = using
@@ -329,7 +333,9 @@ def fenced_journal_written(entry: JournalEntry, using: str, row: tuple | None) -
     return _inserted(entry, using, row[0])
 
 
+@functools.cache
 def _ledger_insert() -> tuple[list[Any], str]:
+    """The ledger's one-statement append and the fields it inserts (built once)."""
     fields = [f for f in LedgerEntry._meta.concrete_fields if not f.primary_key]
     columns = ", ".join(f.column for f in fields)
     values = ", ".join("%s" for _ in fields)
@@ -397,10 +403,7 @@ def append_ledger(using: str, *, expect: LedgerHead | None = None, **fields: Any
             row = cursor.fetchone()
         if row is not None:
             expect.count, expect.head = expect.count + 1, entry.entry_hash
-            entry.pk = row[0]
-            entry._state.adding = False
-            entry._state.db = using
-            return entry
+            return _inserted(entry, using, row[0])
     with connection.cursor() as cursor:
         cursor.execute(
             """SELECT count(*), (SELECT entry_hash FROM k2b_ledger WHERE run_id = %s

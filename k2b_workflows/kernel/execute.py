@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import logging
 import threading
 import traceback
@@ -147,8 +148,9 @@ def preload(using: str, run_ids: list[Any]) -> dict[Any, Preloaded]:
     return preloaded(using, db.fetchall(using, preload_sql(), [list(run_ids)]))
 
 
+@functools.cache
 def preload_sql() -> str:
-    """The statement of ``preload``; its one parameter is a list of run ids."""
+    """The statement of ``preload`` (built once); its one parameter is a list of run ids."""
     run_fields = WorkflowRun._meta.concrete_fields
     return _PRELOAD_SQL.format(run_columns=", ".join(f"r.{f.column}" for f in run_fields))
 
@@ -1161,10 +1163,9 @@ class Execution:
             if verify:
                 # The fence holds the row lock, and this statement's snapshot is newer
                 # than the lock: every entry of the run is in it. One round trip.
-                again = preload(self.using, [self.run_id])[self.run_id]
-                problem = evidence.verify_run(again.run, again.journal, again.ledger)
+                problem = self._chains_problem(preload(self.using, [self.run_id]))
                 if problem is not None:
-                    broken.append(str(problem))
+                    broken.append(problem)
                     return
             prev = self.last_hash
             if pending is not None:
@@ -1198,6 +1199,12 @@ class Execution:
         events.run_changed(self, outcome, reason=reason)
         self.outcome = outcome
         raise Suspend
+
+    def _chains_problem(self, loaded: dict[Any, Preloaded]) -> str | None:
+        """What breaks this run's chains in a fresh read of it (``preload``), or None."""
+        again = loaded.get(self.run_id)
+        problem = again and evidence.verify_run(again.run, again.journal, again.ledger)
+        return str(problem) if problem else None
 
     def _chain_broken(self, problem: str) -> None:
         """Before a success: the chains did not verify, and nothing committed. The run
@@ -1249,15 +1256,14 @@ class Execution:
             elif row is None:
                 raise db.lease_lost(self.using, self.run_id, self.generation)
 
-        def verified(rows: list[tuple]) -> bool:
-            again = preloaded(self.using, rows).get(self.run_id)
-            problem = again and evidence.verify_run(again.run, again.journal, again.ledger)
+        def verified(loaded: dict[Any, Preloaded]) -> bool:
+            problem = self._chains_problem(loaded)
             if problem:
-                broken.append(str(problem))
+                broken.append(problem)
             return not problem
 
         def write() -> None:
-            if verified(db.fetchall(self.using, preload_sql(), [[self.run_id]])):
+            if verified(preload(self.using, [self.run_id])):
                 written = db.fetchall(self.using, sql, params)
                 finished(written[0] if written else None)
                 if self.run.parent_id:
@@ -1271,7 +1277,7 @@ class Execution:
                     self.using,
                     preload_sql(),
                     [[self.run_id]],
-                    lambda rows: (sql, params) if verified(rows) else None,
+                    lambda rows: (sql, params) if verified(preloaded(self.using, rows)) else None,
                 )
                 if written:
                     finished(row)
