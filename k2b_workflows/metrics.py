@@ -108,13 +108,23 @@ def _create() -> None:
     )
 
 
+@functools.cache
+def _step_children(effect: str, outcome: str) -> tuple[Any, Any]:
+    """The labelled step counter and histogram (``labels()`` costs more than ``inc()``)."""
+    return (
+        _get("steps").labels(effect=effect, outcome=outcome),
+        _get("step_seconds").labels(effect=effect),
+    )
+
+
 @_never_raises
 def count_step(effect: str, outcome: str, seconds: float | None = None) -> None:
-    if (steps := _get("steps")) is None:
+    if not AVAILABLE:
         return
-    steps.labels(effect=effect, outcome=outcome).inc()
+    steps, step_seconds = _step_children(effect, outcome)
+    steps.inc()
     if seconds is not None:
-        _get("step_seconds").labels(effect=effect).observe(max(seconds, 0.0))
+        step_seconds.observe(max(seconds, 0.0))
 
 
 @_never_raises

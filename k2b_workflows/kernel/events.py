@@ -42,12 +42,30 @@ def _extra(execution: Execution, step: int | None, effect_key: str = "", **more:
     }
 
 
+def _log(
+    level: int,
+    execution: Execution,
+    step: int | None,
+    message: str,
+    *args: Any,
+    effect_key: str = "",
+    **more: Any,
+) -> None:
+    """Log with the structured fields, built only if the level is on: every step passes here."""
+    if logger.isEnabledFor(level):
+        logger.log(level, message, *args, extra=_extra(execution, step, effect_key, **more))
+
+
 def run_claimed(execution: Execution, worker_id: str = "") -> None:
-    logger.info(
+    _log(
+        logging.INFO,
+        execution,
+        None,
         "run %s claimed (generation %s)",
         execution.run_id,
         execution.generation,
-        extra=_extra(execution, None, event="claimed", worker_id=worker_id),
+        event="claimed",
+        worker_id=worker_id,
     )
 
 
@@ -57,20 +75,19 @@ def step_journaled(execution: Execution, entry: JournalEntry) -> None:
     if entry.started_at and entry.created_at:
         seconds = (entry.created_at - entry.started_at).total_seconds()
     metrics.count_step(entry.effect, entry.state, seconds)
-    logger.info(
+    _log(
+        logging.INFO,
+        execution,
+        entry.seq,
         "run %s step %s (%s) %s",
         execution.run_id,
         entry.seq,
         entry.action_name,
         entry.state,
-        extra=_extra(
-            execution,
-            entry.seq,
-            event=f"step_{entry.state}",
-            action=entry.action_name,
-            effect=entry.effect,
-            error_code=entry.error_code,
-        ),
+        event=f"step_{entry.state}",
+        action=entry.action_name,
+        effect=entry.effect,
+        error_code=entry.error_code,
     )
 
 
@@ -82,13 +99,17 @@ def ledger_written(
     def told() -> None:
         if kind == "outcome_unknown":
             metrics.count_step(effect, "outcome_unknown")
-        logger.log(
+        _log(
             logging.WARNING if kind in _DOUBT else logging.INFO,
+            execution,
+            seq,
             "run %s step %s effect %s",
             execution.run_id,
             seq,
             kind,
-            extra=_extra(execution, seq, effect_key, event=f"effect_{kind}", effect=effect),
+            effect_key=effect_key,
+            event=f"effect_{kind}",
+            effect=effect,
         )
 
     transaction.on_commit(told, using=using)
@@ -102,22 +123,29 @@ def run_changed(
     ``reason`` is the run's stored error text, already scrubbed of credentials.
     """
     metrics.count_run_transition(outcome)
-    logger.log(
+    _log(
         logging.WARNING if outcome in ("needs_attention", "failed") else logging.INFO,
+        execution,
+        step,
         "run %s -> %s%s",
         execution.run_id,
         outcome,
         f" ({reason})" if reason else "",
-        extra=_extra(execution, step, event=f"run_{outcome}"),
+        event=f"run_{outcome}",
     )
 
 
 def reconcile_answered(execution: Execution, seq: int, effect_key: str, answer: str) -> None:
     metrics.count_reconcile_answer(answer)
-    logger.info(
+    _log(
+        logging.INFO,
+        execution,
+        seq,
         "run %s step %s reconcile answered %s",
         execution.run_id,
         seq,
         answer,
-        extra=_extra(execution, seq, effect_key, event="reconcile", answer=answer),
+        effect_key=effect_key,
+        event="reconcile",
+        answer=answer,
     )
