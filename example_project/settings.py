@@ -85,6 +85,10 @@ def _database_from_env() -> dict:
         db["HOST"] = options.pop("host")
     if not db.get("PORT") and options.get("port"):
         db["PORT"] = options.pop("port")
+    # The kernel's hot statements run prepared (docs/performance.md): fine on a
+    # direct connection and behind PgBouncer 1.21+ (max_prepared_statements);
+    # None turns preparing off, Django's default, for older poolers.
+    options.setdefault("prepare_threshold", 5)
     return db
 
 

@@ -21,6 +21,11 @@ if os.environ.get("K2B_TEST_DB_NAME"):
     DATABASES["default"]["NAME"] = os.environ["K2B_TEST_DB_NAME"]
     DATABASES["default"].setdefault("TEST", {})["NAME"] = os.environ["K2B_TEST_DB_NAME"]
 
+# K2B_TEST_PREPARE=0: the suite without prepared statements (Django's default,
+# what a pooler needs), the kernel's hot statements in simple-protocol messages.
+if os.environ.get("K2B_TEST_PREPARE") == "0":
+    DATABASES["default"]["OPTIONS"]["prepare_threshold"] = None
+
 # A worker subprocess may be given other K2B_WORKFLOWS values (a JSON object),
 # e.g. a long lease to tell a hand-back from an expiry.
 if os.environ.get("K2B_TEST_SETTINGS"):

@@ -57,6 +57,9 @@ INLINE = {
         "test_the_settings_of_operations_md_are_the_defaults_and_pass_the_checks"
     ),
     ("docs/operations.md", "DATABASES = {"): "test_the_pgbouncer_settings_pass_the_checks",
+    ("docs/performance.md", "DATABASES = {"): (
+        "test_the_prepared_statements_setting_of_performance_md_reaches_psycopg"
+    ),
     ("docs/operators.md", 'K2B_WORKFLOWS = {"REDACT_HOOK": "myapp.redaction.hide_emails"}'): (
         "test_the_redaction_setting_is_known_and_passes_the_checks"
     ),
@@ -221,6 +224,21 @@ def test_the_pgbouncer_settings_pass_the_checks(monkeypatch: pytest.MonkeyPatch)
     assert [e.id for e in check_settings_with_databases({"default": {}}, k2b)] == [
         "k2b_workflows.E009"
     ]
+
+
+def test_the_prepared_statements_setting_of_performance_md_reaches_psycopg(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from django.db.utils import ConnectionHandler
+
+    monkeypatch.setenv("DATABASE_URL", "postgres://app:pw@db:5432/shop")
+    shown = evaluate("docs/performance.md", "DATABASES = {", env=environ.Env())["DATABASES"]
+    # What Django hands to psycopg.connect() (nothing connects): on, where Django's
+    # default is off.
+    for options, expected in (shown["default"]["OPTIONS"], 5), ({}, None):
+        handler = ConnectionHandler({"default": {**shown["default"], "OPTIONS": options}})
+        assert handler["default"].get_connection_params()["prepare_threshold"] == expected
+    assert check_settings_with_databases(shown, {}) == []
 
 
 def check_settings_with_databases(databases: dict, k2b: dict) -> list:

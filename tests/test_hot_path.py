@@ -181,7 +181,27 @@ def test_an_external_dispatch_commits_the_previous_steps_success_before_the_call
     assert evidence.verify_chains(run.pk, "default") is None
 
 
-def test_a_failed_batched_read_leaves_the_connection_usable():
+@pytest.fixture(params=["prepared", "unprepared"])
+def prepares(request):
+    """The connection with psycopg preparing statements from their first run, or never
+    (``prepare_threshold`` None, Django's default): the kernel's batched transactions
+    are pipelines of prepared statements in the first case, multi-statement strings
+    in the second. A new connection: nothing is prepared on it yet."""
+    connection.close()
+    connection.ensure_connection()
+    before = connection.connection.prepare_threshold
+    connection.connection.prepare_threshold = 0 if request.param == "prepared" else None
+    yield request.param == "prepared"
+    connection.connection.prepare_threshold = before
+
+
+def _prepared_statements() -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        return [row[0] for row in cursor.fetchall()]
+
+
+def test_a_failed_batched_read_leaves_the_connection_usable(prepares):
     """ "BEGIN; read" that fails leaves an aborted transaction Django does not know of:
     it must be rolled back there, or the connection's next statement fails."""
     from django.db import DataError
@@ -196,7 +216,44 @@ def test_a_failed_batched_read_leaves_the_connection_usable():
         assert cursor.fetchone() == (1,)
 
 
-def test_a_batched_transaction_that_decides_not_to_write_writes_nothing():
+def test_a_failed_batched_write_commits_nothing_and_leaves_the_connection_usable(prepares):
+    """The statement before COMMIT fails: the COMMIT must not run, the transaction's
+    earlier write is rolled back, and the connection is idle again."""
+    from django.db import DataError
+
+    from k2b_workflows.kernel import db
+
+    run = start_workflow_run("hot.three_pure", {"n": 0})
+    rows = db.begin_and_fetch(
+        "default",
+        "UPDATE k2b_run SET consecutive_failures = 7 WHERE id = %s RETURNING id",
+        [run.pk],
+    )
+    assert rows == [(run.pk,)]
+    with pytest.raises(DataError):
+        db.commit_with("default", "SELECT 1 / %s", [0])
+    assert connection.connection.info.transaction_status == 0
+    assert fresh(run).consecutive_failures == 0
+
+
+def test_the_hot_statements_are_prepared_only_when_the_connection_prepares(prepares):
+    """With ``prepare_threshold`` set, the step's journal write, the claim, the preload
+    and the run's end are prepared on the server; with it None (a transaction-pooling
+    PgBouncer before 1.21 needs that), nothing the kernel runs is prepared."""
+    run = start_workflow_run("hot.three_pure", {"n": 0})
+    assert Execution(run.pk, _claim(run)).execute() == "succeeded"
+    assert fresh(run).output == {"n": 3}
+    statements = _prepared_statements()
+    if not prepares:
+        assert statements == []
+        return
+    assert any("INSERT INTO k2b_journal" in s and "lease_expires_at" in s for s in statements)
+    assert any("INSERT INTO k2b_journal" in s and "status = 'succeeded'" in s for s in statements)
+    assert any("json_agg(j ORDER BY j.seq)" in s for s in statements)
+    assert any("FOR UPDATE SKIP LOCKED" in s for s in statements)
+
+
+def test_a_batched_transaction_that_decides_not_to_write_writes_nothing(prepares):
     from k2b_workflows.kernel import db
 
     run = start_workflow_run("hot.three_pure", {"n": 0})

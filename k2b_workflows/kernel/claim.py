@@ -14,6 +14,7 @@ from typing import Any
 from django.db import connections
 
 from .. import metrics, store
+from . import db
 
 _CLAIM_SQL = """
 WITH claimed AS (
@@ -63,9 +64,7 @@ def claim_runs(
         app_filter = "AND app_id = ANY(%s)"
         params.append(list(app_ids))
     params.append(limit)
-    with connections[using].cursor() as cursor:
-        cursor.execute(_CLAIM_SQL.format(app_filter=app_filter), params)
-        return cursor.fetchall()
+    return db.fetch_statement(using, _CLAIM_SQL.format(app_filter=app_filter), params)
 
 
 _REAP_SQL = """

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+import psycopg
 from django.db import DatabaseError, OperationalError, ProgrammingError, connections, transaction
 
 from ..exceptions import DatabaseNotMigrated, LeaseLost, RunCanceled
@@ -137,7 +138,7 @@ def fence(
     conn = connections[using]
     if not conn.in_atomic_block:
         raise RuntimeError("fence() must run inside transaction.atomic")
-    with conn.cursor() as cursor:
+    with statement_cursor(using) as cursor:
         cursor.execute(FENCE_SQL, [lease_ms, step, reset_failures, run_id, generation])
         if cursor.fetchone():
             return
@@ -231,6 +232,52 @@ def from_json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
 
+class statement_cursor:
+    """A psycopg cursor on Django's connection for ``using``, without Django's wrapper.
+
+    For the kernel's own statements on the hot path, run once or more per step.
+    Through ``connection.cursor()`` every statement pays Django's wrapper and,
+    with client-side binding (Django's default), psycopg quoting each parameter
+    into the SQL in Python. Here, by default, parameters travel apart from the
+    statement (server-side binding, dumped by psycopg's C code) when the
+    connection prepares statements: with ``DATABASES[...]["OPTIONS"]
+    ["prepare_threshold"]`` set (Django's default is ``None``: off, for
+    connection poolers), psycopg prepares a statement once the connection has
+    run it that many times, and the server neither parses nor plans it again.
+    Otherwise, and with ``batched=True`` (several statements in one message,
+    ``begin_and_fetch`` / ``commit_with``), a client-side binding cursor: an
+    unprepared statement costs the server less in one simple-protocol message.
+
+    The same checks as Django's cursor come first (health check, connection,
+    broken transaction, thread), and errors are Django's (``DatabaseError`` with
+    psycopg's as ``__cause__``). What is not seen: ``connection.queries`` under
+    ``DEBUG`` and ``connection.execute_wrapper()`` hooks.
+    """
+
+    __slots__ = ("batched", "cursor", "errors", "wrapper")
+
+    def __init__(self, using: str, *, batched: bool = False) -> None:
+        self.wrapper = connections[using]
+        self.batched = batched
+
+    def __enter__(self) -> Any:
+        wrapper = self.wrapper
+        wrapper.close_if_health_check_failed()
+        wrapper.ensure_connection()
+        wrapper.validate_thread_sharing()
+        wrapper.validate_no_broken_transaction()
+        self.errors = wrapper.wrap_database_errors
+        self.errors.__enter__()
+        conn = wrapper.connection
+        prepares = not self.batched and conn.prepare_threshold is not None
+        self.cursor = (psycopg.Cursor if prepares else psycopg.ClientCursor)(conn)
+        return self.cursor
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.cursor.close()
+        self.errors.__exit__(exc_type, exc, tb)
+
+
 def execute(using: str, sql: str, params: list[Any] | tuple[Any, ...] = ()) -> int:
     with connections[using].cursor() as cursor:
         cursor.execute(sql, params)
@@ -239,6 +286,13 @@ def execute(using: str, sql: str, params: list[Any] | tuple[Any, ...] = ()) -> i
 
 def fetchall(using: str, sql: str, params: list[Any] | tuple[Any, ...] = ()) -> list[tuple]:
     with connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+def fetch_statement(using: str, sql: str, params: list[Any] | tuple[Any, ...] = ()) -> list[tuple]:
+    """``fetchall`` for the kernel's hot statements, through ``statement_cursor``."""
+    with statement_cursor(using) as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall()
 
@@ -260,13 +314,29 @@ def batches_statements(using: str) -> bool:
     return not wrapper.in_atomic_block and options.get("server_side_binding") is not True
 
 
+def _prepares(using: str) -> bool:
+    """Whether psycopg prepares statements on this connection (``prepare_threshold`` set).
+
+    Then the two messages go as pipelines of prepared statements instead of
+    multi-statement strings, which the server would parse and plan every time.
+    """
+    wrapper = connections[using]
+    return wrapper.connection is not None and wrapper.connection.prepare_threshold is not None
+
+
 def begin_and_fetch(using: str, sql: str, params: list[Any]) -> list[tuple]:
     """Open a transaction and run ``sql`` in it, in one round trip; returns its rows.
 
     The caller ends the transaction with ``commit_with`` or ``rollback_quietly``.
     """
     try:
-        with connections[using].cursor() as cursor:
+        if _prepares(using):
+            with statement_cursor(using) as cursor:
+                with cursor.connection.pipeline():
+                    cursor.execute("BEGIN")
+                    cursor.execute(sql, params)
+                return cursor.fetchall()
+        with statement_cursor(using, batched=True) as cursor:
             cursor.execute("BEGIN; " + sql, params)
             cursor.nextset()
             return cursor.fetchall()
@@ -285,7 +355,13 @@ def commit_with(using: str, sql: str, params: list[Any]) -> tuple | None:
     lost on the way is ``CommitOutcomeUnknown``.
     """
     try:
-        with connections[using].cursor() as cursor:
+        if _prepares(using):
+            with statement_cursor(using) as cursor, statement_cursor(using) as commit:
+                with cursor.connection.pipeline():
+                    cursor.execute(sql, params)
+                    commit.execute("COMMIT")
+                return cursor.fetchone()
+        with statement_cursor(using, batched=True) as cursor:
             cursor.execute(sql + "; COMMIT", params)
             row = cursor.fetchone()
             cursor.nextset()

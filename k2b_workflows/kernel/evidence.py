@@ -36,7 +36,7 @@ from django.db import connections, transaction
 from .. import store
 from ..actions import canonical_json
 from ..models import JournalEntry, LedgerEntry, WorkflowRun
-from . import clock
+from . import clock, db
 from .db import lease_lost
 
 GENESIS = "0" * 64
@@ -50,7 +50,9 @@ def sha256_hex(text: str) -> str:
 
 
 def _hmac_hex(key: bytes, text: str) -> str:
-    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
+    # The one-shot C path: ``hmac.new(...).hexdigest()`` builds two hash objects
+    # in Python per call, and every step makes several of these.
+    return hmac.digest(key, text.encode(), "sha256").hex()
 
 
 def signing_key() -> tuple[str, bytes]:
@@ -239,7 +241,7 @@ def append_journal(entry: JournalEntry, prev_hash: str, using: str) -> JournalEn
     """
     key_id, key = _chain_journal(entry, prev_hash)
     sealed = anchor(entry.run_id, "journal", entry.seq + 1, entry.entry_hash, key_id, key)
-    with connections[using].cursor() as cursor:
+    with db.statement_cursor(using) as cursor:
         cursor.execute(
             _SEALED_JOURNAL_SQL,
             [sealed, entry.run_id, entry.run_id, entry.seq, *_journal_values(entry)],
@@ -308,7 +310,7 @@ def append_journal_fenced(
     sql, params = fenced_journal_statement(
         entry, prev_hash, lease_ms=lease_ms, run_output=run_output
     )
-    with connections[using].cursor() as cursor:
+    with db.statement_cursor(using) as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     return fenced_journal_written(entry, using, row)

@@ -145,7 +145,7 @@ def preload(using: str, run_ids: list[Any]) -> dict[Any, Preloaded]:
     """
     if not run_ids:
         return {}
-    return preloaded(using, db.fetchall(using, preload_sql(), [list(run_ids)]))
+    return preloaded(using, db.fetch_statement(using, preload_sql(), [list(run_ids)]))
 
 
 @functools.cache
@@ -1264,7 +1264,7 @@ class Execution:
 
         def write() -> None:
             if verified(preload(self.using, [self.run_id])):
-                written = db.fetchall(self.using, sql, params)
+                written = db.fetch_statement(self.using, sql, params)
                 finished(written[0] if written else None)
                 if self.run.parent_id:
                     wake_parent(self.using, self.run)
