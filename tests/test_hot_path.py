@@ -253,6 +253,34 @@ def test_the_hot_statements_are_prepared_only_when_the_connection_prepares(prepa
     assert any("FOR UPDATE SKIP LOCKED" in s for s in statements)
 
 
+def test_a_steps_fence_and_journal_write_update_the_run_row_in_place():
+    """Neither changes an indexed column of ``k2b_run`` (migration 0010), so both are
+    HOT updates: no new entry in any of the table's ten indexes, a step at a time."""
+    from django.db import transaction
+
+    from k2b_workflows.kernel import db
+
+    run = start_workflow_run("test.pure", {"a": 1, "b": 1})
+    generation = _claim(run)
+
+    def updates(cursor) -> tuple[int, int]:
+        # This backend's counts not yet flushed to the shared statistics, which
+        # happens between transactions only: a difference inside one is exact.
+        cursor.execute(
+            """SELECT pg_stat_get_xact_tuples_updated('k2b_run'::regclass),
+                      pg_stat_get_xact_tuples_hot_updated('k2b_run'::regclass)"""
+        )
+        return cursor.fetchone()
+
+    with transaction.atomic(), connection.cursor() as cursor:
+        (updated, hot) = updates(cursor)
+        db.fence("default", run.pk, generation, 30_000, 0)
+        evidence.append_journal_fenced(
+            _entry(run, generation), evidence.GENESIS, "default", lease_ms=30_000
+        )
+        assert updates(cursor) == (updated + 2, hot + 2)
+
+
 def test_a_batched_transaction_that_decides_not_to_write_writes_nothing(prepares):
     from k2b_workflows.kernel import db
 
