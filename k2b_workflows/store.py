@@ -91,6 +91,8 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 from django.utils.crypto import salted_hmac
 
 #: Default lease of a claimed run, in milliseconds.
@@ -269,8 +271,29 @@ def _derive(secret: str | bytes) -> tuple[str, bytes]:
     return key_id, key
 
 
-def evidence_keys() -> list[tuple[str, bytes]]:
-    """The evidence keys, newest first, as (key id, key): the first one signs."""
+_evidence_keys: tuple[tuple[str, bytes], ...] | None = None
+
+
+@receiver(setting_changed)
+def _forget_evidence_keys(*, setting: str, **kwargs: Any) -> None:
+    global _evidence_keys
+    if setting in ("K2B_WORKFLOWS", "SECRET_KEY", "SECRET_KEY_FALLBACKS"):
+        _evidence_keys = None
+
+
+def evidence_keys() -> tuple[tuple[str, bytes], ...]:
+    """The evidence keys, newest first, as (key id, key): the first one signs.
+
+    Read from the settings once (every step hashes several times), and again
+    after a change of the settings they come from (``setting_changed``, as in tests).
+    """
+    global _evidence_keys
+    if _evidence_keys is None:
+        _evidence_keys = tuple(_read_evidence_keys())
+    return _evidence_keys
+
+
+def _read_evidence_keys() -> list[tuple[str, bytes]]:
     secrets = _get("EVIDENCE_KEYS")
     if secrets is None:
         secrets = [settings.SECRET_KEY, *getattr(settings, "SECRET_KEY_FALLBACKS", [])]

@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -136,10 +137,26 @@ _LEDGER_FIELDS = (
 )
 
 
+def _canonical(value: Any) -> str:
+    """``canonical_json`` of what the kernel built or read back as JSON: the same text.
+
+    ``canonical_json`` first walks the value to explain bad input; the values
+    hashed here are checked already (outputs where they entered, entries read
+    from ``jsonb``), and they are hashed several times a step. Anything JSON
+    cannot hold still goes to ``canonical_json``, for its error.
+    """
+    try:
+        return json.dumps(
+            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
+    except (TypeError, ValueError):
+        return canonical_json(value)
+
+
 def _entry_hash(prev_hash: str, entry: Any, fields: Iterable[str], key: bytes | None) -> str:
     body = {name: getattr(entry, name) for name in fields}
     body["run_id"] = str(body["run_id"])
-    text = prev_hash + canonical_json(body)
+    text = prev_hash + _canonical(body)
     return sha256_hex(text) if key is None else _hmac_hex(key, text)
 
 
@@ -153,7 +170,7 @@ def ledger_hash(prev_hash: str, entry: LedgerEntry, key: bytes | None) -> str:
 
 def anchor(run_id: Any, chain: str, count: int, head: str, key_id: str, key: bytes) -> str:
     """The run row's seal over one chain: which run, which chain, how many entries, which head."""
-    mac = _hmac_hex(key, canonical_json([str(run_id), chain, count, head]))
+    mac = _hmac_hex(key, _canonical([str(run_id), chain, count, head]))
     return f"{key_id}:{mac}"
 
 
@@ -188,7 +205,7 @@ def _journal_values(entry: JournalEntry) -> list[Any]:
         entry.action_name,
         entry.effect,
         entry.state,
-        None if entry.output is None else canonical_json(entry.output),
+        None if entry.output is None else _canonical(entry.output),
         entry.summary,
         entry.error_code,
         entry.error_message,

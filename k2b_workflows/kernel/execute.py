@@ -129,7 +129,7 @@ SELECT {run_columns},
        (SELECT json_agg(j ORDER BY j.seq) FROM k2b_journal j WHERE j.run_id = r.id),
        (SELECT json_agg(l ORDER BY l.id) FROM k2b_ledger l WHERE l.run_id = r.id)
   FROM k2b_run r
- WHERE r.id = ANY(%s)
+ WHERE {where}
 """
 
 
@@ -145,14 +145,25 @@ def preload(using: str, run_ids: list[Any]) -> dict[Any, Preloaded]:
     """
     if not run_ids:
         return {}
+    if len(run_ids) == 1:
+        return preloaded(using, db.fetch_statement(using, preload_sql(single=True), run_ids))
     return preloaded(using, db.fetch_statement(using, preload_sql(), [list(run_ids)]))
 
 
 @functools.cache
-def preload_sql() -> str:
-    """The statement of ``preload`` (built once); its one parameter is a list of run ids."""
+def preload_sql(*, single: bool = False) -> str:
+    """The statement of ``preload`` (built once); its one parameter is a list of run ids,
+    or one run id with ``single``.
+
+    Two statements, because a prepared ``id = ANY($1)`` is planned again at
+    every execution (PostgreSQL prefers a plan for the array at hand to the
+    generic one), and a run's end reads one run: ``id = $1`` is planned once.
+    """
     run_fields = WorkflowRun._meta.concrete_fields
-    return _PRELOAD_SQL.format(run_columns=", ".join(f"r.{f.column}" for f in run_fields))
+    return _PRELOAD_SQL.format(
+        run_columns=", ".join(f"r.{f.column}" for f in run_fields),
+        where="r.id = %s" if single else "r.id = ANY(%s)",
+    )
 
 
 def preloaded(using: str, rows: list[tuple]) -> dict[Any, Preloaded]:
@@ -1275,8 +1286,8 @@ class Execution:
             else:
                 written, row = db.read_then_write(
                     self.using,
-                    preload_sql(),
-                    [[self.run_id]],
+                    preload_sql(single=True),
+                    [self.run_id],
                     lambda rows: (sql, params) if verified(preloaded(self.using, rows)) else None,
                 )
                 if written:
