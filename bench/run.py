@@ -25,6 +25,8 @@ so that ratios hold even when the machine is shared and absolute numbers are not
 - **Fan-out**: one parent starts ``--fanout`` children (each one step charged
   to the root's budget); the lag is the parent's end minus the last child's end.
 - **Processes**: the PURE workload drained by 1, 2, 4 worker processes at once.
+- **Memory** (full run only): one worker drains 100,000 PURE steps (3-step
+  runs) while its RSS is sampled; early in the run and at the end.
 - **Claim latency** (full run only): one claim statement timed with 10k and
   with 1M finished runs in the table (inserted by one ``INSERT ... SELECT
   generate_series``).
@@ -310,6 +312,40 @@ class Bench:
         seconds = self.span(name)
         return {"steps_per_s": round(runs * self.args.steps / seconds, 1)}
 
+    # -- memory over a long run ----------------------------------------------------
+
+    def memory(self, steps: int) -> dict[str, Any]:
+        """One worker drains ``steps`` PURE steps: RSS early in the run and at its end.
+
+        "start" is the sample a twentieth of the way in (past imports, connections
+        and the first claims), "end" the last one before the process exits.
+        """
+        from django.db import connection
+
+        name = "bench.steps.pure"
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE k2b_run SET workflow_name = 'bench.done' WHERE workflow_name = %s", [name]
+            )
+        runs = -(-steps // self.args.steps)
+        ids: list[Any] = []
+        for start in range(0, runs, 5000):
+            ids += self.enqueue(name, min(5000, runs - start), {"steps": self.args.steps})
+        with connection.cursor() as cursor:
+            # As autovacuum would after this many inserts (it may be off on a bench
+            # server): without statistics the claim sorts the whole backlog each time.
+            cursor.execute("ANALYZE k2b_run")
+        _, _, rss = self.burst()
+        self.check_done("memory run", ids)
+        seconds = self.span(name)
+        return {
+            "steps": runs * self.args.steps,
+            "steps_per_s": round(runs * self.args.steps / seconds, 1),
+            "rss_start_mb": round(rss[len(rss) // 20], 1),
+            "rss_end_mb": round(rss[-1], 1),
+            "rss_max_mb": round(max(rss), 1),
+        }
+
     # -- fan-out -----------------------------------------------------------------
 
     def fanout(self) -> dict[str, float]:
@@ -481,6 +517,8 @@ class Bench:
             result["processes"] = {
                 str(n): self.processes(n)["steps_per_s"] for n in args.process_counts
             }
+            if args.memory_steps:
+                result["memory"] = self.memory(args.memory_steps)
             if not args.quick:
                 small = self.claim_latency(10_000)
                 large = self.claim_latency(1_000_000)
@@ -533,6 +571,14 @@ class Bench:
         self.say("|---|---|")
         for n, v in r["processes"].items():
             self.say(f"| {n} | {v:.0f} |")
+        if "memory" in r:
+            m = r["memory"]
+            self.say()
+            self.say(
+                f"Memory: one worker ran {m['steps']} PURE steps ({m['steps_per_s']:.0f} steps/s); "
+                f"RSS {m['rss_start_mb']} MiB early in the run, {m['rss_end_mb']} MiB at its "
+                f"end (at most {m['rss_max_mb']} MiB)."
+            )
         if "claim_ms" in r:
             c = r["claim_ms"]
             self.say()
@@ -554,11 +600,18 @@ def main() -> None:
     parser.add_argument(
         "--processes", default=None, help="worker process counts, e.g. 1,2,4 (quick: 1,2)"
     )
+    parser.add_argument(
+        "--memory-steps",
+        type=int,
+        help="PURE steps one worker runs while its RSS is sampled (100000; quick: none)",
+    )
     args = parser.parse_args()
     quick = args.quick
     args.runs = args.runs or (30 if quick else 300)
     args.wakes = args.wakes or (10 if quick else 200)
     args.fanout = args.fanout or (50 if quick else 1000)
+    if args.memory_steps is None:
+        args.memory_steps = 0 if quick else 100_000
     args.process_counts = [
         int(n) for n in (args.processes or ("1,2" if quick else "1,2,4")).split(",")
     ]
