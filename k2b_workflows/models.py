@@ -254,7 +254,14 @@ class WorkflowRun(models.Model):
             models.Index(fields=["status", "created_at"], name="k2b_run_status"),
         ]
         triggers = [
-            GuardedFSM(name="status_transitions", field="status", transitions=RUN_TRANSITIONS),
+            GuardedFSM(
+                name="status_transitions",
+                field="status",
+                transitions=RUN_TRANSITIONS,
+                # Most updates of a run (every step's fence, every lease renewal) keep
+                # its status: the function then has nothing to check, so it is not called.
+                condition=pgtrigger.AnyChange("status"),
+            ),
             GuardedProtect(
                 name="generation_never_decreases",
                 operation=pgtrigger.Update,
