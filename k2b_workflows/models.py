@@ -303,7 +303,11 @@ class JournalEntry(models.Model):
         SUCCEEDED = "succeeded"
         FAILED = "failed"
 
-    run = models.ForeignKey(WorkflowRun, on_delete=models.PROTECT, related_name="journal")
+    # No index of its own: the unique (run, seq) serves every lookup by run, and an
+    # index less is one insert less per step.
+    run = models.ForeignKey(
+        WorkflowRun, on_delete=models.PROTECT, related_name="journal", db_index=False
+    )
     seq = models.IntegerField()
     action_name = models.CharField(max_length=200)
     effect = models.CharField(max_length=20, choices=_EFFECT_CHOICES)
@@ -356,7 +360,10 @@ class LedgerEntry(models.Model):
         CANCELED = "canceled"
         RETRIED = "retried"
 
-    run = models.ForeignKey(WorkflowRun, on_delete=models.PROTECT, related_name="ledger")
+    # No index of its own: k2b_ledger_step (run, seq) serves every lookup by run.
+    run = models.ForeignKey(
+        WorkflowRun, on_delete=models.PROTECT, related_name="ledger", db_index=False
+    )
     seq = models.IntegerField(null=True, blank=True)
     kind = models.CharField(max_length=30, choices=Kind.choices)
     action_name = models.CharField(max_length=200, blank=True, default="")
