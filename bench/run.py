@@ -26,7 +26,8 @@ so that ratios hold even when the machine is shared and absolute numbers are not
   to the root's budget); the lag is the parent's end minus the last child's end.
 - **Processes**: the PURE workload drained by 1, 2, 4 worker processes at once.
 - **Memory** (full run only): one worker drains 100,000 PURE steps (3-step
-  runs) while its RSS is sampled; early in the run and at the end.
+  runs, enqueued at once and not analyzed: a backlog as it arrives) while its
+  RSS is sampled; early in the run and at the end.
 - **Claim latency** (full run only): one claim statement timed with 10k and
   with 1M finished runs in the table (inserted by one ``INSERT ... SELECT
   generate_series``).
@@ -331,10 +332,6 @@ class Bench:
         ids: list[Any] = []
         for start in range(0, runs, 5000):
             ids += self.enqueue(name, min(5000, runs - start), {"steps": self.args.steps})
-        with connection.cursor() as cursor:
-            # As autovacuum would after this many inserts (it may be off on a bench
-            # server): without statistics the claim sorts the whole backlog each time.
-            cursor.execute("ANALYZE k2b_run")
         _, _, rss = self.burst()
         self.check_done("memory run", ids)
         seconds = self.span(name)

@@ -281,6 +281,41 @@ def test_a_steps_fence_and_journal_write_update_the_run_row_in_place():
         assert updates(cursor) == (updated + 2, hot + 2)
 
 
+def test_a_claim_reads_a_few_rows_of_a_large_backlog_postgresql_has_not_analyzed(prepares):
+    """Right after a bulk enqueue, before any ANALYZE, PostgreSQL expects a handful of
+    queued runs: without the claim's plan setting it read all of them into a bitmap and
+    sorted them at every claim. The claim must walk the index and stop."""
+    from django.db import transaction
+
+    run = start_workflow_run("test.pure", {"a": 1, "b": 1})
+    with transaction.atomic(), connection.cursor() as cursor:
+        # Copies of one queued run (never executed), without 20,000 notifications.
+        cursor.execute("SET LOCAL session_replication_role = replica")
+        cursor.execute(
+            """INSERT INTO k2b_run
+               SELECT copy.*
+                 FROM k2b_run r, generate_series(1, 20000) n,
+                      jsonb_populate_record(NULL::k2b_run,
+                          to_jsonb(r) || jsonb_build_object('id', gen_random_uuid(), 'n', n)) copy
+                WHERE r.id = %s""",
+            [run.pk],
+        )
+
+    def fetched(cursor) -> int:
+        # Exact inside one transaction (see the HOT test above).
+        cursor.execute("SELECT pg_stat_get_xact_tuples_fetched('k2b_run'::regclass)")
+        return cursor.fetchone()[0]
+
+    with transaction.atomic(), connection.cursor() as cursor:
+        before = fetched(cursor)
+        claimed = claim.claim_runs(
+            "default", worker_id="test", workflows=[("test.pure", 1)], app_ids=None, limit=4
+        )
+        assert len(claimed) == 4
+        assert fetched(cursor) - before < 100
+        transaction.set_rollback(True)
+
+
 def test_a_batched_transaction_that_decides_not_to_write_writes_nothing(prepares):
     from k2b_workflows.kernel import db
 

@@ -36,6 +36,14 @@ RETURNING r.id, r.generation, r.run_after)
 SELECT id, generation FROM claimed ORDER BY run_after
 """
 
+#: Sent before the claim, in its transaction. The claim should walk the queued
+#: runs' index in ``run_after`` order and stop after ``limit`` rows; PostgreSQL
+#: does so only if its statistics say many runs are queued. Right after a bulk
+#: enqueue into a table it has not analyzed since, it expects a handful and
+#: reads every queued run into a bitmap, then sorts them, at every claim
+#: (measured: 17-22 ms with 33,000 queued, 0.6 ms with this setting).
+_CLAIM_PLAN = "SET LOCAL enable_bitmapscan = off"
+
 
 def claim_runs(
     using: str,
@@ -64,7 +72,9 @@ def claim_runs(
         app_filter = "AND app_id = ANY(%s)"
         params.append(list(app_ids))
     params.append(limit)
-    return db.fetch_statement(using, _CLAIM_SQL.format(app_filter=app_filter), params)
+    return db.fetch_statement(
+        using, _CLAIM_SQL.format(app_filter=app_filter), params, setting=_CLAIM_PLAN
+    )
 
 
 _REAP_SQL = """

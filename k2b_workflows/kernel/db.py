@@ -290,10 +290,32 @@ def fetchall(using: str, sql: str, params: list[Any] | tuple[Any, ...] = ()) -> 
         return cursor.fetchall()
 
 
-def fetch_statement(using: str, sql: str, params: list[Any] | tuple[Any, ...] = ()) -> list[tuple]:
-    """``fetchall`` for the kernel's hot statements, through ``statement_cursor``."""
-    with statement_cursor(using) as cursor:
-        cursor.execute(sql, params)
+def fetch_statement(
+    using: str,
+    sql: str,
+    params: list[Any] | tuple[Any, ...] = (),
+    *,
+    setting: str | None = None,
+) -> list[tuple]:
+    """``fetchall`` for the kernel's hot statements, through ``statement_cursor``.
+
+    ``setting``: a ``SET LOCAL`` for the statement's plan, sent in the same
+    round trip (a pipeline, or one simple-protocol message); outside a
+    transaction block the two make one implicit transaction, so it still applies.
+    """
+    if setting is None:
+        with statement_cursor(using) as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall()
+    if _prepares(using):
+        with statement_cursor(using) as cursor:
+            with cursor.connection.pipeline():
+                cursor.execute(setting)
+                cursor.execute(sql, params)
+            return cursor.fetchall()
+    with statement_cursor(using, batched=True) as cursor:
+        cursor.execute(f"{setting}; {sql}", params)
+        cursor.nextset()
         return cursor.fetchall()
 
 
