@@ -406,7 +406,7 @@ def append_ledger(using: str, *, expect: LedgerHead | None = None, **fields: Any
         sealed = anchor(entry.run_id, "ledger", expect.count + 1, entry.entry_hash, key_id, key)
         model_fields, sql = _ledger_insert()
         values = [f.get_db_prep_save(getattr(entry, f.attname), connection) for f in model_fields]
-        with connection.cursor() as cursor:
+        with db.statement_cursor(using) as cursor:
             cursor.execute(
                 sql,
                 [
