@@ -253,6 +253,16 @@ def test_the_hot_statements_are_prepared_only_when_the_connection_prepares(prepa
     assert any("FOR UPDATE SKIP LOCKED" in s for s in statements)
 
 
+def _run_table_counts(*counts: str) -> tuple[int, ...]:
+    """This backend's ``pg_stat_get_xact_<count>`` for ``k2b_run``: counts not yet
+    flushed to the shared statistics, which happens between transactions only, so
+    a difference inside one transaction is exact."""
+    columns = ", ".join(f"pg_stat_get_xact_{c}('k2b_run'::regclass)" for c in counts)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {columns}")
+        return cursor.fetchone()
+
+
 def test_a_steps_fence_and_journal_write_update_the_run_row_in_place():
     """Neither changes an indexed column of ``k2b_run`` (migration 0010), so both are
     HOT updates: no new entry in any of the table's ten indexes, a step at a time."""
@@ -262,23 +272,14 @@ def test_a_steps_fence_and_journal_write_update_the_run_row_in_place():
 
     run = start_workflow_run("test.pure", {"a": 1, "b": 1})
     generation = _claim(run)
-
-    def updates(cursor) -> tuple[int, int]:
-        # This backend's counts not yet flushed to the shared statistics, which
-        # happens between transactions only: a difference inside one is exact.
-        cursor.execute(
-            """SELECT pg_stat_get_xact_tuples_updated('k2b_run'::regclass),
-                      pg_stat_get_xact_tuples_hot_updated('k2b_run'::regclass)"""
-        )
-        return cursor.fetchone()
-
-    with transaction.atomic(), connection.cursor() as cursor:
-        (updated, hot) = updates(cursor)
+    counts = ("tuples_updated", "tuples_hot_updated")
+    with transaction.atomic():
+        (updated, hot) = _run_table_counts(*counts)
         db.fence("default", run.pk, generation, 30_000, 0)
         evidence.append_journal_fenced(
             _entry(run, generation), evidence.GENESIS, "default", lease_ms=30_000
         )
-        assert updates(cursor) == (updated + 2, hot + 2)
+        assert _run_table_counts(*counts) == (updated + 2, hot + 2)
 
 
 def test_a_claim_reads_a_few_rows_of_a_large_backlog_postgresql_has_not_analyzed(prepares):
@@ -300,19 +301,13 @@ def test_a_claim_reads_a_few_rows_of_a_large_backlog_postgresql_has_not_analyzed
                 WHERE r.id = %s""",
             [run.pk],
         )
-
-    def fetched(cursor) -> int:
-        # Exact inside one transaction (see the HOT test above).
-        cursor.execute("SELECT pg_stat_get_xact_tuples_fetched('k2b_run'::regclass)")
-        return cursor.fetchone()[0]
-
-    with transaction.atomic(), connection.cursor() as cursor:
-        before = fetched(cursor)
+    with transaction.atomic():
+        (before,) = _run_table_counts("tuples_fetched")
         claimed = claim.claim_runs(
             "default", worker_id="test", workflows=[("test.pure", 1)], app_ids=None, limit=4
         )
         assert len(claimed) == 4
-        assert fetched(cursor) - before < 100
+        assert _run_table_counts("tuples_fetched")[0] - before < 100
         transaction.set_rollback(True)
 
 

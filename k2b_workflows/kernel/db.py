@@ -244,9 +244,9 @@ class statement_cursor:
     ["prepare_threshold"]`` set (Django's default is ``None``: off, for
     connection poolers), psycopg prepares a statement once the connection has
     run it that many times, and the server neither parses nor plans it again.
-    Otherwise, and with ``batched=True`` (several statements in one message,
-    ``begin_and_fetch`` / ``commit_with``), a client-side binding cursor: an
-    unprepared statement costs the server less in one simple-protocol message.
+    Otherwise a client-side binding cursor (``psycopg.ClientCursor``): an
+    unprepared statement costs the server less in one simple-protocol message,
+    which can also carry several statements (see ``_around``).
 
     The same checks as Django's cursor come first (health check, connection,
     broken transaction, thread), and errors are Django's (``DatabaseError`` with
@@ -254,11 +254,10 @@ class statement_cursor:
     ``DEBUG`` and ``connection.execute_wrapper()`` hooks.
     """
 
-    __slots__ = ("batched", "cursor", "errors", "wrapper")
+    __slots__ = ("cursor", "errors", "wrapper")
 
-    def __init__(self, using: str, *, batched: bool = False) -> None:
+    def __init__(self, using: str) -> None:
         self.wrapper = connections[using]
-        self.batched = batched
 
     def __enter__(self) -> Any:
         wrapper = self.wrapper
@@ -269,7 +268,7 @@ class statement_cursor:
         self.errors = wrapper.wrap_database_errors
         self.errors.__enter__()
         conn = wrapper.connection
-        prepares = not self.batched and conn.prepare_threshold is not None
+        prepares = conn.prepare_threshold is not None
         self.cursor = (psycopg.Cursor if prepares else psycopg.ClientCursor)(conn)
         return self.cursor
 
@@ -300,33 +299,59 @@ def fetch_statement(
     """``fetchall`` for the kernel's hot statements, through ``statement_cursor``.
 
     ``setting``: a ``SET LOCAL`` for the statement's plan, sent in the same
-    round trip (a pipeline, or one simple-protocol message); outside a
-    transaction block the two make one implicit transaction, so it still applies.
+    round trip; outside a transaction block the two make one implicit
+    transaction, so it still applies.
     """
     if setting is None:
         with statement_cursor(using) as cursor:
             cursor.execute(sql, params)
             return cursor.fetchall()
-    if _prepares(using):
-        with statement_cursor(using) as cursor:
-            with cursor.connection.pipeline():
-                cursor.execute(setting)
-                cursor.execute(sql, params)
-            return cursor.fetchall()
-    with statement_cursor(using, batched=True) as cursor:
-        cursor.execute(f"{setting}; {sql}", params)
-        cursor.nextset()
-        return cursor.fetchall()
+    return _around(using, sql, params, before=setting)
+
+
+def _around(
+    using: str,
+    sql: str,
+    params: list[Any] | tuple[Any, ...],
+    *,
+    before: str | None = None,
+    after: str | None = None,
+    one: bool = False,
+) -> Any:
+    """Run ``before``, ``sql`` and ``after`` (the two without parameters) in one round trip;
+    returns the rows of ``sql`` (its first row with ``one``).
+
+    A pipeline of (prepared) statements where the connection prepares them, one
+    simple-protocol message of several statements otherwise. Either way a
+    statement that fails makes the server skip the rest, ``after`` included.
+    """
+    with statement_cursor(using) as cursor:
+        if isinstance(cursor, psycopg.ClientCursor):
+            text = "; ".join(part for part in (before, sql, after) if part)
+            cursor.execute(text, params)
+            if before:
+                cursor.nextset()
+            rows = cursor.fetchone() if one else cursor.fetchall()
+            if after:
+                cursor.nextset()
+            return rows
+        # The pipeline ends (its one round trip) before ``other`` is closed.
+        with psycopg.Cursor(cursor.connection) as other, cursor.connection.pipeline():
+            if before:
+                other.execute(before)
+            cursor.execute(sql, params)
+            if after:
+                other.execute(after)
+        return cursor.fetchone() if one else cursor.fetchall()
 
 
 # -- a transaction in two round trips ---------------------------------------------------
 #
 # Through Django, a transaction costs a round trip for BEGIN (psycopg sends it
-# before the first statement), one per statement, and one for COMMIT. With
-# client-side binding (Django's default for psycopg 3) several statements go in
-# one simple-protocol message, so "BEGIN; read" and "write; COMMIT" make a
-# read-check-write transaction of two round trips. Only outside
-# ``transaction.atomic`` (Django must not think it owns a transaction here).
+# before the first statement), one per statement, and one for COMMIT. "BEGIN;
+# read" and "write; COMMIT", each in one round trip (``_around``), make a
+# read-check-write transaction of two. Only outside ``transaction.atomic``
+# (Django must not think it owns a transaction here).
 
 
 def batches_statements(using: str) -> bool:
@@ -336,32 +361,13 @@ def batches_statements(using: str) -> bool:
     return not wrapper.in_atomic_block and options.get("server_side_binding") is not True
 
 
-def _prepares(using: str) -> bool:
-    """Whether psycopg prepares statements on this connection (``prepare_threshold`` set).
-
-    Then the two messages go as pipelines of prepared statements instead of
-    multi-statement strings, which the server would parse and plan every time.
-    """
-    wrapper = connections[using]
-    return wrapper.connection is not None and wrapper.connection.prepare_threshold is not None
-
-
 def begin_and_fetch(using: str, sql: str, params: list[Any]) -> list[tuple]:
     """Open a transaction and run ``sql`` in it, in one round trip; returns its rows.
 
     The caller ends the transaction with ``commit_with`` or ``rollback_quietly``.
     """
     try:
-        if _prepares(using):
-            with statement_cursor(using) as cursor:
-                with cursor.connection.pipeline():
-                    cursor.execute("BEGIN")
-                    cursor.execute(sql, params)
-                return cursor.fetchall()
-        with statement_cursor(using, batched=True) as cursor:
-            cursor.execute("BEGIN; " + sql, params)
-            cursor.nextset()
-            return cursor.fetchall()
+        return _around(using, sql, params, before="BEGIN")
     except BaseException:
         # A failed read leaves the transaction open and aborted: end it here, or the
         # connection's next statement (Django believes it is in autocommit) fails.
@@ -377,17 +383,7 @@ def commit_with(using: str, sql: str, params: list[Any]) -> tuple | None:
     lost on the way is ``CommitOutcomeUnknown``.
     """
     try:
-        if _prepares(using):
-            with statement_cursor(using) as cursor, statement_cursor(using) as commit:
-                with cursor.connection.pipeline():
-                    cursor.execute(sql, params)
-                    commit.execute("COMMIT")
-                return cursor.fetchone()
-        with statement_cursor(using, batched=True) as cursor:
-            cursor.execute(sql + "; COMMIT", params)
-            row = cursor.fetchone()
-            cursor.nextset()
-            return row
+        return _around(using, sql, params, after="COMMIT", one=True)
     except OperationalError as exc:
         if is_conflict(exc):
             rollback_quietly(using)
