@@ -3,14 +3,17 @@ write, a run's end merged with its last step, the raw preload, and the benchmark
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 
 import pytest
 from django.db import connection
+from psycopg import pq
 
 from k2b_workflows import Action, Effect, start_workflow_run, succeeded, workflow
 from k2b_workflows.exceptions import LeaseLost, RunCanceled
@@ -80,6 +83,39 @@ def three_pure(run, input):
 def external_then_pure(run, input):
     n = run.step(Dispatch, {"n": input["n"]})["n"]
     return run.step(AddOne, {"n": n})
+
+
+class DispatchThenNote(Action):
+    """EXTERNAL whose call also leaves a note in the run's ledger, as a fenced-out
+    worker's late result would: the executor's idea of the ledger's end goes stale."""
+
+    name = "hot.dispatch_then_note"
+    effect = Effect.EXTERNAL
+
+    def plan(self, ctx, input):
+        return succeeded({"planned": True})
+
+    def run(self, ctx, input):
+        evidence.append_ledger(
+            "default", run_id=ctx.run_id, seq=ctx.step, kind="late_result", message="a note"
+        )
+        return succeeded({"n": input["n"] + 1})
+
+    reconcile = run
+
+
+@workflow("hot.three_external", app_id="hot")
+def three_external(run, input):
+    n = input["n"]
+    for _ in range(3):
+        n = run.step(Dispatch, {"n": n})["n"]
+    return {"n": n}
+
+
+@workflow("hot.two_noted", app_id="hot")
+def two_noted(run, input):
+    n = run.step(DispatchThenNote, {"n": input["n"]})["n"]
+    return run.step(DispatchThenNote, {"n": n})
 
 
 TIMEOUT = 90
@@ -193,6 +229,79 @@ def prepares(request):
     connection.connection.prepare_threshold = 0 if request.param == "prepared" else None
     yield request.param == "prepared"
     connection.connection.prepare_threshold = before
+
+
+@contextlib.contextmanager
+def _round_trips():
+    """Counts the round trips of Django's connection, from libpq's trace: one per
+    simple-protocol Query, one per Sync of the extended protocol (a pipeline's too)."""
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    counted: list[int] = []
+    with tempfile.TemporaryFile("w+") as trace:
+        pgconn.trace(trace.fileno())
+        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            yield counted
+        finally:
+            pgconn.untrace()
+            trace.seek(0)
+            # One message a line, but a query's text may span lines.
+            messages = ("\n" + trace.read()).split("\nF\t")[1:]
+            kinds = [m.split("\t")[1].split()[0] for m in messages]
+            counted.append(kinds.count("Query") + kinds.count("Sync"))
+
+
+def _ledger(run: WorkflowRun) -> list[tuple[int, str, str]]:
+    """(seq, kind, xmin) of the run's ledger in chain order; xmin tells the commit."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT seq, kind, xmin::text FROM k2b_ledger WHERE run_id = %s ORDER BY id", [run.pk]
+        )
+        return cursor.fetchall()
+
+
+def test_an_external_dispatch_is_one_round_trip_carrying_the_previous_steps_success(prepares):
+    """Fence, the previous EXTERNAL step's "succeeded" and journal entry, and this step's
+    "dispatched", with BEGIN and COMMIT: one round trip. One at a time they were six."""
+    run = start_workflow_run("hot.three_external", {"n": 0})
+    generation = _claim(run)
+    loaded = preload("default", [run.pk])[run.pk]  # as the claim reads it
+    with _round_trips() as counted:
+        assert Execution(run.pk, generation, preloaded=loaded).execute() == "succeeded"
+    # Three dispatches, and the end: "BEGIN; read", then "writes; COMMIT".
+    assert counted == [5]
+    assert fresh(run).output == {"n": 3}
+    ledger = _ledger(run)
+    assert [(seq, kind) for seq, kind, _ in ledger] == [
+        (seq, kind) for seq in range(3) for kind in ("dispatched", "succeeded")
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT xmin::text FROM k2b_journal WHERE run_id = %s ORDER BY seq", [run.pk]
+        )
+        journaled = [row[0] for row in cursor.fetchall()]
+    # Step n's success commits with step n + 1's dispatch, the last one with the end.
+    assert journaled[:2] == [ledger[2][2], ledger[4][2]] == [ledger[1][2], ledger[3][2]]
+    assert journaled[2] == ledger[5][2]
+    assert evidence.verify_chains(run.pk, "default") is None
+
+
+def test_batched_writes_after_someone_else_wrote_to_the_ledger_go_one_at_a_time(prepares):
+    """A note in the ledger (a late result) moves its end past what the executor knows:
+    the batched dispatch and the batched end must write nothing and the writes go one
+    statement at a time, chained after the note. Lenient statements in the batch would
+    commit the ones after the refused append: a success without its ledger entry."""
+    run = start_workflow_run("hot.two_noted", {"n": 0})
+    generation = _claim(run)
+    assert Execution(run.pk, generation).execute() == "succeeded"
+    assert fresh(run).output == {"n": 2}
+    assert [(seq, kind) for seq, kind, _ in _ledger(run)] == [
+        (seq, kind) for seq in range(2) for kind in ("dispatched", "late_result", "succeeded")
+    ]
+    assert [e.seq for e in journal(run)] == [0, 1]
+    assert evidence.verify_chains(run.pk, "default") is None
+    assert connection.connection.info.transaction_status == 0
 
 
 def _prepared_statements() -> list[str]:
@@ -317,9 +426,10 @@ def test_a_batched_transaction_that_decides_not_to_write_writes_nothing(prepares
     run = start_workflow_run("hot.three_pure", {"n": 0})
     update = ("UPDATE k2b_run SET consecutive_failures = 0 WHERE id = %s RETURNING id", [run.pk])
     sql = "SELECT id FROM k2b_run WHERE id = %s"
-    assert db.read_then_write("default", sql, [run.pk], lambda rows: None) == (False, None)
+    assert db.read_then_write("default", sql, [run.pk], lambda rows: None) == (False, [])
     assert connection.connection.info.transaction_status == 0
-    assert db.read_then_write("default", sql, [run.pk], lambda rows: update) == (True, (run.pk,))
+    written = db.read_then_write("default", sql, [run.pk], lambda rows: [update])
+    assert written == (True, [(run.pk,)])
     assert connection.connection.info.transaction_status == 0
 
 

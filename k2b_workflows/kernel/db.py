@@ -12,7 +12,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -309,6 +309,42 @@ def fetch_statement(
     return _around(using, sql, params, before=setting)
 
 
+#: A statement and its parameters.
+Statement = tuple[str, Sequence[Any]]
+
+
+def _in_one_round_trip(using: str, statements: list[Statement]) -> list[list[tuple]]:
+    """Run ``statements`` in one round trip; returns the rows of each (none for a command).
+
+    A pipeline of (prepared) statements where the connection prepares them, one
+    simple-protocol message of several statements otherwise. Either way a
+    statement that fails makes the server skip the rest (a COMMIT among them too).
+    """
+    with statement_cursor(using) as cursor:
+        if isinstance(cursor, psycopg.ClientCursor):
+            cursor.execute(
+                "; ".join(sql for sql, _ in statements),
+                [value for _, params in statements for value in params],
+            )
+            results = []
+            for position in range(len(statements)):
+                if position:
+                    cursor.nextset()
+                results.append(cursor.fetchall() if cursor.description is not None else [])
+            return results
+        conn = cursor.connection
+        cursors = [cursor, *(psycopg.Cursor(conn) for _ in statements[1:])]
+        try:
+            # The pipeline ends (its one round trip) before the cursors are read.
+            with conn.pipeline():
+                for each, (sql, params) in zip(cursors, statements, strict=True):
+                    each.execute(sql, params or None)
+            return [each.fetchall() if each.description is not None else [] for each in cursors]
+        finally:
+            for each in cursors[1:]:
+                each.close()
+
+
 def _around(
     using: str,
     sql: str,
@@ -319,30 +355,12 @@ def _around(
     one: bool = False,
 ) -> Any:
     """Run ``before``, ``sql`` and ``after`` (the two without parameters) in one round trip;
-    returns the rows of ``sql`` (its first row with ``one``).
-
-    A pipeline of (prepared) statements where the connection prepares them, one
-    simple-protocol message of several statements otherwise. Either way a
-    statement that fails makes the server skip the rest, ``after`` included.
-    """
-    with statement_cursor(using) as cursor:
-        if isinstance(cursor, psycopg.ClientCursor):
-            text = "; ".join(part for part in (before, sql, after) if part)
-            cursor.execute(text, params)
-            if before:
-                cursor.nextset()
-            rows = cursor.fetchone() if one else cursor.fetchall()
-            if after:
-                cursor.nextset()
-            return rows
-        # The pipeline ends (its one round trip) before ``other`` is closed.
-        with psycopg.Cursor(cursor.connection) as other, cursor.connection.pipeline():
-            if before:
-                other.execute(before)
-            cursor.execute(sql, params)
-            if after:
-                other.execute(after)
-        return cursor.fetchone() if one else cursor.fetchall()
+    returns the rows of ``sql`` (its first row with ``one``)."""
+    statements: list[Statement] = [(part, ()) for part in (before,) if part]
+    statements.append((sql, params))
+    statements += [(part, ()) for part in (after,) if part]
+    rows = _in_one_round_trip(using, statements)[1 if before else 0]
+    return (rows[0] if rows else None) if one else rows
 
 
 # -- a transaction in two round trips ---------------------------------------------------
@@ -376,49 +394,102 @@ def begin_and_fetch(using: str, sql: str, params: list[Any]) -> list[tuple]:
 
 
 def commit_with(using: str, sql: str, params: list[Any]) -> tuple | None:
-    """Run ``sql`` and COMMIT in one round trip; returns the statement's first row.
+    """Run ``sql`` and COMMIT in the transaction ``begin_and_fetch`` opened, in one round
+    trip; returns the statement's first row.
 
     A failed statement skips the COMMIT (the server drops the rest of the
     message): the transaction is rolled back and the error raised. A connection
     lost on the way is ``CommitOutcomeUnknown``.
     """
+    return _commit(using, [(sql, params), ("COMMIT", ())])[0]
+
+
+class BatchRefused(Exception):
+    """A batched transaction wrote nothing: a guard of one of its statements failed.
+    The caller takes its statement-at-a-time path, which says why."""
+
+
+#: The columns a guarded write (``evidence``'s strict appends) leaves NULL when its
+#: guard fails, making the statement, and with it the whole batch, fail.
+_GUARD_COLUMNS = frozenset({("k2b_journal", "run_id"), ("k2b_ledger", "run_id")})
+
+
+def guard_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` is a strict append finding the run or its chain not as expected."""
+    while exc is not None:
+        diag = getattr(exc, "diag", None)
+        if diag is not None and getattr(exc, "sqlstate", None) == "23502":
+            return (diag.table_name, diag.column_name) in _GUARD_COLUMNS
+        exc = exc.__cause__  # type: ignore[assignment]
+    return False
+
+
+def commit_batch(
+    using: str, statements: list[Statement], *, begin: bool = True, attempts: int = 5
+) -> list[tuple | None]:
+    """BEGIN, ``statements`` and COMMIT in one round trip; returns each statement's first row.
+
+    The server runs every statement up to the first error, so each must do all
+    of its part or fail: a statement that merely matches no row does not stop
+    the COMMIT. ``evidence``'s strict appends fail that way (``guard_failed``)
+    and carry the run's fence. Raises ``BatchRefused`` when a guard failed,
+    after rolling back; a conflict retries the whole; a connection lost on the
+    way is ``CommitOutcomeUnknown``.
+
+    ``begin=False``: in the transaction ``begin_and_fetch`` opened; a conflict is
+    raised (after rolling back), for the caller to retry the whole.
+    """
+    parts = [*statements, ("COMMIT", ())]
+    if not begin:
+        return _commit(using, parts)[:-1]
+    parts.insert(0, ("BEGIN", ()))
+    return _retrying_conflicts(lambda: _commit(using, parts)[1:-1], attempts)
+
+
+def _commit(using: str, parts: list[Statement]) -> list[tuple | None]:
     try:
-        return _around(using, sql, params, after="COMMIT", one=True)
+        results = _in_one_round_trip(using, parts)
     except OperationalError as exc:
         if is_conflict(exc):
             rollback_quietly(using)
             raise
         raise CommitOutcomeUnknown(str(exc)) from exc
+    except DatabaseError as exc:
+        rollback_quietly(using)
+        if guard_failed(exc):
+            raise BatchRefused(str(exc)) from exc
+        raise
     except BaseException:
         rollback_quietly(using)
         raise
+    return [rows[0] if rows else None for rows in results]
 
 
 def read_then_write(
     using: str,
     read_sql: str,
     read_params: list[Any],
-    decide: Callable[[list[tuple]], tuple[str, list[Any]] | None],
+    decide: Callable[[list[tuple]], list[Statement] | None],
     attempts: int = 5,
-) -> tuple[bool, tuple | None]:
-    """One transaction in two round trips: "BEGIN; read", then the statement
+) -> tuple[bool, list[tuple | None]]:
+    """One transaction in two round trips: "BEGIN; read", then the statements
     ``decide(rows)`` returns and COMMIT, or ROLLBACK when it returns None.
 
-    Returns (written, the statement's first row). A conflict retries the whole,
-    as ``run_in_transaction`` does.
+    Returns (written, each statement's first row). A conflict retries the whole,
+    as ``run_in_transaction`` does; a failed guard is ``BatchRefused``.
     """
 
-    def once() -> tuple[bool, tuple | None]:
+    def once() -> tuple[bool, list[tuple | None]]:
         rows = begin_and_fetch(using, read_sql, read_params)
         try:
-            statement = decide(rows)
+            statements = decide(rows)
         except BaseException:
             rollback_quietly(using)
             raise
-        if statement is None:
+        if statements is None:
             rollback_quietly(using)
-            return False, None
-        return True, commit_with(using, *statement)
+            return False, []
+        return True, commit_batch(using, statements, begin=False)
 
     return _retrying_conflicts(once, attempts)
 

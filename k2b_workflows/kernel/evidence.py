@@ -219,7 +219,7 @@ def _journal_values(entry: JournalEntry) -> list[Any]:
     ]
 
 
-def _inserted(entry: E, using: str, pk: Any) -> E:
+def inserted(entry: E, using: str, pk: Any) -> E:
     """``entry`` as Django's ``save()`` would leave it, after a raw INSERT returned ``pk``."""
     entry.pk = pk
     entry._state.adding = False
@@ -233,17 +233,6 @@ def _chain_journal(entry: JournalEntry, prev_hash: str) -> tuple[str, bytes]:
     entry.prev_hash = prev_hash
     entry.entry_hash = journal_hash(prev_hash, entry, key)
     return key_id, key
-
-
-_SEALED_JOURNAL_SQL = f"""
-WITH sealed AS (
-    UPDATE k2b_run SET journal_anchor = %s
-     WHERE id = %s AND (SELECT count(*) FROM k2b_journal WHERE run_id = %s) = %s
-    RETURNING id)
-INSERT INTO k2b_journal ({_JOURNAL_COLUMNS})
-SELECT {_JOURNAL_VALUES} FROM sealed
-RETURNING id
-"""
 
 
 def append_journal(entry: JournalEntry, prev_hash: str, using: str) -> JournalEntry:
@@ -260,12 +249,12 @@ def append_journal(entry: JournalEntry, prev_hash: str, using: str) -> JournalEn
     sealed = anchor(entry.run_id, "journal", entry.seq + 1, entry.entry_hash, key_id, key)
     with db.statement_cursor(using) as cursor:
         cursor.execute(
-            _SEALED_JOURNAL_SQL,
+            _append_sql("journal"),
             [sealed, entry.run_id, entry.run_id, entry.seq, *_journal_values(entry)],
         )
         row = cursor.fetchone()
         if row is not None:
-            return _inserted(entry, using, row[0])
+            return inserted(entry, using, row[0])
         cursor.execute("SELECT count(*) FROM k2b_journal WHERE run_id = %s", [entry.run_id])
         count = cursor.fetchone()[0]
     entry.save(using=using, force_insert=True)
@@ -297,6 +286,12 @@ _FINISH_JOURNAL_SQL = _FENCED_JOURNAL_SQL.format(
            finished_at = k2b_now(), lease_expires_at = NULL""",
     columns=_JOURNAL_COLUMNS,
     values=_JOURNAL_VALUES,
+)
+
+
+#: The same, failing (``db.guard_failed``) rather than inserting nothing: in a batch.
+_STRICT_FINISH_JOURNAL_SQL = _FINISH_JOURNAL_SQL.replace(
+    "FROM fenced", "FROM (SELECT) AS one LEFT JOIN fenced ON true"
 )
 
 
@@ -334,45 +329,117 @@ def append_journal_fenced(
 
 
 def fenced_journal_statement(
-    entry: JournalEntry, prev_hash: str, *, lease_ms: int = 0, run_output: str | None = None
+    entry: JournalEntry,
+    prev_hash: str,
+    *,
+    lease_ms: int = 0,
+    run_output: str | None = None,
+    strict: bool = False,
 ) -> tuple[str, list[Any]]:
-    """Chain ``entry`` and return the statement of ``append_journal_fenced`` and its parameters."""
+    """Chain ``entry`` and return the statement of ``append_journal_fenced`` and its
+    parameters; ``strict``: one that fails instead of matching nothing, for a batch."""
     key_id, key = _chain_journal(entry, prev_hash)
     sealed = anchor(entry.run_id, "journal", entry.seq + 1, entry.entry_hash, key_id, key)
     fenced = [entry.seq, sealed, entry.run_id, entry.generation, entry.run_id, entry.seq]
     if run_output is None:
         return _STEP_JOURNAL_SQL, [lease_ms, *fenced, *_journal_values(entry)]
-    return _FINISH_JOURNAL_SQL, [run_output, *fenced, *_journal_values(entry)]
+    sql = _STRICT_FINISH_JOURNAL_SQL if strict else _FINISH_JOURNAL_SQL
+    return sql, [run_output, *fenced, *_journal_values(entry)]
+
+
+def journal_statement(
+    entry: JournalEntry, prev_hash: str, fence: Fence | None = None
+) -> db.Statement:
+    """A strict append of ``entry`` chained to ``prev_hash``, for ``db.commit_batch``."""
+    key_id, key = _chain_journal(entry, prev_hash)
+    sealed = anchor(entry.run_id, "journal", entry.seq + 1, entry.entry_hash, key_id, key)
+    fence_set, fence_where = _fenced(fence)
+    params = [sealed, *fence_set, entry.run_id, *fence_where, entry.run_id, entry.seq]
+    return _append_sql("journal", strict=True, fenced=fence is not None), [
+        *params,
+        *_journal_values(entry),
+    ]
 
 
 def fenced_journal_written(entry: JournalEntry, using: str, row: tuple | None) -> JournalEntry:
     """The entry as inserted by that statement's returned ``row``; no row: not ours any more."""
     if row is None:
         raise lease_lost(using, entry.run_id, entry.generation)
-    return _inserted(entry, using, row[0])
+    return inserted(entry, using, row[0])
 
 
 @functools.cache
-def _ledger_insert() -> tuple[list[Any], str]:
-    """The ledger's one-statement append and the fields it inserts (built once)."""
+def _ledger_fields() -> tuple[list[Any], str, str]:
+    """The ledger fields an append inserts (``run`` excepted: the run id comes from the
+    row the statement sealed), and the statement's column and value lists."""
     fields = [f for f in LedgerEntry._meta.concrete_fields if not f.primary_key]
     columns = ", ".join(f.column for f in fields)
-    values = ", ".join("%s" for _ in fields)
-    return (
-        fields,
-        f"""
-WITH sealed AS (
-    UPDATE k2b_run SET ledger_anchor = %s
-     WHERE id = %s
-       AND (SELECT count(*) FROM k2b_ledger WHERE run_id = %s) = %s
+    values = ", ".join("id" if f.attname == "run_id" else "%s" for f in fields)
+    return [f for f in fields if f.attname != "run_id"], columns, values
+
+
+_LEDGER_HEAD_CHECK = """(SELECT count(*) FROM k2b_ledger WHERE run_id = %s) = %s
        AND (SELECT entry_hash FROM k2b_ledger WHERE run_id = %s ORDER BY id DESC LIMIT 1)
-           IS NOT DISTINCT FROM %s
+           IS NOT DISTINCT FROM %s"""
+_JOURNAL_COUNT_CHECK = "(SELECT count(*) FROM k2b_journal WHERE run_id = %s) = %s"
+
+_APPEND_SQL = """
+WITH sealed AS (
+    UPDATE k2b_run SET {chain}_anchor = %s{fence_set}
+     WHERE id = %s{fence_where}
+       AND {check}
     RETURNING id)
-INSERT INTO k2b_ledger ({columns})
-SELECT {values} FROM sealed
+INSERT INTO k2b_{chain} ({columns})
+SELECT {values} FROM {source}
 RETURNING id
-""",
+"""
+#: Without its row the INSERT reads no row from ``sealed`` and inserts nothing...
+_LENIENT = "sealed"
+#: ...or, strict, one row whose run id is NULL: the statement fails (``db.guard_failed``).
+_STRICT = "(SELECT) AS one LEFT JOIN sealed ON true"
+#: The run's fence, carried by the UPDATE of a strict append (``Fence``).
+_FENCE_SET = """,
+           lease_expires_at = k2b_now() + %s * interval '1 millisecond', updated_at = k2b_now(),
+           current_step = COALESCE(%s, current_step),
+           consecutive_failures = CASE WHEN %s THEN 0 ELSE consecutive_failures END"""
+_FENCE_WHERE = " AND generation = %s AND status = 'running'"
+
+
+@functools.cache
+def _append_sql(chain: str, *, strict: bool = False, fenced: bool = False) -> str:
+    """The one-statement append to ``chain`` ("journal" or "ledger") that seals its anchor."""
+    if chain == "journal":
+        check, columns, values = _JOURNAL_COUNT_CHECK, _JOURNAL_COLUMNS, _JOURNAL_VALUES
+    else:
+        check = _LEDGER_HEAD_CHECK
+        _, columns, values = _ledger_fields()
+    return _APPEND_SQL.format(
+        chain=chain,
+        fence_set=_FENCE_SET if fenced else "",
+        fence_where=_FENCE_WHERE if fenced else "",
+        check=check,
+        columns=columns,
+        values=values,
+        source=_STRICT if strict else _LENIENT,
     )
+
+
+@dataclass(frozen=True)
+class Fence:
+    """What ``db.fence`` checks and sets, for the first statement of a batch to carry."""
+
+    generation: int
+    lease_ms: int
+    step: int | None = None
+    reset_failures: bool = False
+
+    def split(self) -> tuple[list[Any], list[Any]]:
+        """Parameters of ``_FENCE_SET`` and of ``_FENCE_WHERE``."""
+        return [self.lease_ms, self.step, self.reset_failures], [self.generation]
+
+
+def _fenced(fence: Fence | None) -> tuple[list[Any], list[Any]]:
+    return fence.split() if fence is not None else ([], [])
 
 
 @dataclass
@@ -388,6 +455,36 @@ class LedgerHead:
         return cls(len(entries), entries[-1].entry_hash if entries else None)
 
 
+def _ledger_entry(
+    using: str, head: LedgerHead, fields: dict[str, Any]
+) -> tuple[LedgerEntry, list[Any]]:
+    """A new ledger entry chained after ``head``, and the parameters of its append
+    (the fence's excepted): the anchor, the checks of ``head``, the values."""
+    entry = LedgerEntry(**{"created_at": clock.now(), **fields})
+    key_id, key = signing_key()
+    entry.key_id = key_id
+    entry.prev_hash = head.head or GENESIS
+    entry.entry_hash = ledger_hash(entry.prev_hash, entry, key)
+    sealed = anchor(entry.run_id, "ledger", head.count + 1, entry.entry_hash, key_id, key)
+    connection = connections[using]
+    inserted = _ledger_fields()[0]
+    values = [f.get_db_prep_save(getattr(entry, f.attname), connection) for f in inserted]
+    run_id = entry.run_id
+    return entry, [sealed, run_id, run_id, head.count, run_id, head.head, *values]
+
+
+def ledger_statement(
+    using: str, head: LedgerHead, fence: Fence | None = None, **fields: Any
+) -> tuple[LedgerEntry, db.Statement]:
+    """A strict append of a ledger entry after ``head`` for ``db.commit_batch``, and the
+    entry. ``head`` moves past it: a copy of the run's, kept only once the batch commits."""
+    entry, (sealed, run_id, *rest) = _ledger_entry(using, head, fields)
+    fence_set, fence_where = _fenced(fence)
+    params = [sealed, *fence_set, run_id, *fence_where, *rest]
+    head.count, head.head = head.count + 1, entry.entry_hash
+    return entry, (_append_sql("ledger", strict=True, fenced=fence is not None), params)
+
+
 def append_ledger(using: str, *, expect: LedgerHead | None = None, **fields: Any) -> LedgerEntry:
     """Append a ledger entry to the run's chain and re-seal its anchor.
 
@@ -396,34 +493,18 @@ def append_ledger(using: str, *, expect: LedgerHead | None = None, **fields: Any
     the ledger really ends there; ``expect`` is then moved past the new entry.
     Without it, or when it was stale, the end is read first (two more round trips).
     """
-    entry = LedgerEntry(**{"created_at": clock.now(), **fields})
-    key_id, key = signing_key()
-    entry.key_id = key_id
-    connection = connections[using]
     if expect is not None:
-        entry.prev_hash = expect.head or GENESIS
-        entry.entry_hash = ledger_hash(entry.prev_hash, entry, key)
-        sealed = anchor(entry.run_id, "ledger", expect.count + 1, entry.entry_hash, key_id, key)
-        model_fields, sql = _ledger_insert()
-        values = [f.get_db_prep_save(getattr(entry, f.attname), connection) for f in model_fields]
+        entry, params = _ledger_entry(using, expect, fields)
         with db.statement_cursor(using) as cursor:
-            cursor.execute(
-                sql,
-                [
-                    sealed,
-                    entry.run_id,
-                    entry.run_id,
-                    expect.count,
-                    entry.run_id,
-                    expect.head,
-                    *values,
-                ],
-            )
+            cursor.execute(_append_sql("ledger"), params)
             row = cursor.fetchone()
         if row is not None:
             expect.count, expect.head = expect.count + 1, entry.entry_hash
-            return _inserted(entry, using, row[0])
-    with connection.cursor() as cursor:
+            return inserted(entry, using, row[0])
+    entry = LedgerEntry(**{"created_at": clock.now(), **fields})
+    key_id, key = signing_key()
+    entry.key_id = key_id
+    with connections[using].cursor() as cursor:
         cursor.execute(
             """SELECT count(*), (SELECT entry_hash FROM k2b_ledger WHERE run_id = %s
                                   ORDER BY id DESC LIMIT 1)

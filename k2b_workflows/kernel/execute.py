@@ -714,8 +714,18 @@ class Execution:
                 self._charge(step)
             self._ledger(step, LedgerEntry.Kind.DISPATCHED, with_hashes=True)
 
+        def dispatch_batched() -> bool:
+            if step.cost or not db.batches_statements(self.using):
+                return False
+            batch = _Batch(self, step.seq, reset_failures=pending is not None)
+            if pending is not None:
+                batch.pending(pending)
+            batch.ledger(step, LedgerEntry.Kind.DISPATCHED, with_hashes=True)
+            return batch.commit()
+
         try:
-            db.run_in_transaction(dispatch, self.using)
+            if not dispatch_batched():
+                db.run_in_transaction(dispatch, self.using)
         except budgets.BudgetExceeded as exc:
             self._flush_pending()  # rolled back with the dispatch: written now, alone
             self._ledger_event(step, LedgerEntry.Kind.REJECTED, message=str(exc), fenced=True)
@@ -1039,12 +1049,18 @@ class Execution:
                     self._fence(pending.step.seq, reset_failures=True)
                     self._write_pending(pending)
 
-                db.run_in_transaction(write, self.using)
+                if not db.batches_statements(self.using) or not self._pending_batched(pending):
+                    db.run_in_transaction(write, self.using)
         except (LeaseLost, RunCanceled):
             self._pending_lost(pending)
             raise
         self._pending = None
         self._journaled(pending.entry)
+
+    def _pending_batched(self, pending: _Pending) -> bool:
+        batch = _Batch(self, pending.step.seq, reset_failures=True)
+        batch.pending(pending)
+        return batch.commit()
 
     def _write_pending(self, pending: _Pending) -> str:
         """Write a deferred success in the current fenced transaction; returns its hash."""
@@ -1078,7 +1094,9 @@ class Execution:
         self._journaled(entry)
         raise StepFailed(code, message)
 
-    def _ledger(self, step: _Step, kind: str, *, with_hashes: bool = False, **fields: Any) -> None:
+    def _ledger_values(
+        self, step: _Step, kind: str, *, with_hashes: bool = False, **fields: Any
+    ) -> dict[str, Any]:
         values: dict[str, Any] = dict(
             run_id=self.run_id,
             seq=step.seq,
@@ -1103,7 +1121,14 @@ class Execution:
         values.update(fields)
         if values.get("message"):
             values["message"] = redaction.scrub_error(values["message"])
+        return values
+
+    def _ledger(self, step: _Step, kind: str, *, with_hashes: bool = False, **fields: Any) -> None:
+        values = self._ledger_values(step, kind, with_hashes=with_hashes, **fields)
         evidence.append_ledger(self.using, expect=self.ledger_head, **values)
+        self._ledger_written(step, kind)
+
+    def _ledger_written(self, step: _Step, kind: str) -> None:
         events.ledger_written(
             self,
             self.using,
@@ -1225,11 +1250,10 @@ class Execution:
 
     def _succeed_run(self, output: Any) -> None:
         pending = self._pending
-        if pending is None or pending.ledger_kind is None:
-            with contextlib.suppress(Suspend):
-                self._finish(output, pending)
-            return
         with contextlib.suppress(Suspend):
+            if pending is None or pending.ledger_kind is None or self._batches_end():
+                # Returns only when batched writes were refused: nothing was written.
+                self._finish(output, pending)
             self._transition(
                 """UPDATE k2b_run SET status = 'succeeded', output = %s, error_code = '',
                           error_message = '', finished_at = k2b_now(), lease_expires_at = NULL,
@@ -1241,6 +1265,11 @@ class Execution:
                 announce={"signal": signals.run_finished, "status": "succeeded", "error_code": ""},
             )
 
+    def _batches_end(self) -> bool:
+        """Whether the run's end may be two round trips ("BEGIN; read", "writes; COMMIT");
+        a child, which also wakes its parent, goes through Django's transaction."""
+        return not self.run.parent_id and db.batches_statements(self.using)
+
     def _finish(self, output: Any, pending: _Pending | None) -> None:
         """The common end: the chains verified, then the run's end in one statement that
         fences and, with the last step's deferred success, journals and seals.
@@ -1249,16 +1278,25 @@ class Execution:
         entry come from one snapshot: an append commits both or neither, so the view
         is consistent without a lock. Read and write share one transaction: one
         commit, and two round trips where statements can be batched ("BEGIN; read",
-        "write; COMMIT"); a child, which also wakes its parent, goes through Django's
-        transaction. A break rolls back and leaves the run to ``_needs_attention``,
-        the deferred success with it, as ``_transition`` does.
+        "writes; COMMIT"); a child goes through Django's transaction. A break rolls
+        back and leaves the run to ``_needs_attention``, the deferred success with
+        it, as ``_transition`` does.
+
+        An EXTERNAL step's deferred success also has its ledger entry: then only
+        batched, as strict appends (``_Batch``), and this returns, having written
+        nothing, when they are refused (``_transition`` then ends the run).
         """
+        external = pending is not None and pending.ledger_kind is not None
         if pending is not None:
             sql, params = evidence.fenced_journal_statement(
-                pending.entry, self.last_hash, run_output=canonical_json(output)
+                pending.entry, self.last_hash, run_output=canonical_json(output), strict=external
             )
         else:
             sql, params = _FINISH_SQL, [canonical_json(output), self.run_id, self.generation]
+        batch = _Batch(self)
+        batch.add((sql, params), pending.entry if pending is not None else None)
+        if pending is not None and external:
+            batch.pending_ledger(pending)
         broken: list[str] = []
 
         def finished(row: tuple | None) -> None:
@@ -1281,17 +1319,23 @@ class Execution:
                     wake_parent(self.using, self.run)
 
         try:
-            if self.run.parent_id or not db.batches_statements(self.using):
+            if not self._batches_end():
                 db.run_in_transaction(write, self.using)
             else:
-                written, row = db.read_then_write(
+                written, rows = db.read_then_write(
                     self.using,
                     preload_sql(single=True),
                     [self.run_id],
-                    lambda rows: (sql, params) if verified(preloaded(self.using, rows)) else None,
+                    lambda rows: (
+                        batch.statements if verified(preloaded(self.using, rows)) else None
+                    ),
                 )
                 if written:
-                    finished(row)
+                    finished(rows[0])
+                    batch.committed(rows)
+        except db.BatchRefused as exc:
+            logger.info("run %s: batched end refused (%s)", self.run_id, exc)
+            return
         except (LeaseLost, RunCanceled):
             self._pending_lost(pending)
             raise
@@ -1555,6 +1599,91 @@ class _Pending:
     entry: JournalEntry
     ledger_kind: str | None
     output: Any
+
+
+class _Batch:
+    """The writes of one transaction of a run, sent with BEGIN and COMMIT in one round
+    trip (``db.commit_batch``) instead of a round trip each.
+
+    Each write is a strict append (``evidence``): one that does not find the run
+    and its chains as this execution believes fails, and the transaction with it.
+    The first also fences the run, holding its row lock for the rest. Nothing is
+    applied to the execution (ledger head, hashes, events) before the commit.
+    ``commit()`` False: nothing was written (not ours any more, a chain moved by
+    someone else, a conflict); the caller runs the same writes one statement at
+    a time, which knows why and says so.
+    """
+
+    def __init__(
+        self, execution: Execution, step: int | None = None, *, reset_failures: bool = False
+    ) -> None:
+        self.execution = execution
+        self.fence: evidence.Fence | None = evidence.Fence(
+            execution.generation, store.lease_ms(), step, reset_failures
+        )
+        head = execution.ledger_head
+        assert head is not None, "a run writes once loaded"
+        self.head = evidence.LedgerHead(head.count, head.head)
+        self.last_hash = execution.last_hash
+        self.statements: list[db.Statement] = []
+        self.entries: list[JournalEntry | LedgerEntry | None] = []
+        self.written: list[tuple[_Step, str]] = []
+
+    def _fence(self) -> evidence.Fence | None:
+        fence, self.fence = self.fence, None
+        return fence
+
+    def add(self, statement: db.Statement, entry: JournalEntry | LedgerEntry | None) -> None:
+        """A statement that carries its own fence, such as the run's end; first."""
+        self.fence = None
+        self.statements.append(statement)
+        self.entries.append(entry)
+
+    def ledger(self, step: _Step, kind: str, *, with_hashes: bool = False, **fields: Any) -> None:
+        values = self.execution._ledger_values(step, kind, with_hashes=with_hashes, **fields)
+        entry, statement = evidence.ledger_statement(
+            self.execution.using, self.head, self._fence(), **values
+        )
+        self.statements.append(statement)
+        self.entries.append(entry)
+        self.written.append((step, kind))
+
+    def journal(self, entry: JournalEntry) -> None:
+        self.statements.append(evidence.journal_statement(entry, self.last_hash, self._fence()))
+        self.entries.append(entry)
+        self.last_hash = entry.entry_hash
+
+    def pending(self, pending: _Pending) -> None:
+        """A deferred success, as ``Execution._write_pending`` writes it."""
+        self.pending_ledger(pending)
+        self.journal(pending.entry)
+
+    def pending_ledger(self, pending: _Pending) -> None:
+        if pending.ledger_kind:
+            self.ledger(
+                pending.step, pending.ledger_kind, output_hash=evidence.hash_value(pending.output)
+            )
+
+    def commit(self, *, begin: bool = True) -> bool:
+        """Send it all and COMMIT; ``begin=False``: in the transaction already open."""
+        try:
+            rows = db.commit_batch(self.execution.using, self.statements, begin=begin)
+        except db.BatchRefused as exc:
+            logger.info("run %s: batched writes refused (%s)", self.execution.run_id, exc)
+            return False
+        self.committed(rows)
+        return True
+
+    def committed(self, rows: list[tuple | None]) -> None:
+        execution = self.execution
+        for entry, row in zip(self.entries, rows, strict=True):
+            if entry is not None and row is not None:
+                evidence.inserted(entry, execution.using, row[0])
+        head = execution.ledger_head
+        assert head is not None, "a run writes once loaded"
+        head.count, head.head = self.head.count, self.head.head
+        for step, kind in self.written:
+            execution._ledger_written(step, kind)
 
 
 @dataclass
