@@ -12,7 +12,7 @@ import sys
 import tempfile
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 from psycopg import pq
 
 from k2b_workflows import Action, Effect, start_workflow_run, succeeded, workflow
@@ -22,7 +22,7 @@ from k2b_workflows.kernel.execute import Execution, preload
 from k2b_workflows.models import JournalEntry, LedgerEntry, WorkflowRun
 from tests.conftest import ROOT
 from tests.kernel_helpers import fresh, journal
-from tests.models import ProviderCall
+from tests.models import DomainRow, ProviderCall
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -116,6 +116,53 @@ def three_external(run, input):
 def two_noted(run, input):
     n = run.step(DispatchThenNote, {"n": input["n"]})["n"]
     return run.step(DispatchThenNote, {"n": n})
+
+
+#: ``on_commit`` hooks of TRANSACTIONAL steps, in the order they ran.
+committed_hooks: list[str] = []
+
+
+class WriteRow(Action):
+    """TRANSACTIONAL: one domain row in ``ctx.tx``, and a hook for once it commits."""
+
+    name = "hot.write_row"
+    effect = Effect.TRANSACTIONAL
+
+    def plan(self, ctx, input):
+        return succeeded({"planned": True})
+
+    def run(self, ctx, input):
+        from django.db import transaction
+
+        DomainRow.objects.using(ctx.tx.using).create(key=ctx.effect_key)
+        transaction.on_commit(lambda: committed_hooks.append(ctx.effect_key), using=ctx.tx.using)
+        return succeeded({"n": input["n"] + 1})
+
+
+class WriteRowThenLose(WriteRow):
+    """Writes its row, then, in the same transaction, moves the run to another
+    generation, as a takeover would were the fence not holding the row's lock."""
+
+    name = "hot.write_row_then_lose"
+
+    def run(self, ctx, input):
+        result = super().run(ctx, input)
+        with connections[ctx.tx.using].cursor() as cursor:
+            cursor.execute(
+                "UPDATE k2b_run SET generation = generation + 1 WHERE id = %s", [ctx.run_id]
+            )
+        return result
+
+
+@workflow("hot.transactional_then_lost", app_id="hot")
+def transactional_then_lost(run, input):
+    return run.step(WriteRowThenLose, {"n": 0})
+
+
+@workflow("hot.two_transactional", app_id="hot")
+def two_transactional(run, input):
+    n = run.step(WriteRow, {"n": input["n"]})["n"]
+    return run.step(WriteRow, {"n": n})
 
 
 TIMEOUT = 90
@@ -285,6 +332,67 @@ def test_an_external_dispatch_is_one_round_trip_carrying_the_previous_steps_succ
     assert journaled[:2] == [ledger[2][2], ledger[4][2]] == [ledger[1][2], ledger[3][2]]
     assert journaled[2] == ledger[5][2]
     assert evidence.verify_chains(run.pk, "default") is None
+
+
+def test_a_transactional_steps_journal_entry_goes_with_its_commit(prepares):
+    """BEGIN, the fence, the action's write, then the journal entry and COMMIT in one
+    round trip; the step's ``on_commit`` hooks still run, once, after its commit."""
+    first = start_workflow_run("hot.two_transactional", {"n": 0})
+    # The first run prepares the statements; outside a pipeline that is a round trip.
+    assert Execution(first.pk, _claim(first)).execute() == "succeeded"
+    committed_hooks.clear()
+    run = start_workflow_run("hot.two_transactional", {"n": 0})
+    generation = _claim(run)
+    loaded = preload("default", [run.pk])[run.pk]
+    with _round_trips() as counted:
+        assert Execution(run.pk, generation, preloaded=loaded).execute() == "succeeded"
+    # Two steps of four round trips, and the end's two.
+    assert counted == [10]
+    assert committed_hooks == [f"{run.pk}:0", f"{run.pk}:1"]
+    assert fresh(run).output == {"n": 2}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """SELECT j.xmin::text = d.xmin::text FROM k2b_journal j
+                 JOIN tests_domainrow d ON d.key = j.run_id || ':' || j.seq
+                WHERE j.run_id = %s ORDER BY j.seq""",
+            [run.pk],
+        )
+        assert cursor.fetchall() == [(True,), (True,)]  # each entry with its row
+    assert evidence.verify_chains(run.pk, "default") is None
+
+
+def test_a_transactional_step_whose_journal_write_finds_the_run_not_ours_commits_nothing(
+    prepares,
+):
+    """The journal entry goes with the COMMIT: if its fence fails, the COMMIT must not
+    run, or the action's write would commit without its step (a stale write)."""
+    committed_hooks.clear()
+    run = start_workflow_run("hot.transactional_then_lost", {})
+    generation = _claim(run)
+    assert Execution(run.pk, generation).execute() != "succeeded"
+    assert connection.connection.info.transaction_status == 0
+    assert not DomainRow.objects.exists()
+    assert journal(run) == []
+    assert fresh(run).generation == generation
+    assert committed_hooks == []
+
+
+def test_a_transactional_step_inside_an_open_transaction_leaves_the_commit_to_it():
+    """Run from inside a caller's transaction (a test's, say), the step's block is a
+    savepoint: the kernel must not COMMIT the caller's transaction from inside it."""
+    from django.db import transaction
+
+    committed_hooks.clear()
+    run = start_workflow_run("hot.two_transactional", {"n": 0})
+    generation = _claim(run)
+    with transaction.atomic():
+        DomainRow.objects.create(key="the caller's")
+        assert Execution(run.pk, generation).execute() == "succeeded"
+        assert [e.seq for e in journal(run)] == [0, 1]
+        transaction.set_rollback(True)
+    assert not DomainRow.objects.exists()
+    assert journal(run) == []
+    assert committed_hooks == []
 
 
 def test_batched_writes_after_someone_else_wrote_to_the_ledger_go_one_at_a_time(prepares):

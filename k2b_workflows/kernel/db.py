@@ -465,6 +465,43 @@ def _commit(using: str, parts: list[Statement]) -> list[tuple | None]:
     return [rows[0] if rows else None for rows in results]
 
 
+def ends_in_atomic(using: str) -> bool:
+    """Whether ``commit_in_atomic`` may end the transaction of the open atomic block:
+    the outermost one, with nothing nested open, not doomed to roll back."""
+    wrapper = connections[using]
+    return (
+        wrapper.in_atomic_block
+        and len(wrapper.atomic_blocks) == 1
+        and wrapper.commit_on_exit
+        and not wrapper.needs_rollback
+    )
+
+
+def commit_in_atomic(using: str, sql: str, params: Sequence[Any]) -> tuple | None:
+    """Run ``sql`` and COMMIT in one round trip from inside the outermost
+    ``transaction.atomic`` block (``ends_in_atomic``), which then has nothing left
+    to commit; returns the statement's first row.
+
+    The block's exit still runs its ``on_commit`` hooks: Django's commit is psycopg's,
+    which does nothing on a connection with no transaction open. ``sql`` must fail
+    rather than match nothing (a strict append), or the COMMIT would commit what
+    came before it regardless. A failed guard is ``BatchRefused``, a conflict or
+    another error is raised as is (the block's exit rolls back), and a connection
+    lost on the way is ``CommitOutcomeUnknown``.
+    """
+    try:
+        rows = _in_one_round_trip(using, [(sql, params), ("COMMIT", ())])[0]
+    except OperationalError as exc:
+        if is_conflict(exc):
+            raise
+        raise CommitOutcomeUnknown(str(exc)) from exc
+    except DatabaseError as exc:
+        if guard_failed(exc):
+            raise BatchRefused(str(exc)) from exc
+        raise
+    return rows[0] if rows else None
+
+
 def read_then_write(
     using: str,
     read_sql: str,

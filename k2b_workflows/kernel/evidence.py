@@ -289,9 +289,10 @@ _FINISH_JOURNAL_SQL = _FENCED_JOURNAL_SQL.format(
 )
 
 
-#: The same, failing (``db.guard_failed``) rather than inserting nothing: in a batch.
-_STRICT_FINISH_JOURNAL_SQL = _FINISH_JOURNAL_SQL.replace(
-    "FROM fenced", "FROM (SELECT) AS one LEFT JOIN fenced ON true"
+#: The same two, failing (``db.guard_failed``) rather than inserting nothing: in a batch.
+_STRICT_STEP_JOURNAL_SQL, _STRICT_FINISH_JOURNAL_SQL = (
+    sql.replace("FROM fenced", "FROM (SELECT) AS one LEFT JOIN fenced ON true")
+    for sql in (_STEP_JOURNAL_SQL, _FINISH_JOURNAL_SQL)
 )
 
 
@@ -342,7 +343,8 @@ def fenced_journal_statement(
     sealed = anchor(entry.run_id, "journal", entry.seq + 1, entry.entry_hash, key_id, key)
     fenced = [entry.seq, sealed, entry.run_id, entry.generation, entry.run_id, entry.seq]
     if run_output is None:
-        return _STEP_JOURNAL_SQL, [lease_ms, *fenced, *_journal_values(entry)]
+        sql = _STRICT_STEP_JOURNAL_SQL if strict else _STEP_JOURNAL_SQL
+        return sql, [lease_ms, *fenced, *_journal_values(entry)]
     sql = _STRICT_FINISH_JOURNAL_SQL if strict else _FINISH_JOURNAL_SQL
     return sql, [run_output, *fenced, *_journal_values(entry)]
 

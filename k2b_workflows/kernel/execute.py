@@ -657,6 +657,13 @@ class Execution:
         raise AssertionError("unreachable")
 
     def _transactional_once(self, step: _Step) -> Any:
+        try:
+            return self._transactional_block(step)
+        except db.BatchRefused:
+            # The journal write found the run not ours: the block rolled back.
+            raise db.lease_lost(self.using, self.run_id, self.generation) from None
+
+    def _transactional_block(self, step: _Step) -> Any:
         with db.atomic(self.using) as block, _holding():
             step.ctx.tx = block
             self._fence(step.seq)
@@ -675,11 +682,18 @@ class Execution:
             if not isinstance(result, Succeeded):
                 raise _Rollback(result)
             # The action may have run for long: fence again, extending the lease, in
-            # the statement that journals the step.
+            # the statement that journals the step, and COMMIT with it.
             entry = self._new_entry(step, JournalEntry.State.SUCCEEDED, result)
-            evidence.append_journal_fenced(
-                entry, self.last_hash, self.using, lease_ms=store.lease_ms()
+            sql, params = evidence.fenced_journal_statement(
+                entry, self.last_hash, lease_ms=store.lease_ms(), strict=True
             )
+            if db.ends_in_atomic(self.using):
+                row = db.commit_in_atomic(self.using, sql, params)
+                evidence.fenced_journal_written(entry, self.using, row)
+            else:
+                evidence.append_journal_fenced(
+                    entry, self.last_hash, self.using, lease_ms=store.lease_ms()
+                )
         step.ctx.tx = None
         self._journaled(entry)
         return copy.deepcopy(entry.output)
