@@ -330,7 +330,7 @@ def _in_one_round_trip(using: str, statements: list[Statement]) -> list[list[tup
             for position in range(len(statements)):
                 if position:
                     cursor.nextset()
-                results.append(cursor.fetchall() if cursor.description is not None else [])
+                results.append(_rows(cursor))
             return results
         conn = cursor.connection
         cursors = [cursor, *(psycopg.Cursor(conn) for _ in statements[1:])]
@@ -339,10 +339,20 @@ def _in_one_round_trip(using: str, statements: list[Statement]) -> list[list[tup
             with conn.pipeline():
                 for each, (sql, params) in zip(cursors, statements, strict=True):
                     each.execute(sql, params or None)
-            return [each.fetchall() if each.description is not None else [] for each in cursors]
+            return [_rows(each) for each in cursors]
         finally:
             for each in cursors[1:]:
                 each.close()
+
+
+def _rows(cursor: Any) -> list[tuple]:
+    """The rows of the cursor's current result, none for a command. (Not through
+    ``cursor.description``, which builds a column object per column to say so.)"""
+    result = cursor.pgresult
+    return cursor.fetchall() if result is not None and result.status == _TUPLES_OK else []
+
+
+_TUPLES_OK = psycopg.pq.ExecStatus.TUPLES_OK
 
 
 def _around(
