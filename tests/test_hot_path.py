@@ -395,6 +395,39 @@ def test_a_transactional_step_inside_an_open_transaction_leaves_the_commit_to_it
     assert committed_hooks == []
 
 
+@pytest.fixture
+def server_side_binding():
+    """Django's connection with ``OPTIONS["server_side_binding"]``: its cursors bind
+    parameters on the server (``ServerBindingCursor``). A new connection, as ``prepares``."""
+    options = connection.settings_dict.setdefault("OPTIONS", {})
+    before = options.get("server_side_binding")
+    options["server_side_binding"] = True
+    connection.close()
+    yield
+    connection.close()
+    if before is None:
+        del options["server_side_binding"]
+    else:
+        options["server_side_binding"] = before
+
+
+def test_batched_writes_do_not_depend_on_djangos_cursor_class(server_side_binding, prepares):
+    """The kernel's batches use cursors of their own: with server-side binding for
+    Django's cursors, a three-step EXTERNAL run still takes five round trips."""
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    run = start_workflow_run("hot.three_external", {"n": 0})
+    generation = _claim(run)
+    loaded = preload("default", [run.pk])[run.pk]
+    with connection.cursor() as cursor:
+        assert isinstance(cursor.cursor, ServerBindingCursor)
+    with _round_trips() as counted:
+        assert Execution(run.pk, generation, preloaded=loaded).execute() == "succeeded"
+    assert counted == [5]
+    assert fresh(run).output == {"n": 3}
+    assert evidence.verify_chains(run.pk, "default") is None
+
+
 def test_batched_writes_after_someone_else_wrote_to_the_ledger_go_one_at_a_time(prepares):
     """A note in the ledger (a late result) moves its end past what the executor knows:
     the batched dispatch and the batched end must write nothing and the writes go one

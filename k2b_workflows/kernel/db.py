@@ -383,10 +383,10 @@ def _around(
 
 
 def batches_statements(using: str) -> bool:
-    """Whether ``begin_and_fetch``/``commit_with`` may be used on this connection now."""
-    wrapper = connections[using]
-    options = wrapper.settings_dict.get("OPTIONS") or {}
-    return not wrapper.in_atomic_block and options.get("server_side_binding") is not True
+    """Whether ``begin_and_fetch``, ``commit_with`` and ``commit_batch`` may be used on
+    this connection now. (Django's cursor class, ``OPTIONS["server_side_binding"]``,
+    does not matter: ``statement_cursor`` picks its own.)"""
+    return not connections[using].in_atomic_block
 
 
 def begin_and_fetch(using: str, sql: str, params: list[Any]) -> list[tuple]:
