@@ -428,6 +428,26 @@ def test_batched_writes_do_not_depend_on_djangos_cursor_class(server_side_bindin
     assert evidence.verify_chains(run.pk, "default") is None
 
 
+def test_a_claim_and_its_preload_are_one_transaction_in_two_round_trips(prepares):
+    """ "BEGIN; claim", then "preload; COMMIT": where Django's transaction took four
+    (BEGIN, claim, preload, COMMIT). A claim that finds nothing rolls back."""
+    from k2b_workflows.worker import Worker
+
+    runs = [start_workflow_run("hot.three_pure", {"n": n}) for n in range(3)]
+    worker = Worker(app_ids=["hot"], concurrency=2, listen=False)
+    with _round_trips() as counted:
+        claimed, loaded, tasks = worker.claim(3, task_slots=0)
+    assert counted == [2]
+    assert sorted(str(run_id) for run_id, _ in claimed) == sorted(str(r.pk) for r in runs)
+    assert set(loaded) == {r.pk for r in runs} and tasks == []
+    assert {fresh(r).status for r in runs} == {"running"}
+    assert connection.connection.info.transaction_status == 0
+    with _round_trips() as counted:
+        assert worker.claim(3, task_slots=0) == ([], {}, [])
+    assert counted == [2]
+    assert connection.connection.info.transaction_status == 0
+
+
 def test_batched_writes_after_someone_else_wrote_to_the_ledger_go_one_at_a_time(prepares):
     """A note in the ledger (a late result) moves its end past what the executor knows:
     the batched dispatch and the batched end must write nothing and the writes go one

@@ -389,16 +389,45 @@ def batches_statements(using: str) -> bool:
     return not connections[using].in_atomic_block
 
 
-def begin_and_fetch(using: str, sql: str, params: list[Any]) -> list[tuple]:
+def begin_and_fetch(
+    using: str, sql: str, params: list[Any], *, setting: str | None = None
+) -> list[tuple]:
     """Open a transaction and run ``sql`` in it, in one round trip; returns its rows.
 
-    The caller ends the transaction with ``commit_with`` or ``rollback_quietly``.
+    ``setting``: a ``SET LOCAL`` sent before ``sql``, in the same round trip. The
+    caller ends the transaction with ``commit_with``, ``fetch_and_commit`` or
+    ``rollback_quietly``.
     """
+    statements: list[Statement] = [("BEGIN", ())]
+    if setting:
+        statements.append((setting, ()))
+    statements.append((sql, params))
     try:
-        return _around(using, sql, params, before="BEGIN")
+        return _in_one_round_trip(using, statements)[-1]
     except BaseException:
         # A failed read leaves the transaction open and aborted: end it here, or the
         # connection's next statement (Django believes it is in autocommit) fails.
+        rollback_quietly(using)
+        raise
+
+
+def fetch_and_commit(using: str, sql: str, params: list[Any]) -> list[tuple]:
+    """Run ``sql`` (a read) and COMMIT in the transaction ``begin_and_fetch`` opened, in
+    one round trip; returns its rows. An error rolls back and is raised as it is: a
+    connection lost on the way leaves the commit's outcome unknown, as for any
+    COMMIT (the caller's writes are ones whose outcome it can read back)."""
+    try:
+        return _around(using, sql, params, after="COMMIT")
+    except BaseException:
+        rollback_quietly(using)
+        raise
+
+
+def commit_open(using: str) -> None:
+    """COMMIT the transaction ``begin_and_fetch`` opened, as ``fetch_and_commit`` does."""
+    try:
+        _in_one_round_trip(using, [("COMMIT", ())])
+    except BaseException:
         rollback_quietly(using)
         raise
 
@@ -544,8 +573,7 @@ def read_then_write(
 def rollback_quietly(using: str) -> None:
     """End a transaction ``begin_and_fetch`` opened, whatever state it is in."""
     try:
-        with connections[using].cursor() as cursor:
-            cursor.execute("ROLLBACK")
+        _in_one_round_trip(using, [("ROLLBACK", ())])
     except DatabaseError:
         # The connection is gone: the server rolled the transaction back.
         connections[using].close()

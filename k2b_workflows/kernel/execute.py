@@ -145,9 +145,14 @@ def preload(using: str, run_ids: list[Any]) -> dict[Any, Preloaded]:
     """
     if not run_ids:
         return {}
+    return preloaded(using, db.fetch_statement(using, *preload_statement(run_ids)))
+
+
+def preload_statement(run_ids: list[Any]) -> tuple[str, list[Any]]:
+    """The statement of ``preload`` for these (one or more) run ids, and its parameters."""
     if len(run_ids) == 1:
-        return preloaded(using, db.fetch_statement(using, preload_sql(single=True), run_ids))
-    return preloaded(using, db.fetch_statement(using, preload_sql(), [list(run_ids)]))
+        return preload_sql(single=True), list(run_ids)
+    return preload_sql(), [list(run_ids)]
 
 
 @functools.cache
