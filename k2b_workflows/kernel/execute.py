@@ -181,10 +181,37 @@ def preloaded(using: str, rows: list[tuple]) -> dict[Any, Preloaded]:
             for f, v in zip(run_fields, row, strict=False)
         ]
         run = WorkflowRun.from_db(using, [f.attname for f in run_fields], values)
-        journal = [_from_json_row(JournalEntry, using, e) for e in db.from_json(row[-2]) or ()]
-        ledger = [_from_json_row(LedgerEntry, using, e) for e in db.from_json(row[-1]) or ()]
-        loaded[run.pk] = Preloaded(run, journal, ledger)
+        loaded[run.pk] = _with_entries(using, run, row)
     return loaded
+
+
+#: What a verification of a run's chains reads (``chains_sql``): the run's anchors.
+_CHAINS_FIELDS = ["id", "journal_anchor", "ledger_anchor"]
+
+
+@functools.cache
+def chains_sql() -> str:
+    """``preload_sql(single=True)`` for a verification of the chains: of the run row
+    only its id and anchors, where a claim reads and decodes every column."""
+    return _PRELOAD_SQL.format(
+        run_columns=", ".join(f"r.{column}" for column in _CHAINS_FIELDS), where="r.id = %s"
+    )
+
+
+def chains_read(using: str, rows: list[tuple]) -> dict[Any, Preloaded]:
+    """Runs (id and anchors only), journals and ledgers from the rows of ``chains_sql``."""
+    loaded: dict[Any, Preloaded] = {}
+    for row in rows:
+        run = WorkflowRun.from_db(using, _CHAINS_FIELDS, row[: len(_CHAINS_FIELDS)])
+        loaded[run.pk] = _with_entries(using, run, row)
+    return loaded
+
+
+def _with_entries(using: str, run: WorkflowRun, row: tuple) -> Preloaded:
+    """The run with its journal and ledger, the row's last two columns."""
+    journal = [_from_json_row(JournalEntry, using, e) for e in db.from_json(row[-2]) or ()]
+    ledger = [_from_json_row(LedgerEntry, using, e) for e in db.from_json(row[-1]) or ()]
+    return Preloaded(run, journal, ledger)
 
 
 def _from_json_row(model: Any, using: str, data: dict[str, Any]) -> Any:
@@ -1343,10 +1370,10 @@ class Execution:
             else:
                 written, rows = db.read_then_write(
                     self.using,
-                    preload_sql(single=True),
+                    chains_sql(),
                     [self.run_id],
                     lambda rows: (
-                        batch.statements if verified(preloaded(self.using, rows)) else None
+                        batch.statements if verified(chains_read(self.using, rows)) else None
                     ),
                 )
                 if written:
