@@ -71,12 +71,19 @@ def pure_then_external(run, input):
     return run.step(DispatchAfterStep, {})
 
 
-@workflow("hot.three_pure", app_id="hot")
-def three_pure(run, input):
-    n = input["n"]
-    for _ in range(3):
-        n = run.step(AddOne, {"n": n})["n"]
-    return {"n": n}
+def _three_steps(action: type[Action]):
+    """A workflow body: three steps of ``action``, each adding one to ``n``."""
+
+    def body(run, input):
+        n = input["n"]
+        for _ in range(3):
+            n = run.step(action, {"n": n})["n"]
+        return {"n": n}
+
+    return body
+
+
+three_pure = workflow("hot.three_pure", app_id="hot")(_three_steps(AddOne))
 
 
 @workflow("hot.external_then_pure", app_id="hot")
@@ -104,12 +111,7 @@ class DispatchThenNote(Action):
     reconcile = run
 
 
-@workflow("hot.three_external", app_id="hot")
-def three_external(run, input):
-    n = input["n"]
-    for _ in range(3):
-        n = run.step(Dispatch, {"n": n})["n"]
-    return {"n": n}
+three_external = workflow("hot.three_external", app_id="hot")(_three_steps(Dispatch))
 
 
 @workflow("hot.two_noted", app_id="hot")
