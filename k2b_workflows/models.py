@@ -175,8 +175,15 @@ class WorkflowRun(models.Model):
     attention_step = models.IntegerField(null=True, blank=True)
 
     # Tree of runs: children are normal runs created by a parent's step.
+    # No index of its own: k2b_run_child_once (parent, parent_step, child_index)
+    # serves every lookup by parent, and most runs have none.
     parent = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="children"
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="children",
+        db_index=False,
     )
     parent_step = models.IntegerField(null=True, blank=True)
     child_index = models.IntegerField(null=True, blank=True)

@@ -537,7 +537,7 @@ def _run_table_counts(*counts: str) -> tuple[int, ...]:
 
 def test_a_steps_fence_and_journal_write_update_the_run_row_in_place():
     """Neither changes an indexed column of ``k2b_run`` (migration 0010), so both are
-    HOT updates: no new entry in any of the table's ten indexes, a step at a time."""
+    HOT updates: no new entry in any of the table's nine indexes, a step at a time."""
     from django.db import transaction
 
     from k2b_workflows.kernel import db
@@ -552,6 +552,26 @@ def test_a_steps_fence_and_journal_write_update_the_run_row_in_place():
             _entry(run, generation), evidence.GENESIS, "default", lease_ms=30_000
         )
         assert _run_table_counts(*counts) == (updated + 2, hot + 2)
+
+
+def test_a_runs_children_are_found_through_the_child_index_alone():
+    """Every index of ``k2b_run`` takes an entry at each enqueue and status change:
+    lookups by parent go through ``k2b_run_child_once`` (partial, children only),
+    and no index holds every run's ``parent_id`` (migration 0013)."""
+    from django.db import transaction
+
+    parent = start_workflow_run("test.pure", {"a": 1, "b": 1})
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """SELECT indexname FROM pg_indexes WHERE tablename = 'k2b_run'
+                AND indexdef LIKE '%%(parent_id)'"""
+        )
+        assert cursor.fetchall() == []
+        with transaction.atomic():
+            cursor.execute("SET LOCAL enable_seqscan = off")
+            cursor.execute("EXPLAIN SELECT id FROM k2b_run WHERE parent_id = %s", [parent.pk])
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "k2b_run_child_once" in plan, plan
 
 
 def test_a_claim_reads_a_few_rows_of_a_large_backlog_postgresql_has_not_analyzed(prepares):
