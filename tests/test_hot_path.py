@@ -450,6 +450,45 @@ def test_a_claim_and_its_preload_are_one_transaction_in_two_round_trips(prepares
     assert connection.connection.info.transaction_status == 0
 
 
+def test_a_batched_dispatch_whose_commit_answer_is_lost_is_closed_as_never_sent(
+    monkeypatch, prepares
+):
+    """The server commits the one-round-trip dispatch, the client never hears so: the
+    invocation is closed as never sent (run() was not called), and the step dispatches
+    anew. Fault injection: the batch really commits, then the client sees an error."""
+    from django.db import OperationalError
+
+    from k2b_workflows.kernel import db
+    from k2b_workflows.testing import run_until_idle
+
+    sent = db._in_one_round_trip
+    cut: list[int] = []
+
+    def commit_then_lose_the_answer(using, statements):
+        results = sent(using, statements)
+        dispatch = any("dispatched" in params for _, params in statements)
+        if dispatch and statements[-1][0] == "COMMIT" and not cut:
+            cut.append(1)
+            raise OperationalError("server closed the connection unexpectedly")
+        return results
+
+    monkeypatch.setattr(db, "_in_one_round_trip", commit_then_lose_the_answer)
+    run = start_workflow_run("hot.three_external", {"n": 0})
+    run_until_idle(app_ids=["hot"])
+    assert cut == [1]
+    done = fresh(run)
+    assert (done.status, done.output) == ("succeeded", {"n": 3}), done.error_message
+    ledger = list(LedgerEntry.objects.filter(run=run, seq=0).order_by("id"))
+    assert [(e.kind, e.invocation_key.rsplit(":", 1)[1]) for e in ledger] == [
+        ("dispatched", "1"),
+        ("rejected", "1"),
+        ("dispatched", "2"),
+        ("succeeded", "2"),
+    ]
+    assert "run() was not called" in ledger[1].message
+    assert evidence.verify_chains(run.pk, "default") is None
+
+
 def test_batched_writes_after_someone_else_wrote_to_the_ledger_go_one_at_a_time(prepares):
     """A note in the ledger (a late result) moves its end past what the executor knows:
     the batched dispatch and the batched end must write nothing and the writes go one

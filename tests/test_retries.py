@@ -176,6 +176,9 @@ def slow_commit():
 
 
 def _terminate_the_committing_backend(stop: threading.Event, killed: list[int]) -> None:
+    """Cut the backend sleeping in COMMIT. Only a COMMIT sleeps (the trigger is
+    deferred); it may be a statement of its own, or the last of a message that
+    sends the step's journal entry with it, past what pg_stat_activity shows."""
     wrapper = connections["default"]
     conn = wrapper.get_new_connection(wrapper.get_connection_params())
     conn.autocommit = True
@@ -183,7 +186,7 @@ def _terminate_the_committing_backend(stop: threading.Event, killed: list[int]) 
         while not stop.is_set():
             rows = conn.execute(
                 "SELECT pid FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
-                " AND datname = current_database() AND query ILIKE 'COMMIT%%'"
+                " AND datname = current_database()"
             ).fetchall()
             if rows:
                 for (pid,) in rows:
