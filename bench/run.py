@@ -73,6 +73,34 @@ def admin_execute(url: str, *statements: str) -> None:
             conn.execute(sql)
 
 
+def settled_commits(url: str, db: str, timeout: float = 30.0) -> int:
+    """``xact_commit`` of ``db``, read from another database (so that reading is not
+    counted), once no backend is connected to it.
+
+    A backend adds its commits to the shared counters when it exits (and, while
+    connected, only when idle, at most once a second). With none connected and
+    two reads 50 ms apart agreeing (the flush comes a moment after a backend
+    leaves ``pg_stat_activity``), the count is complete.
+    """
+    import psycopg
+
+    deadline = time.monotonic() + timeout
+    previous = None
+    with psycopg.connect(with_db(url, "postgres"), autocommit=True) as conn:
+        while True:
+            connected, committed = conn.execute(
+                """SELECT (SELECT count(*) FROM pg_stat_activity WHERE datname = %s),
+                          (SELECT xact_commit FROM pg_stat_database WHERE datname = %s)""",
+                [db, db],
+            ).fetchone()
+            if connected == 0 and committed == previous:
+                return committed
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{connected} connection(s) to {db} stayed open")
+            previous = committed if connected == 0 else None
+            time.sleep(0.05)
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
@@ -161,15 +189,8 @@ class Bench:
         )
 
     def commits(self) -> int:
-        """``xact_commit`` of the bench database, read from another database (not counted)."""
-        import psycopg
-
-        # Backends flush their counters when idle (at most once a second) or on exit.
-        time.sleep(1.2)
-        with psycopg.connect(with_db(self.url, "postgres"), autocommit=True) as conn:
-            return conn.execute(
-                "SELECT xact_commit FROM pg_stat_database WHERE datname = %s", [self.db]
-            ).fetchone()[0]
+        """``xact_commit`` of the bench database (``settled_commits``)."""
+        return settled_commits(self.url, self.db)
 
     def enqueue(self, name: str, count: int, input: dict[str, Any]) -> list[Any]:
         from django.db import transaction
@@ -205,7 +226,7 @@ class Bench:
                 if time.monotonic() > deadline or proc.poll() is not None:
                     raise RuntimeError("runs did not all park")
                 time.sleep(0.1)
-            time.sleep(1.0)  # the worker is idle, listening
+            self.wait_listening()
             latencies: list[float] = []
             for i in range(wakes):
                 key = f"w{i}"
@@ -237,6 +258,21 @@ class Bench:
             "p99": percentile(latencies, 0.99),
             "max": max(latencies),
         }
+
+    def wait_listening(self, timeout: float = 60.0) -> None:
+        """Until a worker's listener waits for notifications on the bench database."""
+        import psycopg
+
+        deadline = time.monotonic() + timeout
+        with psycopg.connect(with_db(self.url, "postgres"), autocommit=True) as conn:
+            while not conn.execute(
+                """SELECT 1 FROM pg_stat_activity
+                    WHERE datname = %s AND state = 'idle' AND query ILIKE 'LISTEN%%'""",
+                [self.db],
+            ).fetchone():
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the worker never listened")
+                time.sleep(0.02)
 
     # -- throughput and commits --------------------------------------------------
 
