@@ -107,3 +107,16 @@ def describe(run: WorkflowRun) -> dict[str, Any]:
         "generation": run.generation,
         "failures": run.consecutive_failures,
     }
+
+
+def assert_closed_as_never_sent(run: WorkflowRun) -> None:
+    """Step 0's first dispatch committed but its answer was lost: that invocation is
+    closed as never sent ("rejected": run() was not called), the second succeeded."""
+    ledger = list(LedgerEntry.objects.filter(run=run, seq=0).order_by("id"))
+    assert [(e.kind, e.invocation_key.rsplit(":", 1)[1]) for e in ledger] == [
+        ("dispatched", "1"),
+        ("rejected", "1"),
+        ("dispatched", "2"),
+        ("succeeded", "2"),
+    ]
+    assert "run() was not called" in ledger[1].message
