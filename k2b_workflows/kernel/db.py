@@ -485,21 +485,32 @@ def commit_batch(
     return _retrying_conflicts(lambda: _commit(using, parts)[1:-1], attempts)
 
 
-def _commit(using: str, parts: list[Statement]) -> list[tuple | None]:
+def _commit(using: str, parts: list[Statement], *, rolls_back: bool = True) -> list[tuple | None]:
+    """Send ``parts``, the last a COMMIT; returns each one's first row.
+
+    A conflict is raised as is, a failed guard as ``BatchRefused``, and a lost
+    connection as ``CommitOutcomeUnknown``. ``rolls_back``: end the failed
+    transaction here (False: a Django atomic block's exit will).
+    """
+
+    def rollback() -> None:
+        if rolls_back:
+            rollback_quietly(using)
+
     try:
         results = _in_one_round_trip(using, parts)
     except OperationalError as exc:
         if is_conflict(exc):
-            rollback_quietly(using)
+            rollback()
             raise
         raise CommitOutcomeUnknown(str(exc)) from exc
     except DatabaseError as exc:
-        rollback_quietly(using)
+        rollback()
         if guard_failed(exc):
             raise BatchRefused(str(exc)) from exc
         raise
     except BaseException:
-        rollback_quietly(using)
+        rollback()
         raise
     return [rows[0] if rows else None for rows in results]
 
@@ -528,17 +539,7 @@ def commit_in_atomic(using: str, sql: str, params: Sequence[Any]) -> tuple | Non
     another error is raised as is (the block's exit rolls back), and a connection
     lost on the way is ``CommitOutcomeUnknown``.
     """
-    try:
-        rows = _in_one_round_trip(using, [(sql, params), ("COMMIT", ())])[0]
-    except OperationalError as exc:
-        if is_conflict(exc):
-            raise
-        raise CommitOutcomeUnknown(str(exc)) from exc
-    except DatabaseError as exc:
-        if guard_failed(exc):
-            raise BatchRefused(str(exc)) from exc
-        raise
-    return rows[0] if rows else None
+    return _commit(using, [(sql, params), ("COMMIT", ())], rolls_back=False)[0]
 
 
 def read_then_write(
