@@ -1656,8 +1656,8 @@ class _Batch:
     The first also fences the run, holding its row lock for the rest. Nothing is
     applied to the execution (ledger head, hashes, events) before the commit.
     ``commit()`` False: nothing was written (not ours any more, a chain moved by
-    someone else, a conflict); the caller runs the same writes one statement at
-    a time, which knows why and says so.
+    someone else; a conflict is retried by ``db.commit_batch``); the caller runs
+    the same writes one statement at a time, which knows why and says so.
     """
 
     def __init__(
@@ -1710,10 +1710,10 @@ class _Batch:
                 pending.step, pending.ledger_kind, output_hash=evidence.hash_value(pending.output)
             )
 
-    def commit(self, *, begin: bool = True) -> bool:
-        """Send it all and COMMIT; ``begin=False``: in the transaction already open."""
+    def commit(self) -> bool:
+        """Send it all with BEGIN and COMMIT; False when a guard refused it."""
         try:
-            rows = db.commit_batch(self.execution.using, self.statements, begin=begin)
+            rows = db.commit_batch(self.execution.using, self.statements)
         except db.BatchRefused as exc:
             logger.info("run %s: batched writes refused (%s)", self.execution.run_id, exc)
             return False
