@@ -245,13 +245,8 @@ def append_journal(entry: JournalEntry, prev_hash: str, using: str) -> JournalEn
     statement's own insert). Otherwise (never, unless the journal has a gap) the
     count is read and the entry written in three statements, as before.
     """
-    key_id, key = _chain_journal(entry, prev_hash)
-    sealed = anchor(entry.run_id, "journal", entry.seq + 1, entry.entry_hash, key_id, key)
     with db.statement_cursor(using) as cursor:
-        cursor.execute(
-            _append_sql("journal"),
-            [sealed, entry.run_id, entry.run_id, entry.seq, *_journal_values(entry)],
-        )
+        cursor.execute(*journal_statement(entry, prev_hash, strict=False))
         row = cursor.fetchone()
         if row is not None:
             return inserted(entry, using, row[0])
@@ -260,40 +255,6 @@ def append_journal(entry: JournalEntry, prev_hash: str, using: str) -> JournalEn
     entry.save(using=using, force_insert=True)
     _seal(using, entry.run_id, "journal", count + 1, entry.entry_hash)
     return entry
-
-
-_FENCED_JOURNAL_SQL = """
-WITH fenced AS (
-    UPDATE k2b_run
-       SET {set_run}, current_step = %s, consecutive_failures = 0, journal_anchor = %s,
-           updated_at = k2b_now()
-     WHERE id = %s AND generation = %s AND status = 'running'
-       AND (SELECT count(*) FROM k2b_journal WHERE run_id = %s) = %s
-    RETURNING id)
-INSERT INTO k2b_journal ({columns})
-SELECT {values} FROM fenced
-RETURNING id
-"""
-#: Still running: the lease is extended.
-_STEP_JOURNAL_SQL = _FENCED_JOURNAL_SQL.format(
-    set_run="lease_expires_at = k2b_now() + %s * interval '1 millisecond'",
-    columns=_JOURNAL_COLUMNS,
-    values=_JOURNAL_VALUES,
-)
-#: The last step: the run ends with it, in the same statement.
-_FINISH_JOURNAL_SQL = _FENCED_JOURNAL_SQL.format(
-    set_run="""status = 'succeeded', output = %s::jsonb, error_code = '', error_message = '',
-           finished_at = k2b_now(), lease_expires_at = NULL""",
-    columns=_JOURNAL_COLUMNS,
-    values=_JOURNAL_VALUES,
-)
-
-
-#: The same two, failing (``db.guard_failed``) rather than inserting nothing: in a batch.
-_STRICT_STEP_JOURNAL_SQL, _STRICT_FINISH_JOURNAL_SQL = (
-    sql.replace("FROM fenced", "FROM (SELECT) AS one LEFT JOIN fenced ON true")
-    for sql in (_STEP_JOURNAL_SQL, _FINISH_JOURNAL_SQL)
-)
 
 
 def append_journal_fenced(
@@ -339,25 +300,26 @@ def fenced_journal_statement(
 ) -> tuple[str, list[Any]]:
     """Chain ``entry`` and return the statement of ``append_journal_fenced`` and its
     parameters; ``strict``: one that fails instead of matching nothing, for a batch."""
+    if run_output is None:
+        fence = Fence(entry.generation, lease_ms, entry.seq, reset_failures=True)
+        return journal_statement(entry, prev_hash, fence, strict=strict)
     key_id, key = _chain_journal(entry, prev_hash)
     sealed = anchor(entry.run_id, "journal", entry.seq + 1, entry.entry_hash, key_id, key)
-    fenced = [entry.seq, sealed, entry.run_id, entry.generation, entry.run_id, entry.seq]
-    if run_output is None:
-        sql = _STRICT_STEP_JOURNAL_SQL if strict else _STEP_JOURNAL_SQL
-        return sql, [lease_ms, *fenced, *_journal_values(entry)]
-    sql = _STRICT_FINISH_JOURNAL_SQL if strict else _FINISH_JOURNAL_SQL
-    return sql, [run_output, *fenced, *_journal_values(entry)]
+    params = [run_output, entry.seq, sealed, entry.run_id, entry.generation]
+    params += [entry.run_id, entry.seq, *_journal_values(entry)]
+    return (_STRICT_FINISH_JOURNAL_SQL if strict else _FINISH_JOURNAL_SQL), params
 
 
 def journal_statement(
-    entry: JournalEntry, prev_hash: str, fence: Fence | None = None
-) -> db.Statement:
-    """A strict append of ``entry`` chained to ``prev_hash``, for ``db.commit_batch``."""
+    entry: JournalEntry, prev_hash: str, fence: Fence | None = None, *, strict: bool = True
+) -> tuple[str, list[Any]]:
+    """An append of ``entry`` chained to ``prev_hash``, strict (for ``db.commit_batch``)
+    unless ``strict`` is False; with ``fence``, the statement fences the run too."""
     key_id, key = _chain_journal(entry, prev_hash)
     sealed = anchor(entry.run_id, "journal", entry.seq + 1, entry.entry_hash, key_id, key)
     fence_set, fence_where = _fenced(fence)
     params = [sealed, *fence_set, entry.run_id, *fence_where, entry.run_id, entry.seq]
-    return _append_sql("journal", strict=True, fenced=fence is not None), [
+    return _append_sql("journal", strict=strict, fenced=fence is not None), [
         *params,
         *_journal_values(entry),
     ]
@@ -416,6 +378,28 @@ _FENCE_SET = """,
            current_step = COALESCE(%s, current_step),
            consecutive_failures = CASE WHEN %s THEN 0 ELSE consecutive_failures END"""
 _FENCE_WHERE = " AND generation = %s AND status = 'running'"
+
+
+#: The last step's entry and the run's end in one statement, fenced as a step's append
+#: is, the run marked succeeded with its output (``%s``, canonical JSON).
+_FINISH_JOURNAL_TEMPLATE = """
+WITH sealed AS (
+    UPDATE k2b_run
+       SET status = 'succeeded', output = %s::jsonb, error_code = '', error_message = '',
+           finished_at = k2b_now(), lease_expires_at = NULL,
+           current_step = %s, consecutive_failures = 0, journal_anchor = %s,
+           updated_at = k2b_now()
+     WHERE id = %s AND generation = %s AND status = 'running'
+       AND (SELECT count(*) FROM k2b_journal WHERE run_id = %s) = %s
+    RETURNING id)
+INSERT INTO k2b_journal ({columns})
+SELECT {values} FROM {source}
+RETURNING id
+"""
+_FINISH_JOURNAL_SQL, _STRICT_FINISH_JOURNAL_SQL = (
+    _FINISH_JOURNAL_TEMPLATE.format(columns=_JOURNAL_COLUMNS, values=_JOURNAL_VALUES, source=source)
+    for source in (_LENIENT, _STRICT)
+)
 
 
 @functools.cache

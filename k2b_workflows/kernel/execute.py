@@ -716,10 +716,10 @@ class Execution:
             # The action may have run for long: fence again, extending the lease, in
             # the statement that journals the step, and COMMIT with it.
             entry = self._new_entry(step, JournalEntry.State.SUCCEEDED, result)
-            sql, params = evidence.fenced_journal_statement(
-                entry, self.last_hash, lease_ms=store.lease_ms(), strict=True
-            )
             if db.ends_in_atomic(self.using):
+                sql, params = evidence.fenced_journal_statement(
+                    entry, self.last_hash, lease_ms=store.lease_ms(), strict=True
+                )
                 row = db.commit_in_atomic(self.using, sql, params)
                 evidence.fenced_journal_written(entry, self.using, row)
             else:
