@@ -144,16 +144,22 @@ def wait_for(
     predicate: Callable[[], object],
     timeout: float = 20.0,
     interval: float = 0.05,
-    message: str = "condition",
+    message: str | Callable[[], str] = "condition",
 ) -> object:
-    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout``."""
+    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout``.
+
+    ``message`` may be a callable, called only on failure: what it reports (a
+    worker's log, say) is then what there was at the timeout, not at the start
+    of the wait.
+    """
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {message}")
+            text = message() if callable(message) else message
+            pytest.fail(f"timed out after {timeout} s waiting for {text}")
         time.sleep(interval)
 
 
@@ -220,6 +226,15 @@ class WorkerProcess:
     def output(self) -> str:
         self.log.flush()
         return self.log_path.read_text()
+
+    def report(self, tail: int = 3000) -> str:
+        """For a failed wait: whether the worker is alive, its stacks, the end of its log."""
+        code = self.proc.poll()
+        if code is None:
+            state = f"worker {self.pid} running\n-- threads --\n{self.stacks()}"
+        else:
+            state = f"worker {self.pid} exited with {code}"
+        return f"{state}\n-- log --\n{self.output()[-tail:]}"
 
     def close(self) -> None:
         if self.proc.poll() is None:

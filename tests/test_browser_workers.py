@@ -33,7 +33,7 @@ def test_the_on_call_engineer_sees_a_busy_worker_and_a_lost_one(
     wait(
         lambda: ProviderCall.objects.filter(action="kernel.slow").exists(),
         timeout=TIMEOUT,
-        message=f"the slow step to start\n{busy.output()}",
+        message=lambda: f"the slow step to start\n{busy.report()}",
     )
     doomed = start_worker("--concurrency", "1", "--app", "kernel_other")
     wait(

@@ -43,7 +43,7 @@ def settled(wait, run, worker) -> None:
     wait(
         lambda: fresh(run).status in SETTLED,
         timeout=TIMEOUT,
-        message=f"run {run.pk} to settle; worker log:\n{worker.output()}",
+        message=lambda: f"run {run.pk} to settle:\n{worker.report()}",
     )
 
 
@@ -181,7 +181,7 @@ def frozen(wait, worker) -> None:
     wait(
         lambda: worker.proc.poll() is None and is_stopped(worker.pid),
         timeout=TIMEOUT,
-        message=f"worker {worker.pid} to freeze:\n{worker.output()}",
+        message=lambda: f"worker {worker.pid} to freeze:\n{worker.report()}",
     )
 
 

@@ -33,7 +33,9 @@ def row_of(worker) -> WorkerRecord | None:
 
 def test_a_killed_worker_is_marked_lost_by_the_fleet_after_the_timeout(start_worker, wait):
     doomed = start_worker("--concurrency", "3")
-    row = wait(lambda: row_of(doomed), timeout=TIMEOUT, message=f"registration\n{doomed.output()}")
+    row = wait(
+        lambda: row_of(doomed), timeout=TIMEOUT, message=lambda: f"registration\n{doomed.report()}"
+    )
     assert row.state == "alive" and row.concurrency == 3 and row.apps == []
     assert {"name": "test.pure", "version": 1, "app_id": "tests"} in row.workflows
     first_beat = row.heartbeat_at
@@ -76,7 +78,7 @@ def test_a_worker_busy_longer_than_the_timeout_stays_alive_and_its_run_names_it(
     wait(
         lambda: ProviderCall.objects.filter(action="kernel.slow").exists(),
         timeout=TIMEOUT,
-        message=f"the slow step to start\n{worker.output()}",
+        message=lambda: f"the slow step to start\n{worker.report()}",
     )
     row = row_of(worker)
     page = admin_client.get(f"/admin/k2b_workflows/workflowrun/{run.pk}/change/")

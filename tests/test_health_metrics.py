@@ -40,7 +40,7 @@ def test_the_health_file_is_fresh_while_the_loop_runs_and_stale_when_it_stops(
     path = tmp_path / "worker.health"
     assert health(path, 30) == 1, "no file: unhealthy"
     worker = start_worker("--concurrency", "1", "--health-file", str(path))
-    wait(path.exists, timeout=TIMEOUT, message=f"the health file\n{worker.output()}")
+    wait(path.exists, timeout=TIMEOUT, message=lambda: f"the health file\n{worker.report()}")
     assert health(path, 30) == 0
     first = path.stat().st_mtime
     wait(lambda: path.stat().st_mtime > first, timeout=TIMEOUT, message="a second touch")
@@ -83,7 +83,7 @@ def test_the_worker_serves_prometheus_metrics(start_worker, wait):
     wait(
         lambda: ProviderCall.objects.filter(action="kernel.slow").exists(),
         timeout=TIMEOUT,
-        message=f"the slow step to start\n{doomed.output()}",
+        message=lambda: f"the slow step to start\n{doomed.report()}",
     )
     doomed.signal(signal.SIGKILL)
     doomed.wait()
@@ -96,7 +96,7 @@ def test_the_worker_serves_prometheus_metrics(start_worker, wait):
     wait(
         lambda: all(fresh(r).status == "succeeded" for r in runs),
         timeout=TIMEOUT,
-        message=f"every run to succeed\n{worker.output()}",
+        message=lambda: f"every run to succeed\n{worker.report()}",
     )
     # The runs may end before the killed worker's heartbeat is old enough to count as lost.
     wait(

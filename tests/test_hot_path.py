@@ -677,7 +677,7 @@ def test_sigterm_hands_back_prefetched_runs_that_no_thread_started(start_worker,
     wait(
         lambda: ProviderCall.objects.filter(action="kernel.slow").exists(),
         timeout=TIMEOUT,
-        message=f"the slow step to start:\n{worker.output()}",
+        message=lambda: f"the slow step to start:\n{worker.report()}",
     )
     wait(
         lambda: all(fresh(r).status == "running" for r in queued),

@@ -205,14 +205,14 @@ def test_workers_outlive_database_restarts_and_every_run_completes_once(
     wait_for(
         lambda: ended(cluster, database) >= RUNS // 2,
         timeout=TIMEOUT,
-        message=f"runs after the first restart:\n{fleet[0].output()[-2000:]}",
+        message=lambda: f"runs after the first restart:\n{fleet[0].report()}",
     )
     all_alive(fleet)
     cluster.restart(mode)
     wait_for(
         lambda: ended(cluster, database) == RUNS,
         timeout=TIMEOUT,
-        message=f"every run after the second restart:\n{fleet[0].output()[-2000:]}",
+        message=lambda: f"every run after the second restart:\n{fleet[0].report()}",
     )
 
     all_alive(fleet)
@@ -289,7 +289,7 @@ def test_a_worker_frozen_past_its_lease_with_its_sessions_ended_resumes_and_keep
     wait_for(
         lambda: fresh(second).status == "succeeded",
         timeout=TIMEOUT,
-        message=f"the thawed worker to run again:\n{worker.output()[-3000:]}",
+        message=lambda: f"the thawed worker to run again:\n{worker.report()}",
     )
     assert f":{worker.pid}:" in fresh(second).claimed_by
     assert worker.proc.poll() is None, worker.output()
@@ -317,7 +317,7 @@ def test_a_worker_started_before_its_database_waits_then_connects(cluster, datab
     wait_for(
         lambda: statuses(cluster, database).get("succeeded") == 1,
         timeout=TIMEOUT,
-        message=f"the run:\n{worker.output()[-3000:]}",
+        message=lambda: f"the run:\n{worker.report()}",
     )
     assert "Traceback" not in worker.output()
     stop_all([worker])
@@ -383,7 +383,7 @@ def test_a_connection_shortage_hands_runs_back_without_counting_a_failure(
     wait_for(
         lambda: statuses(cluster, database).get("succeeded") == 8,
         timeout=TIMEOUT,
-        message=f"every run:\n{worker.output()[-3000:]}",
+        message=lambda: f"every run:\n{worker.report()}",
     )
     out = worker.output()
     assert "database unavailable" in out and "lease expired" not in out, out[-3000:]
@@ -420,7 +420,7 @@ def test_sigterm_hands_claimed_runs_back_at_once_and_another_worker_continues(st
     wait_for(
         lambda: ProviderCall.objects.filter(action__in=["kernel.slow", "test.charge"]).count() == 2,
         timeout=TIMEOUT,
-        message=f"both steps to start:\n{first.output()}",
+        message=lambda: f"both steps to start:\n{first.report()}",
     )
     claimed = {run.pk: fresh(run).generation for run in (slow, charge)}
     first.signal(signal.SIGTERM)
@@ -440,7 +440,7 @@ def test_sigterm_hands_claimed_runs_back_at_once_and_another_worker_continues(st
     wait_for(
         lambda: fresh(slow).generation > claimed[slow.pk],
         timeout=TIMEOUT,
-        message=f"another worker to take the run:\n{second.output()}",
+        message=lambda: f"another worker to take the run:\n{second.report()}",
     )
     taken = fresh(slow)
     assert f":{second.pid}:" in taken.claimed_by and taken.consecutive_failures == 0
@@ -458,7 +458,7 @@ def test_a_second_sigterm_hands_back_and_exits_now(start_worker):
     wait_for(
         lambda: ProviderCall.objects.filter(action="kernel.slow").exists(),
         timeout=TIMEOUT,
-        message=f"the slow step to start:\n{worker.output()}",
+        message=lambda: f"the slow step to start:\n{worker.report()}",
     )
     worker.signal(signal.SIGTERM)
     wait_for(lambda: "received SIGTERM" in worker.output(), timeout=TIMEOUT, message="notice")
@@ -568,7 +568,7 @@ def test_runs_claimed_by_a_commit_that_lost_its_answer_are_handed_back_on_reconn
     wait_for(
         lambda: fresh(run).status == "succeeded",
         timeout=TIMEOUT,
-        message=f"the orphaned run to be handed back and run:\n{worker.output()[-3000:]}",
+        message=lambda: f"the orphaned run to be handed back and run:\n{worker.report()}",
     )
     done = fresh(run)
     assert done.consecutive_failures == 0 and done.generation == 2

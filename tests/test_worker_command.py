@@ -33,7 +33,7 @@ def test_sigterm_lets_the_current_step_finish_and_releases_the_run(start_worker,
     wait(
         lambda: ProviderCall.objects.filter(action="kernel.slow").exists(),
         timeout=TIMEOUT,
-        message=f"the slow step to start:\n{worker.output()}",
+        message=lambda: f"the slow step to start:\n{worker.report()}",
     )
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=TIMEOUT) == 0, worker.output()
