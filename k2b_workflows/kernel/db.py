@@ -20,7 +20,7 @@ import psycopg
 from django.db import DatabaseError, OperationalError, ProgrammingError, connections, transaction
 
 from ..exceptions import DatabaseNotMigrated, LeaseLost, RunCanceled
-from . import clock
+from . import clock, pipeline
 
 logger = logging.getLogger("k2b_workflows")
 
@@ -238,15 +238,15 @@ class statement_cursor:
     For the kernel's own statements on the hot path, run once or more per step.
     Through ``connection.cursor()`` every statement pays Django's wrapper and,
     with client-side binding (Django's default), psycopg quoting each parameter
-    into the SQL in Python. Here, by default, parameters travel apart from the
-    statement (server-side binding, dumped by psycopg's C code) when the
-    connection prepares statements: with ``DATABASES[...]["OPTIONS"]
-    ["prepare_threshold"]`` set (Django's default is ``None``: off, for
-    connection poolers), psycopg prepares a statement once the connection has
-    run it that many times, and the server neither parses nor plans it again.
-    Otherwise a client-side binding cursor (``psycopg.ClientCursor``): an
-    unprepared statement costs the server less in one simple-protocol message,
-    which can also carry several statements (see ``_around``).
+    into the SQL in Python. Here, when the connection prepares statements
+    (``DATABASES[...]["OPTIONS"]["prepare_threshold"]`` set; Django's default
+    is ``None``: off, for connection poolers), each statement is prepared once
+    per connection and sent through libpq's pipeline (``pipeline.Cursor``):
+    the server neither parses nor plans it again, and parameters travel apart
+    from it, dumped by psycopg's C code. Otherwise a client-side binding
+    cursor (``psycopg.ClientCursor``): an unprepared statement costs the
+    server less in one simple-protocol message, which can also carry several
+    statements (see ``_around``).
 
     The same checks as Django's cursor come first (health check, connection,
     broken transaction, thread), and errors are Django's (``DatabaseError`` with
@@ -269,7 +269,7 @@ class statement_cursor:
         self.errors.__enter__()
         conn = wrapper.connection
         prepares = conn.prepare_threshold is not None
-        self.cursor = (psycopg.Cursor if prepares else psycopg.ClientCursor)(conn)
+        self.cursor = (pipeline.Cursor if prepares else psycopg.ClientCursor)(conn)
         return self.cursor
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -332,17 +332,7 @@ def _in_one_round_trip(using: str, statements: list[Statement]) -> list[list[tup
                     cursor.nextset()
                 results.append(_rows(cursor))
             return results
-        conn = cursor.connection
-        cursors = [cursor, *(psycopg.Cursor(conn) for _ in statements[1:])]
-        try:
-            # The pipeline ends (its one round trip) before the cursors are read.
-            with conn.pipeline():
-                for each, (sql, params) in zip(cursors, statements, strict=True):
-                    each.execute(sql, params or None)
-            return [_rows(each) for each in cursors]
-        finally:
-            for each in cursors[1:]:
-                each.close()
+        return pipeline.round_trip(cursor.connection, statements)
 
 
 def _rows(cursor: Any) -> list[tuple]:

@@ -1,0 +1,254 @@
+"""Several statements in one round trip, sent through libpq's pipeline directly.
+
+The kernel's transactions are short runs of statements sent together ("BEGIN;
+fence; append; COMMIT"). Through psycopg's ``Connection.pipeline()`` and its
+cursors, each statement pays a cursor's bookkeeping and a poll and a send of
+its own: a five-statement transaction took about 470 µs of the worker's CPU,
+and a worker process is bound by its GIL. Here the statements are queued in
+libpq at once, followed by one sync, and their results read back in one
+pass: about 100 µs. psycopg still does the rest: its adapters dump the
+parameters and load the rows (the connection's own, Django's loaders
+included), its error classes are raised, and its ``wait`` blocks without
+holding the GIL.
+
+Used on connections that prepare statements (``prepare_threshold`` set, as for
+psycopg's own prepared statements): each statement with parameters is
+prepared once per connection, under a name of its own (``_k2b_<n>``) that
+psycopg's statement cache never reuses or deallocates. Outside autocommit
+(inside Django's atomic block) the ``BEGIN`` that psycopg would send in a
+round trip of its own goes with the first statements.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import re
+import weakref
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import psycopg
+from psycopg import abc, errors, pq
+from psycopg.abc import Buffer
+from psycopg.adapt import PyFormat, Transformer
+from psycopg.waiting import Ready, Wait
+
+_TUPLES_OK = pq.ExecStatus.TUPLES_OK
+_COMMAND_OK = pq.ExecStatus.COMMAND_OK
+_FATAL_ERROR = pq.ExecStatus.FATAL_ERROR
+_PIPELINE_SYNC = pq.ExecStatus.PIPELINE_SYNC
+_PIPELINE_ABORTED = pq.ExecStatus.PIPELINE_ABORTED
+_PLACEHOLDER = re.compile(r"%([s%])")
+_IDLE = pq.TransactionStatus.IDLE
+_UNKNOWN_STATEMENT = "26000"  # invalid_sql_statement_name
+#: In ``sent``: the transaction's start, sent ahead of the statements.
+_BEGIN = ("BEGIN",)
+
+
+class _Prepared(dict):
+    """A connection's statements: (query, parameter types) -> the name prepared under."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names = itertools.count()
+
+    def new_name(self) -> bytes:
+        return f"_k2b_{next(self.names)}".encode()
+
+
+_prepared: weakref.WeakKeyDictionary[psycopg.Connection, _Prepared] = weakref.WeakKeyDictionary()
+
+
+@functools.lru_cache(maxsize=512)
+def numbered(sql: str) -> bytes:
+    """``sql`` with its ``%s`` placeholders as ``$1, $2...`` (and ``%%`` as ``%``)."""
+    count = 0
+
+    def number(match: re.Match) -> str:
+        nonlocal count
+        if match.group(1) == "%":
+            return "%"
+        count += 1
+        return f"${count}"
+
+    return _PLACEHOLDER.sub(number, sql).encode()
+
+
+class _Command(NamedTuple):
+    """A statement ready to queue: parameters dumped, and its prepared name if it has one."""
+
+    query: bytes
+    values: Sequence[Buffer | None] | None = None
+    formats: Sequence[pq.Format] | None = None
+    types: tuple[int, ...] = ()
+    name: bytes | None = None
+
+
+def round_trip(
+    conn: psycopg.Connection, statements: Sequence[tuple[str, Sequence[Any]]]
+) -> list[list[tuple]]:
+    """Run ``statements`` in one round trip; returns the rows of each (none for a command).
+
+    As in any pipeline, a statement that fails makes the server skip the rest up
+    to the sync, a ``COMMIT`` among them: the first error is raised (psycopg's
+    class for its SQLSTATE) once every result is read.
+    """
+    names = _prepared.get(conn)
+    if names is None:
+        names = _prepared[conn] = _Prepared()
+    tx = Transformer(conn)
+    # Every parameter is dumped before anything is queued: a value that cannot be
+    # adapted must fail here, not leave half a transaction in libpq's buffer.
+    commands: list[_Command] = []
+    for sql, params in statements:
+        query = numbered(sql)
+        if not params:
+            commands.append(_Command(query))
+            continue
+        values = tx.dump_sequence(params, [PyFormat.AUTO] * len(params))
+        types = tuple(tx.types or ())
+        name = names.get((query, types))
+        commands.append(_Command(query, values, tx.formats, types, name))
+    with conn.lock:
+        sent = _send(conn, names, commands)
+        try:
+            results = conn.wait(_exchange(conn.pgconn))
+        except BaseException:
+            conn.close()  # lost, or interrupted with results unread: not reusable
+            raise
+        conn.pgconn.exit_pipeline_mode()
+    return _read(conn, tx, names, sent, results)
+
+
+def _send(
+    conn: psycopg.Connection,
+    names: _Prepared,
+    commands: list[_Command],
+) -> list[tuple | None]:
+    """Queue ``commands`` and a sync in pipeline mode; returns what each result will be:
+    ``_BEGIN``, (key, name) of a statement prepared, or None for a statement run."""
+    pgconn = conn.pgconn
+    sent: list[tuple | None] = []
+    pgconn.enter_pipeline_mode()
+    try:
+        if not conn.autocommit and pgconn.transaction_status == _IDLE:
+            # What psycopg does before a statement outside autocommit (Django's
+            # atomic block), in the same round trip instead of one of its own.
+            pgconn.send_query_params(_begin(conn), None)
+            sent.append(_BEGIN)
+        for command in commands:
+            if command.values is None:
+                pgconn.send_query_params(command.query, None)
+            else:
+                name = command.name
+                if name is None:
+                    name = names.new_name()
+                    pgconn.send_prepare(name, command.query, param_types=command.types)
+                    sent.append(((command.query, command.types), name))
+                pgconn.send_query_prepared(name, command.values, param_formats=command.formats)
+            sent.append(None)
+        pgconn.pipeline_sync()
+    except BaseException:
+        conn.close()  # what was queued must never be sent by the next statement
+        raise
+    return sent
+
+
+def _begin(conn: psycopg.Connection) -> bytes:
+    """The ``BEGIN`` psycopg would send, with the connection's transaction characteristics."""
+    parts = [b"BEGIN"]
+    if conn.isolation_level is not None:
+        level = psycopg.IsolationLevel(conn.isolation_level).name.replace("_", " ")
+        parts.append(b"ISOLATION LEVEL " + level.encode())
+    if conn.read_only is not None:
+        parts.append(b"READ ONLY" if conn.read_only else b"READ WRITE")
+    if conn.deferrable is not None:
+        parts.append(b"DEFERRABLE" if conn.deferrable else b"NOT DEFERRABLE")
+    return b" ".join(parts)
+
+
+def _read(
+    conn: psycopg.Connection,
+    tx: abc.Transformer,
+    names: _Prepared,
+    sent: list[tuple | None],
+    results: list[pq.abc.PGresult],
+) -> list[list[tuple]]:
+    rows: list[list[tuple]] = []
+    failure: psycopg.Error | None = None
+    for prepares, result in zip(sent, results, strict=True):
+        status = result.status
+        if prepares is _BEGIN:
+            if status != _COMMAND_OK:
+                failure = failure or errors.error_from_result(result, encoding=conn.info.encoding)
+            continue
+        if status == _FATAL_ERROR:
+            failure = failure or errors.error_from_result(result, encoding=conn.info.encoding)
+        elif status == _PIPELINE_ABORTED:
+            failure = failure or errors.InternalError("pipeline aborted without an error")
+        if prepares is not None:
+            if status == _COMMAND_OK:
+                key, name = prepares
+                names[key] = name
+            continue
+        if status == _TUPLES_OK:
+            tx.set_pgresult(result)
+            rows.append(tx.load_rows(0, result.ntuples, tuple))
+        else:
+            rows.append([])
+    if failure is not None:
+        if failure.sqlstate == _UNKNOWN_STATEMENT:
+            names.clear()  # deallocated behind our back (DEALLOCATE ALL): prepare again
+        raise failure
+    return rows
+
+
+def _exchange(pgconn: pq.abc.PGconn) -> Any:
+    """Flush what is queued, then read results up to the sync (a psycopg wait generator)."""
+    while pgconn.flush():
+        while not (yield Wait.W):
+            continue
+    results: list[pq.abc.PGresult] = []
+    while True:
+        while not (yield Wait.R) & Ready.R:
+            continue
+        pgconn.consume_input()
+        while (notify := pgconn.notifies()) is not None:
+            if pgconn.notify_handler:
+                pgconn.notify_handler(notify)
+        ended = False  # the last result read ended a statement's results
+        while not pgconn.is_busy():
+            result = pgconn.get_result()
+            if result is None:
+                if ended:
+                    break  # nothing more has arrived: wait for it
+                ended = True
+                continue
+            if result.status == _PIPELINE_SYNC:
+                return results
+            results.append(result)
+            ended = False
+
+
+class Cursor:
+    """``execute``, ``fetchone`` and ``fetchall`` of a cursor, each statement a ``round_trip``."""
+
+    __slots__ = ("connection", "rows")
+
+    def __init__(self, connection: psycopg.Connection) -> None:
+        self.connection = connection
+        self.rows: list[tuple] = []
+
+    def execute(self, sql: str, params: Sequence[Any] | None = ()) -> None:
+        self.rows = round_trip(self.connection, [(sql, params or ())])[0]
+
+    def fetchone(self) -> tuple | None:
+        return self.rows.pop(0) if self.rows else None
+
+    def fetchall(self) -> list[tuple]:
+        rows, self.rows = self.rows, []
+        return rows
+
+    def close(self) -> None:
+        self.rows = []
