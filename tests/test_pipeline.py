@@ -63,6 +63,26 @@ def test_a_statement_is_prepared_once_per_connection(conn):
     assert len(ours(conn)) in (2, 3)
 
 
+def test_a_statement_twice_in_one_round_trip_is_prepared_once(conn):
+    insert = "INSERT INTO pipe (k) VALUES (%s)"
+    pipeline.round_trip(conn, [(insert, [1]), (insert, [2])])
+    assert len(ours(conn)) == 1
+
+
+def test_past_the_cap_statements_run_unnamed(conn, monkeypatch):
+    monkeypatch.setattr(pipeline, "MAX_PREPARED", 1)
+    pipeline.round_trip(conn, [("INSERT INTO pipe (k) VALUES (%s)", [1])])
+    rows = pipeline.round_trip(
+        conn,
+        [
+            ("INSERT INTO pipe (k, v) VALUES (%s, %s)", [2, "b"]),
+            ("SELECT array_agg(k ORDER BY k) FROM pipe WHERE k > %s", [0]),
+        ],
+    )
+    assert rows == [[], [([1, 2],)]]
+    assert len(ours(conn)) == 1
+
+
 def test_a_failed_statement_skips_the_rest_and_raises_psycopgs_error(conn):
     with pytest.raises(psycopg.errors.UniqueViolation):
         pipeline.round_trip(

@@ -42,6 +42,8 @@ _PIPELINE_ABORTED = pq.ExecStatus.PIPELINE_ABORTED
 _PLACEHOLDER = re.compile(r"%([s%])")
 _IDLE = pq.TransactionStatus.IDLE
 _UNKNOWN_STATEMENT = "26000"  # invalid_sql_statement_name
+#: Statements prepared per connection at most (psycopg's own cache keeps 100).
+MAX_PREPARED = 200
 #: In ``sent``: the transaction's start, sent ahead of the statements.
 _BEGIN = ("BEGIN",)
 
@@ -109,7 +111,7 @@ def round_trip(
         values = tx.dump_sequence(params, [PyFormat.AUTO] * len(params))
         types = tuple(tx.types or ())
         name = names.get((query, types))
-        commands.append(_Command(query, values, tx.formats, types, name))
+        commands.append(_Command(query, values, tuple(tx.formats or ()), types, name))
     with conn.lock:
         sent = _send(conn, names, commands)
         try:
@@ -137,15 +139,26 @@ def _send(
             # atomic block), in the same round trip instead of one of its own.
             pgconn.send_query_params(_begin(conn), None)
             sent.append(_BEGIN)
+        preparing: dict[tuple, bytes] = {}  # in this round trip
         for command in commands:
+            key = (command.query, command.types)
+            name = command.name or preparing.get(key)
             if command.values is None:
                 pgconn.send_query_params(command.query, None)
+            elif name is None and len(names) + len(preparing) >= MAX_PREPARED:
+                # Parameter types vary with values (psycopg sends a small int as
+                # int2, a large one as int8): past the cap, unnamed statements.
+                pgconn.send_query_params(
+                    command.query,
+                    command.values,
+                    param_types=command.types,
+                    param_formats=command.formats,
+                )
             else:
-                name = command.name
                 if name is None:
-                    name = names.new_name()
+                    name = preparing[key] = names.new_name()
                     pgconn.send_prepare(name, command.query, param_types=command.types)
-                    sent.append(((command.query, command.types), name))
+                    sent.append((key, name))
                 pgconn.send_query_prepared(name, command.values, param_formats=command.formats)
             sent.append(None)
         pgconn.pipeline_sync()
