@@ -1174,7 +1174,7 @@ class Execution:
         evidence.append_ledger(self.using, expect=self.ledger_head, **values)
         self._ledger_written(step, kind)
 
-    def _ledger_written(self, step: _Step, kind: str) -> None:
+    def _ledger_written(self, step: _Step, kind: str, *, committed: bool = False) -> None:
         events.ledger_written(
             self,
             self.using,
@@ -1182,6 +1182,7 @@ class Execution:
             kind=kind,
             effect=step.action.effect.value,
             effect_key=step.ctx.effect_key,
+            committed=committed,
         )
 
     def _ledger_event(self, step: _Step, kind: str, *, message: str = "", fenced: bool) -> None:
@@ -1729,7 +1730,7 @@ class _Batch:
         assert head is not None, "a run writes once loaded"
         head.count, head.head = self.head.count, self.head.head
         for step, kind in self.written:
-            execution._ledger_written(step, kind)
+            execution._ledger_written(step, kind, committed=True)
 
 
 @dataclass
