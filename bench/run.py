@@ -14,11 +14,15 @@ so that ratios hold even when the machine is shared and absolute numbers are not
   are the delta of ``xact_commit`` for the bench database (read from another
   database so that reading does not count), minus what an idle ``--burst``
   worker costs. Steps/s is total steps over the time from the first step's
-  start to the last run's end. Worker RSS is sampled from ``/proc``.
+  start to the last run's end. Worker RSS is sampled from ``/proc``. The
+  classes are measured in ``--rounds`` passes (5; quick: 1), each after its
+  own pgbench; every figure is the median of the rounds, and ratios are taken
+  within a round first (a class takes seconds; a shared machine's load
+  changes within minutes).
 - **pgbench**: a one-row ``UPDATE`` + commit per transaction, with as many
   clients as the worker has threads: the server's commit rate for this
   concurrency, the ceiling of a durable step. ``ratio_to_pgbench`` is PURE
-  steps/s over that rate.
+  steps/s over that rate (median of the rounds).
 - **Wake latency**: runs park on gates; the bench commits "open the gate + wake"
   and notes when COMMIT returned; the woken action notes ``time.time()`` first.
   One idle worker process listening, on the same machine (same clock).
@@ -317,8 +321,18 @@ class Bench:
         if statuses["succeeded"] != len(ids):
             raise RuntimeError(f"{label}: not every run succeeded: {dict(statuses)}")
 
+    def retire(self, name: str) -> None:
+        """Rename the finished runs of ``name``: ``span`` then times only the next batch."""
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE k2b_run SET workflow_name = 'bench.done' WHERE workflow_name = %s", [name]
+            )
+
     def throughput(self, effect: str, idle_commits: float) -> dict[str, float]:
         name = f"bench.steps.{effect.lower()}"
+        self.retire(name)
         runs, steps = self.args.runs, self.args.steps
         ids = self.enqueue(name, runs, {"steps": steps})
         delta, _, rss = self.burst()
@@ -336,12 +350,7 @@ class Bench:
 
     def processes(self, count: int) -> dict[str, float]:
         name = "bench.steps.pure"
-        from django.db import connection
-
-        with connection.cursor() as cursor:  # a fresh span for this measurement
-            cursor.execute(
-                "UPDATE k2b_run SET workflow_name = 'bench.done' WHERE workflow_name = %s", [name]
-            )
+        self.retire(name)
         runs = self.args.runs * count
         ids = self.enqueue(name, runs, {"steps": self.args.steps})
         self.burst(count)
@@ -357,13 +366,8 @@ class Bench:
         "start" is the sample a twentieth of the way in (past imports, connections
         and the first claims), "end" the last one before the process exits.
         """
-        from django.db import connection
-
         name = "bench.steps.pure"
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "UPDATE k2b_run SET workflow_name = 'bench.done' WHERE workflow_name = %s", [name]
-            )
+        self.retire(name)
         runs = -(-steps // self.args.steps)
         ids: list[Any] = []
         for start in range(0, runs, 5000):
@@ -404,6 +408,45 @@ class Bench:
             "children_per_s": round(count / float(children_s), 1),
             "parent_lag_s": round(float(lag), 3),
         }
+
+    def rounds(self, idle: int) -> tuple[float | None, dict[str, dict[str, Any]]]:
+        """pgbench, then each effect class, ``--rounds`` times; medians of the rounds.
+
+        A class takes a few seconds, and on a shared machine the load changes
+        within minutes: one pass can put PURE and EXTERNAL in different
+        weather. Ratios (``vs_pure``, ``vs_pgbench``) are taken within each
+        round, then the median of the rounds is reported, with every round's
+        steps/s beside it.
+        """
+        rounds: list[tuple[float | None, dict[str, dict[str, Any]]]] = []
+        for _ in range(self.args.rounds):
+            tps = self.pgbench(self.args.threads, self.args.pgbench_seconds)
+            rounds.append((tps, {effect: self.throughput(effect, idle) for effect in EFFECTS}))
+        effects: dict[str, dict[str, Any]] = {}
+        for effect in EFFECTS:
+            each = [measured[effect] for _, measured in rounds]
+            pure = [measured["PURE"]["steps_per_s"] for _, measured in rounds]
+            effects[effect] = {
+                key: statistics.median(e[key] for e in each)
+                for key in ("steps_per_s", "workflows_per_s", "commits_per_step")
+            } | {
+                "rss_start_mb": each[0]["rss_start_mb"],
+                "rss_end_mb": each[-1]["rss_end_mb"],
+                "rounds": [e["steps_per_s"] for e in each],
+                "vs_pure": round(
+                    statistics.median(
+                        e["steps_per_s"] / p for e, p in zip(each, pure, strict=True)
+                    ),
+                    3,
+                ),
+            }
+            if effect == "PURE":
+                ratios = [m["PURE"]["steps_per_s"] / t for t, m in rounds if t]
+                effects[effect]["vs_pgbench"] = (
+                    round(statistics.median(ratios), 3) if ratios else None
+                )
+        rates = [t for t, _ in rounds if t]
+        return (round(statistics.median(rates), 1) if rates else None), effects
 
     # -- claim latency -----------------------------------------------------------
 
@@ -527,21 +570,17 @@ class Bench:
             self.say("- Other processes may share this machine: compare ratios, not absolutes.")
             self.say()
 
-            tps = self.pgbench(args.threads, args.pgbench_seconds)
-            result["pgbench_tps"] = round(tps, 1) if tps else None
-
             if not args.quick:
                 self.burst()  # warm the caches once
             idle, _, _ = self.burst()
-            effects: dict[str, dict[str, Any]] = {}
-            for effect in EFFECTS:
-                effects[effect] = self.throughput(effect, idle)
+            tps, effects = self.rounds(idle)
             pure = effects["PURE"]
             result.update(
+                pgbench_tps=tps,
                 steps_per_s=pure["steps_per_s"],
                 workflows_per_s=pure["workflows_per_s"],
                 commits_per_step=pure["commits_per_step"],
-                ratio_to_pgbench=round(pure["steps_per_s"] / tps, 3) if tps else None,
+                ratio_to_pgbench=pure.pop("vs_pgbench"),
                 effects=effects,
             )
             wake = self.wake_latency()
@@ -566,22 +605,24 @@ class Bench:
         a = self.args
         self.say(
             f"## {a.runs} runs x {a.steps} steps per effect class, one worker process, "
-            f"{a.threads} threads"
+            f"{a.threads} threads, {a.rounds} round(s)"
         )
         self.say()
         self.say(
-            f"pgbench, one-row UPDATE + commit, {a.threads} clients, same server, same "
-            f"invocation: **{r['pgbench_tps']} tps**. An idle `--burst` worker costs "
-            f"{idle} commits (subtracted)."
+            f"pgbench, one-row UPDATE + commit, {a.threads} clients, same server, before "
+            f"each round: **{r['pgbench_tps']} tps** (median). PURE steps/s over it, median "
+            f"of the rounds: **{r['ratio_to_pgbench']}**. An idle `--burst` worker costs "
+            f"{idle} commits (subtracted). Medians of the rounds; each round's steps/s "
+            "in the last column."
         )
         self.say()
-        self.say("| effect | steps/s | workflows/s | commits/step | steps/s vs pgbench tps |")
-        self.say("|---|---|---|---|---|")
+        self.say("| effect | steps/s | workflows/s | commits/step | vs PURE | rounds, steps/s |")
+        self.say("|---|---|---|---|---|---|")
         for effect, e in r["effects"].items():
-            ratio = e["steps_per_s"] / r["pgbench_tps"] if r["pgbench_tps"] else float("nan")
             self.say(
                 f"| {effect} | {e['steps_per_s']:.0f} | {e['workflows_per_s']:.0f} | "
-                f"{e['commits_per_step']:.2f} | {ratio:.2f} |"
+                f"{e['commits_per_step']:.2f} | {e['vs_pure']:.2f} | "
+                f"{', '.join(f'{v:.0f}' for v in e['rounds'])} |"
             )
         pure = r["effects"]["PURE"]
         self.say()
@@ -627,6 +668,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes, under a minute")
     parser.add_argument("--runs", type=int, help="runs per effect class (300; quick: 30)")
     parser.add_argument("--steps", type=int, default=3, help="steps per run (3)")
+    parser.add_argument(
+        "--rounds", type=int, help="passes over the effect classes, medians reported (5; quick: 1)"
+    )
     parser.add_argument("--threads", type=int, default=2, help="threads per worker (2)")
     parser.add_argument("--wakes", type=int, help="wakes timed (200; quick: 10)")
     parser.add_argument("--fanout", type=int, help="children of the fan-out (1000; quick: 50)")
@@ -641,6 +685,7 @@ def main() -> None:
     args = parser.parse_args()
     quick = args.quick
     args.runs = args.runs or (30 if quick else 300)
+    args.rounds = args.rounds or (1 if quick else 5)
     args.wakes = args.wakes or (10 if quick else 200)
     args.fanout = args.fanout or (50 if quick else 1000)
     if args.memory_steps is None:
@@ -648,7 +693,7 @@ def main() -> None:
     args.process_counts = [
         int(n) for n in (args.processes or ("1,2" if quick else "1,2,4")).split(",")
     ]
-    args.pgbench_seconds = 2 if quick else 10
+    args.pgbench_seconds = 2 if quick else 5
     url = os.environ.get("DATABASE_URL")
     if not url:
         sys.exit("DATABASE_URL is not set (make bench sets it)")

@@ -708,7 +708,7 @@ def test_bench_quick_prints_one_json_line_with_the_numbers():
     proc = subprocess.run(
         [
             *(sys.executable, str(ROOT / "bench" / "run.py"), "--quick", "--runs", "3"),
-            *("--wakes", "2", "--fanout", "3", "--processes", "1"),
+            *("--rounds", "2", "--wakes", "2", "--fanout", "3", "--processes", "1"),
         ],
         cwd=ROOT,
         env={**os.environ, "DATABASE_URL": url},
@@ -732,4 +732,7 @@ def test_bench_quick_prints_one_json_line_with_the_numbers():
     ):
         assert key in result, key
     assert set(result["effects"]) == {"PURE", "TRANSACTIONAL", "IDEMPOTENT", "EXTERNAL", "MIX"}
+    for measured in result["effects"].values():
+        assert len(measured["rounds"]) == 2 and measured["vs_pure"] > 0
+    assert result["effects"]["PURE"]["vs_pure"] == 1
     assert result["fanout"]["children"] == 3
