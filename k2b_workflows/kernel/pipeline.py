@@ -192,16 +192,12 @@ def _read(
     failure: psycopg.Error | None = None
     for prepares, result in zip(sent, results, strict=True):
         status = result.status
-        if prepares is _BEGIN:
-            if status != _COMMAND_OK:
-                failure = failure or errors.error_from_result(result, encoding=conn.info.encoding)
-            continue
         if status == _FATAL_ERROR:
             failure = failure or errors.error_from_result(result, encoding=conn.info.encoding)
         elif status == _PIPELINE_ABORTED:
             failure = failure or errors.InternalError("pipeline aborted without an error")
-        if prepares is not None:
-            if status == _COMMAND_OK:
+        if prepares is not None:  # the BEGIN, or a statement prepared: no rows
+            if prepares is not _BEGIN and status == _COMMAND_OK:
                 key, name = prepares
                 names[key] = name
             continue
