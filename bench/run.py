@@ -409,23 +409,24 @@ class Bench:
             "parent_lag_s": round(float(lag), 3),
         }
 
-    def rounds(self, idle: int) -> tuple[float | None, dict[str, dict[str, Any]]]:
-        """pgbench, then each effect class, ``--rounds`` times; medians of the rounds.
+    def rounds(self, idle: int) -> tuple[float | None, float | None, dict[str, dict[str, Any]]]:
+        """pgbench, then each effect class, ``--rounds`` times; returns the median pgbench
+        rate, the median ratio of PURE steps/s to it, and each class's medians.
 
         A class takes a few seconds, and on a shared machine the load changes
         within minutes: one pass can put PURE and EXTERNAL in different
-        weather. Ratios (``vs_pure``, ``vs_pgbench``) are taken within each
-        round, then the median of the rounds is reported, with every round's
-        steps/s beside it.
+        weather. Ratios (``vs_pure``, to pgbench) are taken within each round,
+        then the median of the rounds is reported, with every round's steps/s
+        beside it.
         """
         rounds: list[tuple[float | None, dict[str, dict[str, Any]]]] = []
         for _ in range(self.args.rounds):
             tps = self.pgbench(self.args.threads, self.args.pgbench_seconds)
             rounds.append((tps, {effect: self.throughput(effect, idle) for effect in EFFECTS}))
+        pure = [measured["PURE"]["steps_per_s"] for _, measured in rounds]
         effects: dict[str, dict[str, Any]] = {}
         for effect in EFFECTS:
             each = [measured[effect] for _, measured in rounds]
-            pure = [measured["PURE"]["steps_per_s"] for _, measured in rounds]
             effects[effect] = {
                 key: statistics.median(e[key] for e in each)
                 for key in ("steps_per_s", "workflows_per_s", "commits_per_step")
@@ -440,13 +441,13 @@ class Bench:
                     3,
                 ),
             }
-            if effect == "PURE":
-                ratios = [m["PURE"]["steps_per_s"] / t for t, m in rounds if t]
-                effects[effect]["vs_pgbench"] = (
-                    round(statistics.median(ratios), 3) if ratios else None
-                )
         rates = [t for t, _ in rounds if t]
-        return (round(statistics.median(rates), 1) if rates else None), effects
+        ratios = [p / t for p, (t, _) in zip(pure, rounds, strict=True) if t]
+        return (
+            round(statistics.median(rates), 1) if rates else None,
+            round(statistics.median(ratios), 3) if ratios else None,
+            effects,
+        )
 
     # -- claim latency -----------------------------------------------------------
 
@@ -573,14 +574,14 @@ class Bench:
             if not args.quick:
                 self.burst()  # warm the caches once
             idle, _, _ = self.burst()
-            tps, effects = self.rounds(idle)
+            tps, ratio, effects = self.rounds(idle)
             pure = effects["PURE"]
             result.update(
                 pgbench_tps=tps,
                 steps_per_s=pure["steps_per_s"],
                 workflows_per_s=pure["workflows_per_s"],
                 commits_per_step=pure["commits_per_step"],
-                ratio_to_pgbench=pure.pop("vs_pgbench"),
+                ratio_to_pgbench=ratio,
                 effects=effects,
             )
             wake = self.wake_latency()
