@@ -163,6 +163,8 @@ class Worker:
         self._shortage = weather.Backoff(first=0.2, cap=5.0)
         #: After a lost connection: look for runs whose claim committed unseen.
         self._orphans_possible = False
+        #: The main loop's psycopg connection when the last pass began (see ``_reconnected``).
+        self._connection: Any = None
         #: Set by a second SIGTERM/SIGINT: hand back and exit without waiting for steps.
         self.forced = threading.Event()
         #: Pool threads still inside a step when the worker returned (shutdown grace ran
@@ -419,6 +421,8 @@ class Worker:
         """One pass of the loop; True when a burst worker is done."""
         self.wake.clear()
         self._hand_back_pending()
+        if self._reconnected():
+            self._orphans_possible = True
         if self._orphans_possible:
             self._hand_back_orphans()
         self._housekeeping(poll)
@@ -447,6 +451,19 @@ class Worker:
                 timeout = min(timeout, max(due / 1000, 0.005))
         self.wake.wait(timeout)
         return False
+
+    def _reconnected(self) -> bool:
+        """True when the loop's connection is not the one the last pass began with.
+
+        Not every loss of the connection reaches ``_weather``: one noticed while
+        rolling back an empty claim is closed quietly (nothing to report). Any
+        replaced connection may have been the one a claim's lost answer came
+        back on, so it looks for orphaned runs all the same.
+        """
+        raw = connections[self.using].connection
+        replaced = self._connection is not None and raw is not self._connection
+        self._connection = raw
+        return replaced
 
     def _weather(self, where: str, exc: Exception, backoff: weather.Backoff) -> None:
         """A failed pass of the loop: close the connection, log one line, back off, carry on.

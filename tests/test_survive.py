@@ -573,3 +573,62 @@ def test_runs_claimed_by_a_commit_that_lost_its_answer_are_handed_back_on_reconn
     done = fresh(run)
     assert done.consecutive_failures == 0 and done.generation == 2
     assert "claimed while the database connection was lost" in worker.output()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_lost_while_rolling_back_an_empty_claim_still_looks_for_orphans(
+    monkeypatch, caplog
+):
+    """A claim that took nothing ends with a ROLLBACK; if that finds the connection
+    gone it closes it quietly, and the loop's next pass runs on a new connection
+    without ever seeing an error. A claim of this worker's may have committed with
+    its answer lost on the old one: the replaced connection alone must send the
+    worker looking for orphans (seen under load: the run sat claimed until its
+    lease ran out)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import psycopg
+    from django.db import connection
+
+    from k2b_workflows import start_workflow_run
+    from k2b_workflows.kernel import db
+    from k2b_workflows.worker import Worker
+    from tests.kernel_helpers import fresh
+
+    worker = Worker(concurrency=1, listen=False)
+    pool = ThreadPoolExecutor(1)
+    rollback_quietly = db.rollback_quietly
+
+    def ended_before_the_rollback(using: str) -> None:
+        monkeypatch.setattr(db, "rollback_quietly", rollback_quietly)
+        info = connection.connection.info
+        # Ended from outside (a failover, an administrator): the ROLLBACK meets it.
+        with psycopg.connect(info.dsn, password=info.password, autocommit=True) as other:
+            other.execute("SELECT pg_terminate_backend(%s)", [info.backend_pid])
+        rollback_quietly(using)
+
+    try:
+        worker._iteration(pool, 0.01)  # the first pass notes its connection
+        run = start_workflow_run("test.pure", {"a": 1, "b": 2})
+        with connection.cursor() as cursor:
+            # A claim of this worker's that committed, its answer lost.
+            cursor.execute(
+                "UPDATE k2b_run SET status = 'running', generation = generation + 1,"
+                " claimed_by = %s, lease_expires_at = now() + interval '600 s' WHERE id = %s",
+                [worker.worker_id, run.pk],
+            )
+        monkeypatch.setattr(db, "rollback_quietly", ended_before_the_rollback)
+        with caplog.at_level("WARNING", logger="k2b_workflows"):
+            worker._iteration(pool, 0.01)  # claims nothing; its ROLLBACK finds the loss
+            assert db.rollback_quietly is rollback_quietly, "the claim never rolled back"
+            assert "database unavailable" not in caplog.text  # nothing reached _weather
+            wait_for(
+                lambda: worker._iteration(pool, 0.01) or fresh(run).status == "succeeded",
+                timeout=TIMEOUT,
+                message=lambda: f"the orphaned run to be handed back and run: {fresh(run)}",
+            )
+        assert fresh(run).generation == 2
+        assert "claimed while the database connection was lost" in caplog.text
+    finally:
+        worker._close_thread_connections(pool)
+        pool.shutdown()
