@@ -20,7 +20,10 @@ key                            default     meaning
 ``CLAIM_PREFETCH``             4           runs a worker process claims ahead of its
                                            free threads, so a thread that finishes a
                                            run starts the next without waiting for a
-                                           claim (leases renewed; handed back on stop)
+                                           claim (leases renewed; handed back on stop);
+                                           the floor: on a backlog of short runs it
+                                           grows up to 0.1 s of its threads' work
+                                           (``prefetch.py``); 0 disables it
 ``SHUTDOWN_GRACE_MS``          20000       after SIGTERM, how long steps in flight may
                                            finish before the worker hands their runs
                                            back and exits (keep it below the

@@ -6,7 +6,8 @@ processes on several hosts share one PostgreSQL; nothing else coordinates them.
 Threads:
 
 - the main loop claims runs (and AI tasks) in batches for free slots plus a
-  small prefetch (``CLAIM_PREFETCH``) into a local queue, starts idle pool
+  prefetch (``CLAIM_PREFETCH``, more on a backlog of short runs: ``prefetch.py``)
+  into a local queue, starts idle pool
   threads on it, then sleeps until a notification, a free slot, a low queue,
   the next due run, or the poll interval;
 - a pool thread that finishes a run starts the next queued one itself: no
@@ -49,6 +50,7 @@ from .health import HealthFile
 from .kernel import ai, claim, db, waits, weather
 from .kernel.execute import Execution, Preloaded, preload, preload_statement, preloaded
 from .kernel.leases import LeaseKeeper
+from .prefetch import Prefetch
 from .workflows import registered_versions
 
 logger = logging.getLogger("k2b_workflows")
@@ -132,10 +134,10 @@ class Worker:
         self.keeper = LeaseKeeper(self.using)
         self._inflight: set[Future] = set()
         #: Claimed (and preloaded) runs no thread has started yet: at most
-        #: ``prefetch`` beyond the free threads. Their leases are renewed by the
-        #: keeper; on stop they are handed back at once.
+        #: ``prefetch.current`` beyond the free threads. Their leases are renewed
+        #: by the keeper; on stop they are handed back at once.
         self._ready: deque[tuple[Any, int, Preloaded | None]] = deque()
-        self.prefetch = store.claim_prefetch()
+        self.prefetch = Prefetch(store.claim_prefetch(), concurrency)
         self._lock = threading.Lock()
         self._last_housekeeping = 0.0
         self._last_status = 0.0
@@ -500,10 +502,11 @@ class Worker:
             free = self.concurrency - len(self._inflight)
             queued = len(self._ready)
         claimed = 0
-        if free > queued or queued <= self.prefetch // 4:
-            runs, loaded, tasks = self.claim(
-                free + self.prefetch - queued, task_slots=max(0, free - queued)
-            )
+        ahead = self.prefetch.current
+        if free > queued or queued <= ahead // 4:
+            asked = free + ahead - queued
+            runs, loaded, tasks = self.claim(asked, task_slots=max(0, free - queued))
+            self.prefetch.claimed(asked, len(runs))
             with self._lock:
                 for run_id, generation in runs:
                     self._claimed[run_id] = generation
@@ -703,6 +706,7 @@ class Worker:
             self._execute_run(run_id, generation, loaded)
 
     def _execute_run(self, run_id: Any, generation: int, loaded: Preloaded | None) -> None:
+        started = time.monotonic()
         try:
             if not self._connected(run_id, generation):
                 return
@@ -730,6 +734,7 @@ class Worker:
             self.keeper.untrack(run_id)  # a dropped execution never tracked it itself
             with self._lock:
                 self._claimed.pop(run_id, None)
+                self.prefetch.ran(time.monotonic() - started)
             keep_or_close_connection(self.using)
 
     def _connected(self, run_id: Any, generation: int) -> bool:
