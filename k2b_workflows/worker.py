@@ -165,8 +165,8 @@ class Worker:
         self._shortage = weather.Backoff(first=0.2, cap=5.0)
         #: After a lost connection: look for runs whose claim committed unseen.
         self._orphans_possible = False
-        #: The main loop's psycopg connection when the last pass began (see ``_reconnected``).
-        self._connection: Any = None
+        #: The main loop's Django connection (``_watch_connections``).
+        self._loop_connection: Any = None
         #: Set by a second SIGTERM/SIGINT: hand back and exit without waiting for steps.
         self.forced = threading.Event()
         #: Pool threads still inside a step when the worker returned (shutdown grace ran
@@ -188,7 +188,7 @@ class Worker:
             len(names),
             " (burst)" if self.burst else "",
         )
-        connection_created.connect(self._limit_idle_transactions, weak=False)
+        self._watch_connections()
         if self.metrics_port is not None:
             port = metrics.serve(self.metrics_port, using=self.using)
             logger.info("worker %s: metrics on port %d", self.worker_id, port)
@@ -216,7 +216,7 @@ class Worker:
             self._print_status(final=True)
             if not connections[self.using].in_atomic_block:  # e.g. call_command in a test
                 weather.close_quietly(self.using)
-            connection_created.disconnect(self._limit_idle_transactions)
+            connection_created.disconnect(self._connection_created)
         logger.info("worker %s stopped: %s", self.worker_id, dict(self.stats))
 
     # -- start-up --------------------------------------------------------------
@@ -378,7 +378,28 @@ class Worker:
         for future in [pool.submit(close) for _ in range(self.concurrency)]:
             future.result()
 
-    def _limit_idle_transactions(self, sender: Any, connection: Any, **kwargs: Any) -> None:
+    def _watch_connections(self) -> None:
+        """From now on, see every connection this worker opens (``_connection_created``);
+        the caller disconnects the receiver when the worker ends."""
+        self._loop_connection = connections[self.using]
+        connection_created.connect(self._connection_created, weak=False)
+
+    def _connection_created(self, sender: Any, connection: Any, **kwargs: Any) -> None:
+        """A new connection to the worker's database, in any of its threads.
+
+        One of the main loop's after start-up replaces a connection it lost.
+        Not every loss reaches ``_weather``: one noticed by the ROLLBACK of an
+        empty claim is closed quietly (nothing to report). Any lost connection
+        may be the one a claim's answer was lost on, so the loop looks for
+        orphaned runs all the same.
+        """
+        if connection.alias != self.using:
+            return
+        if connection is self._loop_connection:
+            self._orphans_possible = True
+        self._limit_idle_transactions(connection)
+
+    def _limit_idle_transactions(self, connection: Any) -> None:
         """Let the server end a transaction this process leaves idle for longer than a lease.
 
         A TRANSACTIONAL step (or ``ctx.fenced()``) holds the run row lock in its
@@ -388,8 +409,6 @@ class Worker:
         lease expires, another worker takes over, and the thawed process cannot
         commit. A TRANSACTIONAL action must therefore finish within one lease.
         """
-        if connection.alias != self.using:
-            return
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
@@ -423,8 +442,6 @@ class Worker:
         """One pass of the loop; True when a burst worker is done."""
         self.wake.clear()
         self._hand_back_pending()
-        if self._reconnected():
-            self._orphans_possible = True
         if self._orphans_possible:
             self._hand_back_orphans()
         self._housekeeping(poll)
@@ -453,19 +470,6 @@ class Worker:
                 timeout = min(timeout, max(due / 1000, 0.005))
         self.wake.wait(timeout)
         return False
-
-    def _reconnected(self) -> bool:
-        """True when the loop's connection is not the one the last pass began with.
-
-        Not every loss of the connection reaches ``_weather``: one noticed while
-        rolling back an empty claim is closed quietly (nothing to report). Any
-        replaced connection may have been the one a claim's lost answer came
-        back on, so it looks for orphaned runs all the same.
-        """
-        raw = connections[self.using].connection
-        replaced = self._connection is not None and raw is not self._connection
-        self._connection = raw
-        return replaced
 
     def _weather(self, where: str, exc: Exception, backoff: weather.Backoff) -> None:
         """A failed pass of the loop: close the connection, log one line, back off, carry on.

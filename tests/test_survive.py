@@ -589,6 +589,7 @@ def test_a_connection_lost_while_rolling_back_an_empty_claim_still_looks_for_orp
 
     import psycopg
     from django.db import connection
+    from django.db.backends.signals import connection_created
 
     from k2b_workflows import start_workflow_run
     from k2b_workflows.kernel import db
@@ -598,6 +599,8 @@ def test_a_connection_lost_while_rolling_back_an_empty_claim_still_looks_for_orp
     worker = Worker(concurrency=1, listen=False)
     pool = ThreadPoolExecutor(1)
     rollback_quietly = db.rollback_quietly
+    connection.ensure_connection()  # as ``Worker.start_up`` leaves it
+    worker._watch_connections()  # as ``Worker.run`` does next
 
     def ended_before_the_rollback(using: str) -> None:
         monkeypatch.setattr(db, "rollback_quietly", rollback_quietly)
@@ -608,7 +611,7 @@ def test_a_connection_lost_while_rolling_back_an_empty_claim_still_looks_for_orp
         rollback_quietly(using)
 
     try:
-        worker._iteration(pool, 0.01)  # the first pass notes its connection
+        worker._iteration(pool, 0.01)
         run = start_workflow_run("test.pure", {"a": 1, "b": 2})
         with connection.cursor() as cursor:
             # A claim of this worker's that committed, its answer lost.
@@ -630,5 +633,6 @@ def test_a_connection_lost_while_rolling_back_an_empty_claim_still_looks_for_orp
         assert fresh(run).generation == 2
         assert "claimed while the database connection was lost" in caplog.text
     finally:
+        connection_created.disconnect(worker._connection_created)
         worker._close_thread_connections(pool)
         pool.shutdown()
