@@ -48,7 +48,7 @@ class Prefetch:
         if got < asked or self.floor == 0:
             self.current = self.floor
         else:
-            self.current = min(max(self.current * 2, self.floor), self.ceiling())
+            self.current = min(self.current * 2, self.ceiling())
 
     def ceiling(self) -> int:
         """The most runs ahead the threads get through in ``HORIZON_S``; at least the floor."""
