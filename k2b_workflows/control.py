@@ -128,7 +128,10 @@ def start_workflow_run(
                 max_ai_calls=definition.max_ai_calls,
                 max_steps=definition.max_steps,
             )
-    return WorkflowRun.objects.using(using).get(pk=run_id)
+    # The instance as inserted: no column gets its value from the database, so a
+    # read back would cost the caller a round trip (and, in autocommit, a
+    # transaction) to learn nothing.
+    return run
 
 
 def cancel_workflow_run(run_id: Any, reason: str) -> WorkflowRun:

@@ -649,6 +649,20 @@ def test_a_batched_transaction_that_decides_not_to_write_writes_nothing(prepares
     assert connection.connection.info.transaction_status == 0
 
 
+def test_a_start_is_one_transaction_and_returns_the_run_as_stored():
+    """BEGIN, the run, its budget account, COMMIT: no read back after the commit, which
+    in autocommit was a transaction of its own. The instance returned is the row."""
+    with _round_trips() as counted:
+        run = start_workflow_run(
+            "hot.three_pure", {"n": 1.5, "deep": [1, {"b": None, "a": "x"}]}, principal={"u": 7}
+        )
+    assert counted == [4]
+    stored = fresh(run)
+    for field in WorkflowRun._meta.concrete_fields:
+        assert getattr(run, field.attname) == getattr(stored, field.attname), field
+    assert not run._state.adding and run._state.db == "default"
+
+
 def test_the_raw_preload_reads_what_the_orm_reads():
     run = start_workflow_run("hot.external_then_pure", {"n": 0})
     from tests.kernel_helpers import run_to_end
