@@ -10,7 +10,7 @@ import uuid
 from typing import TYPE_CHECKING, Any, cast
 
 from django.core.exceptions import PermissionDenied
-from django.db import transaction
+from django.db import connections, transaction
 
 from . import signals, store, validation
 from .actions import to_json_value
@@ -80,7 +80,7 @@ def start_workflow_run(
         validation.text(idempotency_key, "idempotency_key", max_length=255)
     parent_id = None if parent is None else validation.run_id(parent, "parent")
     using = store.database()
-    with db.schema_required(), transaction.atomic(using=using):
+    with db.schema_required():
         parent_run = None
         if parent_id is not None:
             parent_run = WorkflowRun.objects.using(using).filter(pk=parent_id).first()
@@ -104,34 +104,71 @@ def start_workflow_run(
             root_id=(parent_run.root_id or parent_run.id) if parent_run else run_id,
             **chain.initial_anchors(run_id),
         )
-        # ON CONFLICT DO NOTHING without a target, then read by key: two
-        # concurrent starts with one key never raise a unique violation.
-        created = WorkflowRun.objects.using(using).bulk_create([run], ignore_conflicts=True)
-        if idempotency_key is not None:
-            run = WorkflowRun.objects.using(using).get(
-                workflow_name=name, idempotency_key=idempotency_key
-            )
-            if run.id != run_id:
-                if run.input != input:
-                    raise IdempotencyConflict(
-                        f"idempotency_key {idempotency_key!r} already started run {run.id} "
-                        "with a different input",
-                        run.id,
-                    )
-                return run
-        elif not created:
-            raise AssertionError("run was not created")
+        budget = None
         if parent_run is None:
-            BudgetAccount.objects.using(using).create(
+            budget = BudgetAccount(
                 root_id=run_id,
                 effect_budget=definition.effect_budget,
                 max_ai_calls=definition.max_ai_calls,
                 max_steps=definition.max_steps,
             )
-    # The instance as inserted: no column gets its value from the database, so a
-    # read back would cost the caller a round trip (and, in autocommit, a
-    # transaction) to learn nothing.
+        if not _insert_run(using, run, budget):
+            if idempotency_key is None:
+                raise AssertionError("run was not created")
+            # ON CONFLICT DO NOTHING without a target, then read by key: two
+            # concurrent starts with one key never raise a unique violation.
+            existing = WorkflowRun.objects.using(using).get(
+                workflow_name=name, idempotency_key=idempotency_key
+            )
+            if existing.input != input:
+                raise IdempotencyConflict(
+                    f"idempotency_key {idempotency_key!r} already started run {existing.id} "
+                    "with a different input",
+                    existing.id,
+                )
+            return existing
     return run
+
+
+def _insert_run(using: str, run: WorkflowRun, budget: BudgetAccount | None) -> bool:
+    """Insert ``run`` (and its root's budget account) in one statement; False when a
+    unique constraint (the idempotency key) kept it out, and the account with it.
+
+    One statement is one round trip, and outside a transaction one of its own:
+    a start costs the caller no BEGIN and COMMIT of their own, and the two rows
+    still commit together or not at all. The returned ``run`` is the row as
+    stored: no column of it gets its value from the database.
+    """
+    connection = connections[using]
+    run_sql, run_params = _values(run, connection)
+    sql = f"INSERT INTO {run._meta.db_table} {run_sql} ON CONFLICT DO NOTHING RETURNING id"
+    params = run_params
+    if budget is not None:
+        columns, budget_params = _values(budget, connection, select=True)
+        sql = (
+            f"WITH run AS ({sql}) INSERT INTO {budget._meta.db_table} {columns} FROM run"
+            " RETURNING root_id"
+        )
+        params = [*run_params, *budget_params]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        created = cursor.fetchone() is not None
+    for obj in (run, budget):
+        if obj is not None and created:
+            obj._state.adding = False
+            obj._state.db = using
+    return created
+
+
+def _values(obj: Any, connection: Any, *, select: bool = False) -> tuple[str, list[Any]]:
+    """``(columns) VALUES (%s, ...)`` (or ``SELECT %s, ...``) and its parameters, as the
+    ORM would insert ``obj``."""
+    fields = obj._meta.concrete_fields
+    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    params = [f.get_db_prep_save(f.pre_save(obj, add=True), connection) for f in fields]
+    placeholders = ", ".join(["%s"] * len(fields))
+    values = f"SELECT {placeholders}" if select else f"VALUES ({placeholders})"
+    return f"({columns}) {values}", params
 
 
 def cancel_workflow_run(run_id: Any, reason: str) -> WorkflowRun:
