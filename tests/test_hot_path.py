@@ -664,6 +664,25 @@ def test_a_start_is_one_transaction_and_returns_the_run_as_stored():
     assert not run._state.adding and run._state.db == "default"
 
 
+@pytest.mark.parametrize("binding", ["client", "server"])
+def test_a_start_stores_the_budget_and_the_parent_whatever_djangos_cursor_class(request, binding):
+    """The account's values go in a SELECT (inserted only with the run): their types
+    come from the columns whether Django binds on the client or on the server."""
+    from k2b_workflows.models import BudgetAccount
+
+    if binding == "server":
+        request.getfixturevalue("server_side_binding")
+    root = start_workflow_run("test.charge", {"amount": 5})
+    account = BudgetAccount.objects.get(root_id=root.pk)
+    assert account.effect_budget == {"charges": 2} and account.spent == {}
+    assert account.max_ai_calls is None and account.ai_calls == 0
+    limited = start_workflow_run("fanout.ai", {})
+    assert BudgetAccount.objects.get(root_id=limited.pk).max_ai_calls == 1
+    child = start_workflow_run("hot.three_pure", {"n": 0}, parent=root.pk)
+    assert fresh(child).parent_id == root.pk and fresh(child).root_id == root.pk
+    assert not BudgetAccount.objects.filter(root_id=child.pk).exists()
+
+
 def test_the_raw_preload_reads_what_the_orm_reads():
     run = start_workflow_run("hot.external_then_pure", {"n": 0})
     from tests.kernel_helpers import run_to_end
