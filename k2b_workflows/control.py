@@ -150,7 +150,9 @@ def _insert_run(using: str, run: WorkflowRun, budget: BudgetAccount | None) -> b
             " RETURNING root_id"
         )
         params = [*run_params, *budget_params]
-    with connection.cursor() as cursor:
+    # As Django's own saves: an error inside the caller's atomic block marks it
+    # for rollback, so their next query says so instead of failing obscurely.
+    with transaction.mark_for_rollback_on_error(using), connection.cursor() as cursor:
         cursor.execute(sql, params)
         created = cursor.fetchone() is not None
     for obj in (run, budget):
