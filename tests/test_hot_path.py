@@ -683,6 +683,32 @@ def test_a_start_stores_the_budget_and_the_parent_whatever_djangos_cursor_class(
     assert not BudgetAccount.objects.filter(root_id=child.pk).exists()
 
 
+def test_a_start_that_fails_inside_an_atomic_block_marks_it_for_rollback():
+    """As Django's ``create()``: the block cannot go on as if nothing happened, and the
+    run and its account are both gone with it."""
+    from django.db import DatabaseError, transaction
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE FUNCTION k2b_test_refuse() RETURNS trigger LANGUAGE plpgsql"
+            " AS $$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$"
+        )
+        cursor.execute(
+            "CREATE TRIGGER k2b_test_refuse BEFORE INSERT ON k2b_budget_account"
+            " FOR EACH ROW EXECUTE FUNCTION k2b_test_refuse()"
+        )
+    try:
+        with transaction.atomic():
+            with pytest.raises(DatabaseError, match="refused by the test"):
+                start_workflow_run("hot.three_pure", {"n": 0})
+            assert connection.needs_rollback
+        assert not WorkflowRun.objects.exists()
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER k2b_test_refuse ON k2b_budget_account")
+            cursor.execute("DROP FUNCTION k2b_test_refuse()")
+
+
 def test_the_raw_preload_reads_what_the_orm_reads():
     run = start_workflow_run("hot.external_then_pure", {"n": 0})
     from tests.kernel_helpers import run_to_end
