@@ -15,8 +15,8 @@ import pytest
 from django.db import connection, connections
 from psycopg import pq
 
-from k2b_workflows import Action, Effect, start_workflow_run, succeeded, workflow
-from k2b_workflows.exceptions import LeaseLost, RunCanceled
+from k2b_workflows import Action, Effect, failed, start_workflow_run, succeeded, workflow
+from k2b_workflows.exceptions import LeaseLost, RunCanceled, StepFailed
 from k2b_workflows.kernel import claim, evidence
 from k2b_workflows.kernel.execute import Execution, preload
 from k2b_workflows.models import JournalEntry, LedgerEntry, WorkflowRun
@@ -165,6 +165,38 @@ def transactional_then_lost(run, input):
 def two_transactional(run, input):
     n = run.step(WriteRow, {"n": input["n"]})["n"]
     return run.step(WriteRow, {"n": n})
+
+
+@workflow("hot.pure_then_transactional", app_id="hot")
+def pure_then_transactional(run, input):
+    n = run.step(AddOne, {"n": input["n"]})["n"]
+    return run.step(WriteRow, {"n": n})
+
+
+class WriteRowThenRefuse(WriteRow):
+    """Writes its row, then answers that the effect failed: the block rolls back."""
+
+    name = "hot.write_row_then_refuse"
+
+    def run(self, ctx, input):
+        super().run(ctx, input)
+        return failed("refused after writing", code="REFUSED")
+
+
+@workflow("hot.pure_then_refused", app_id="hot")
+def pure_then_refused(run, input):
+    n = run.step(AddOne, {"n": input["n"]})["n"]
+    try:
+        run.step(WriteRowThenRefuse, {"n": n})
+    except StepFailed:
+        return {"n": n, "refused": True}
+    raise AssertionError("the step should have failed")
+
+
+@workflow("hot.pure_then_lost", app_id="hot")
+def pure_then_lost(run, input):
+    n = run.step(AddOne, {"n": input["n"]})["n"]
+    return run.step(WriteRowThenLose, {"n": n})
 
 
 TIMEOUT = 90
@@ -362,6 +394,56 @@ def test_a_transactional_steps_journal_entry_goes_with_its_commit(prepares):
         )
         assert cursor.fetchall() == [(True,), (True,)]  # each entry with its row
     assert evidence.verify_chains(run.pk, "default") is None
+
+
+def test_a_transactional_step_commits_the_previous_steps_deferred_success(prepares):
+    """A PURE step's success rides on the next transactional step's block: its fenced
+    append is the fence taken before ``run()``, and both entries commit with the
+    action's row. One transaction and one round trip fewer than flushing it first."""
+    first = start_workflow_run("hot.pure_then_transactional", {"n": 0})
+    assert Execution(first.pk, _claim(first)).execute() == "succeeded"  # prepares
+    run = start_workflow_run("hot.pure_then_transactional", {"n": 0})
+    generation = _claim(run)
+    loaded = preload("default", [run.pk])[run.pk]
+    with _round_trips() as counted:
+        assert Execution(run.pk, generation, preloaded=loaded).execute() == "succeeded"
+    # BEGIN with the fenced append (alone where not prepared), the action's write,
+    # the journal entry with COMMIT; the end's two.
+    assert counted == [5 if prepares else 6]
+    assert fresh(run).output == {"n": 2}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """SELECT j.seq, j.xmin::text = d.xmin::text FROM k2b_journal j, tests_domainrow d
+                WHERE j.run_id = %s AND d.key = j.run_id || ':1' ORDER BY j.seq""",
+            [run.pk],
+        )
+        assert cursor.fetchall() == [(0, True), (1, True)]  # one commit, with the row
+    assert evidence.verify_chains(run.pk, "default") is None
+
+
+def test_a_deferred_success_survives_the_rollback_of_the_transactional_step_after_it():
+    """The block that carried it rolled back (the action answered "failed"): the PURE
+    step's success is still journaled, before the step's failure, and no row stays."""
+    run = start_workflow_run("hot.pure_then_refused", {"n": 0})
+    assert Execution(run.pk, _claim(run)).execute() == "succeeded"
+    assert [(e.seq, e.state) for e in journal(run)] == [(0, "succeeded"), (1, "failed")]
+    assert journal(run)[1].error_code == "REFUSED"
+    assert fresh(run).output == {"n": 1, "refused": True}
+    assert not DomainRow.objects.exists()
+    assert evidence.verify_chains(run.pk, "default") is None
+
+
+def test_a_transactional_step_that_loses_the_run_commits_neither_its_row_nor_the_success():
+    """The fence at the journal write fails: the deferred success, written in the same
+    block, rolls back with the row. Nothing of the claim commits; a replay runs both."""
+    committed_hooks.clear()
+    run = start_workflow_run("hot.pure_then_lost", {"n": 0})
+    generation = _claim(run)
+    assert Execution(run.pk, generation).execute() != "succeeded"
+    assert connection.connection.info.transaction_status == 0
+    assert not DomainRow.objects.exists()
+    assert journal(run) == []
+    assert committed_hooks == []
 
 
 def test_a_transactional_step_whose_journal_write_finds_the_run_not_ours_commits_nothing(

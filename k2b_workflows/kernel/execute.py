@@ -248,7 +248,8 @@ class Execution:
         #: The run's row, journal and ledger, read in the claim's transaction.
         self.preloaded = preloaded
         #: A step's success not committed yet: it commits with the next write of
-        #: this run (the next step's start, or the run's end), see ``_journal_success``.
+        #: this run (the next step's first transaction, or the run's end), see
+        #: ``_journal_success``.
         self._pending: _Pending | None = None
         #: Where the run's ledger chain ends, as far as this execution knows (a hint
         #: that saves the append a read; the append checks it).
@@ -413,9 +414,10 @@ class Execution:
     ) -> Any:
         action = as_action(action)
         stopping = self.stop_requested is not None and self.stop_requested.is_set()
-        if stopping or not action.effect.is_external or self.next_seq in self.journal:
+        if stopping or self.next_seq in self.journal or not self._carries_pending(action):
             self._flush_pending()
-        # else an external step commits the deferred success with its dispatch.
+        # else the step's own first transaction commits the deferred success: an
+        # external step's dispatch, a transactional step's atomic block.
         self._check_shutdown()
         seq = self.next_seq
         self.next_seq += 1
@@ -445,6 +447,20 @@ class Execution:
             # swallowed by the workflow's ``except Exception``.
             self._retry_later(f"step {seq} ({name}) raised {type(exc).__name__}: {exc}")
         raise AssertionError("unreachable")
+
+    def _carries_pending(self, action: Action) -> bool:
+        """Whether a new step of ``action`` writes the deferred success itself, in its
+        first transaction: an EXTERNAL step's dispatch always; a TRANSACTIONAL
+        step's block when the success has no ledger entry, its fenced append then
+        being the fence the block takes before ``run()``."""
+        if action.effect.is_external:
+            return True
+        pending = self._pending
+        return (
+            action.effect == Effect.TRANSACTIONAL
+            and pending is not None
+            and pending.ledger_kind is None
+        )
 
     def _new_step(
         self,
@@ -696,9 +712,20 @@ class Execution:
             raise db.lease_lost(self.using, self.run_id, self.generation) from None
 
     def _transactional_block(self, step: _Step) -> Any:
+        pending = self._pending
+        prev = self.last_hash
         with db.atomic(self.using) as block, _holding():
             step.ctx.tx = block
-            self._fence(step.seq)
+            if pending is None:
+                self._fence(step.seq)
+            else:
+                # The previous step's deferred success (PURE or IDEMPOTENT: no ledger
+                # entry, see ``_carries_pending``) in the statement that fences: it
+                # commits with this step, or rolls back with it and stays deferred.
+                evidence.append_journal_fenced(
+                    pending.entry, prev, self.using, lease_ms=store.lease_ms()
+                )
+                prev = pending.entry.entry_hash
             if step.cost:
                 try:
                     self._charge(step)
@@ -718,15 +745,16 @@ class Execution:
             entry = self._new_entry(step, JournalEntry.State.SUCCEEDED, result)
             if db.ends_in_atomic(self.using):
                 sql, params = evidence.fenced_journal_statement(
-                    entry, self.last_hash, lease_ms=store.lease_ms(), strict=True
+                    entry, prev, lease_ms=store.lease_ms(), strict=True
                 )
                 row = db.commit_in_atomic(self.using, sql, params)
                 evidence.fenced_journal_written(entry, self.using, row)
             else:
-                evidence.append_journal_fenced(
-                    entry, self.last_hash, self.using, lease_ms=store.lease_ms()
-                )
+                evidence.append_journal_fenced(entry, prev, self.using, lease_ms=store.lease_ms())
         step.ctx.tx = None
+        if pending is not None:
+            self._pending = None
+            self._journaled(pending.entry)
         self._journaled(entry)
         return copy.deepcopy(entry.output)
 
@@ -1044,9 +1072,10 @@ class Execution:
         """Record a step's success: committed with this run's next write, not on its own.
 
         The workflow code between two steps does no I/O, so the entry can wait
-        for the next step's start (``_flush_pending``) or for the run's end,
-        whose transaction then writes both: the finish costs no commit of its
-        own. A crash in between loses only what a crash before the commit
+        for the next step's start (``_flush_pending``; an EXTERNAL step's dispatch
+        and a TRANSACTIONAL step's block write it themselves, ``_carries_pending``)
+        or for the run's end, whose transaction then writes both: the finish
+        costs no commit of its own. A crash in between loses only what a crash before the commit
         always lost: a PURE or IDEMPOTENT step runs again (same ``effect_key``),
         an EXTERNAL one is reconciled. A charge is never deferred: its failure
         (``EFFECT_BUDGET_EXCEEDED``) belongs to this step.
