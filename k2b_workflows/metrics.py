@@ -108,6 +108,18 @@ def _create() -> None:
     )
 
 
+@_never_raises
+def prepare() -> None:
+    """Import ``prometheus_client`` and create the metrics now, not at the first step.
+
+    A worker calls this before it claims: the import takes a pool thread tens
+    of milliseconds, with the import lock and the GIL held, in the middle of
+    its first run.
+    """
+    if AVAILABLE:
+        _get("steps")
+
+
 @functools.cache
 def _step_children(effect: str, outcome: str) -> tuple[Any, Any]:
     """The labelled step counter and histogram (``labels()`` costs more than ``inc()``)."""

@@ -189,6 +189,7 @@ class Worker:
             " (burst)" if self.burst else "",
         )
         self._watch_connections()
+        metrics.prepare()
         if self.metrics_port is not None:
             port = metrics.serve(self.metrics_port, using=self.using)
             logger.info("worker %s: metrics on port %d", self.worker_id, port)
@@ -200,6 +201,7 @@ class Worker:
             listener.start()
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="k2b-worker")
         try:
+            self._connect_threads(pool)
             self._loop(pool)
         finally:
             # Graceful: executions stop after their current step and release their runs;
@@ -361,6 +363,30 @@ class Worker:
         """Runs and AI tasks this process is executing now."""
         with self._lock:
             return len(self._inflight)
+
+    def _connect_threads(self, pool: ThreadPoolExecutor) -> None:
+        """Have every pool thread open its connection now, while the loop makes its
+        first claim, instead of at the start of its first run.
+
+        Best effort: a thread that cannot connect now tries again before its
+        first run (``_connected``), which knows what to do about it. A barrier
+        makes each of ``concurrency`` jobs land on a different thread; nothing
+        waits for them, and the first runs queue behind them.
+        """
+        barrier = threading.Barrier(self.concurrency)
+
+        def connect() -> None:
+            with contextlib.suppress(threading.BrokenBarrierError):
+                barrier.wait(timeout=5)
+            if self.stopping.is_set():
+                return
+            try:
+                connections[self.using].ensure_connection()
+            except Exception:  # said and handled before the thread's first run
+                weather.close_quietly(self.using)
+
+        for _ in range(self.concurrency):
+            pool.submit(connect)
 
     def _close_thread_connections(self, pool: ThreadPoolExecutor) -> None:
         """Have every pool thread close its own connections (Django forbids closing another's).
