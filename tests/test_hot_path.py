@@ -342,16 +342,28 @@ def _ledger(run: WorkflowRun) -> list[tuple[int, str, str]]:
         return cursor.fetchall()
 
 
+def _counted_run(name: str, input: dict, *, warm: bool = False) -> tuple[WorkflowRun, int]:
+    """Start, claim and execute a run of ``name`` as a worker would (the claim's
+    preload handed over); returns it and the round trips of its execution.
+    ``warm``: run one first, so that its statements are prepared on the connection
+    (outside a pipeline, preparing is a round trip of its own)."""
+    if warm:
+        first = start_workflow_run(name, input)
+        assert Execution(first.pk, _claim(first)).execute() == "succeeded"
+    run = start_workflow_run(name, input)
+    generation = _claim(run)
+    loaded = preload("default", [run.pk])[run.pk]
+    with _round_trips() as counted:
+        assert Execution(run.pk, generation, preloaded=loaded).execute() == "succeeded"
+    return run, counted[0]
+
+
 def test_an_external_dispatch_is_one_round_trip_carrying_the_previous_steps_success(prepares):
     """Fence, the previous EXTERNAL step's "succeeded" and journal entry, and this step's
     "dispatched", with BEGIN and COMMIT: one round trip. One at a time they were six."""
-    run = start_workflow_run("hot.three_external", {"n": 0})
-    generation = _claim(run)
-    loaded = preload("default", [run.pk])[run.pk]  # as the claim reads it
-    with _round_trips() as counted:
-        assert Execution(run.pk, generation, preloaded=loaded).execute() == "succeeded"
+    run, counted = _counted_run("hot.three_external", {"n": 0})
     # Three dispatches, and the end: "BEGIN; read", then "writes; COMMIT".
-    assert counted == [5]
+    assert counted == 5
     assert fresh(run).output == {"n": 3}
     ledger = _ledger(run)
     assert [(seq, kind) for seq, kind, _ in ledger] == [
@@ -372,18 +384,12 @@ def test_a_transactional_steps_journal_entry_goes_with_its_commit(prepares):
     """BEGIN, the fence, the action's write, then the journal entry and COMMIT in one
     round trip; the step's ``on_commit`` hooks still run, once, after its commit. Where
     the kernel prepares its statements, BEGIN goes with the fence."""
-    first = start_workflow_run("hot.two_transactional", {"n": 0})
-    # The first run prepares the statements; outside a pipeline that is a round trip.
-    assert Execution(first.pk, _claim(first)).execute() == "succeeded"
     committed_hooks.clear()
-    run = start_workflow_run("hot.two_transactional", {"n": 0})
-    generation = _claim(run)
-    loaded = preload("default", [run.pk])[run.pk]
-    with _round_trips() as counted:
-        assert Execution(run.pk, generation, preloaded=loaded).execute() == "succeeded"
+    run, counted = _counted_run("hot.two_transactional", {"n": 0}, warm=True)
     # Two steps of three round trips (four: BEGIN alone), and the end's two.
-    assert counted == [8 if prepares else 10]
-    assert committed_hooks == [f"{run.pk}:0", f"{run.pk}:1"]
+    assert counted == (8 if prepares else 10)
+    assert committed_hooks[-2:] == [f"{run.pk}:0", f"{run.pk}:1"]
+    assert len(committed_hooks) == 4  # the warm-up run's two, then these
     assert fresh(run).output == {"n": 2}
     with connection.cursor() as cursor:
         cursor.execute(
@@ -400,16 +406,10 @@ def test_a_transactional_step_commits_the_previous_steps_deferred_success(prepar
     """A PURE step's success rides on the next transactional step's block: its fenced
     append is the fence taken before ``run()``, and both entries commit with the
     action's row. One transaction and one round trip fewer than flushing it first."""
-    first = start_workflow_run("hot.pure_then_transactional", {"n": 0})
-    assert Execution(first.pk, _claim(first)).execute() == "succeeded"  # prepares
-    run = start_workflow_run("hot.pure_then_transactional", {"n": 0})
-    generation = _claim(run)
-    loaded = preload("default", [run.pk])[run.pk]
-    with _round_trips() as counted:
-        assert Execution(run.pk, generation, preloaded=loaded).execute() == "succeeded"
+    run, counted = _counted_run("hot.pure_then_transactional", {"n": 0}, warm=True)
     # BEGIN with the fenced append (alone where not prepared), the action's write,
     # the journal entry with COMMIT; the end's two.
-    assert counted == [5 if prepares else 6]
+    assert counted == (5 if prepares else 6)
     assert fresh(run).output == {"n": 2}
     with connection.cursor() as cursor:
         cursor.execute(
@@ -501,14 +501,10 @@ def test_batched_writes_do_not_depend_on_djangos_cursor_class(server_side_bindin
     Django's cursors, a three-step EXTERNAL run still takes five round trips."""
     from django.db.backends.postgresql.base import ServerBindingCursor
 
-    run = start_workflow_run("hot.three_external", {"n": 0})
-    generation = _claim(run)
-    loaded = preload("default", [run.pk])[run.pk]
     with connection.cursor() as cursor:
         assert isinstance(cursor.cursor, ServerBindingCursor)
-    with _round_trips() as counted:
-        assert Execution(run.pk, generation, preloaded=loaded).execute() == "succeeded"
-    assert counted == [5]
+    run, counted = _counted_run("hot.three_external", {"n": 0})
+    assert counted == 5
     assert fresh(run).output == {"n": 3}
     assert evidence.verify_chains(run.pk, "default") is None
 
