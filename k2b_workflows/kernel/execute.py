@@ -1075,9 +1075,9 @@ class Execution:
         for the next step's start (``_flush_pending``; an EXTERNAL step's dispatch
         and a TRANSACTIONAL step's block write it themselves, ``_carries_pending``)
         or for the run's end, whose transaction then writes both: the finish
-        costs no commit of its own. A crash in between loses only what a crash before the commit
-        always lost: a PURE or IDEMPOTENT step runs again (same ``effect_key``),
-        an EXTERNAL one is reconciled. A charge is never deferred: its failure
+        costs no commit of its own. A crash in between loses only what a crash
+        before the commit always lost: a PURE or IDEMPOTENT step runs again (same
+        ``effect_key``), an EXTERNAL one is reconciled. A charge is never deferred: its failure
         (``EFFECT_BUDGET_EXCEEDED``) belongs to this step.
         """
         # Every path that journals flushes first; should one not, the earlier
