@@ -14,6 +14,7 @@ from django.db import connections, transaction
 
 from . import signals, store, validation
 from .actions import to_json_value
+from .dedup import insert_values
 from .exceptions import (
     EvidenceChanged,
     IdempotencyConflict,
@@ -140,16 +141,12 @@ def _insert_run(using: str, run: WorkflowRun, budget: BudgetAccount | None) -> b
     stored: no column of it gets its value from the database.
     """
     connection = connections[using]
-    run_sql, run_params = _values(run, connection)
-    sql = f"INSERT INTO {run._meta.db_table} {run_sql} ON CONFLICT DO NOTHING RETURNING id"
-    params = run_params
+    table, insert, params = insert_values(run, connection)
+    sql = f"INSERT INTO {table} {insert} ON CONFLICT DO NOTHING RETURNING id"
     if budget is not None:
-        columns, budget_params = _values(budget, connection, select=True)
-        sql = (
-            f"WITH run AS ({sql}) INSERT INTO {budget._meta.db_table} {columns} FROM run"
-            " RETURNING root_id"
-        )
-        params = [*run_params, *budget_params]
+        table, insert, budget_params = insert_values(budget, connection, select=True)
+        sql = f"WITH run AS ({sql}) INSERT INTO {table} {insert} FROM run RETURNING root_id"
+        params = [*params, *budget_params]
     # As Django's own saves: an error inside the caller's atomic block marks it
     # for rollback, so their next query says so instead of failing obscurely.
     with transaction.mark_for_rollback_on_error(using), connection.cursor() as cursor:
@@ -160,17 +157,6 @@ def _insert_run(using: str, run: WorkflowRun, budget: BudgetAccount | None) -> b
             obj._state.adding = False
             obj._state.db = using
     return created
-
-
-def _values(obj: Any, connection: Any, *, select: bool = False) -> tuple[str, list[Any]]:
-    """``(columns) VALUES (%s, ...)`` (or ``SELECT %s, ...``) and its parameters, as the
-    ORM would insert ``obj``."""
-    fields = obj._meta.concrete_fields
-    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
-    params = [f.get_db_prep_save(f.pre_save(obj, add=True), connection) for f in fields]
-    placeholders = ", ".join(["%s"] * len(fields))
-    values = f"SELECT {placeholders}" if select else f"VALUES ({placeholders})"
-    return f"({columns}) {values}", params
 
 
 def cancel_workflow_run(run_id: Any, reason: str) -> WorkflowRun:

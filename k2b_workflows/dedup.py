@@ -37,16 +37,10 @@ def insert_once(
     using = using or store.database()
     connection = connections[using]
     obj = model(key=key, **values)
-    # Database-generated keys are left to the database; everything else as the ORM would save it.
-    fields = [f for f in model._meta.concrete_fields if not isinstance(f, AutoFieldMixin)]
-    columns, params = [], []
-    for f in fields:
-        columns.append(connection.ops.quote_name(f.column))
-        params.append(f.get_db_prep_save(f.pre_save(obj, add=True), connection))
+    table, insert, params = insert_values(obj, connection)
     pk = model._meta.pk
     sql = (
-        f"INSERT INTO {connection.ops.quote_name(model._meta.db_table)} ({', '.join(columns)}) "
-        f"VALUES ({', '.join(['%s'] * len(columns))}) ON CONFLICT DO NOTHING "
+        f"INSERT INTO {table} {insert} ON CONFLICT DO NOTHING "
         f"RETURNING {connection.ops.quote_name(pk.column)}"
     )
     with connection.cursor() as cursor:
@@ -69,3 +63,19 @@ def insert_once(
                     f"{model.__name__} key={key!r} exists with {name}={stored!r}, not {value!r}"
                 )
     return row, created
+
+
+def insert_values(
+    obj: models.Model, connection: Any, *, select: bool = False
+) -> tuple[str, str, list[Any]]:
+    """What an INSERT of ``obj`` needs, as the ORM would save it: the quoted table,
+    ``(columns) VALUES (%s, ...)`` (``select``: ``(columns) SELECT %s, ...``, for
+    an INSERT whose row depends on another) and the parameters. Database-generated
+    keys are left to the database."""
+    meta = obj._meta
+    fields = [f for f in meta.concrete_fields if not isinstance(f, AutoFieldMixin)]
+    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    params = [f.get_db_prep_save(f.pre_save(obj, add=True), connection) for f in fields]
+    placeholders = ", ".join(["%s"] * len(fields))
+    values = f"SELECT {placeholders}" if select else f"VALUES ({placeholders})"
+    return connection.ops.quote_name(meta.db_table), f"({columns}) {values}", params
