@@ -35,7 +35,7 @@ import threading
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from typing import Any, TextIO
@@ -364,20 +364,28 @@ class Worker:
         with self._lock:
             return len(self._inflight)
 
+    def _on_each_thread(self, pool: ThreadPoolExecutor, fn: Callable[[], None]) -> list[Future]:
+        """Submit ``fn`` once per pool thread: a barrier makes each of ``concurrency``
+        jobs land on a different thread (Django's connections are per thread)."""
+        barrier = threading.Barrier(self.concurrency)
+
+        def job() -> None:
+            with contextlib.suppress(threading.BrokenBarrierError):
+                barrier.wait(timeout=5)
+            fn()
+
+        return [pool.submit(job) for _ in range(self.concurrency)]
+
     def _connect_threads(self, pool: ThreadPoolExecutor) -> None:
         """Have every pool thread open its connection now, while the loop makes its
         first claim, instead of at the start of its first run.
 
         Best effort: a thread that cannot connect now tries again before its
-        first run (``_connected``), which knows what to do about it. A barrier
-        makes each of ``concurrency`` jobs land on a different thread; nothing
-        waits for them, and the first runs queue behind them.
+        first run (``_connected``), which knows what to do about it. Nothing
+        waits for these jobs; the first runs queue behind them.
         """
-        barrier = threading.Barrier(self.concurrency)
 
         def connect() -> None:
-            with contextlib.suppress(threading.BrokenBarrierError):
-                barrier.wait(timeout=5)
             if self.stopping.is_set():
                 return
             try:
@@ -385,23 +393,12 @@ class Worker:
             except Exception:  # said and handled before the thread's first run
                 weather.close_quietly(self.using)
 
-        for _ in range(self.concurrency):
-            pool.submit(connect)
+        self._on_each_thread(pool, connect)
 
     def _close_thread_connections(self, pool: ThreadPoolExecutor) -> None:
-        """Have every pool thread close its own connections (Django forbids closing another's).
-
-        A barrier makes each of ``concurrency`` jobs land on a different thread.
-        """
+        """Have every pool thread close its own connections (Django forbids closing another's)."""
         self._drain()
-        barrier = threading.Barrier(self.concurrency)
-
-        def close() -> None:
-            with contextlib.suppress(threading.BrokenBarrierError):
-                barrier.wait(timeout=5)
-            connections.close_all()
-
-        for future in [pool.submit(close) for _ in range(self.concurrency)]:
+        for future in self._on_each_thread(pool, connections.close_all):
             future.result()
 
     def _watch_connections(self) -> None:
