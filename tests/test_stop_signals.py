@@ -45,6 +45,11 @@ CHILD = textwrap.dedent(
                 began = time.monotonic()
                 while time.monotonic() - began < 0.05:
                     sys.stderr.write("working\\n")
+            # A millisecond out of every 51 without the lock: a Lock is not fair,
+            # and a main thread that takes it back at once starved the watcher's
+            # callback for tens of seconds. A handler run in this thread would still
+            # find the lock held, nearly always, by the thread it interrupted.
+            time.sleep(0.001)
     print("stopped", received, flush=True)
     """
 )
