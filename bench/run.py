@@ -627,7 +627,13 @@ class Bench:
             )
         pure = r["effects"]["PURE"]
         self.say()
-        self.say(f"Worker RSS (PURE run): {pure['rss_start_mb']} MiB -> {pure['rss_end_mb']} MiB.")
+        if pure["rss_start_mb"] is None:
+            # The sampler starts a second in, past the interpreter's start.
+            self.say("Worker RSS (PURE run): not sampled, the worker ended within a second.")
+        else:
+            self.say(
+                f"Worker RSS (PURE run): {pure['rss_start_mb']} MiB -> {pure['rss_end_mb']} MiB."
+            )
         self.say()
         self.say(
             f"Wake latency ({a.wakes} wakes, commit of the wake -> woken step starts): "
