@@ -28,7 +28,8 @@ so that ratios hold even when the machine is shared and absolute numbers are not
   One idle worker process listening, on the same machine (same clock).
 - **Fan-out**: one parent starts ``--fanout`` children (each one step charged
   to the root's budget); the lag is the parent's end minus the last child's end.
-- **Processes**: the PURE workload drained by 1, 2, 4 worker processes at once.
+- **Processes**: the PURE workload drained by 1, 2, 4 worker processes at once,
+  4 threads each (``--process-threads``).
 - **Memory** (full run only): one worker drains 100,000 PURE steps (3-step
   runs, enqueued at once and not analyzed: a backlog as it arrives) while its
   RSS is sampled; early in the run and at the end.
@@ -280,15 +281,18 @@ class Bench:
 
     # -- throughput and commits --------------------------------------------------
 
-    def burst(self, processes: int = 1) -> tuple[int, float, list[float]]:
-        """Run ``--burst`` workers to the end; returns (commits, wall seconds, RSS samples)."""
+    def burst(
+        self, processes: int = 1, threads: int | None = None
+    ) -> tuple[int, float, list[float]]:
+        """Run ``--burst`` workers (``threads`` each, default ``--threads``) to the end;
+        returns (commits, wall seconds, RSS samples)."""
         from django.db import connection
 
         connection.close()
         before = self.commits()
         t0 = time.monotonic()
         procs = [
-            self.worker("--burst", "--concurrency", str(self.args.threads))
+            self.worker("--burst", "--concurrency", str(threads or self.args.threads))
             for _ in range(processes)
         ]
         sampler = RssSampler(procs[0].pid)
@@ -353,7 +357,7 @@ class Bench:
         self.retire(name)
         runs = self.args.runs * count
         ids = self.enqueue(name, runs, {"steps": self.args.steps})
-        self.burst(count)
+        self.burst(count, self.args.process_threads)
         self.check_done(f"{count} processes", ids)
         seconds = self.span(name)
         return {"steps_per_s": round(runs * self.args.steps / seconds, 1)}
@@ -587,6 +591,7 @@ class Bench:
             wake = self.wake_latency()
             result.update(wake_p50_ms=round(wake["p50"], 2), wake_p99_ms=round(wake["p99"], 2))
             result["fanout"] = self.fanout()
+            result["process_threads"] = args.process_threads
             result["processes"] = {
                 str(n): self.processes(n)["steps_per_s"] for n in args.process_counts
             }
@@ -646,7 +651,7 @@ class Bench:
             f"{f['parent_lag_s']} s after the last child."
         )
         self.say()
-        self.say(f"Worker processes ({a.threads} threads each), PURE steps/s:")
+        self.say(f"Worker processes ({a.process_threads} threads each), PURE steps/s:")
         self.say()
         self.say("| processes | steps/s |")
         self.say("|---|---|")
@@ -683,6 +688,9 @@ def main() -> None:
     parser.add_argument("--fanout", type=int, help="children of the fan-out (1000; quick: 50)")
     parser.add_argument(
         "--processes", default=None, help="worker process counts, e.g. 1,2,4 (quick: 1,2)"
+    )
+    parser.add_argument(
+        "--process-threads", type=int, default=4, help="threads per worker of --processes (4)"
     )
     parser.add_argument(
         "--memory-steps",
