@@ -240,6 +240,33 @@ def test_verifyworkflows_passes_on_intact_runs(resolved_run):
     assert "verified 2 runs: 0 broken" in output
 
 
+def test_the_ends_light_read_hashes_every_entry_as_the_models_do(resolved_run):
+    """A run's end verifies entries read as ``row_to_json`` gave them, not as model
+    instances: each must hash the same (an operator's resolution included: actor id,
+    evidence, detail), or every success would stop as a broken chain."""
+    from k2b_workflows.kernel import db
+    from k2b_workflows.kernel.execute import chains_read, chains_sql
+
+    rows = db.fetch_statement("default", chains_sql(), [resolved_run.pk])
+    light = chains_read("default", rows)[resolved_run.pk]
+    models = {"journal": journal(resolved_run), "ledger": list(resolved_run.ledger.order_by("id"))}
+    assert {e.kind for e in models["ledger"]} >= {
+        "dispatched",
+        "outcome_unknown",
+        "resolved_confirmed",
+    }
+    assert any(e.actor_id for e in models["ledger"])
+    for chain, hasher in (("journal", evidence.journal_hash), ("ledger", evidence.ledger_hash)):
+        read = getattr(light, chain)
+        assert [e.pk for e in read] == [e.pk for e in models[chain]]
+        key = evidence.signing_key()[1]
+        for stored, model in zip(read, models[chain], strict=True):
+            assert type(stored) is evidence.StoredEntry
+            assert hasher(stored.prev_hash, stored, key) == stored.entry_hash
+            assert hasher(model.prev_hash, model, key) == stored.entry_hash
+    assert evidence.verify_run(light.run, light.journal, light.ledger) is None
+
+
 def test_an_edited_actor_on_a_finished_run_fails_verifyworkflows_and_shows_in_the_admin(
     resolved_run,
 ):

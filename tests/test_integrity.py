@@ -75,6 +75,16 @@ def test_a_journal_entry_edited_while_the_run_executes_blocks_its_success():
     assert fresh(run).output is None
 
 
+def test_a_ledger_entry_edited_while_the_run_executes_blocks_its_success():
+    """The same for the ledger: its entries, read again at the end, verify field by field."""
+    run = start_workflow_run("kernel.ledger_tamper_while_running", {})
+    run_to_end()
+    state = describe(run)
+    assert (state["status"], state["code"]) == ("needs_attention", INTEGRITY_CHAIN_BROKEN)
+    assert "ledger entry 1" in state["message"]
+    assert fresh(run).output is None
+
+
 def test_an_intact_chain_lets_the_same_run_succeed():
     run = start_workflow_run("kernel.tamper", {"key": "go"})
     DomainRow.objects.create(key="go")

@@ -495,6 +495,30 @@ def tamper_while_running_workflow(run, input):
     return first
 
 
+class EditEarlierDispatch(Action):
+    """PURE, played by an attacker: while this step runs, the "dispatched" ledger entry
+    of step 0 gets a message it was not chained with (trigger bypassed, hashes kept)."""
+
+    name = "kernel.edit_earlier_dispatch"
+    effect = Effect.PURE
+
+    def run(self, ctx, input):
+        import pgtrigger
+
+        with pgtrigger.ignore("k2b_workflows.LedgerEntry:ledger_append_only"):
+            LedgerEntry.objects.filter(
+                run_id=ctx.run_id, seq=0, kind=LedgerEntry.Kind.DISPATCHED
+            ).update(message="edited")
+        return succeeded({"edited": True})
+
+
+@workflow("kernel.ledger_tamper_while_running", app_id="tests")
+def ledger_tamper_while_running_workflow(run, input):
+    first = run.step(ExternalProbe, {})
+    run.step(EditEarlierDispatch, {})
+    return first
+
+
 @workflow("kernel.slow", app_id="tests")
 def slow_workflow(run, input):
     run.step(Slow, {"seconds": input.get("seconds", 1)})

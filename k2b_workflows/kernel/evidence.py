@@ -554,6 +554,21 @@ class ChainBreak:
         return f"{where}: {self.reason}"
 
 
+class StoredEntry:
+    """A journal or ledger entry as ``row_to_json`` stored it, read by attribute: what
+    ``verify_run`` reads (the chained fields, ``prev_hash``, ``entry_hash``,
+    ``key_id``, ``pk``), without building a model instance.
+
+    The chained fields are text, integers and JSON, which the model would hold
+    unchanged; ``run_id`` arrives as text, and ``_entry_hash`` hashes its text
+    either way. Not for replay: timestamps stay text.
+    """
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.__dict__.update(values)
+        self.pk = values["id"]
+
+
 def _verify_chain(
     run: WorkflowRun, chain: str, entries: Sequence[Any], keys: dict[str, bytes]
 ) -> ChainBreak | None:
