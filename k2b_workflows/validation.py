@@ -28,6 +28,14 @@ MAX_JSON_DEPTH = 100
 #: provider that raises with a 100 MB text must not fail the write of its failure.
 MAX_MESSAGE_CHARS = 10_000
 
+#: The one encoder of canonical JSON text (``json_text``, the evidence hashes):
+#: sorted keys, no spaces, no NaN. Built once; ``json.dumps`` with arguments
+#: builds an encoder per call, and a run encodes a few dozen small values.
+#: (An encoder keeps no state between calls: threads may share it.)
+CANONICAL_JSON = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+
 #: The largest integers PostgreSQL's ``bigint`` and ``integer`` hold.
 MAX_BIGINT = 2**63 - 1
 MAX_INT = 2**31 - 1
@@ -123,9 +131,7 @@ def json_text(value: Any, field: str, *, stored: bool = True) -> str:
     The size limit is the setting ``MAX_VALUE_BYTES`` (see ``store.py``).
     """
     check_json(value, field, stored=stored)
-    text = json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    )
+    text = CANONICAL_JSON.encode(value)
     if stored:
         from . import store
 

@@ -27,14 +27,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from django.db import connections, models, transaction
 
-from .. import store
+from .. import store, validation
 from ..actions import canonical_json
 from ..models import JournalEntry, LedgerEntry, WorkflowRun
 from . import clock, db
@@ -157,9 +156,7 @@ def _canonical(value: Any) -> str:
     cannot hold still goes to ``canonical_json``, for its error.
     """
     try:
-        return json.dumps(
-            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-        )
+        return validation.CANONICAL_JSON.encode(value)
     except (TypeError, ValueError):
         return canonical_json(value)
 
