@@ -678,7 +678,7 @@ class Bench:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, under a minute")
-    parser.add_argument("--runs", type=int, help="runs per effect class (300; quick: 30)")
+    parser.add_argument("--runs", type=int, help="runs per effect class (300)")
     parser.add_argument("--steps", type=int, default=3, help="steps per run (3)")
     parser.add_argument(
         "--rounds", type=int, help="passes over the effect classes, medians reported (5; quick: 1)"
@@ -699,7 +699,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     quick = args.quick
-    args.runs = args.runs or (30 if quick else 300)
+    # Quick keeps the full run's classes (300 runs, about two seconds each): with
+    # 30, a worker's start-up ramp was most of the span and the ratios read low.
+    args.runs = args.runs or 300
     args.rounds = args.rounds or (1 if quick else 5)
     args.wakes = args.wakes or (10 if quick else 200)
     args.fanout = args.fanout or (50 if quick else 1000)
