@@ -15,13 +15,21 @@ import pytest
 from django.db import connection, connections
 from psycopg import pq
 
-from k2b_workflows import Action, Effect, failed, start_workflow_run, succeeded, workflow
+from k2b_workflows import (
+    Action,
+    Effect,
+    failed,
+    start_workflow_run,
+    succeeded,
+    wake_workflow_runs_waiting_on,
+    workflow,
+)
 from k2b_workflows.exceptions import LeaseLost, RunCanceled, StepFailed
 from k2b_workflows.kernel import claim, evidence
 from k2b_workflows.kernel.execute import Execution, preload
 from k2b_workflows.models import JournalEntry, LedgerEntry, WorkflowRun
 from tests.conftest import ROOT
-from tests.kernel_helpers import assert_closed_as_never_sent, fresh, journal
+from tests.kernel_helpers import assert_closed_as_never_sent, fresh, journal, run_to_end
 from tests.models import DomainRow, ProviderCall
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -362,8 +370,8 @@ def test_an_external_dispatch_is_one_round_trip_carrying_the_previous_steps_succ
     """Fence, the previous EXTERNAL step's "succeeded" and journal entry, and this step's
     "dispatched", with BEGIN and COMMIT: one round trip. One at a time they were six."""
     run, counted = _counted_run("hot.three_external", {"n": 0})
-    # Three dispatches, and the end: "BEGIN; read", then "writes; COMMIT".
-    assert counted == 5
+    # Three dispatches, and the end, which verifies the chains as it writes them.
+    assert counted == 4
     assert fresh(run).output == {"n": 3}
     ledger = _ledger(run)
     assert [(seq, kind) for seq, kind, _ in ledger] == [
@@ -386,8 +394,8 @@ def test_a_transactional_steps_journal_entry_goes_with_its_commit(prepares):
     the kernel prepares its statements, BEGIN goes with the fence."""
     committed_hooks.clear()
     run, counted = _counted_run("hot.two_transactional", {"n": 0}, warm=True)
-    # Two steps of three round trips (four: BEGIN alone), and the end's two.
-    assert counted == (8 if prepares else 10)
+    # Two steps of three round trips (four: BEGIN alone), and the end's one.
+    assert counted == (7 if prepares else 9)
     assert committed_hooks[-2:] == [f"{run.pk}:0", f"{run.pk}:1"]
     assert len(committed_hooks) == 4  # the warm-up run's two, then these
     assert fresh(run).output == {"n": 2}
@@ -408,8 +416,8 @@ def test_a_transactional_step_commits_the_previous_steps_deferred_success(prepar
     action's row. One transaction and one round trip fewer than flushing it first."""
     run, counted = _counted_run("hot.pure_then_transactional", {"n": 0}, warm=True)
     # BEGIN with the fenced append (alone where not prepared), the action's write,
-    # the journal entry with COMMIT; the end's two.
-    assert counted == (5 if prepares else 6)
+    # the journal entry with COMMIT; the end's one.
+    assert counted == (4 if prepares else 5)
     assert fresh(run).output == {"n": 2}
     with connection.cursor() as cursor:
         cursor.execute(
@@ -498,15 +506,60 @@ def server_side_binding():
 
 def test_batched_writes_do_not_depend_on_djangos_cursor_class(server_side_binding, prepares):
     """The kernel's batches use cursors of their own: with server-side binding for
-    Django's cursors, a three-step EXTERNAL run still takes five round trips."""
+    Django's cursors, a three-step EXTERNAL run still takes four round trips."""
     from django.db.backends.postgresql.base import ServerBindingCursor
 
     with connection.cursor() as cursor:
         assert isinstance(cursor.cursor, ServerBindingCursor)
     run, counted = _counted_run("hot.three_external", {"n": 0})
-    assert counted == 5
+    assert counted == 4
     assert fresh(run).output == {"n": 3}
     assert evidence.verify_chains(run.pk, "default") is None
+
+
+def test_a_run_that_wrote_every_entry_ends_in_one_round_trip(prepares):
+    """A run claimed with empty chains: its end checks them as this execution wrote them
+    (each entry's row version, the run row's anchors) in the statement that ends it,
+    sent with BEGIN and COMMIT. A three-step PURE run: two steps' entries, the end."""
+    run, counted = _counted_run("hot.three_pure", {"n": 0})
+    assert counted == 3
+    assert fresh(run).output == {"n": 3}
+    assert [e.seq for e in journal(run)] == [0, 1, 2]
+    assert evidence.verify_chains(run.pk, "default") is None
+
+
+def test_a_run_resumed_with_entries_it_did_not_write_reads_its_chains_to_end(monkeypatch):
+    """Entries read at the claim come with no row version this execution knows: its end
+    reads the chains and verifies them (``_end_as_read``) instead, and succeeds."""
+    ends: list[tuple[str, bool]] = []
+
+    def spying(name: str):
+        original = getattr(Execution, name)
+
+        def spy(self, *args):
+            result = original(self, *args)
+            ends.append((name, result))
+            return result
+
+        return spy
+
+    for name in ("_end_as_written", "_end_as_read"):
+        monkeypatch.setattr(Execution, name, spying(name))
+    DomainRow.objects.create(key="ready")
+    at_once = start_workflow_run("kernel.tamper", {"key": "ready"})
+    run_to_end()
+    assert fresh(at_once).status == "succeeded"
+    assert ends == [("_end_as_written", True)]
+    ends.clear()
+    resumed = start_workflow_run("kernel.tamper", {"key": "later"})
+    run_to_end()
+    assert fresh(resumed).status == "waiting"
+    DomainRow.objects.create(key="later")
+    wake_workflow_runs_waiting_on(app_id="tests", kind="signal", key="later")
+    run_to_end()
+    assert fresh(resumed).status == "succeeded"
+    assert ends == [("_end_as_written", False), ("_end_as_read", True)]
+    assert evidence.verify_chains(resumed.pk, "default") is None
 
 
 def test_a_claim_and_its_preload_are_one_transaction_in_two_round_trips(prepares):

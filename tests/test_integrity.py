@@ -85,6 +85,26 @@ def test_a_ledger_entry_edited_while_the_run_executes_blocks_its_success():
     assert fresh(run).output is None
 
 
+@pytest.mark.parametrize(
+    ("attack", "broken"),
+    [
+        ("journal_anchor", "journal anchor"),
+        ("ledger_anchor", "ledger anchor"),
+        ("delete_last_ledger_entry", "ledger anchor"),
+    ],
+)
+def test_a_chain_rewritten_while_the_run_executes_blocks_its_success(attack, broken):
+    """Every stored hash left as it was: the run row's anchor set back to an empty
+    chain's, or the ledger's last entry deleted. The end, which checks the chains as
+    the execution wrote them, finds it, and the chains read again say what broke."""
+    run = start_workflow_run("kernel.chain_rewritten_while_running", {"attack": attack})
+    run_to_end()
+    state = describe(run)
+    assert (state["status"], state["code"]) == ("needs_attention", INTEGRITY_CHAIN_BROKEN), state
+    assert broken in state["message"]
+    assert fresh(run).output is None
+
+
 def test_an_intact_chain_lets_the_same_run_succeed():
     run = start_workflow_run("kernel.tamper", {"key": "go"})
     DomainRow.objects.create(key="go")

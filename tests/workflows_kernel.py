@@ -519,6 +519,39 @@ def ledger_tamper_while_running_workflow(run, input):
     return first
 
 
+class RewriteChainWhileRunning(Action):
+    """PURE, played by an attacker: while this step runs, the run's chains are changed in
+    a way that keeps every stored hash as it was: an anchor on the run row set back to
+    the empty chain's, or the ledger's last entry deleted (trigger bypassed)."""
+
+    name = "kernel.rewrite_chain_while_running"
+    effect = Effect.PURE
+
+    def run(self, ctx, input):
+        import pgtrigger
+
+        from k2b_workflows.kernel import evidence
+        from k2b_workflows.models import WorkflowRun
+
+        attack = input["attack"]
+        if attack in ("journal_anchor", "ledger_anchor"):
+            initial = evidence.initial_anchors(ctx.run_id)[attack]
+            WorkflowRun.objects.filter(pk=ctx.run_id).update(**{attack: initial})
+        else:
+            last = LedgerEntry.objects.filter(run_id=ctx.run_id).latest("id")
+            with pgtrigger.ignore("k2b_workflows.LedgerEntry:ledger_append_only"):
+                LedgerEntry.objects.filter(pk=last.pk).delete()
+        return succeeded({"attacked": attack})
+
+
+@workflow("kernel.chain_rewritten_while_running", app_id="tests")
+def chain_rewritten_while_running_workflow(run, input):
+    first = run.step(ExternalProbe, {})
+    run.step(Record, {"n": 1})
+    run.step(RewriteChainWhileRunning, input)
+    return first
+
+
 @workflow("kernel.slow", app_id="tests")
 def slow_workflow(run, input):
     run.step(Slow, {"seconds": input.get("seconds", 1)})

@@ -235,6 +235,19 @@ def inserted(entry: E, using: str, pk: Any) -> E:
     return entry
 
 
+def stored(entry: E, using: str, row: Sequence[Any]) -> E:
+    """``inserted``, from an append's returned row (id, xmin): the entry also keeps its
+    row version, ``"id:xmin"``, for a later proof that it is stored as written."""
+    inserted(entry, using, row[0])
+    entry.row_version = f"{row[0]}:{row[1]}" if len(row) > 1 else None
+    return entry
+
+
+def row_version(entry: Any) -> str | None:
+    """The row version ``stored`` kept, or None (an entry read, or saved by the ORM)."""
+    return getattr(entry, "row_version", None)
+
+
 def _chain_journal(entry: JournalEntry, prev_hash: str) -> tuple[str, bytes]:
     key_id, key = signing_key()
     entry.key_id = key_id
@@ -257,7 +270,7 @@ def append_journal(entry: JournalEntry, prev_hash: str, using: str) -> JournalEn
         cursor.execute(*journal_statement(entry, prev_hash, strict=False))
         row = cursor.fetchone()
         if row is not None:
-            return inserted(entry, using, row[0])
+            return stored(entry, using, row)
         cursor.execute("SELECT count(*) FROM k2b_journal WHERE run_id = %s", [entry.run_id])
         count = cursor.fetchone()[0]
     entry.save(using=using, force_insert=True)
@@ -305,17 +318,27 @@ def fenced_journal_statement(
     lease_ms: int = 0,
     run_output: str | None = None,
     strict: bool = False,
+    as_written: WrittenChains | None = None,
 ) -> tuple[str, list[Any]]:
     """Chain ``entry`` and return the statement of ``append_journal_fenced`` and its
-    parameters; ``strict``: one that fails instead of matching nothing, for a batch."""
+    parameters; ``strict``: one that fails instead of matching nothing, for a batch.
+
+    ``as_written`` (with ``run_output``, strict): the run's end also checks that its
+    chains are stored as that execution wrote them (``AS_WRITTEN_CHECK``).
+    """
     if run_output is None:
         fence = Fence(entry.generation, lease_ms, entry.seq, reset_failures=True)
         return journal_statement(entry, prev_hash, fence, strict=strict)
     key_id, key = _chain_journal(entry, prev_hash)
     sealed = anchor(entry.run_id, "journal", entry.seq + 1, entry.entry_hash, key_id, key)
     params = [run_output, entry.seq, sealed, entry.run_id, entry.generation]
-    params += [entry.run_id, entry.seq, *_journal_values(entry)]
-    return (_STRICT_FINISH_JOURNAL_SQL if strict else _FINISH_JOURNAL_SQL), params
+    params += [entry.run_id, entry.seq]
+    if as_written is not None:
+        sql = _AS_WRITTEN_FINISH_JOURNAL_SQL
+        params += as_written.params()
+    else:
+        sql = _STRICT_FINISH_JOURNAL_SQL if strict else _FINISH_JOURNAL_SQL
+    return sql, [*params, *_journal_values(entry)]
 
 
 def journal_statement(
@@ -337,7 +360,7 @@ def fenced_journal_written(entry: JournalEntry, using: str, row: tuple | None) -
     """The entry as inserted by that statement's returned ``row``; no row: not ours any more."""
     if row is None:
         raise lease_lost(using, entry.run_id, entry.generation)
-    return inserted(entry, using, row[0])
+    return stored(entry, using, row)
 
 
 @functools.cache
@@ -374,7 +397,7 @@ WITH sealed AS (
     RETURNING id)
 INSERT INTO k2b_{chain} ({columns})
 SELECT {values} FROM {source}
-RETURNING id
+RETURNING id, xmin::text
 """
 #: Without its row the INSERT reads no row from ``sealed`` and inserts nothing...
 _LENIENT = "sealed"
@@ -398,15 +421,31 @@ WITH sealed AS (
            current_step = %s, consecutive_failures = 0, journal_anchor = %s,
            updated_at = k2b_now()
      WHERE id = %s AND generation = %s AND status = 'running'
-       AND (SELECT count(*) FROM k2b_journal WHERE run_id = %s) = %s
+       AND (SELECT count(*) FROM k2b_journal WHERE run_id = %s) = %s{verified}
     RETURNING id)
 INSERT INTO k2b_journal ({columns})
 SELECT {values} FROM {source}
-RETURNING id
+RETURNING id, xmin::text
 """
-_FINISH_JOURNAL_SQL, _STRICT_FINISH_JOURNAL_SQL = (
-    _FINISH_JOURNAL_TEMPLATE.format(columns=_JOURNAL_COLUMNS, values=_JOURNAL_VALUES, source=source)
-    for source in (_LENIENT, _STRICT)
+
+#: A run's chains as its execution wrote them: the run row's two anchors, and each
+#: entry's id and row version (``xmin``) in chain order. PostgreSQL gives every new
+#: row version the id of the transaction that wrote it, so an entry edited, deleted
+#: and re-inserted, or added since, shows here as another list: equal lists are the
+#: entries this execution verified or hashed itself, stored as they were written.
+#: Parameters: ``WrittenChains.params()``.
+AS_WRITTEN_CHECK = """
+       AND journal_anchor = %s AND ledger_anchor = %s
+       AND (SELECT string_agg(j.id || ':' || j.xmin, ',' ORDER BY j.seq)
+              FROM k2b_journal j WHERE j.run_id = %s) IS NOT DISTINCT FROM %s
+       AND (SELECT string_agg(l.id || ':' || l.xmin, ',' ORDER BY l.id)
+              FROM k2b_ledger l WHERE l.run_id = %s) IS NOT DISTINCT FROM %s"""
+
+_FINISH_JOURNAL_SQL, _STRICT_FINISH_JOURNAL_SQL, _AS_WRITTEN_FINISH_JOURNAL_SQL = (
+    _FINISH_JOURNAL_TEMPLATE.format(
+        columns=_JOURNAL_COLUMNS, values=_JOURNAL_VALUES, source=source, verified=verified
+    )
+    for source, verified in ((_LENIENT, ""), (_STRICT, ""), (_STRICT, AS_WRITTEN_CHECK))
 )
 
 
@@ -454,10 +493,54 @@ class LedgerHead:
 
     count: int
     head: str | None
+    #: The row versions (``stored``) of every entry of the chain, in order, while all
+    #: are known: from an empty chain, each append that returned its row adds one.
+    versions: list[str] | None = None
 
     @classmethod
     def of(cls, entries: Sequence[LedgerEntry]) -> LedgerHead:
         return cls(len(entries), entries[-1].entry_hash if entries else None)
+
+    @classmethod
+    def loaded(cls, entries: Sequence[LedgerEntry]) -> LedgerHead:
+        """The head of a chain as read: its versions known only when it is empty."""
+        head = cls.of(entries)
+        head.versions = None if entries else []
+        return head
+
+    def appended(self, entry: LedgerEntry) -> None:
+        """``entry``, stored after this head, is its new end."""
+        self.count, self.head = self.count + 1, entry.entry_hash
+        version = row_version(entry)
+        if self.versions is not None and version is not None:
+            self.versions.append(version)
+        else:
+            self.versions = None
+
+
+@dataclass(frozen=True)
+class WrittenChains:
+    """What a run's end checks in ``AS_WRITTEN_CHECK``: the chains as one execution
+    wrote them, every entry's row version known (see ``Execution.written_chains``)."""
+
+    run_id: Any
+    journal_count: int
+    journal_head: str
+    journal_versions: list[str]
+    ledger: LedgerHead
+
+    def params(self) -> list[Any]:
+        key_id, key = signing_key()
+        ledger = self.ledger
+        assert ledger.versions is not None
+        return [
+            anchor(self.run_id, "journal", self.journal_count, self.journal_head, key_id, key),
+            anchor(self.run_id, "ledger", ledger.count, ledger.head or GENESIS, key_id, key),
+            self.run_id,
+            ",".join(self.journal_versions) or None,
+            self.run_id,
+            ",".join(ledger.versions) or None,
+        ]
 
 
 def _ledger_entry(
@@ -508,8 +591,9 @@ def append_ledger(using: str, *, expect: LedgerHead | None = None, **fields: Any
             cursor.execute(_append_sql("ledger"), params)
             row = cursor.fetchone()
         if row is not None:
-            expect.count, expect.head = expect.count + 1, entry.entry_hash
-            return inserted(entry, using, row[0])
+            stored(entry, using, row)
+            expect.appended(entry)
+            return entry
     entry = LedgerEntry(**{"created_at": clock.now(), **fields})
     key_id, key = signing_key()
     entry.key_id = key_id
@@ -527,6 +611,7 @@ def append_ledger(using: str, *, expect: LedgerHead | None = None, **fields: Any
     _seal(using, entry.run_id, "ledger", count + 1, entry.entry_hash)
     if expect is not None:
         expect.count, expect.head = count + 1, entry.entry_hash
+        expect.versions = None  # saved by the ORM: its row version is not known
     return entry
 
 

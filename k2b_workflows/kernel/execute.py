@@ -115,14 +115,17 @@ class Preloaded:
 
 
 #: A run's end when its last step is already journaled; fenced like every write.
-_FINISH_SQL = """
+_FINISH_TEMPLATE = """
 UPDATE k2b_run
    SET status = 'succeeded', output = %s::jsonb, error_code = '', error_message = '',
        finished_at = k2b_now(), lease_expires_at = NULL, consecutive_failures = 0,
        updated_at = k2b_now()
- WHERE id = %s AND generation = %s AND status = 'running'
+ WHERE id = %s AND generation = %s AND status = 'running'{verified}
 RETURNING id
 """
+_FINISH_SQL = _FINISH_TEMPLATE.format(verified="")
+#: The same, once it has found the run's chains as its execution wrote them.
+_AS_WRITTEN_FINISH_SQL = _FINISH_TEMPLATE.format(verified=evidence.AS_WRITTEN_CHECK)
 
 _PRELOAD_SQL = """
 SELECT {run_columns},
@@ -365,7 +368,7 @@ class Execution:
     def _load(self, loaded: Preloaded) -> None:
         entries = loaded.journal
         self.journal = {e.seq: e for e in entries}
-        self.ledger_head = evidence.LedgerHead.of(loaded.ledger)
+        self.ledger_head = evidence.LedgerHead.loaded(loaded.ledger)
         self.last_hash = entries[-1].entry_hash if entries else evidence.GENESIS
         self.effects: dict[int, _EffectState] = {}
         for entry in loaded.ledger:
@@ -1358,6 +1361,83 @@ class Execution:
         """The common end: the chains verified, then the run's end in one statement that
         fences and, with the last step's deferred success, journals and seals.
 
+        When this execution wrote every entry of the run, that statement verifies
+        them itself (``_end_as_written``): one round trip. Otherwise, or when it
+        finds anything else, the chains are read and verified (``_end_as_read``).
+        Returns only when batched writes were refused: nothing was written.
+        """
+        ended = self._batches_end() and self._end_as_written(output, pending)
+        if not ended and not self._end_as_read(output, pending):
+            return
+        signals.send_on_commit(
+            using=self.using,
+            run_id=self.run_id,
+            workflow_name=self.run.workflow_name,
+            signal=signals.run_finished,
+            status="succeeded",
+            error_code="",
+        )
+        if pending is not None:
+            self._pending = None
+            self._journaled(pending.entry)
+        events.run_changed(self, "succeeded", reason="")
+        self.outcome = "succeeded"
+        raise Suspend
+
+    def written_chains(self) -> evidence.WrittenChains | None:
+        """The run's chains as this execution wrote them, or None unless it wrote every
+        entry and knows each one's row version (a run claimed with empty chains)."""
+        head = self.ledger_head
+        versions = [evidence.row_version(self.journal[seq]) for seq in sorted(self.journal)]
+        if head is None or head.versions is None or None in versions:
+            return None
+        return evidence.WrittenChains(
+            self.run_id, len(versions), self.last_hash, [v for v in versions if v], head
+        )
+
+    def _end_as_written(self, output: Any, pending: _Pending | None) -> bool:
+        """The run's end in one round trip: ``BEGIN; <end>; COMMIT``, the end verifying
+        the chains as it fences (``evidence.AS_WRITTEN_CHECK``).
+
+        The design verifies the chains before a success commits. An entry this
+        execution verified at its claim, or hashed and inserted itself, is still
+        that entry if its row version is: the end's statement compares the row
+        version of every entry, and the run row's anchors, with what this execution
+        wrote, in the transaction that commits the success, and ends the run only
+        when they are equal. Anything else (an entry edited, removed or added by
+        anyone, an anchor rewritten, the lease lost) writes nothing, and the caller
+        reads and verifies the chains as before, which says what broke.
+        """
+        chains = self.written_chains()
+        if chains is None:
+            return False
+        run_output = canonical_json(output)
+        if pending is not None:
+            sql, params = evidence.fenced_journal_statement(
+                pending.entry, self.last_hash, run_output=run_output, as_written=chains
+            )
+        else:
+            sql = _AS_WRITTEN_FINISH_SQL
+            params = [run_output, self.run_id, self.generation, *chains.params()]
+        batch = _Batch(self)
+        batch.add((sql, params), pending.entry if pending is not None else None)
+        if pending is not None:
+            batch.pending_ledger(pending)
+        try:
+            rows = db.commit_batch(self.using, batch.statements)
+        except db.BatchRefused as exc:
+            logger.info("run %s: end as written refused (%s)", self.run_id, exc)
+            return False
+        if rows[0] is None:  # the UPDATE alone found nothing: an empty transaction
+            return False
+        if pending is not None:
+            evidence.fenced_journal_written(pending.entry, self.using, rows[0])
+        batch.committed(rows)
+        return True
+
+    def _end_as_read(self, output: Any, pending: _Pending | None) -> bool:
+        """The run's end after a read of its chains, verified here.
+
         The verifying read is one statement, so the run row (its anchors) and every
         entry come from one snapshot: an append commits both or neither, so the view
         is consistent without a lock. Read and write share one transaction: one
@@ -1367,8 +1447,8 @@ class Execution:
         it, as ``_transition`` does.
 
         An EXTERNAL step's deferred success also has its ledger entry: then only
-        batched, as strict appends (``_Batch``), and this returns, having written
-        nothing, when they are refused (``_transition`` then ends the run).
+        batched, as strict appends (``_Batch``), and this returns False, having
+        written nothing, when they are refused (``_transition`` then ends the run).
         """
         external = pending is not None and pending.ledger_kind is not None
         if pending is not None:
@@ -1419,26 +1499,13 @@ class Execution:
                     batch.committed(rows)
         except db.BatchRefused as exc:
             logger.info("run %s: batched end refused (%s)", self.run_id, exc)
-            return
+            return False
         except (LeaseLost, RunCanceled):
             self._pending_lost(pending)
             raise
         if broken:
             self._chain_broken(broken[0])
-        signals.send_on_commit(
-            using=self.using,
-            run_id=self.run_id,
-            workflow_name=self.run.workflow_name,
-            signal=signals.run_finished,
-            status="succeeded",
-            error_code="",
-        )
-        if pending is not None:
-            self._pending = None
-            self._journaled(pending.entry)
-        events.run_changed(self, "succeeded", reason="")
-        self.outcome = "succeeded"
-        raise Suspend
+        return True
 
     def _fail_run(self, code: str, message: str, step: _Step | None = None) -> None:
         """Fail the run for good (journaling the step's failure when there is one)."""
@@ -1762,10 +1829,15 @@ class _Batch:
         execution = self.execution
         for entry, row in zip(self.entries, rows, strict=True):
             if entry is not None and row is not None:
-                evidence.inserted(entry, execution.using, row[0])
+                evidence.stored(entry, execution.using, row)
         head = execution.ledger_head
         assert head is not None, "a run writes once loaded"
         head.count, head.head = self.head.count, self.head.head
+        versions = [evidence.row_version(e) for e in self.entries if isinstance(e, LedgerEntry)]
+        if head.versions is not None and None not in versions:
+            head.versions.extend(v for v in versions if v is not None)
+        else:
+            head.versions = None
         for step, kind in self.written:
             execution._ledger_written(step, kind, committed=True)
 
