@@ -518,9 +518,9 @@ def test_batched_writes_do_not_depend_on_djangos_cursor_class(server_side_bindin
 
 
 def test_a_run_that_wrote_every_entry_ends_in_one_round_trip(prepares):
-    """A run claimed with empty chains: its end checks them as this execution wrote them
-    (each entry's row version, the run row's anchors) in the statement that ends it,
-    sent with BEGIN and COMMIT. A three-step PURE run: two steps' entries, the end."""
+    """A run's end checks its chains as its execution wrote them (each entry's row
+    version, the run row's anchors) in the statement that ends it, sent with BEGIN
+    and COMMIT. A three-step PURE run: two steps' entries, then the end."""
     run, counted = _counted_run("hot.three_pure", {"n": 0})
     assert counted == 3
     assert fresh(run).output == {"n": 3}
@@ -528,9 +528,11 @@ def test_a_run_that_wrote_every_entry_ends_in_one_round_trip(prepares):
     assert evidence.verify_chains(run.pk, "default") is None
 
 
-def test_a_run_resumed_with_entries_it_did_not_write_reads_its_chains_to_end(monkeypatch):
-    """Entries read at the claim come with no row version this execution knows: its end
-    reads the chains and verifies them (``_end_as_read``) instead, and succeeds."""
+def test_a_run_ends_as_written_after_a_wake_and_as_read_after_someone_else_wrote(monkeypatch):
+    """A resumed run's entries come from its claim, verified, with their row versions:
+    its end too checks the chains as written. A ledger entry this execution did not
+    append (a note, as a fenced-out worker's late result) makes that check fail: the
+    end then goes the way that reads and verifies the chains, and succeeds."""
     ends: list[tuple[str, bool]] = []
 
     def spying(name: str):
@@ -545,21 +547,24 @@ def test_a_run_resumed_with_entries_it_did_not_write_reads_its_chains_to_end(mon
 
     for name in ("_end_as_written", "_end_as_read"):
         monkeypatch.setattr(Execution, name, spying(name))
-    DomainRow.objects.create(key="ready")
-    at_once = start_workflow_run("kernel.tamper", {"key": "ready"})
-    run_to_end()
-    assert fresh(at_once).status == "succeeded"
-    assert ends == [("_end_as_written", True)]
-    ends.clear()
     resumed = start_workflow_run("kernel.tamper", {"key": "later"})
     run_to_end()
     assert fresh(resumed).status == "waiting"
+    assert journal(resumed)  # the step before the wait, read at the next claim
     DomainRow.objects.create(key="later")
     wake_workflow_runs_waiting_on(app_id="tests", kind="signal", key="later")
     run_to_end()
     assert fresh(resumed).status == "succeeded"
-    assert ends == [("_end_as_written", False), ("_end_as_read", True)]
+    assert ends == [("_end_as_written", True)]
+    ends.clear()
+    noted = start_workflow_run("hot.two_noted", {"n": 0})
+    assert Execution(noted.pk, _claim(noted)).execute() == "succeeded"
+    # Refused, having written nothing; then the read, whose batched writes the stale
+    # ledger head refuses too, and the end one statement at a time.
+    assert ends == [("_end_as_written", False), ("_end_as_read", False)]
+    assert fresh(noted).output == {"n": 2}
     assert evidence.verify_chains(resumed.pk, "default") is None
+    assert evidence.verify_chains(noted.pk, "default") is None
 
 
 def test_a_claim_and_its_preload_are_one_transaction_in_two_round_trips(prepares):

@@ -494,7 +494,7 @@ class LedgerHead:
     count: int
     head: str | None
     #: The row versions (``stored``) of every entry of the chain, in order, while all
-    #: are known: from an empty chain, each append that returned its row adds one.
+    #: are known: those read at the claim, then one from each append's returned row.
     versions: list[str] | None = None
 
     @classmethod
@@ -503,9 +503,10 @@ class LedgerHead:
 
     @classmethod
     def loaded(cls, entries: Sequence[LedgerEntry]) -> LedgerHead:
-        """The head of a chain as read: its versions known only when it is empty."""
+        """The head of a chain as read, with its entries' row versions if all are known."""
         head = cls.of(entries)
-        head.versions = None if entries else []
+        versions = [row_version(entry) for entry in entries]
+        head.versions = None if None in versions else [v for v in versions if v]
         return head
 
     def appended(self, entry: LedgerEntry) -> None:

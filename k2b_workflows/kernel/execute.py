@@ -129,11 +129,14 @@ _AS_WRITTEN_FINISH_SQL = _FINISH_TEMPLATE.format(verified=evidence.AS_WRITTEN_CH
 
 _PRELOAD_SQL = """
 SELECT {run_columns},
-       (SELECT json_agg(j ORDER BY j.seq) FROM k2b_journal j WHERE j.run_id = r.id),
-       (SELECT json_agg(l ORDER BY l.id) FROM k2b_ledger l WHERE l.run_id = r.id)
+       (SELECT json_agg(j ORDER BY j.seq) FROM {journal} j WHERE j.run_id = r.id),
+       (SELECT json_agg(l ORDER BY l.id) FROM {ledger} l WHERE l.run_id = r.id)
   FROM k2b_run r
  WHERE {where}
 """
+#: A claim's entries come with their row versions (``row_xmin``): verified at load,
+#: they are what the run's end checks its chains against (``_end_as_written``).
+_VERSIONED = "(SELECT t.*, t.xmin::text AS row_xmin FROM {table} t)"
 
 
 def preload(using: str, run_ids: list[Any]) -> dict[Any, Preloaded]:
@@ -170,6 +173,8 @@ def preload_sql(*, single: bool = False) -> str:
     run_fields = WorkflowRun._meta.concrete_fields
     return _PRELOAD_SQL.format(
         run_columns=", ".join(f"r.{f.column}" for f in run_fields),
+        journal=_VERSIONED.format(table="k2b_journal"),
+        ledger=_VERSIONED.format(table="k2b_ledger"),
         where="r.id = %s" if single else "r.id = ANY(%s)",
     )
 
@@ -197,7 +202,10 @@ def chains_sql() -> str:
     """``preload_sql(single=True)`` for a verification of the chains: of the run row
     only its id and anchors, where a claim reads and decodes every column."""
     return _PRELOAD_SQL.format(
-        run_columns=", ".join(f"r.{column}" for column in _CHAINS_FIELDS), where="r.id = %s"
+        run_columns=", ".join(f"r.{column}" for column in _CHAINS_FIELDS),
+        journal="k2b_journal",
+        ledger="k2b_ledger",
+        where="r.id = %s",
     )
 
 
@@ -226,12 +234,16 @@ def _with_entries(using: str, run: WorkflowRun, row: tuple) -> Preloaded:
 
 
 def _from_json_row(model: Any, using: str, data: dict[str, Any]) -> Any:
-    """A model instance from ``row_to_json`` output (timestamps and UUIDs arrive as text)."""
+    """A model instance from ``row_to_json`` output (timestamps and UUIDs arrive as text),
+    with its row version (``evidence.row_version``) when the row carried it."""
     fields = model._meta.concrete_fields
     values = [
         data[f.column] if isinstance(f, JSONField) else f.to_python(data[f.column]) for f in fields
     ]
-    return model.from_db(using, [f.attname for f in fields], values)
+    instance = model.from_db(using, [f.attname for f in fields], values)
+    if "row_xmin" in data:
+        evidence.stored(instance, using, (instance.pk, data["row_xmin"]))
+    return instance
 
 
 class Execution:
@@ -1385,8 +1397,8 @@ class Execution:
         raise Suspend
 
     def written_chains(self) -> evidence.WrittenChains | None:
-        """The run's chains as this execution wrote them, or None unless it wrote every
-        entry and knows each one's row version (a run claimed with empty chains)."""
+        """The run's chains as this execution verified (at its claim) and wrote them, or
+        None unless it knows every entry's row version."""
         head = self.ledger_head
         versions = [evidence.row_version(self.journal[seq]) for seq in sorted(self.journal)]
         if head is None or head.versions is None or None in versions:
