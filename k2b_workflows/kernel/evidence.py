@@ -15,7 +15,10 @@ output or re-runs an effect that already happened, and the audit trail lies.
   written in the transaction of every entry: a deleted or truncated tail, or a
   wiped chain, no longer matches it.
 - Chains are verified when a run is loaded, before any step runs, and again
-  before a success commits; ``manage.py verifyworkflows`` checks every run.
+  before a success commits: the run's end compares each entry's row version
+  and the anchors with what its execution verified and wrote
+  (``AS_WRITTEN_CHECK``), and reads the chains back to check them hash by hash
+  when anything differs; ``manage.py verifyworkflows`` checks every run.
 
 Runs written before keyed chains (entries with an empty ``key_id``, unkeyed
 SHA-256) still verify; their anchors were written by migration 0007. An

@@ -1365,8 +1365,9 @@ class Execution:
             )
 
     def _batches_end(self) -> bool:
-        """Whether the run's end may be two round trips ("BEGIN; read", "writes; COMMIT");
-        a child, which also wakes its parent, goes through Django's transaction."""
+        """Whether the run's end may go as batched statements (``_end_as_written``, or
+        "BEGIN; read" then "writes; COMMIT"); a child, which also wakes its parent,
+        goes through Django's transaction."""
         return not self.run.parent_id and db.batches_statements(self.using)
 
     def _finish(self, output: Any, pending: _Pending | None) -> None:
