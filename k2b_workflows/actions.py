@@ -148,9 +148,12 @@ def to_json_value(value: Any, what: str, *, stored: bool = True) -> Any:
     """Return ``value`` as it will read back from the database, or raise ``InvalidInput``.
 
     ``stored`` (the default): the value is written to a ``jsonb`` column, so
-    NUL characters and values over ``MAX_VALUE_BYTES`` are refused as well.
+    NUL characters and values over ``MAX_VALUE_BYTES`` are refused as well, and
+    numbers come back as ``jsonb`` gives them (``validation.jsonb_number``):
+    what a step returns, is hashed and is replayed is then one value.
     """
-    return json.loads(validation.json_text(value, what, stored=stored))
+    text = validation.json_text(value, what, stored=stored)
+    return validation.stored_json(text) if stored else json.loads(text)
 
 
 def validate_result(result: Any, allowed: tuple[type[Result], ...], hook: str) -> Result:

@@ -13,6 +13,7 @@ and each raises ``InvalidInput`` naming the field.
 
 from __future__ import annotations
 
+import decimal
 import json
 import math
 import uuid
@@ -148,6 +149,27 @@ def json_text(value: Any, field: str, *, stored: bool = True) -> str:
     return text
 
 
+def jsonb_number(text: str) -> float | int:
+    """A JSON number with a fraction or an exponent, as it reads back from ``jsonb``.
+
+    PostgreSQL stores it as ``numeric``, which keeps its decimal digits but
+    prints no exponent and has no negative zero: ``1.5e-07`` reads back as
+    ``0.00000015``, the same float, but ``1e+16`` (Python's text for every
+    float of 1e16 or more) as ``10000000000000000``, an integer, and ``-0.0``
+    as ``0.0``. A value hashed as the float would then not verify once read back.
+    """
+    mantissa, exponent_mark, exponent = text.lower().partition("e")
+    if exponent_mark and len(mantissa.partition(".")[2]) <= int(exponent):
+        return int(decimal.Decimal(text))
+    number = float(text)
+    return 0.0 if number == 0 else number
+
+
+def stored_json(text: str) -> Any:
+    """The value of canonical JSON ``text`` as a ``jsonb`` column gives it back."""
+    return json.loads(text, parse_float=jsonb_number)
+
+
 def text(
     value: Any,
     field: str,
@@ -235,4 +257,4 @@ def child_inputs(inputs: Any, field: str) -> list[Any]:
     for i, value in enumerate(values):
         if value is None:
             raise InvalidInput(f"{field}[{i}] is None: a child run needs an input")
-    return json.loads(json_text(values, field))
+    return stored_json(json_text(values, field))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import io
+import json
 from types import SimpleNamespace
 
 import pgtrigger
@@ -295,6 +296,38 @@ def test_an_edited_actor_on_a_finished_run_fails_verifyworkflows_and_shows_in_th
 
 
 # -- keyed hashes -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "number",
+    [0.1, 1.5e-7, 2.5e10, 1e15, 1e16, -3e20, 1.2345678901234567e19, 1e300, 5e-324, -0.0],
+)
+def test_a_stored_value_is_the_value_jsonb_gives_back(number):
+    """``jsonb`` keeps a number's digits but prints no exponent and has no negative zero:
+    a float of 1e16 or more (``1e+16`` in JSON) reads back as an integer, -0.0 as 0.0,
+    and the kernel must hash what reads back."""
+    from k2b_workflows.actions import to_json_value
+
+    value = {"n": number, "list": [number]}
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT %s::jsonb", [canonical_json(value)])
+        read_back = json.loads(cursor.fetchone()[0])
+    stored = to_json_value(value, "output")
+    assert stored == read_back
+    assert canonical_json(stored) == canonical_json(read_back)
+
+
+def test_a_step_output_with_a_large_float_verifies_and_replays_after_a_wake():
+    """Step 0 returns 2.5e16 (a float), which step 1's input carries: hashed as the float,
+    the journal would not verify once read back as the integer, and the replay would
+    find another input."""
+    run = _parked("integrity.measure_then_wait", power=16, key="m1")
+    assert evidence.verify_chains(run.pk, "default") is None
+    _wake("m1")
+    run_to_end()
+    assert fresh(run).status == "succeeded", describe(run)
+    assert fresh(run).output == {"bytes": 25_000_000_000_000_000, "ratio": 1.5e-7}
+    assert evidence.verify_chains(run.pk, "default") is None
 
 
 def test_a_principal_hash_cannot_be_brute_forced_from_the_ledger():

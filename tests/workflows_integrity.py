@@ -52,3 +52,20 @@ class LeakyProvider(Action):
 @workflow("integrity.late_card", app_id="tests")
 def late_card(run, input):
     return run.step(LeakyProvider, {})
+
+
+class Measure(Action):
+    """PURE: a float of 1e16 or more, which ``jsonb`` gives back as an integer."""
+
+    name = "integrity.measure"
+    effect = Effect.PURE
+
+    def run(self, ctx, input):
+        return succeeded({"bytes": 2.5 * 10.0 ** input["power"], "ratio": 1.5e-7})
+
+
+@workflow("integrity.measure_then_wait", app_id="tests")
+def measure_then_wait(run, input):
+    measured = run.step(Measure, {"power": input["power"]})
+    run.step(WaitSignal, {"key": input["key"], "bytes": measured["bytes"]})
+    return measured
