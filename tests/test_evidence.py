@@ -363,6 +363,33 @@ def test_rotated_keys_still_verify_and_an_unknown_key_is_a_break():
     assert problem is not None and "no evidence key has" in str(problem)
 
 
+def test_a_run_claimed_after_a_key_rotation_still_ends_in_one_round_trip(monkeypatch):
+    """The ledger of a PURE run keeps the anchor its start sealed with the old key: the
+    end checks it against the anchor read at the claim, not one sealed anew with the
+    new key, which would send every such run through the read of its chains."""
+    from k2b_workflows.kernel.execute import Execution
+
+    ends = []
+    as_written = Execution._end_as_written
+
+    def spy(self, *args):
+        ends.append(as_written(self, *args))
+        return ends[-1]
+
+    monkeypatch.setattr(Execution, "_end_as_written", spy)
+    with override_settings(K2B_WORKFLOWS={"EVIDENCE_KEYS": ["old secret"]}):
+        run = start_workflow_run("kernel.tamper", {"key": "k1"})
+        run_to_end()
+        assert fresh(run).status == "waiting", describe(run)
+    with override_settings(K2B_WORKFLOWS={"EVIDENCE_KEYS": ["new secret", "old secret"]}):
+        DomainRow.objects.create(key="k1")
+        wake_workflow_runs_waiting_on(app_id="tests", kind="signal", key="k1")
+        run_to_end()
+        assert fresh(run).status == "succeeded", describe(run)
+        assert ends == [True]
+        assert evidence.verify_chains(run.pk, "default") is None
+
+
 def test_a_run_with_unkeyed_entries_from_before_keyed_chains_still_verifies_and_replays():
     """A run journaled before the upgrade: SHA-256 entries, anchored by migration 0007."""
     run = _parked("integrity.charge_then_wait", amount=7, key="l1")

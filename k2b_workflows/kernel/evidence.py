@@ -525,26 +525,35 @@ class LedgerHead:
 @dataclass(frozen=True)
 class WrittenChains:
     """What a run's end checks in ``AS_WRITTEN_CHECK``: the chains as one execution
-    wrote them, every entry's row version known (see ``Execution.written_chains``)."""
+    verified and wrote them (see ``Execution._written_chains``)."""
 
     run_id: Any
-    journal_count: int
-    journal_head: str
+    journal_anchor: str
     journal_versions: list[str]
-    ledger: LedgerHead
+    ledger_anchor: str
+    ledger_versions: list[str]
 
     def params(self) -> list[Any]:
-        key_id, key = signing_key()
-        ledger = self.ledger
-        assert ledger.versions is not None
         return [
-            anchor(self.run_id, "journal", self.journal_count, self.journal_head, key_id, key),
-            anchor(self.run_id, "ledger", ledger.count, ledger.head or GENESIS, key_id, key),
+            self.journal_anchor,
+            self.ledger_anchor,
             self.run_id,
             ",".join(self.journal_versions) or None,
             self.run_id,
-            ",".join(ledger.versions) or None,
+            ",".join(self.ledger_versions) or None,
         ]
+
+
+def current_anchor(run_id: Any, chain: str, count: int, head: str | None, loaded: Any) -> str:
+    """The anchor a run row holds over ``chain`` for an execution that loaded ``loaded``
+    (entry count, anchor) and has seen the chain reach ``count`` entries ending at
+    ``head``: the loaded one if nothing was appended, else the one its last append
+    sealed with the signing key (a key rotated since the claim leaves the first)."""
+    loaded_count, loaded_anchor = loaded
+    if count == loaded_count:
+        return loaded_anchor
+    key_id, key = signing_key()
+    return anchor(run_id, chain, count, head or GENESIS, key_id, key)
 
 
 def _ledger_entry(

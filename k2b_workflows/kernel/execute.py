@@ -380,6 +380,11 @@ class Execution:
     def _load(self, loaded: Preloaded) -> None:
         entries = loaded.journal
         self.journal = {e.seq: e for e in entries}
+        #: Each chain's entry count and the run row's anchor over it, as claimed.
+        self._loaded_anchors = {
+            "journal": (len(entries), loaded.run.journal_anchor),
+            "ledger": (len(loaded.ledger), loaded.run.ledger_anchor),
+        }
         self.ledger_head = evidence.LedgerHead.loaded(loaded.ledger)
         self.last_hash = entries[-1].entry_hash if entries else evidence.GENESIS
         self.effects: dict[int, _EffectState] = {}
@@ -1397,15 +1402,22 @@ class Execution:
         self.outcome = "succeeded"
         raise Suspend
 
-    def written_chains(self) -> evidence.WrittenChains | None:
+    def _written_chains(self) -> evidence.WrittenChains | None:
         """The run's chains as this execution verified (at its claim) and wrote them, or
         None unless it knows every entry's row version."""
         head = self.ledger_head
         versions = [evidence.row_version(self.journal[seq]) for seq in sorted(self.journal)]
         if head is None or head.versions is None or None in versions:
             return None
+        loaded = self._loaded_anchors
         return evidence.WrittenChains(
-            self.run_id, len(versions), self.last_hash, [v for v in versions if v], head
+            self.run_id,
+            evidence.current_anchor(
+                self.run_id, "journal", len(versions), self.last_hash, loaded["journal"]
+            ),
+            [v for v in versions if v],
+            evidence.current_anchor(self.run_id, "ledger", head.count, head.head, loaded["ledger"]),
+            head.versions,
         )
 
     def _end_as_written(self, output: Any, pending: _Pending | None) -> bool:
@@ -1421,7 +1433,7 @@ class Execution:
         anyone, an anchor rewritten, the lease lost) writes nothing, and the caller
         reads and verifies the chains as before, which says what broke.
         """
-        chains = self.written_chains()
+        chains = self._written_chains()
         if chains is None:
             return False
         run_output = canonical_json(output)
