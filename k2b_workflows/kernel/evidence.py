@@ -240,10 +240,15 @@ def inserted(entry: E, using: str, pk: Any) -> E:
 
 def stored(entry: E, using: str, row: Sequence[Any]) -> E:
     """``inserted``, from an append's returned row (id, xmin): the entry also keeps its
-    row version, ``"id:xmin"``, for a later proof that it is stored as written."""
+    row version, for a later proof that it is stored as written."""
     inserted(entry, using, row[0])
-    entry.row_version = f"{row[0]}:{row[1]}" if len(row) > 1 else None
+    keep_row_version(entry, row[1] if len(row) > 1 else None)
     return entry
+
+
+def keep_row_version(entry: Any, xmin: str | None) -> None:
+    """Note the entry's row version, ``"id:xmin"`` (None: not known)."""
+    entry.row_version = None if xmin is None else f"{entry.pk}:{xmin}"
 
 
 def row_version(entry: Any) -> str | None:
@@ -544,7 +549,9 @@ class WrittenChains:
         ]
 
 
-def current_anchor(run_id: Any, chain: str, count: int, head: str | None, loaded: Any) -> str:
+def current_anchor(
+    run_id: Any, chain: str, count: int, head: str | None, loaded: tuple[int, str]
+) -> str:
     """The anchor a run row holds over ``chain`` for an execution that loaded ``loaded``
     (entry count, anchor) and has seen the chain reach ``count`` entries ending at
     ``head``: the loaded one if nothing was appended, else the one its last append

@@ -242,7 +242,7 @@ def _from_json_row(model: Any, using: str, data: dict[str, Any]) -> Any:
     ]
     instance = model.from_db(using, [f.attname for f in fields], values)
     if "row_xmin" in data:
-        evidence.stored(instance, using, (instance.pk, data["row_xmin"]))
+        evidence.keep_row_version(instance, data["row_xmin"])
     return instance
 
 
@@ -1436,18 +1436,7 @@ class Execution:
         chains = self._written_chains()
         if chains is None:
             return False
-        run_output = canonical_json(output)
-        if pending is not None:
-            sql, params = evidence.fenced_journal_statement(
-                pending.entry, self.last_hash, run_output=run_output, as_written=chains
-            )
-        else:
-            sql = _AS_WRITTEN_FINISH_SQL
-            params = [run_output, self.run_id, self.generation, *chains.params()]
-        batch = _Batch(self)
-        batch.add((sql, params), pending.entry if pending is not None else None)
-        if pending is not None:
-            batch.pending_ledger(pending)
+        batch = self._end_batch(output, pending, chains)
         try:
             rows = db.commit_batch(self.using, batch.statements)
         except db.BatchRefused as exc:
@@ -1459,6 +1448,36 @@ class Execution:
             evidence.fenced_journal_written(pending.entry, self.using, rows[0])
         batch.committed(rows)
         return True
+
+    def _end_batch(
+        self,
+        output: Any,
+        pending: _Pending | None,
+        chains: evidence.WrittenChains | None = None,
+    ) -> _Batch:
+        """The run's end as a batch: the statement that fences and ends the run (with the
+        last step's deferred success, journaling and sealing it), then that success's
+        ledger entry if it has one (then strict). With ``chains`` the first statement
+        also checks them as written (``evidence.AS_WRITTEN_CHECK``), strict too."""
+        run_output = canonical_json(output)
+        if pending is not None:
+            sql, params = evidence.fenced_journal_statement(
+                pending.entry,
+                self.last_hash,
+                run_output=run_output,
+                strict=pending.ledger_kind is not None,
+                as_written=chains,
+            )
+        elif chains is not None:
+            sql = _AS_WRITTEN_FINISH_SQL
+            params = [run_output, self.run_id, self.generation, *chains.params()]
+        else:
+            sql, params = _FINISH_SQL, [run_output, self.run_id, self.generation]
+        batch = _Batch(self)
+        batch.add((sql, params), pending.entry if pending is not None else None)
+        if pending is not None:
+            batch.pending_ledger(pending)  # nothing for a success without a ledger kind
+        return batch
 
     def _end_as_read(self, output: Any, pending: _Pending | None) -> bool:
         """The run's end after a read of its chains, verified here.
@@ -1475,17 +1494,8 @@ class Execution:
         batched, as strict appends (``_Batch``), and this returns False, having
         written nothing, when they are refused (``_transition`` then ends the run).
         """
-        external = pending is not None and pending.ledger_kind is not None
-        if pending is not None:
-            sql, params = evidence.fenced_journal_statement(
-                pending.entry, self.last_hash, run_output=canonical_json(output), strict=external
-            )
-        else:
-            sql, params = _FINISH_SQL, [canonical_json(output), self.run_id, self.generation]
-        batch = _Batch(self)
-        batch.add((sql, params), pending.entry if pending is not None else None)
-        if pending is not None and external:
-            batch.pending_ledger(pending)
+        batch = self._end_batch(output, pending)
+        sql, params = batch.statements[0]
         broken: list[str] = []
 
         def finished(row: tuple | None) -> None:
@@ -1502,7 +1512,7 @@ class Execution:
 
         def write() -> None:
             if verified(preload(self.using, [self.run_id])):
-                written = db.fetch_statement(self.using, sql, params)
+                written = db.fetch_statement(self.using, sql, list(params))
                 finished(written[0] if written else None)
                 if self.run.parent_id:
                     wake_parent(self.using, self.run)
@@ -1857,12 +1867,9 @@ class _Batch:
                 evidence.stored(entry, execution.using, row)
         head = execution.ledger_head
         assert head is not None, "a run writes once loaded"
-        head.count, head.head = self.head.count, self.head.head
-        versions = [evidence.row_version(e) for e in self.entries if isinstance(e, LedgerEntry)]
-        if head.versions is not None and None not in versions:
-            head.versions.extend(v for v in versions if v is not None)
-        else:
-            head.versions = None
+        for entry in self.entries:
+            if isinstance(entry, LedgerEntry):
+                head.appended(entry)  # in order, as the batch's own head moved past each
         for step, kind in self.written:
             execution._ledger_written(step, kind, committed=True)
 
