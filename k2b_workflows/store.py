@@ -73,6 +73,12 @@ key                            default     meaning
                                            is marked lost; None: three leases
 ``WORKER_PURGE_AFTER_MS``      604800000   rows of stopped or lost workers are deleted
                                            this long after their last heartbeat (7 days)
+``PRIORITY_AGING_MS``          60000       queueing this long counts as one level of
+                                           ``priority``: a run stands in line at
+                                           ``run_after - priority x PRIORITY_AGING_MS``
+                                           (taken when it starts), so a run of priority
+                                           0 waits at most ``p x PRIORITY_AGING_MS``
+                                           behind runs of priority ``p`` started later
 =============================  ==========  ==========================================
 
 Evidence keys never live in the database: whoever can write the tables but
@@ -116,6 +122,7 @@ WORKFLOW_AI_TASK_MAX_ATTEMPTS = 3
 WORKFLOW_MAX_RECONCILE_POLLS = 100
 WORKFLOW_WAKE_RETENTION_HOURS = 168
 WORKFLOW_WORKER_PURGE_AFTER_MS = 7 * 24 * 3600 * 1000
+WORKFLOW_PRIORITY_AGING_MS = 60_000
 
 # Error codes written to ``WorkflowRun.error_code`` by the kernel.
 WORKFLOW_RETRY_EXHAUSTED = "WORKFLOW_RETRY_EXHAUSTED"
@@ -135,6 +142,10 @@ FAN_OUT_EXCEEDED = "FAN_OUT_EXCEEDED"
 EFFECT_OUTCOME_UNKNOWN = "EFFECT_OUTCOME_UNKNOWN"
 AI_TASK_FAILED = "AI_TASK_FAILED"
 CANCELED = "CANCELED"
+#: A ``cancel_newest`` start found its key's slots all taken.
+CONCURRENCY_LIMITED = "CONCURRENCY_LIMITED"
+#: ``rate_limit_key()`` raised or returned something that is not a key.
+INVALID_RATE_LIMIT_KEY = "INVALID_RATE_LIMIT_KEY"
 ACTION_FAILED = "ACTION_FAILED"
 
 DEFAULT_REDACT_KEYS: tuple[str, ...] = (
@@ -187,6 +198,7 @@ _DEFAULTS: dict[str, Any] = {
     "WORKER_HEARTBEAT_MS": None,
     "WORKER_LOST_AFTER_MS": None,
     "WORKER_PURGE_AFTER_MS": WORKFLOW_WORKER_PURGE_AFTER_MS,
+    "PRIORITY_AGING_MS": WORKFLOW_PRIORITY_AGING_MS,
 }
 
 
@@ -352,6 +364,10 @@ def worker_purge_after_ms() -> int:
 
 #: The LISTEN/NOTIFY channel. Fixed: the database triggers name it.
 CHANNEL = "k2b_workflows"
+
+
+def priority_aging_ms() -> int:
+    return int(_get("PRIORITY_AGING_MS"))
 
 
 def backoff_ms(failures: int) -> int:
