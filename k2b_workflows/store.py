@@ -79,6 +79,12 @@ key                            default     meaning
                                            (taken when it starts), so a run of priority
                                            0 waits at most ``p x PRIORITY_AGING_MS``
                                            behind runs of priority ``p`` started later
+``RATE_LIMIT_MARGIN_MS``       100         a rate-limited dispatch occupies its window
+                                           for ``per`` plus this long: the window is
+                                           timed on PostgreSQL's clock as the dispatch
+                                           is admitted, and the provider sees the call
+                                           a commit later, a delay that varies from call
+                                           to call (0: windows of exactly ``per``)
 =============================  ==========  ==========================================
 
 Evidence keys never live in the database: whoever can write the tables but
@@ -123,6 +129,7 @@ WORKFLOW_MAX_RECONCILE_POLLS = 100
 WORKFLOW_WAKE_RETENTION_HOURS = 168
 WORKFLOW_WORKER_PURGE_AFTER_MS = 7 * 24 * 3600 * 1000
 WORKFLOW_PRIORITY_AGING_MS = 60_000
+WORKFLOW_RATE_LIMIT_MARGIN_MS = 100
 
 # Error codes written to ``WorkflowRun.error_code`` by the kernel.
 WORKFLOW_RETRY_EXHAUSTED = "WORKFLOW_RETRY_EXHAUSTED"
@@ -199,6 +206,7 @@ _DEFAULTS: dict[str, Any] = {
     "WORKER_LOST_AFTER_MS": None,
     "WORKER_PURGE_AFTER_MS": WORKFLOW_WORKER_PURGE_AFTER_MS,
     "PRIORITY_AGING_MS": WORKFLOW_PRIORITY_AGING_MS,
+    "RATE_LIMIT_MARGIN_MS": WORKFLOW_RATE_LIMIT_MARGIN_MS,
 }
 
 
@@ -368,6 +376,10 @@ CHANNEL = "k2b_workflows"
 
 def priority_aging_ms() -> int:
     return int(_get("PRIORITY_AGING_MS"))
+
+
+def rate_limit_margin_ms() -> int:
+    return int(_get("RATE_LIMIT_MARGIN_MS"))
 
 
 def backoff_ms(failures: int) -> int:

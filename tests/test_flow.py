@@ -333,7 +333,7 @@ def test_bad_start_arguments_are_refused_naming_the_argument(kwargs, field):
 
 
 def test_a_concurrency_key_on_a_workflow_without_concurrency_is_refused():
-    with pytest.raises(InvalidInput, match="concurrency_key.*declares no"):
+    with pytest.raises(InvalidInput, match=r"concurrency_key.*declares no"):
         start_workflow_run("flow.stamp", {}, concurrency_key="tenant-1")
     assert not WorkflowRun.objects.exists()
 

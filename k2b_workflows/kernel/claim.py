@@ -147,10 +147,11 @@ def next_due_in_ms(using: str) -> float | None:
     """Milliseconds until the next delayed run or deadline is due (None: nothing pending).
 
     Three reads of two indexes, each stopping at its first row: a claimable run
-    due now; the next line order still to come (a run of priority 0 is due at
-    its line order); the next ``run_after`` of a run with a priority, whose line
-    order comes before it. Runs queued behind a key are admitted by a
-    transaction that notifies the workers.
+    due now; the next line order still to come of a run of priority 0 (due at
+    its line order; the walk skips only delayed runs with a priority); the next
+    ``run_after`` of a run with a priority, whose line order comes before it.
+    Runs queued behind a key are admitted by a transaction that notifies the
+    workers.
     """
     line = flow.QUEUE_ORDER
     with connections[using].cursor() as cursor:
@@ -160,7 +161,8 @@ def next_due_in_ms(using: str) -> float | None:
                      WHERE status = 'queued' AND {flow.CLAIMABLE}
                        AND {line} <= k2b_now() AND run_after <= k2b_now() LIMIT 1),
                    (SELECT min({line}) FROM k2b_run
-                     WHERE status = 'queued' AND {flow.CLAIMABLE} AND {line} > k2b_now()),
+                     WHERE status = 'queued' AND {flow.CLAIMABLE} AND {line} > k2b_now()
+                       AND priority_credit_ms = 0),
                    (SELECT min(run_after) FROM k2b_run
                      WHERE status = 'queued' AND priority_credit_ms > 0 AND {flow.CLAIMABLE}
                        AND run_after > k2b_now()),

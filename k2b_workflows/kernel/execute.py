@@ -544,9 +544,7 @@ class Execution:
 
         def admit() -> Any:
             self._fence(step.seq)
-            until = flow.admit_dispatch(
-                self.using, key, limit.limit, limit.per_ms, self.run_id, step.seq
-            )
+            until = flow.admit_dispatch(self.using, key, limit, self.run_id, step.seq)
             if until is not None:
                 flow.defer(self.using, self.run_id, self.generation, until, key)
             return until

@@ -48,6 +48,7 @@ from ..exceptions import InvalidInput
 
 if TYPE_CHECKING:
     from ..actions import Action
+    from ..limits import RateLimit
     from ..workflows import WorkflowDefinition
 
 logger = logging.getLogger(__name__)
@@ -160,16 +161,19 @@ def limit_key(action: Action, input: Any) -> str:
 
 
 def admit_dispatch(
-    using: str, key: str, limit: int, per_ms: int, run_id: Any, seq: int
+    using: str, key: str, limit: RateLimit, run_id: Any, seq: int
 ) -> dt.datetime | None:
     """Count one dispatch under ``key`` in the current transaction; None: admitted.
 
     Otherwise the window is full and nothing was counted: returns the instant
-    it frees (the database's clock).
+    it frees (the database's clock). Each dispatch occupies ``per`` plus
+    ``RATE_LIMIT_MARGIN_MS``: the provider sees the call a commit (or two: an
+    IDEMPOTENT step's charge) after the admission, and that delay varies.
     """
+    per_ms = limit.per_ms + store.rate_limit_margin_ms()
     with connections[using].cursor() as cursor:
         cursor.execute(
-            "SELECT k2b_rate_admit(%s, %s, %s, %s, %s)", [key, limit, per_ms, run_id, seq]
+            "SELECT k2b_rate_admit(%s, %s, %s, %s, %s)", [key, limit.limit, per_ms, run_id, seq]
         )
         return cursor.fetchone()[0]
 
