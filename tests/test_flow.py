@@ -26,6 +26,7 @@ from k2b_workflows import (
     cancel_workflow_run,
     resolve_effect,
     start_workflow_run,
+    store,
     succeeded,
     workflow,
 )
@@ -266,8 +267,9 @@ def test_a_full_rate_limit_defers_the_run_without_a_failure_or_a_second_charge()
     assert execute_exactly(second.pk) == "deferred"
     deferred = fresh(second)
     assert deferred.status == "queued" and deferred.consecutive_failures == 0
-    # Queued for the instant the window frees: an hour after the first dispatch.
-    window_frees = first_dispatch_at(first) + timedelta(hours=1)
+    # Queued for the instant the window frees: an hour (and the margin) after the first.
+    margin = timedelta(milliseconds=store.rate_limit_margin_ms())
+    window_frees = first_dispatch_at(first) + timedelta(hours=1) + margin
     assert abs((deferred.run_after - window_frees).total_seconds()) < 0.01
     assert ProviderCall.objects.filter(action="flow.rated_per_key").count() == 2
     reason = flow.why_queued("default", deferred)
