@@ -221,6 +221,8 @@ class WorkflowRun(models.Model):
     #: ``priority`` x ``PRIORITY_AGING_MS`` when the run started: how much earlier
     #: than its ``run_after`` it stands in line.
     priority_credit_ms = models.BigIntegerField(default=0)
+    #: The rate limit key that last deferred the run ("" if none did).
+    deferred_by = models.CharField(max_length=500, blank=True, default="")
 
     # Tree of runs: children are normal runs created by a parent's step.
     # No index of its own: k2b_run_child_once (parent, parent_step, child_index)

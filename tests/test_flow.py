@@ -274,7 +274,8 @@ def test_a_full_rate_limit_defers_the_run_without_a_failure_or_a_second_charge()
     assert ProviderCall.objects.filter(action="flow.rated_per_key").count() == 2
     reason = flow.why_queued("default", deferred)
     assert reason is not None and reason["delayed_until"] == deferred.run_after
-    assert reason["rate_limited"][0]["key"] == "flow.rated_per_key:a"
+    assert reason["rate_limited"]["key"] == "flow.rated_per_key:a"
+    assert reason["rate_limited"]["free_at"] == deferred.run_after
 
 
 def first_dispatch_at(run: WorkflowRun) -> dt.datetime:

@@ -72,7 +72,7 @@ SELECT id, status FROM k2b_run
 _DEFER_SQL = """
 UPDATE k2b_run
    SET status = 'queued', run_after = %s, lease_expires_at = NULL, claimed_by = '',
-       updated_at = k2b_now()
+       deferred_by = %s, updated_at = k2b_now()
  WHERE id = %s AND generation = %s AND status = 'running'
 """
 
@@ -181,7 +181,7 @@ def admit_dispatch(
 def defer(using: str, run_id: Any, generation: int, until: dt.datetime, key: str) -> bool:
     """Queue our run again for ``until`` (a full rate limit): no failure, slot and priority kept."""
     with connections[using].cursor() as cursor:
-        cursor.execute(_DEFER_SQL, [until, run_id, generation])
+        cursor.execute(_DEFER_SQL, [until, key, run_id, generation])
         deferred = cursor.rowcount == 1
     if deferred:
         metrics.count_rate_deferral(key.split(":", 1)[0])
@@ -210,7 +210,7 @@ def why_queued(using: str, run: Any) -> dict[str, Any] | None:
             "line_at": line,
             "delayed_until": run.run_after if delayed else None,
             "behind_key": None,
-            "rate_limited": [],
+            "rate_limited": None,
         }
         if run.concurrency_key is not None:
             cursor.execute(
@@ -234,14 +234,18 @@ def why_queued(using: str, run: Any) -> dict[str, Any] | None:
                 "holders": holders,
                 "ahead": ahead,
             }
-        cursor.execute(
-            """SELECT limit_key, max(at) FROM k2b_rate_dispatch
-                WHERE run_id = %s GROUP BY limit_key""",
-            [run.pk],
-        )
-        if delayed:
-            for key, last in cursor.fetchall():
-                reason["rate_limited"].append({"key": key, "last_dispatch": last})
+        if delayed and run.deferred_by:
+            cursor.execute(
+                """SELECT count(*), max(at) FROM k2b_rate_dispatch WHERE limit_key = %s""",
+                [run.deferred_by],
+            )
+            recent, last = cursor.fetchone()
+            reason["rate_limited"] = {
+                "key": run.deferred_by,
+                "free_at": run.run_after,
+                "recent_dispatches": recent,
+                "last_dispatch": last,
+            }
     reason["now"] = now
     return reason
 

@@ -164,6 +164,11 @@ class Migration(migrations.Migration):
             name="priority_credit_ms",
             field=models.BigIntegerField(default=0),
         ),
+        migrations.AddField(
+            model_name="workflowrun",
+            name="deferred_by",
+            field=models.CharField(blank=True, default="", max_length=500),
+        ),
         migrations.AddIndex(
             model_name="workflowrun",
             index=models.Index(
