@@ -427,3 +427,64 @@ def test_a_claim_over_50000_runs_behind_1000_keys_with_priorities_is_an_index_wa
     keyed, plain = statistics.median(keyed_times), statistics.median(plain_times)
     print(f"claim of 10 over {BACKLOG}: keyed {keyed * 1000:.2f} ms, plain {plain * 1000:.2f} ms")
     assert keyed <= 1.5 * plain + 0.0005, (keyed, plain)
+
+
+# -- what operators see --------------------------------------------------------------------
+
+
+def test_the_run_page_says_which_runs_hold_the_key_it_waits_for(admin_client):
+    holder = start_workflow_run("flow.one_at_a_time", {"key": "p"}, concurrency_key="p")
+    waiting = start_workflow_run(
+        "flow.one_at_a_time", {"key": "p"}, concurrency_key="p", priority=2
+    )
+    page = admin_client.get(f"/admin/k2b_workflows/workflowrun/{waiting.pk}/change/")
+    text = page.content.decode()
+    assert "Why it is still queued" in text
+    assert "Waiting for a slot of concurrency key" in text and str(holder.pk)[:8] in text
+    assert "Priority 2" in text
+    key_page = admin_client.get(
+        "/admin/k2b_workflows/workflowrun/concurrency-key/",
+        {"workflow": "flow.one_at_a_time", "key": "p"},
+    )
+    assert key_page.status_code == 200
+    body = key_page.content.decode()
+    assert "Active: 1 holding a slot" in body and str(holder.pk) in body
+    assert "Queued behind the key: 1" in body and str(waiting.pk) in body
+
+
+def test_the_run_page_gives_a_rate_limited_runs_next_free_instant(admin_client):
+    first = start_workflow_run("flow.rated_per_key", {"api_key": "z"})
+    second = start_workflow_run("flow.rated_per_key", {"api_key": "z"})
+    execute_exactly(first.pk)
+    assert execute_exactly(second.pk) == "deferred"
+    text = admin_client.get(
+        f"/admin/k2b_workflows/workflowrun/{second.pk}/change/"
+    ).content.decode()
+    assert "Deferred by the rate limit <code>flow.rated_per_key:z</code>" in text
+
+
+def test_workflowstatus_lists_the_busiest_keys():
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    for _ in range(3):
+        start_workflow_run("flow.one_at_a_time", {"key": "busy"}, concurrency_key="busy")
+    start_workflow_run("flow.one_at_a_time", {"key": "calm"}, concurrency_key="calm")
+    out = StringIO()
+    with pytest.raises(SystemExit):  # no live worker serves them: exit 1
+        call_command("workflowstatus", stdout=out, stderr=StringIO())
+    text = out.getvalue()
+    assert "queued behind concurrency keys: 2" in text
+    busy = text.index("'busy'  active 1  queued 2")
+    assert busy < text.index("'calm'  active 1  queued 0")
+
+
+def test_the_metrics_count_runs_queued_behind_keys():
+    from k2b_workflows.metrics import DatabaseCollector
+
+    for _ in range(3):
+        start_workflow_run("flow.one_at_a_time", {"key": "m"}, concurrency_key="m")
+    gauges = {m.name: m.samples[0].value for m in DatabaseCollector().collect() if m.samples}
+    assert gauges["k2b_queued_behind_key"] == 2
+    assert gauges["k2b_keys_with_queue"] == 1
