@@ -354,7 +354,7 @@ class WorkflowRun(models.Model):
             SlotRelease(
                 name="slot_release",
                 condition=pgtrigger.Q(old__holds_slot=True)
-                & pgtrigger.Q(new__status__in=[s.value for s in TERMINAL_STATUSES]),
+                & pgtrigger.Q(new__status__in=[str(s) for s in TERMINAL_STATUSES]),
             ),
             SlotAdmit(
                 name="slot_admit_insert",

@@ -22,8 +22,18 @@ _FORBIDDEN = ("UPDATE", "DELETE", "TRUNCATE")
 #: Tables whose rows the runtime role removes itself: workers purge the fleet
 #: rows of stopped or lost workers as they beat (``fleet.py``), and wait
 #: rendezvous nobody consumed in their housekeeping (``kernel/waits.py``).
-#: Neither holds evidence. Nothing else.
-RUNTIME_DELETES = ("k2b_wait", "k2b_worker")
+#: Rate-limited dispatches older than their window go with the next admission of
+#: their key (``kernel/flow.py``). None holds evidence. Nothing else.
+RUNTIME_DELETES = ("k2b_rate_dispatch", "k2b_wait", "k2b_worker")
+#: The kernel's SQL functions (migrations 0009 and 0016): statements and triggers
+#: call them as the runtime role.
+KERNEL_FUNCTIONS = (
+    "k2b_now()",
+    "k2b_queue_order(timestamptz, bigint)",
+    "k2b_flow_holders(text, text)",
+    "k2b_flow_admit(text, text, integer)",
+    "k2b_rate_admit(text, integer, bigint, uuid, integer)",
+)
 
 
 def kernel_tables() -> list[str]:
@@ -66,7 +76,8 @@ def runtime_grants(role: str, using: str) -> list[str]:
         statements.append(f"GRANT USAGE, SELECT ON SEQUENCE {', '.join(sequences)} TO {grantee}")
     # Every statement of the kernel reads the time through it. PUBLIC may execute
     # functions by default, but a hardened database revokes that default.
-    statements.append(f"GRANT EXECUTE ON FUNCTION {quote(schema)}.k2b_now() TO {grantee}")
+    functions = ", ".join(f"{quote(schema)}.{f}" for f in KERNEL_FUNCTIONS)
+    statements.append(f"GRANT EXECUTE ON FUNCTION {functions} TO {grantee}")
     return statements
 
 
