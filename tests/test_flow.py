@@ -121,6 +121,9 @@ def test_a_run_needing_attention_keeps_its_slot_until_the_operator_resolves_it()
     second = start_workflow_run("flow.blind", {}, concurrency_key="r")
     assert execute_exactly(first.pk) == "needs_attention"
     assert holders("flow.blind", "r") == {first.pk}  # active: an effect may have happened
+    # Nothing is runnable meanwhile: the run behind the key does not keep a worker busy.
+    assert run_to_end(timeout=10)["runs"] == 0
+    assert not fresh(second).holds_slot
     operator = User.objects.create_user("op", password="x")
     operator.user_permissions.add(Permission.objects.get(codename="resolve_effect"))
     resolve_effect(
