@@ -491,3 +491,31 @@ def test_the_metrics_count_runs_queued_behind_keys():
     gauges = {m.name: m.samples[0].value for m in DatabaseCollector().collect() if m.samples}
     assert gauges["k2b_queued_behind_key"] == 2
     assert gauges["k2b_keys_with_queue"] == 1
+
+
+def test_concurrent_starts_of_one_key_never_admit_more_than_its_limit():
+    """Each start's admission counts under the key's lock: two starts that commit at the
+    same moment cannot both see the last free slot (a snapshot count would)."""
+    import threading
+
+    barrier = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def start_some() -> None:
+        try:
+            barrier.wait()
+            for _ in range(5):
+                start_workflow_run("flow.keyed", {"key": "race", "nap": 0}, concurrency_key="race")
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=start_some) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert WorkflowRun.objects.filter(concurrency_key="race").count() == 40
+    assert len(holders("flow.keyed", "race")) == 2
