@@ -125,6 +125,10 @@ class WorkflowRun(models.Model):
     #: with every entry: a deleted tail no longer matches (``kernel/evidence.py``).
     journal_anchor = models.CharField(max_length=100, blank=True, default="", editable=False)
     ledger_anchor = models.CharField(max_length=100, blank=True, default="", editable=False)
+    #: Keyed seals over the row's own fields (``kernel/seals.py``): what the run was
+    #: started with, and how it ended (status, output, error code, generation).
+    start_seal = models.CharField(max_length=100, blank=True, default="", editable=False)
+    end_seal = models.CharField(max_length=100, blank=True, default="", editable=False)
 
     class Meta:
         db_table = "k2b_run"

@@ -9,11 +9,17 @@ status and generation rules of ``k2b_run``. Each function is re-created with
 triggers are re-installed through ``k2b_workflows.triggers.PinnedUpsertTriggerSql``,
 which pins pgtrigger's functions the same way. One transaction: no update goes
 unchecked in between.
+
+The run row gets keyed seals over its own fields (``kernel/seals.py``): the
+runtime role could change a queued run's input, or mark an incident
+succeeded, and nothing noticed. Existing runs are sealed as they are now, as
+0007 anchored their chains: run it with the ``EVIDENCE_KEYS`` (or
+``SECRET_KEY``) the workers use.
 """
 
 import pgtrigger.compiler
 import pgtrigger.migrations
-from django.db import migrations
+from django.db import migrations, models
 
 import k2b_workflows.triggers
 
@@ -67,6 +73,32 @@ $$;
 """
 
 
+def seal_existing_runs(apps, schema_editor):
+    from k2b_workflows.kernel.seals import SEALED_STATUSES, end_seal, start_seal
+    from k2b_workflows.validation import CANONICAL_JSON
+
+    WorkflowRun = apps.get_model("k2b_workflows", "WorkflowRun")
+    db = schema_editor.connection.alias
+    runs = WorkflowRun.objects.using(db).order_by("pk")
+    with schema_editor.connection.cursor() as cursor:
+        batch = []
+        for run in runs.iterator(chunk_size=2000):
+            ended = ""
+            if run.status in SEALED_STATUSES:
+                output = CANONICAL_JSON.encode(run.output)
+                ended = end_seal(run.pk, run.status, run.error_code, run.generation, output)
+            batch.append((start_seal(run), ended, run.pk))
+            if len(batch) >= 2000:
+                _write(cursor, batch)
+                batch = []
+        _write(cursor, batch)
+
+
+def _write(cursor, batch):
+    if batch:
+        cursor.executemany("UPDATE k2b_run SET start_seal = %s, end_seal = %s WHERE id = %s", batch)
+
+
 class Migration(migrations.Migration):
     dependencies = [
         ("k2b_workflows", "0013_run_parent_index"),
@@ -75,6 +107,17 @@ class Migration(migrations.Migration):
     operations = [
         migrations.RunSQL(OWNER_ONLY_IGNORE_SQL, migrations.RunSQL.noop),
         migrations.RunSQL(K2B_NOW_SQL, K2B_NOW_UNPINNED_SQL),
+        migrations.AddField(
+            model_name="workflowrun",
+            name="start_seal",
+            field=models.CharField(blank=True, default="", editable=False, max_length=100),
+        ),
+        migrations.AddField(
+            model_name="workflowrun",
+            name="end_seal",
+            field=models.CharField(blank=True, default="", editable=False, max_length=100),
+        ),
+        migrations.RunPython(seal_existing_runs, migrations.RunPython.noop, elidable=True),
         pgtrigger.migrations.RemoveTrigger(
             model_name="aitask",
             name="notify_ai_queued",
