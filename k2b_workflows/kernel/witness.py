@@ -120,31 +120,33 @@ class Finding:
 
 
 def parse(lines: Iterable[str]) -> Iterator[dict[str, Any] | str]:
-    """The witness records in log lines (plain ``k2b-witness {...}`` lines, or a JSON log
-    line whose message holds one); a line with a record that does not decode is
-    yielded as its text."""
+    """The witness records in log lines: plain ``... k2b-witness {...}`` lines, or JSON log
+    lines whose ``message`` holds one. A marked line whose record does not decode is
+    yielded as a description of it."""
+    marker = MARK + " {"
     for number, line in enumerate(lines, start=1):
-        if MARK not in line and "k2b_witness" not in line:
+        if MARK not in line:
             continue
-        text = line
-        start = text.find('{"k2b_witness"')
-        if start < 0:
-            try:  # a JSON formatter: the record is inside the message, escaped
-                message = json.loads(line).get("message", "")
+        text = line.strip()
+        if text.startswith("{"):  # a JSON formatter: the record is inside the message
+            try:
+                message = json.loads(text).get("message", "")
             except (ValueError, AttributeError):
-                yield f"line {number}: not a witness record"
-                continue
-            text = str(message)
-            start = text.find('{"k2b_witness"')
-            if start < 0:
-                continue
-        try:
-            record, _ = json.JSONDecoder().raw_decode(text[start:])
-        except ValueError:
+                message = ""
+            if isinstance(message, str) and marker in message:
+                text = message
+        start = text.find(marker)
+        if start < 0:
             yield f"line {number}: not a witness record"
             continue
-        if isinstance(record, dict):
+        try:
+            record, _ = json.JSONDecoder().raw_decode(text[start + len(MARK) + 1 :])
+        except ValueError:
+            record = None
+        if isinstance(record, dict) and record.get("k2b_witness") == 1:
             yield record
+        else:
+            yield f"line {number}: not a witness record"
 
 
 def _authentic(record: dict[str, Any]) -> bool:
@@ -154,19 +156,8 @@ def _authentic(record: dict[str, Any]) -> bool:
     )
 
 
-def _latest(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per run, the record furthest along: the others are prefixes of it."""
-    latest: dict[str, dict[str, Any]] = {}
-    for record in records:
-        seen = latest.get(record["run"])
-        order = (record["ledger"], record["generation"], record["kind"] == "end")
-        if seen is None or order >= (seen["ledger"], seen["generation"], seen["kind"] == "end"):
-            latest[record["run"]] = record
-    return latest
-
-
 _HELD_SQL = """
-SELECT w.run, r.status, r.generation,
+SELECT w.run, w.position, r.status, r.generation,
        (SELECT count(*) FROM k2b_ledger l WHERE l.run_id = w.run),
        (SELECT l.entry_hash FROM k2b_ledger l WHERE l.run_id = w.run
          ORDER BY l.id OFFSET GREATEST(w.position - 1, 0) LIMIT 1)
@@ -176,7 +167,14 @@ SELECT w.run, r.status, r.generation,
 
 
 def check(lines: Iterable[str], using: str) -> tuple[int, list[Finding]]:
-    """Hold the witness ``lines`` against the database: (records read, findings)."""
+    """Hold the witness ``lines`` against the database: (records read, findings).
+
+    Every witnessed ledger entry must still be where it was (the ledger is
+    append-only: an entry that moved or vanished was rolled back), every run
+    at least at its witnessed generation, and a run witnessed ending for good
+    (succeeded, canceled) still ended so. Runs ``purgeworkflows`` deleted are
+    witnessed as purged and not reported.
+    """
     findings: list[Finding] = []
     records = []
     for item in parse(lines):
@@ -185,10 +183,8 @@ def check(lines: Iterable[str], using: str) -> tuple[int, list[Finding]]:
             continue
         try:
             run = str(uuid.UUID(str(item["run"])))
-            ok = (
-                item["kind"] in ("dispatch", "end")
-                and isinstance(item["ledger"], int)
-                and isinstance(item["generation"], int)
+            ok = item["kind"] in ("dispatch", "end", "purged") and all(
+                isinstance(item.get(k), int) for k in ("ledger", "generation")
             )
         except (KeyError, ValueError, TypeError):
             ok = False
@@ -198,20 +194,30 @@ def check(lines: Iterable[str], using: str) -> tuple[int, list[Finding]]:
             )
             continue
         records.append({**item, "run": run})
-    latest = _latest(records)
-    runs = sorted(latest)
+    purged = {r["run"] for r in records if r["kind"] == "purged"}
+    held = [r for r in records if r["run"] not in purged]
+    # One row per witnessed (run, ledger position): the database's entry there.
+    points = sorted({(r["run"], r["ledger"]) for r in held})
     rows = (
-        db.fetchall(using, _HELD_SQL, [runs, [latest[r]["ledger"] for r in runs]]) if runs else []
+        db.fetchall(using, _HELD_SQL, [[p[0] for p in points], [p[1] for p in points]])
+        if points
+        else []
     )
-    for run, status, generation, count, head in rows:
-        record = latest[str(run)]
+    found = {(str(run), position): row for run, position, *row in rows}
+    reported: set[str] = set()
+    for record in held:
+        run = record["run"]
+        if run in reported:
+            continue
+        status, generation, count, head = found[(run, record["ledger"])]
         what = (
-            f"{record['kind']} of step {record['seq']}"
+            f"dispatch of step {record.get('seq')}"
             if record["kind"] == "dispatch"
-            else (f"end ({record['status']})")
+            else f"end ({record.get('status')})"
         )
         if status is None:
-            findings.append(Finding(str(run), f"witnessed {what}, but the run no longer exists"))
+            findings.append(Finding(run, f"witnessed {what}, but the run no longer exists"))
+            reported.add(run)
             continue
         problems = []
         if count < record["ledger"]:
@@ -220,14 +226,25 @@ def check(lines: Iterable[str], using: str) -> tuple[int, list[Finding]]:
             problems.append(f"ledger entry {record['ledger']} is not the witnessed one")
         if generation < record["generation"]:
             problems.append(f"its generation is {generation}, {record['generation']} was witnessed")
-        if record["kind"] == "end" and record["status"] in _FINAL and status != record["status"]:
+        if (
+            record["kind"] == "end"
+            and record.get("status") in _FINAL
+            and status != record["status"]
+        ):
             problems.append(f"it is {status} again")
         if problems:
+            reported.add(run)
             findings.append(
                 Finding(
-                    str(run),
+                    run,
                     f"witnessed {what} is not what the database holds "
                     f"(rolled back or restored): {'; '.join(problems)}",
                 )
             )
     return len(records), findings
+
+
+def purged(run_ids: Iterable[Any]) -> None:
+    """Runs deleted by ``purgeworkflows``: their witnessed records are not missing."""
+    for run_id in run_ids:
+        _tell({"kind": "purged", "run": str(run_id), "generation": 0, "ledger": 0})
