@@ -15,7 +15,7 @@ import io
 import pgtrigger
 import pytest
 from django.conf import settings
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, connections, transaction
 from django.test import override_settings
 
@@ -205,4 +205,18 @@ def test_grantworkflows_prints_only_insert_and_select_on_the_evidence():
     assert not any("TRUNCATE" in line for line in lines)
     deletes = [line for line in lines if "DELETE" in line]
     assert deletes == ['GRANT DELETE ON TABLE "k2b_wait", "k2b_worker" TO "k2b_app";']
-    assert 'GRANT EXECUTE ON FUNCTION "public".k2b_now() TO "k2b_app";' in lines
+    assert 'GRANT EXECUTE ON FUNCTION "public"."k2b_now"() TO "k2b_app";' in lines
+
+
+def test_grantworkflows_quotes_a_hostile_role_name_as_one_identifier():
+    """The role name is an identifier, never SQL: the review's injection names a role
+    that does not exist, and nothing of it runs."""
+    hostile = 'x"; CREATE TABLE k2b_pwned (); --'
+    with pytest.raises(CommandError, match="could not apply grants"):
+        call_command("grantworkflows", hostile, "--apply", stdout=io.StringIO())
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT to_regclass('k2b_pwned')")
+        assert cursor.fetchone() == (None,)
+    out = io.StringIO()
+    call_command("grantworkflows", hostile, stdout=out)
+    assert 'TO "x""; CREATE TABLE k2b_pwned (); --";' in out.getvalue()
