@@ -23,7 +23,7 @@ from .exceptions import (
     ResolutionRefused,
     StepFailed,
 )
-from .kernel import children, clock, db, flow, waits
+from .kernel import children, clock, db, flow, seals, waits, witness
 from .kernel import evidence as chain
 from .kernel.budgets import BudgetExceeded
 from .kernel.context import StepContext
@@ -151,11 +151,12 @@ def _start(
         **chain.initial_anchors(run_id),
         **flow_fields,
     )
+    run.start_seal = seals.start_seal(run)
     key = flow_fields.get("concurrency_key")
     if key is not None and definition.concurrency is not None:
         if idempotency_key is not None:
             # A repeated start must not cancel (or be refused by) the runs of its key.
-            existing = _existing_run(using, name, idempotency_key, input)
+            existing = _existing_run(using, name, idempotency_key, input, principal)
             if existing is not None:
                 return existing
         strategy = definition.concurrency.strategy
@@ -167,6 +168,8 @@ def _start(
                 "active run(s) (cancel_newest)"
             )
             run.finished_at = now
+            # Born ended: sealed as every end is (kernel/seals.py).
+            run.end_seal = seals.end_seal(run_id, "canceled", store.CONCURRENCY_LIMITED, 0)
         elif strategy == Strategy.CANCEL_IN_PROGRESS:
             for holder in flow.holders_to_cancel(using, definition, key):
                 cancel_workflow_run(
@@ -186,9 +189,11 @@ def _start(
             raise AssertionError("run was not created")
         # ON CONFLICT DO NOTHING without a target, then read by key: two
         # concurrent starts with one key never raise a unique violation.
-        existing = _existing_run(using, name, idempotency_key, input)
+        existing = _existing_run(using, name, idempotency_key, input, principal)
         assert existing is not None
         return existing
+    if run.status == RunStatus.CANCELED:
+        transaction.on_commit(lambda: witness.ended(run_id, "canceled", 0, 0, None), using=using)
     if key is not None:
         # The insert's trigger admitted it to a slot, or not.
         run.holds_slot = (
@@ -197,13 +202,23 @@ def _start(
     return run
 
 
-def _existing_run(using: str, name: str, idempotency_key: str, input: Any) -> WorkflowRun | None:
+def _existing_run(
+    using: str, name: str, idempotency_key: str, input: Any, principal: Any
+) -> WorkflowRun | None:
     existing = (
         WorkflowRun.objects.using(using)
         .filter(workflow_name=name, idempotency_key=idempotency_key)
         .first()
     )
-    if existing is not None and existing.input != input:
+    if existing is None:
+        return None
+    if existing.principal != principal:
+        # Neither the run nor whose it is: the key names another principal's run.
+        raise IdempotencyConflict(
+            f"idempotency_key {idempotency_key!r} of {name} is already used by another principal",
+            None,
+        )
+    if existing.input != input:
         raise IdempotencyConflict(
             f"idempotency_key {idempotency_key!r} already started run {existing.id} "
             "with a different input",
@@ -269,11 +284,25 @@ def cancel_workflow_run(run_id: Any, reason: str) -> WorkflowRun:
                       finished_at = k2b_now(), lease_expires_at = NULL, updated_at = k2b_now()
                 WHERE id IN (SELECT id FROM tree)
                   AND status NOT IN ('succeeded', 'failed', 'canceled')
-               RETURNING id, workflow_name""",
+               RETURNING id, workflow_name, generation""",
             [run_id, store.CANCELED, reason],
         )
         ids = [r[0] for r in canceled]
-        for canceled_id, workflow_name in canceled:
+        db.execute(
+            using,
+            """UPDATE k2b_run r SET end_seal = s.seal
+                 FROM unnest(%s::uuid[], %s::text[]) AS s(id, seal) WHERE r.id = s.id""",
+            [
+                ids,
+                seals.end_seals((i, "canceled", store.CANCELED, gen) for i, _, gen in canceled),
+            ],
+        )
+        for canceled_id, _, generation in canceled:
+            transaction.on_commit(
+                lambda i=canceled_id, g=generation: witness.ended(i, "canceled", g, 0, None),
+                using=using,
+            )
+        for canceled_id, workflow_name, _ in canceled:
             signals.send_on_commit(
                 signals.run_finished,
                 using,
@@ -482,6 +511,7 @@ def resolve_effect(
             using,
             """UPDATE k2b_run SET status = 'queued', attention_step = NULL, error_code = '',
                       error_message = '', error_detail = NULL, consecutive_failures = 0,
+                      end_seal = '',
                       run_after = k2b_now(), updated_at = k2b_now() WHERE id = %s""",
             [run_id],
         )
@@ -540,7 +570,7 @@ def retry_workflow_run(run_id: Any, *, actor: Any, reason: str = "") -> Workflow
         )
         db.execute(
             using,
-            """UPDATE k2b_run SET status = 'queued', consecutive_failures = 0,
+            """UPDATE k2b_run SET status = 'queued', consecutive_failures = 0, end_seal = '',
                       error_code = '', error_message = '', error_detail = NULL,
                       attention_step = NULL, run_after = k2b_now(),
                       finished_at = NULL, updated_at = k2b_now()

@@ -39,7 +39,8 @@ UPDATE k2b_run r
          ORDER BY {line}
          LIMIT %s
            FOR UPDATE SKIP LOCKED)
-RETURNING r.id, r.generation, k2b_queue_order(r.run_after, r.priority_credit_ms) AS line)
+RETURNING r.id, r.generation,
+          r.run_after - r.priority_credit_ms * interval '1 millisecond' AS line)
 SELECT id, generation FROM claimed ORDER BY line
 """
 

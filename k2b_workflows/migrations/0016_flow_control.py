@@ -16,11 +16,13 @@ import pgtrigger.migrations
 from django.db import migrations, models
 
 import k2b_workflows.models
+import k2b_workflows.triggers
 
 # Copied here, not imported: a migration keeps the SQL it ran.
 FUNCTIONS_SQL = """
 CREATE OR REPLACE FUNCTION k2b_queue_order(run_after timestamptz, credit_ms bigint)
 RETURNS timestamptz LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE COST 1
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     RETURN run_after - credit_ms * interval '1 millisecond';
@@ -29,6 +31,7 @@ $$;
 
 CREATE OR REPLACE FUNCTION k2b_flow_holders(p_name text, p_key text) RETURNS integer
 LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     held integer;
@@ -38,7 +41,7 @@ BEGIN
     -- read after the wait, in a snapshot that sees what the last holder of the
     -- lock committed. Never a count taken before the lock.
     PERFORM pg_advisory_xact_lock(hashtextextended('k2b.concurrency:' || p_name || ':' || p_key, 0));
-    SELECT count(*) INTO held FROM k2b_run
+    SELECT count(*) INTO held FROM "public".k2b_run
      WHERE workflow_name = p_name AND concurrency_key = p_key AND holds_slot;
     RETURN held;
 END;
@@ -46,6 +49,7 @@ $$;
 
 CREATE OR REPLACE FUNCTION k2b_flow_admit(p_name text, p_key text, p_limit integer)
 RETURNS integer LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     held integer;
@@ -55,7 +59,7 @@ BEGIN
     IF p_key IS NULL OR p_limit IS NULL THEN
         RETURN 0;
     END IF;
-    held := k2b_flow_holders(p_name, p_key);
+    held := "public".k2b_flow_holders(p_name, p_key);
     IF held >= p_limit THEN
         RETURN 0;
     END IF;
@@ -63,14 +67,14 @@ BEGIN
     -- canceling it or re-queueing it, and a re-queue admits through this
     -- function itself once it holds the key's lock.
     WITH next AS (
-        SELECT id FROM k2b_run
+        SELECT id FROM "public".k2b_run
          WHERE workflow_name = p_name AND concurrency_key = p_key
            AND status = 'queued' AND NOT holds_slot
-         ORDER BY k2b_queue_order(run_after, priority_credit_ms), created_at
+         ORDER BY "public".k2b_queue_order(run_after, priority_credit_ms), created_at
          LIMIT p_limit - held
            FOR UPDATE SKIP LOCKED),
     admit AS (
-        UPDATE k2b_run r SET holds_slot = true FROM next WHERE r.id = next.id
+        UPDATE "public".k2b_run r SET holds_slot = true FROM next WHERE r.id = next.id
         RETURNING r.app_id)
     SELECT count(*), min(admit.app_id) INTO admitted, app FROM admit;
     IF admitted > 0 THEN
@@ -83,6 +87,7 @@ $$;
 CREATE OR REPLACE FUNCTION k2b_rate_admit(
     p_key text, p_limit integer, p_per_ms bigint, p_run uuid, p_seq integer)
 RETURNS timestamptz LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     now_ timestamptz;
@@ -91,16 +96,16 @@ BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended('k2b.rate:' || p_key, 0));
     -- The time after the wait for the lock, on the database's clock (with the
     -- controlled clock's offset): a statement's own timestamp is from before it.
-    now_ := clock_timestamp() + (k2b_now() - statement_timestamp());
-    DELETE FROM k2b_rate_dispatch
+    now_ := clock_timestamp() + ("public".k2b_now() - statement_timestamp());
+    DELETE FROM "public".k2b_rate_dispatch
      WHERE limit_key = p_key AND at <= now_ - p_per_ms * interval '1 millisecond';
-    SELECT at INTO nth FROM k2b_rate_dispatch WHERE limit_key = p_key
+    SELECT at INTO nth FROM "public".k2b_rate_dispatch WHERE limit_key = p_key
      ORDER BY at DESC OFFSET p_limit - 1 LIMIT 1;
     IF FOUND THEN
         -- Full: the window frees when the limit-th latest dispatch leaves it.
         RETURN nth + p_per_ms * interval '1 millisecond';
     END IF;
-    INSERT INTO k2b_rate_dispatch (limit_key, at, run_id, seq) VALUES (p_key, now_, p_run, p_seq);
+    INSERT INTO "public".k2b_rate_dispatch (limit_key, at, run_id, seq) VALUES (p_key, now_, p_run, p_seq);
     RETURN NULL;
 END;
 $$;
@@ -116,7 +121,7 @@ DROP FUNCTION IF EXISTS k2b_queue_order(timestamptz, bigint);
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("k2b_workflows", "0013_run_parent_index"),
+        ("k2b_workflows", "0014_pinned_functions_and_run_seals"),
     ]
 
     operations = [
@@ -216,51 +221,6 @@ class Migration(migrations.Migration):
                 name="k2b_run_behind_key",
             ),
         ),
-        pgtrigger.migrations.AddTrigger(
-            model_name="workflowrun",
-            trigger=pgtrigger.compiler.Trigger(
-                name="slot_release",
-                sql=pgtrigger.compiler.UpsertTriggerSql(
-                    condition="WHEN (OLD.\"holds_slot\" AND NEW.\"status\" IN ('succeeded', 'failed', 'canceled'))",
-                    func="NEW.holds_slot := false; RETURN NEW;",
-                    hash="037118cf8daf47240abc6435ab09bb0fba5d9574",
-                    operation="UPDATE",
-                    pgid="pgtrigger_slot_release_85e07",
-                    table="k2b_run",
-                    when="BEFORE",
-                ),
-            ),
-        ),
-        pgtrigger.migrations.AddTrigger(
-            model_name="workflowrun",
-            trigger=pgtrigger.compiler.Trigger(
-                name="slot_admit_insert",
-                sql=pgtrigger.compiler.UpsertTriggerSql(
-                    condition='WHEN (NEW."concurrency_key" IS NOT NULL AND NEW."status" = \'queued\')',
-                    func="PERFORM k2b_flow_admit(NEW.workflow_name, NEW.concurrency_key, NEW.concurrency_limit); RETURN NULL;",
-                    hash="9dea2b656420ffaaa5b53c1ff426ea8b35228ac2",
-                    operation="INSERT",
-                    pgid="pgtrigger_slot_admit_insert_0a60b",
-                    table="k2b_run",
-                    when="AFTER",
-                ),
-            ),
-        ),
-        pgtrigger.migrations.AddTrigger(
-            model_name="workflowrun",
-            trigger=pgtrigger.compiler.Trigger(
-                name="slot_admit_update",
-                sql=pgtrigger.compiler.UpsertTriggerSql(
-                    condition='WHEN (NEW."concurrency_key" IS NOT NULL AND NOT NEW."holds_slot" AND (OLD."holds_slot" OR (NEW."status" = \'queued\' AND OLD."status" IS DISTINCT FROM (NEW."status"))))',
-                    func="PERFORM k2b_flow_admit(NEW.workflow_name, NEW.concurrency_key, NEW.concurrency_limit); RETURN NULL;",
-                    hash="166f135ea67665c415f87fa60ffffdbee989f673",
-                    operation="UPDATE",
-                    pgid="pgtrigger_slot_admit_update_26d1b",
-                    table="k2b_run",
-                    when="AFTER",
-                ),
-            ),
-        ),
         migrations.AddField(
             model_name="ratedispatch",
             name="run",
@@ -275,5 +235,50 @@ class Migration(migrations.Migration):
         migrations.AddIndex(
             model_name="ratedispatch",
             index=models.Index(fields=["limit_key", "at"], name="k2b_rate_dispatch_key_at"),
+        ),
+        pgtrigger.migrations.AddTrigger(
+            model_name="workflowrun",
+            trigger=pgtrigger.compiler.Trigger(
+                name="slot_release",
+                sql=k2b_workflows.triggers.PinnedUpsertTriggerSql(
+                    condition="WHEN (OLD.\"holds_slot\" AND NEW.\"status\" IN ('succeeded', 'failed', 'canceled'))",
+                    func="NEW.holds_slot := false; RETURN NEW;",
+                    hash="38f41f90caf7f1638a0b4ce833efe7e5e926f9f4",
+                    operation="UPDATE",
+                    pgid="pgtrigger_slot_release_85e07",
+                    table="k2b_run",
+                    when="BEFORE",
+                ),
+            ),
+        ),
+        pgtrigger.migrations.AddTrigger(
+            model_name="workflowrun",
+            trigger=pgtrigger.compiler.Trigger(
+                name="slot_admit_insert",
+                sql=k2b_workflows.triggers.PinnedUpsertTriggerSql(
+                    condition='WHEN (NEW."concurrency_key" IS NOT NULL AND NEW."status" = \'queued\')',
+                    func='PERFORM "public".k2b_flow_admit(NEW.workflow_name, NEW.concurrency_key, NEW.concurrency_limit); RETURN NULL;',
+                    hash="50f7fc9c63d6148997992db04c7882251581c364",
+                    operation="INSERT",
+                    pgid="pgtrigger_slot_admit_insert_0a60b",
+                    table="k2b_run",
+                    when="AFTER",
+                ),
+            ),
+        ),
+        pgtrigger.migrations.AddTrigger(
+            model_name="workflowrun",
+            trigger=pgtrigger.compiler.Trigger(
+                name="slot_admit_update",
+                sql=k2b_workflows.triggers.PinnedUpsertTriggerSql(
+                    condition='WHEN (NEW."concurrency_key" IS NOT NULL AND NOT NEW."holds_slot" AND (OLD."holds_slot" OR (NEW."status" = \'queued\' AND OLD."status" IS DISTINCT FROM (NEW."status"))))',
+                    func='PERFORM "public".k2b_flow_admit(NEW.workflow_name, NEW.concurrency_key, NEW.concurrency_limit); RETURN NULL;',
+                    hash="512b86688a0d98cae6051009e2ab20f1e1769046",
+                    operation="UPDATE",
+                    pgid="pgtrigger_slot_admit_update_26d1b",
+                    table="k2b_run",
+                    when="AFTER",
+                ),
+            ),
         ),
     ]
