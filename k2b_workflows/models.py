@@ -622,15 +622,20 @@ class WorkerRecord(models.Model):
 class RateDispatch(models.Model):
     """One admitted dispatch of a rate-limited action: what the sliding window counts.
 
-    Written in its own committed transaction before the effect, so a crash after
-    it counts the dispatch that may have happened. Rows older than the window
-    are deleted by the next admission of their key.
+    Reserved in a committed transaction before the effect, stamped with the
+    database's clock just before ``run()`` (``kernel/flow.py``). Rows older than
+    the window are deleted by the next admission of their key.
     """
 
     id = models.BigAutoField(primary_key=True)
     #: ``<action name>`` or ``<action name>:<rate_limit_key(input)>``.
     limit_key = models.CharField(max_length=500)
-    at = models.DateTimeField()
+    #: When ``run()`` was about to be called; NULL while only reserved (it counts
+    #: as a call made now until it is stamped).
+    at = models.DateTimeField(null=True, blank=True)
+    reserved_at = models.DateTimeField()
+    #: The run's fence at the reservation: an unstamped one of an older life is void.
+    generation = models.BigIntegerField()
     run = models.ForeignKey(
         WorkflowRun,
         on_delete=models.DO_NOTHING,

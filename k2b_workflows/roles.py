@@ -33,7 +33,8 @@ KERNEL_FUNCTIONS = (
     ("k2b_queue_order", "timestamptz, bigint"),
     ("k2b_flow_holders", "text, text"),
     ("k2b_flow_admit", "text, text, integer"),
-    ("k2b_rate_admit", "text, integer, bigint, uuid, integer"),
+    ("k2b_rate_admit", "text, integer, bigint, uuid, integer, bigint"),
+    ("k2b_rate_stamp", "bigint"),
 )
 
 

@@ -32,7 +32,7 @@ from k2b_workflows import (
 )
 from k2b_workflows.control import retry_workflow_run
 from k2b_workflows.exceptions import InvalidInput
-from k2b_workflows.kernel import claim, flow
+from k2b_workflows.kernel import claim, flow, seals
 from k2b_workflows.models import WorkflowRun
 from k2b_workflows.store import CONCURRENCY_LIMITED
 from tests.kernel_helpers import execute_exactly, fresh, make_due, run_to_end
@@ -183,6 +183,7 @@ def test_cancel_newest_creates_a_start_beyond_the_limit_canceled():
     first = start_workflow_run("flow.first_wins", {"key": "n", "nap": 0}, concurrency_key="n")
     second = start_workflow_run("flow.first_wins", {"key": "n", "nap": 0}, concurrency_key="n")
     assert (fresh(second).status, fresh(second).error_code) == ("canceled", CONCURRENCY_LIMITED)
+    assert seals.end_problem(fresh(second)) is None  # born ended, and sealed as every end
     assert fresh(first).status == "queued" and fresh(first).holds_slot
     cancel_workflow_run(first.pk, "done with it")
     third = start_workflow_run("flow.first_wins", {"key": "n", "nap": 0}, concurrency_key="n")

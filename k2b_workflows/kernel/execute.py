@@ -548,15 +548,18 @@ class Execution:
             self._fail_run(store.INVALID_RATE_LIMIT_KEY, f"step {step.seq} ({step.name}): {exc}")
         self._flush_pending()
 
-        def admit() -> Any:
+        def admit() -> tuple[int | None, Any]:
             self._fence(step.seq)
-            until = flow.admit_dispatch(self.using, key, limit, self.run_id, step.seq)
+            reserved, until = flow.admit_dispatch(
+                self.using, key, limit, self.run_id, step.seq, self.generation
+            )
             if until is not None:
                 flow.defer(self.using, self.run_id, self.generation, until, key)
-            return until
+            return reserved, until
 
-        until = db.run_in_transaction(admit, self.using)
+        reserved, until = db.run_in_transaction(admit, self.using)
         if until is None:
+            step.rate_dispatch = reserved
             return
         self.outcome = "deferred"
         events.run_changed(self, "deferred", step.seq, reason=f"rate limit of {key} full")
@@ -1033,6 +1036,9 @@ class Execution:
         if self.keeper:
             external = hook == "run" and step.action.effect.is_external
             self.keeper.action_started(self.run_id, step.action.timeout, external=external)
+        if hook == "run" and step.rate_dispatch is not None:
+            flow.stamp_dispatch(self.using, step.rate_dispatch)
+            step.rate_dispatch = None
         try:
             result = getattr(step.action, hook)(step.ctx, step.input)
         except StepFailed as exc:
@@ -1958,6 +1964,8 @@ class _Step:
     ctx: StepContext
     cost: dict[str, int] = field(default_factory=dict)
     refs: dict[str, Any] = field(default_factory=dict)
+    #: A reserved rate-limited dispatch, stamped just before ``run()`` (``flow.py``).
+    rate_dispatch: int | None = None
 
 
 def wake_parent(using: str, run: WorkflowRun) -> None:

@@ -41,7 +41,7 @@ import datetime as dt
 import logging
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections
+from django.db import connections, transaction
 
 from .. import metrics, store, validation
 from ..exceptions import InvalidInput
@@ -161,21 +161,44 @@ def limit_key(action: Action, input: Any) -> str:
 
 
 def admit_dispatch(
-    using: str, key: str, limit: RateLimit, run_id: Any, seq: int
-) -> dt.datetime | None:
-    """Count one dispatch under ``key`` in the current transaction; None: admitted.
+    using: str, key: str, limit: RateLimit, run_id: Any, seq: int, generation: int
+) -> tuple[int | None, dt.datetime | None]:
+    """Reserve one dispatch under ``key`` in the current transaction.
 
-    Otherwise the window is full and nothing was counted: returns the instant
-    it frees (the database's clock). Each dispatch occupies ``per`` plus
-    ``RATE_LIMIT_MARGIN_MS``: the provider sees the call a commit (or two: an
-    IDEMPOTENT step's charge) after the admission, and that delay varies.
+    Returns (the reservation's id, None), or (None, the instant the window
+    frees) when it is full and nothing was reserved. Each dispatch occupies
+    ``per`` plus ``RATE_LIMIT_MARGIN_MS`` (what may still pass between the stamp
+    and the provider seeing the call).
     """
     per_ms = limit.per_ms + store.rate_limit_margin_ms()
     with connections[using].cursor() as cursor:
         cursor.execute(
-            "SELECT k2b_rate_admit(%s, %s, %s, %s, %s)", [key, limit.limit, per_ms, run_id, seq]
+            "SELECT dispatch_id, free_at FROM k2b_rate_admit(%s, %s, %s, %s, %s, %s)",
+            [key, limit.limit, per_ms, run_id, seq, generation],
         )
-        return cursor.fetchone()[0]
+        dispatch_id, free_at = cursor.fetchone()
+    return dispatch_id, free_at
+
+
+def stamp_dispatch(using: str, dispatch_id: int) -> None:
+    """Time a reserved dispatch on the database's clock, just before ``run()`` is called.
+
+    The reservation committed a commit or two earlier (an IDEMPOTENT step's
+    charge, an EXTERNAL step's dispatch entry), a delay that varies from call
+    to call; until it is stamped it counts as a call made "now" at every
+    admission of its key. Outside a transaction the stamp commits without
+    waiting for the disk (``synchronous_commit = off``): one short round trip
+    more, not a flush. Inside one (a TRANSACTIONAL step's block) it commits
+    with the block.
+    """
+    conn = connections[using]
+    if conn.in_atomic_block:
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT k2b_rate_stamp(%s)", [dispatch_id])
+        return
+    with transaction.atomic(using=using), conn.cursor() as cursor:
+        cursor.execute("SET LOCAL synchronous_commit = off")
+        cursor.execute("SELECT k2b_rate_stamp(%s)", [dispatch_id])
 
 
 def defer(using: str, run_id: Any, generation: int, until: dt.datetime, key: str) -> bool:

@@ -85,8 +85,9 @@ END;
 $$;
 
 CREATE OR REPLACE FUNCTION k2b_rate_admit(
-    p_key text, p_limit integer, p_per_ms bigint, p_run uuid, p_seq integer)
-RETURNS timestamptz LANGUAGE plpgsql VOLATILE
+    p_key text, p_limit integer, p_per_ms bigint, p_run uuid, p_seq integer, p_generation bigint,
+    OUT dispatch_id bigint, OUT free_at timestamptz)
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -99,20 +100,42 @@ BEGIN
     now_ := clock_timestamp() + ("public".k2b_now() - statement_timestamp());
     DELETE FROM "public".k2b_rate_dispatch
      WHERE limit_key = p_key AND at <= now_ - p_per_ms * interval '1 millisecond';
-    SELECT at INTO nth FROM "public".k2b_rate_dispatch WHERE limit_key = p_key
-     ORDER BY at DESC OFFSET p_limit - 1 LIMIT 1;
+    -- A reservation never stamped whose run moved on (a crash before the call): void.
+    DELETE FROM "public".k2b_rate_dispatch d
+     WHERE d.limit_key = p_key AND d.at IS NULL
+       AND NOT EXISTS (SELECT 1 FROM "public".k2b_run r
+                        WHERE r.id = d.run_id AND r.generation = d.generation
+                          AND r.status = 'running');
+    -- A reservation not stamped yet counts as a call made now (it is made later).
+    SELECT COALESCE(at, now_) AS t INTO nth FROM "public".k2b_rate_dispatch
+     WHERE limit_key = p_key ORDER BY t DESC OFFSET p_limit - 1 LIMIT 1;
     IF FOUND THEN
         -- Full: the window frees when the limit-th latest dispatch leaves it.
-        RETURN nth + p_per_ms * interval '1 millisecond';
+        free_at := nth + p_per_ms * interval '1 millisecond';
+        RETURN;
     END IF;
-    INSERT INTO "public".k2b_rate_dispatch (limit_key, at, run_id, seq) VALUES (p_key, now_, p_run, p_seq);
-    RETURN NULL;
+    INSERT INTO "public".k2b_rate_dispatch (limit_key, at, reserved_at, run_id, seq, generation)
+    VALUES (p_key, NULL, now_, p_run, p_seq, p_generation)
+    RETURNING id INTO dispatch_id;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION k2b_rate_stamp(p_id bigint) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE "public".k2b_rate_dispatch
+       SET at = clock_timestamp() + ("public".k2b_now() - statement_timestamp())
+     WHERE id = p_id AND at IS NULL;
+    RETURN FOUND;
 END;
 $$;
 """
 
 DROP_FUNCTIONS_SQL = """
-DROP FUNCTION IF EXISTS k2b_rate_admit(text, integer, bigint, uuid, integer);
+DROP FUNCTION IF EXISTS k2b_rate_stamp(bigint);
+DROP FUNCTION IF EXISTS k2b_rate_admit(text, integer, bigint, uuid, integer, bigint);
 DROP FUNCTION IF EXISTS k2b_flow_admit(text, text, integer);
 DROP FUNCTION IF EXISTS k2b_flow_holders(text, text);
 DROP FUNCTION IF EXISTS k2b_queue_order(timestamptz, bigint);
@@ -131,7 +154,9 @@ class Migration(migrations.Migration):
             fields=[
                 ("id", models.BigAutoField(primary_key=True, serialize=False)),
                 ("limit_key", models.CharField(max_length=500)),
-                ("at", models.DateTimeField()),
+                ("at", models.DateTimeField(blank=True, null=True)),
+                ("reserved_at", models.DateTimeField()),
+                ("generation", models.BigIntegerField()),
                 ("seq", models.IntegerField()),
             ],
             options={
