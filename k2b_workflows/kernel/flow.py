@@ -19,9 +19,10 @@ The failures this module is built around, each seen in a peer's queue:
   keyed run without a slot is not in the claim's index at all.
 - **A rate limit per process.** A limit kept in a worker's memory is
   multiplied by the number of workers. Here each dispatch of a rate-limited
-  action first commits a row in ``k2b_rate_dispatch`` under the key's
-  advisory lock, timed by PostgreSQL's clock, and a full window defers the
-  run to the instant the window frees: re-queued, no thread held, no failure
+  action first commits a reservation in ``k2b_rate_dispatch`` under the key's
+  advisory lock, stamped with PostgreSQL's clock just before ``run()`` (until
+  then it counts as a call made now), and a full window defers the run to
+  the instant the window frees: re-queued, no thread held, no failure
   counted, nothing charged (the budget is charged after admission, once per
   step as always).
 - **Starvation of low priorities.** A strict priority order lets a steady
