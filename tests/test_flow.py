@@ -428,7 +428,12 @@ def test_a_claim_over_50000_runs_behind_1000_keys_with_priorities_is_an_index_wa
     plan, fetched, plain_times = _claim_plan_and_times()
     print(plan)
     assert fetched < 100, (fetched, plan)
-    keyed, plain = statistics.median(keyed_times), statistics.median(plain_times)
+    # The fastest of each: what the claim costs, with the shared machine's stalls left out.
+    keyed, plain = min(keyed_times), min(plain_times)
+    print(
+        f"medians: keyed {statistics.median(keyed_times) * 1000:.2f} ms,"
+        f" plain {statistics.median(plain_times) * 1000:.2f} ms"
+    )
     print(f"claim of 10 over {BACKLOG}: keyed {keyed * 1000:.2f} ms, plain {plain * 1000:.2f} ms")
     assert keyed <= 1.5 * plain + 0.0005, (keyed, plain)
 
