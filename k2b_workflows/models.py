@@ -209,6 +209,13 @@ class WorkflowRun(models.Model):
     journal_anchor = models.CharField(max_length=100, blank=True, default="", editable=False)
     ledger_anchor = models.CharField(max_length=100, blank=True, default="", editable=False)
 
+    #: The W3C trace context of the code that started the run (``traceparent``,
+    #: ``tracestate``) and of the newest attempt (``attempt``, ``attempt_generation``):
+    #: the run's spans join the caller's trace on whichever worker runs it, and an
+    #: attempt after a takeover links to the one that died (``tracing.py``). NULL
+    #: when nothing was tracing.
+    trace_context = models.JSONField(null=True, blank=True, editable=False)
+
     class Meta:
         db_table = "k2b_run"
         ordering = ["-created_at"]
@@ -259,6 +266,14 @@ class WorkflowRun(models.Model):
                 name="k2b_run_deadline",
             ),
             models.Index(fields=["status", "created_at"], name="k2b_run_status"),
+            # The overview's throughput and error codes, and retention's oldest first:
+            # index-only over the window, whatever the size of the table.
+            models.Index(
+                fields=["finished_at"],
+                include=["status", "error_code"],
+                condition=models.Q(finished_at__isnull=False),
+                name="k2b_run_finished",
+            ),
         ]
         triggers = [
             GuardedFSM(

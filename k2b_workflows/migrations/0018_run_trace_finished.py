@@ -1,0 +1,49 @@
+"""The run's trace context, and an index of finished runs (#28).
+
+``trace_context`` (nullable, no default: adding it rewrites nothing) holds
+the W3C trace context of the code that started the run, so a worker on
+another host continues that trace. ``k2b_run_finished`` on ``finished_at``,
+covering ``status`` and ``error_code``, lets the admin's overview count
+what finished per minute and which codes failed with an index-only scan of
+the window, never the whole table; it is built concurrently so that a
+rolling deploy is not blocked.
+"""
+
+from django.db import migrations, models
+
+
+class Migration(migrations.Migration):
+    atomic = False
+
+    dependencies = [
+        ("k2b_workflows", "0013_run_parent_index"),
+    ]
+
+    operations = [
+        migrations.AddField(
+            model_name="workflowrun",
+            name="trace_context",
+            field=models.JSONField(blank=True, editable=False, null=True),
+        ),
+        migrations.SeparateDatabaseAndState(
+            state_operations=[
+                migrations.AddIndex(
+                    model_name="workflowrun",
+                    index=models.Index(
+                        condition=models.Q(("finished_at__isnull", False)),
+                        fields=["finished_at"],
+                        include=("status", "error_code"),
+                        name="k2b_run_finished",
+                    ),
+                ),
+            ],
+            database_operations=[
+                migrations.RunSQL(
+                    'CREATE INDEX CONCURRENTLY IF NOT EXISTS "k2b_run_finished" ON "k2b_run"'
+                    ' ("finished_at") INCLUDE ("status", "error_code")'
+                    ' WHERE "finished_at" IS NOT NULL',
+                    reverse_sql='DROP INDEX CONCURRENTLY IF EXISTS "k2b_run_finished"',
+                ),
+            ],
+        ),
+    ]
