@@ -8,11 +8,14 @@ index scan bounded by the window shown or by a cap:
 - the active statuses (queued, running, waiting, needs_attention) are counted
   through their partial or status index, each up to ``COUNT_CAP`` rows (the
   page then shows "100,000+");
-- what finished in the window, per minute, per status and per error code, is
-  one index-only scan of ``k2b_run_finished`` (``finished_at`` covering
-  ``status`` and ``error_code``) over the window;
-- what started, per minute, is an index-only scan of ``k2b_run_status``
-  (``status``, ``created_at``) over the window;
+- what finished, per minute, per status and per error code, is an index-only
+  scan of ``k2b_run_finished`` (``finished_at`` covering ``status`` and
+  ``error_code``); what started, per minute, one of ``k2b_run_status``
+  (``status``, ``created_at``);
+- and only over the minutes not yet in the rollup (``OverviewMinute``): a
+  minute over for ``SETTLE`` is counted once, by the page that finds it
+  missing, and read from there afterwards. The first page after a quiet
+  spell reads its whole window; the next ones read the last few minutes;
 - finished runs are counted over the window only, never since the beginning
   of time (that count grows with the table and says nothing about now).
 
@@ -23,13 +26,16 @@ on 1,000,000 runs.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import connections
+from django.db import DatabaseError, connections, transaction
 
 from . import fleet, store
-from .models import RunStatus
+from .models import OverviewMinute, RunStatus
+
+logger = logging.getLogger(__name__)
 
 #: Active statuses are counted up to this many runs each: beyond, "100,000+".
 COUNT_CAP = 100_000
@@ -60,20 +66,40 @@ SELECT error_code, count(*) FROM (
  GROUP BY 1 ORDER BY 2 DESC, 1
 """
 
-#: Buckets are minutes from the window's start (``date_bin``: no time zone enters the
-#: grouping, and no ``numeric`` arithmetic per row).
+#: Minutes are aligned on this origin (``date_bin``): whole UTC minutes, and no
+#: ``numeric`` arithmetic per row.
+EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+#: A minute is counted into the rollup once it has been over this long: a run's row
+#: becomes visible at its commit, a little after the time it carries.
+SETTLE = dt.timedelta(minutes=2)
+#: Rollup rows older than this are deleted whenever a page adds new ones.
+KEEP = dt.timedelta(days=2)
+#: ``pg_try_advisory_xact_lock`` key: one page at a time adds minutes; the others read.
+_ROLL_LOCK = 0x6B32_6F76_6572
+
 _FINISHED_SQL = """
-SELECT date_bin('1 minute', finished_at, %(since)s), status, error_code, count(*)
+SELECT date_bin('1 minute', finished_at, %(epoch)s), status, error_code, count(*)
   FROM k2b_run
- WHERE finished_at >= %(since)s AND finished_at IS NOT NULL
+ WHERE finished_at >= %(from)s AND finished_at < %(until)s AND finished_at IS NOT NULL
  GROUP BY 1, 2, 3
 """
 
 _STARTED_SQL = """
-SELECT date_bin('1 minute', created_at, %(since)s), count(*)
+SELECT date_bin('1 minute', created_at, %(epoch)s), count(*)
   FROM k2b_run
- WHERE status = ANY(%(statuses)s) AND created_at >= %(since)s
+ WHERE status = ANY(%(statuses)s) AND created_at >= %(from)s AND created_at < %(until)s
  GROUP BY 1
+"""
+
+_STORED_SQL = """
+SELECT minute, kind, status, error_code, count FROM k2b_overview_minute
+ WHERE minute >= %(first)s AND minute < %(settled)s
+"""
+
+_ROLL_SQL = """
+INSERT INTO k2b_overview_minute (minute, kind, status, error_code, count)
+SELECT * FROM unnest(%s::timestamptz[], %s::text[], %s::text[], %s::text[], %s::bigint[])
+    ON CONFLICT DO NOTHING
 """
 
 #: The statements of the page, for the test that reads their plans.
@@ -82,6 +108,7 @@ STATEMENTS = {
     "incidents": _INCIDENTS_SQL,
     "finished": _FINISHED_SQL,
     "started": _STARTED_SQL,
+    "stored": _STORED_SQL,
 }
 
 
@@ -121,17 +148,28 @@ class Overview:
 
 
 def parameters(window: str, now: dt.datetime) -> dict[str, Any]:
-    """The statements' parameters for ``window`` ending at ``now`` (the database's clock)."""
+    """The statements' parameters for ``window`` ending at ``now`` (the database's clock),
+    with nothing rolled up yet: the live reads cover the whole window."""
     length, _ = WINDOWS[window]
+    current = now.replace(second=0, microsecond=0)
+    first = current - length + dt.timedelta(minutes=1)
     return {
         "cap": COUNT_CAP,
-        "since": now - length,
+        "epoch": EPOCH,
+        "first": first,
+        "settled": current - SETTLE,
+        "from": first,
+        "until": current + dt.timedelta(minutes=1),
         "statuses": list(RunStatus.values),
     }
 
 
 def read(window: str = "hour", using: str | None = None) -> Overview:
-    """Read the overview of ``window`` ("hour" or "day") in a handful of bounded statements."""
+    """Read the overview of ``window`` ("hour" or "day") in a handful of bounded statements.
+
+    Minutes over for ``SETTLE`` come from the rollup; those not in it yet, and
+    the last few, from the runs table (and the former are added to the rollup).
+    """
     if window not in WINDOWS:
         raise ValueError(f"window must be one of {sorted(WINDOWS)}, not {window!r}")
     using = using or store.database()
@@ -143,17 +181,34 @@ def read(window: str = "hour", using: str | None = None) -> Overview:
         params = parameters(window, now)
         cursor.execute(_INCIDENTS_SQL, params)
         incidents = [(code or "-", n) for code, n in cursor.fetchall()]
-        cursor.execute(_FINISHED_SQL, params)
+        cursor.execute(_STORED_SQL, params)
+        stored = cursor.fetchall()
+        first, settled = params["first"], params["settled"]
+        rolled = {minute for minute, kind, *_ in stored if kind == OverviewMinute.Kind.ROLLED}
+        missing = [
+            m
+            for i in range(int((settled - first).total_seconds() // 60))
+            if (m := first + dt.timedelta(minutes=i)) not in rolled
+        ]
+        live_from = missing[0] if missing else settled
+        live = {**params, "from": live_from}
+        cursor.execute(_FINISHED_SQL, live)
         finished_rows = cursor.fetchall()
-        cursor.execute(_STARTED_SQL, params)
-        started_rows = cursor.fetchall()
-    since = params["since"]
+        cursor.execute(_STARTED_SQL, live)
+        started_rows = [(minute, "", "", n) for minute, n in cursor.fetchall()]
+    if missing:
+        _roll(using, set(missing), finished_rows, started_rows, now)
+    for minute, kind, status, code, n in stored:
+        if minute < live_from and kind == OverviewMinute.Kind.FINISHED:
+            finished_rows.append((minute, status, code, n))
+        elif minute < live_from and kind == OverviewMinute.Kind.STARTED:
+            started_rows.append((minute, status, code, n))
 
     def minute_of(bucket: dt.datetime) -> int:
-        return int((bucket - since).total_seconds() // 60)
+        return int((bucket - first).total_seconds() // 60)
 
     started = [0] * minutes
-    for bucket, n in started_rows:
+    for bucket, _, _, n in started_rows:
         minute = minute_of(bucket)
         if 0 <= minute < minutes:
             started[minute] += n
@@ -164,16 +219,14 @@ def read(window: str = "hour", using: str | None = None) -> Overview:
     failing_from = minutes - int(FAILING_WINDOW.total_seconds() // 60)
     for bucket, status, code, n in finished_rows:
         minute = minute_of(bucket)
-        # A retried run had ended and is active again: it counts where it is now.
-        if status not in finished:
+        if status not in finished or not 0 <= minute < minutes:
             continue
         finished[status] += n
-        if 0 <= minute < minutes:
-            finished_series[minute] += n
-            if status == RunStatus.FAILED:
-                failed_series[minute] += n
-        if status == RunStatus.FAILED and minute >= failing_from:
-            failing[code or "-"] = failing.get(code or "-", 0) + n
+        finished_series[minute] += n
+        if status == RunStatus.FAILED:
+            failed_series[minute] += n
+            if minute >= failing_from:
+                failing[code or "-"] = failing.get(code or "-", 0) + n
     return Overview(
         now=now,
         window=window,
@@ -194,3 +247,38 @@ def read(window: str = "hour", using: str | None = None) -> Overview:
         failed_per_minute=failed_series,
         workers=fleet.live_workers(using),
     )
+
+
+def _roll(
+    using: str,
+    missing: set[dt.datetime],
+    finished_rows: list[tuple],
+    started_rows: list[tuple],
+    now: dt.datetime,
+) -> None:
+    """Store the counts of the ``missing`` minutes (read live just now) and mark them rolled.
+
+    One page at a time (a transaction-level advisory lock; a page that does not
+    get it only reads). A role that may not write here (a read-only replica)
+    still gets its page: the failure is logged and the page reads live.
+    """
+    rows = [
+        (minute, kind, status, code, n)
+        for kind, source in (
+            (OverviewMinute.Kind.FINISHED, finished_rows),
+            (OverviewMinute.Kind.STARTED, started_rows),
+        )
+        for minute, status, code, n in source
+        if minute in missing
+    ]
+    rows += [(minute, OverviewMinute.Kind.ROLLED, "", "", 0) for minute in sorted(missing)]
+    columns = [list(column) for column in zip(*rows, strict=True)]
+    try:
+        with transaction.atomic(using=using), connections[using].cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [_ROLL_LOCK])
+            if not cursor.fetchone()[0]:
+                return
+            cursor.execute(_ROLL_SQL, columns)
+            cursor.execute("DELETE FROM k2b_overview_minute WHERE minute < %s", [now - KEEP])
+    except DatabaseError as exc:
+        logger.warning("the overview's rollup was not written: %s", exc)

@@ -21,9 +21,10 @@ APPEND_ONLY_TABLES = ("k2b_journal", "k2b_ledger", "k2b_budget_charge")
 _FORBIDDEN = ("UPDATE", "DELETE", "TRUNCATE")
 #: Tables whose rows the runtime role removes itself: workers purge the fleet
 #: rows of stopped or lost workers as they beat (``fleet.py``), and wait
-#: rendezvous nobody consumed in their housekeeping (``kernel/waits.py``).
-#: Neither holds evidence. Nothing else.
-RUNTIME_DELETES = ("k2b_wait", "k2b_worker")
+#: rendezvous nobody consumed in their housekeeping (``kernel/waits.py``), and
+#: the admin's overview drops its per-minute counts older than two days
+#: (``overview.py``). None holds evidence. Nothing else.
+RUNTIME_DELETES = ("k2b_overview_minute", "k2b_wait", "k2b_worker")
 
 
 def kernel_tables() -> list[str]:

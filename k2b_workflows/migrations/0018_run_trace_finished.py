@@ -1,4 +1,4 @@
-"""The run's trace context, and an index of finished runs (#28).
+"""The run's trace context, an index of finished runs, the overview's rollup (#28).
 
 ``trace_context`` (nullable, no default: adding it rewrites nothing) holds
 the W3C trace context of the code that started the run, so a worker on
@@ -6,7 +6,8 @@ another host continues that trace. ``k2b_run_finished`` on ``finished_at``,
 covering ``status`` and ``error_code``, lets the admin's overview count
 what finished per minute and which codes failed with an index-only scan of
 the window, never the whole table; it is built concurrently so that a
-rolling deploy is not blocked.
+rolling deploy is not blocked. ``k2b_overview_minute`` holds the
+overview's counts of minutes that are over.
 """
 
 from django.db import migrations, models
@@ -20,6 +21,41 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.CreateModel(
+            name="OverviewMinute",
+            fields=[
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("minute", models.DateTimeField()),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("started", "Started"),
+                            ("finished", "Finished"),
+                            ("rolled", "Rolled"),
+                        ],
+                        max_length=10,
+                    ),
+                ),
+                ("status", models.CharField(blank=True, default="", max_length=20)),
+                ("error_code", models.CharField(blank=True, default="", max_length=100)),
+                ("count", models.BigIntegerField()),
+            ],
+            options={
+                "db_table": "k2b_overview_minute",
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("minute", "kind", "status", "error_code"),
+                        name="k2b_overview_minute_once",
+                    )
+                ],
+            },
+        ),
         migrations.AddField(
             model_name="workflowrun",
             name="trace_context",
