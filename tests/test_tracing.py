@@ -249,3 +249,35 @@ def test_children_stay_in_the_callers_trace():
         assert child.trace_context == {
             "traceparent": f"00-{CALLER_TRACE:032x}-{CALLER_SPAN:016x}-01"
         }
+
+
+@pytest.mark.crash
+def test_a_run_started_outside_any_trace_keeps_one_trace_across_its_claims(
+    start_worker, wait, tmp_path
+):
+    run = start_workflow_run("tracing.three_steps", {"marker": "m", "gate": "gate-2"})
+    path = tmp_path / "spans.jsonl"
+    worker = start_worker("--concurrency", "1", env={"K2B_TEST_OTEL_FILE": str(path)})
+    wait(
+        lambda: fresh(run).status == "waiting",
+        timeout=TIMEOUT,
+        message=lambda: f"the run to park\n{worker.report()}",
+    )
+    DomainRow.objects.create(key="gate-2", value=1)
+    wake_workflow_runs_waiting_on(app_id="tests", kind="gate", key="gate-2")
+    wait(
+        lambda: fresh(run).status in SETTLED,
+        timeout=TIMEOUT,
+        message=lambda: f"run {run.pk} to settle\n{worker.report()}",
+    )
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=TIMEOUT) == 0, worker.output()
+    spans = read_spans(path)
+    first, second = sorted(
+        (s for s in spans if s["name"] == "k2b.run"),
+        key=lambda s: s["attributes"]["k2b.generation"],
+    )
+    assert first["parent_id"] is None  # a trace of its own
+    assert {s["context"]["trace_id"] for s in spans} == {first["context"]["trace_id"]}
+    assert second["parent_id"] == first["context"]["span_id"]
+    assert second["links"][0]["attributes"]["k2b.link"] == "previous_attempt"
