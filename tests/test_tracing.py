@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 from io import StringIO
+from pathlib import Path
 
 import pytest
 from django.core.management import call_command
@@ -281,3 +282,55 @@ def test_a_run_started_outside_any_trace_keeps_one_trace_across_its_claims(
     assert {s["context"]["trace_id"] for s in spans} == {first["context"]["trace_id"]}
     assert second["parent_id"] == first["context"]["span_id"]
     assert second["links"][0]["attributes"]["k2b.link"] == "previous_attempt"
+
+
+def _traced_process(path: Path, *args: str) -> subprocess.CompletedProcess:
+    """``args`` in a process exporting its spans to ``path`` (the SDK as tests/otel.py sets it)."""
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "K2B_TEST_DB_NAME": connection.settings_dict["NAME"],
+        "K2B_TEST_OTEL_FILE": str(path),
+        "PYTHONPATH": str(ROOT),
+    }
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_a_reconcile_answer_is_an_event_on_the_step_that_asked(tmp_path):
+    with as_caller():
+        run = start_workflow_run("test.charge", {"behaviour": "ambiguous", "amount": 5})
+    path = tmp_path / "spans.jsonl"
+    done = _traced_process(path, "manage.py", "runworkflows", "--burst", "--concurrency", "1")
+    assert done.returncode == 0, done.stderr
+    assert fresh(run).status == "succeeded", describe(run)
+    steps = [s for s in read_spans(path) if s["name"] == "k2b.step"]
+    events = [e for s in steps for e in s["events"] if e["name"] == "k2b.reconcile"]
+    assert [e["attributes"]["k2b.reconcile.answer"] for e in events] == ["succeeded"]
+    # The answer was lost, reconcile() found the charge: one step, succeeded.
+    assert [s["attributes"]["k2b.outcome"] for s in steps] == ["succeeded"]
+
+
+def test_a_wake_is_an_event_on_the_callers_span_without_the_key(tmp_path):
+    run = start_workflow_run("test.wait", {"key": "order-IN-SECRET"})
+    from k2b_workflows.testing import run_until_idle
+
+    run_until_idle()
+    assert fresh(run).status == "waiting"
+    path = tmp_path / "spans.jsonl"
+    script = (
+        "import django; django.setup()\n"
+        "from opentelemetry import trace\n"
+        "from k2b_workflows import wake_workflow_runs_waiting_on\n"
+        "with trace.get_tracer('caller').start_as_current_span('POST /webhook'):\n"
+        "    wake_workflow_runs_waiting_on(app_id='tests', kind='signal', key='order-IN-SECRET')\n"
+    )
+    done = _traced_process(path, "-c", script)
+    assert done.returncode == 0, done.stderr
+    (caller,) = read_spans(path)
+    (event,) = caller["events"]
+    assert event["name"] == "k2b.wake"
+    assert event["attributes"] == {"k2b.app_id": "tests", "k2b.wait.kind": "signal", "k2b.woken": 1}
+    assert "IN-SECRET" not in path.read_text()
+    assert fresh(run).status == "queued"
