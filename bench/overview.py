@@ -13,7 +13,7 @@ is one JSON object with the numbers.
 
 The rows are written with SQL (``generate_series``), not by running
 workflows: what is timed is reading, and the reads do not care how the rows
-came to be.
+came to be (they carry no seals: ``verifyworkflows`` would call them tampered).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ SEED_SQL = """
 INSERT INTO k2b_run (id, workflow_name, workflow_version, app_id, status, input, error_code,
                      error_message, generation, consecutive_failures, run_after, claimed_by,
                      wait_kind, wait_key, wait_signal_seq, created_at, updated_at, finished_at,
-                     journal_anchor, ledger_anchor, root_id)
+                     journal_anchor, ledger_anchor, start_seal, end_seal, root_id)
 SELECT id, 'bench.seeded', 1, 'bench', status,
        '{}'::jsonb,
        CASE WHEN status = 'failed' THEN (ARRAY['CARD_DECLINED', 'WORKFLOW_RETRY_EXHAUSTED',
@@ -46,7 +46,7 @@ SELECT id, 'bench.seeded', 1, 'bench', status,
        '', 1, 0, created, '', '', '', 0, created, created + interval '2 seconds',
        CASE WHEN status IN ('succeeded', 'failed', 'canceled')
             THEN created + interval '2 seconds' END,
-       '', '', id
+       '', '', '', '', id
   FROM (SELECT gen_random_uuid() AS id, i,
                CASE WHEN i %% 50 = 0 THEN 'failed' WHEN i %% 97 = 0 THEN 'canceled'
                     ELSE 'succeeded' END AS status,
@@ -59,14 +59,14 @@ ACTIVE_SQL = """
 INSERT INTO k2b_run (id, workflow_name, workflow_version, app_id, status, input, error_code,
                      error_message, generation, consecutive_failures, run_after, claimed_by,
                      wait_kind, wait_key, wait_signal_seq, created_at, updated_at,
-                     journal_anchor, ledger_anchor, root_id)
+                     journal_anchor, ledger_anchor, start_seal, end_seal, root_id)
 SELECT id, 'bench.seeded', 1, 'bench', status, '{}'::jsonb,
        CASE WHEN status = 'needs_attention' THEN 'EFFECT_OUTCOME_UNKNOWN' ELSE '' END,
        '', 1, 0,
        %(now)s + CASE WHEN i %% 2 = 0 THEN interval '-1 minute' ELSE interval '1 hour' END,
        '', CASE WHEN status = 'waiting' THEN 'signal' ELSE '' END,
        CASE WHEN status = 'waiting' THEN 'k' || i ELSE '' END,
-       0, %(now)s - interval '1 minute', %(now)s, '', '', id
+       0, %(now)s - interval '1 minute', %(now)s, '', '', '', '', id
   FROM (SELECT gen_random_uuid() AS id, i,
                (ARRAY['queued', 'queued', 'waiting', 'needs_attention'])[1 + i %% 4] AS status
           FROM generate_series(1, %(n)s) i) s

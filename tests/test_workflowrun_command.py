@@ -119,7 +119,8 @@ def test_show_prints_the_state_and_steps_and_never_the_input():
 
 
 @pytest.mark.parametrize(
-    ("run_id", "code"), [("not-a-uuid", BAD_INPUT), (str(uuid.uuid4()), NOT_FOUND)]
+    ("run_id", "code"),
+    [("not-a-uuid", BAD_INPUT), ("6f1c2d8e-2b8a-4c39-9a53-0c8f4e1d2a77", NOT_FOUND)],
 )
 def test_show_of_a_malformed_or_unknown_id_says_which(run_id, code):
     assert refused("show", run_id)[0] == code
