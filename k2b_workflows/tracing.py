@@ -165,7 +165,7 @@ class RunTrace:
 
     def _record_attempt(self, stored: dict[str, Any]) -> None:
         """Store this attempt's span context on the run: the next attempt links to it."""
-        from .kernel import db
+        from django.db import connections
 
         execution = self.execution
         headers = _carrier(self.span.get_span_context())
@@ -179,11 +179,10 @@ class RunTrace:
             # Started outside any trace: later attempts join the trace of the first.
             update["first_attempt"] = headers
         try:
-            db.execute(
-                execution.using,
-                _ATTEMPT_SQL,
-                [json.dumps(update), execution.run_id, execution.generation],
-            )
+            with connections[execution.using].cursor() as cursor:
+                cursor.execute(
+                    _ATTEMPT_SQL, [json.dumps(update), execution.run_id, execution.generation]
+                )
         except Exception:  # tracing must never stop a run
             logger.warning("run %s: could not store the trace context", execution.run_id)
 
