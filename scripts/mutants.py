@@ -39,6 +39,9 @@ class Mutant:
     old: str
     new: str
     tests: tuple[str, ...]
+    #: Further (old, new) edits of the same file: a guard written in two places,
+    #: each a backstop of the other, is removed from both.
+    also: tuple[tuple[str, str], ...] = ()
 
 
 MUTANTS = (
@@ -54,7 +57,9 @@ MUTANTS = (
         "k2b_workflows/kernel/evidence.py",
         "_FENCE_WHERE = \" AND generation = %s AND status = 'running'\"",
         "_FENCE_WHERE = \" AND %s IS NOT NULL AND status = 'running'\"",
-        ("tests/test_fence.py", "tests/test_hot_path.py"),
+        (
+            "tests/test_hot_path.py::test_the_one_statement_journal_write_refuses_a_stale_generation",
+        ),
     ),
     Mutant(
         "lease-renew-generation",
@@ -124,21 +129,28 @@ MUTANTS = (
         "k2b_workflows/kernel/execute.py",
         "        if state.open_key:\n            # Dispatched before",
         "        if False:\n            # Dispatched before",
-        ("tests/test_effects.py",),
+        ("tests/test_testing_recipes.py", "tests/test_retries.py"),
     ),
     Mutant(
         "reconcile-poll-bound",
         "k2b_workflows/kernel/execute.py",
         "if isinstance(result, Waiting) and state.polls >= store.max_reconcile_polls():",
         "if False:",
-        ("tests/test_provider_polling.py",),
+        ("tests/test_misuse_runs.py",),
     ),
     Mutant(
         "attempt-bound",
         "k2b_workflows/kernel/execute.py",
         "        if failures >= store.max_consecutive_failures():\n            self._exhausted",
         "        if False:\n            self._exhausted",
-        ("tests/test_retries.py",),
+        ("tests/test_retries.py::test_the_third_failure_in_a_row_fails_the_run_there_and_then",),
+    ),
+    Mutant(
+        "attempt-bound-at-claim",
+        "k2b_workflows/kernel/execute.py",
+        "            if run.consecutive_failures >= store.max_consecutive_failures():",
+        "            if False:",
+        ("tests/test_retries.py::test_a_run_claimed_at_the_limit_fails_without_running_a_step",),
     ),
     Mutant(
         "pinned-search-path",
@@ -174,15 +186,17 @@ def _copy_tree(dest: Path) -> None:
 
 def _apply(tree: Path, mutant: Mutant) -> str:
     path = tree / mutant.path
-    text = path.read_text()
-    count = text.count(mutant.old)
-    if count != 1:
-        raise SystemExit(
-            f"mutant {mutant.name}: the guarded text occurs {count} times in {mutant.path}; "
-            "update scripts/mutants.py"
-        )
-    path.write_text(text.replace(mutant.old, mutant.new))
-    return text
+    text = original = path.read_text()
+    for old, new in ((mutant.old, mutant.new), *mutant.also):
+        count = text.count(old)
+        if count != 1:
+            raise SystemExit(
+                f"mutant {mutant.name}: the guarded text occurs {count} times in "
+                f"{mutant.path}; update scripts/mutants.py"
+            )
+        text = text.replace(old, new)
+    path.write_text(text)
+    return original
 
 
 def _own_database(url: str) -> str:
