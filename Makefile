@@ -24,7 +24,7 @@ XDIST = -n $(TEST_WORKERS) --dist load --maxschedchunk 1
 # and stops the recipe if no database could be had.
 WITH_DB = url="$$($(PY) scripts/dbenv.py)" || exit $$?; export DATABASE_URL="$$url";
 
-.PHONY: help venv db db-stop demo serve test test-fast mutants lint format bench bench-quick compare soak docs docs-serve clean distclean
+.PHONY: help venv db db-stop demo serve test test-fast mutants lint format bench bench-quick bench-overview compare soak docs docs-serve clean distclean
 
 help:
 	@echo "make demo      set everything up and run the demo workflows with real workers"
@@ -35,6 +35,7 @@ help:
 	@echo "make lint      ruff check, ruff format --check, mypy, and no missing migration"
 	@echo "make format    ruff format and ruff check --fix"
 	@echo "make bench     run bench/run.py (full; bench-quick: under a minute)"
+	@echo "make bench-overview time the admin's overview on 1,000,000 runs"
 	@echo "make compare   the same workload on DBOS and Procrastinate (needs the bench extra)"
 	@echo "make soak      the quick soak (SOAK_ARGS= for the long one: 2000 runs, ~10 min)"
 	@echo "make docs      build the documentation site into build/site (strict: a warning fails)"
@@ -97,6 +98,9 @@ bench: venv db
 
 bench-quick: venv db
 	@$(WITH_DB) $(PY) bench/run.py --quick
+
+bench-overview: venv db
+	@$(WITH_DB) $(PY) bench/overview.py
 
 compare: venv db
 	$(PY) -m pip install -q -e '.[bench]'

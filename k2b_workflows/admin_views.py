@@ -183,6 +183,12 @@ def resolve_incident_view(
     return TemplateResponse(request, "admin/k2b_workflows/resolve.html", context)
 
 
+def resolution_message(step: int | None, decision: str, evidence: str) -> str:
+    """The admin log's message for a resolution; ``manage.py workflowrun resolve`` writes it too."""
+    label = dict(DECISION_CHOICES)[decision].split(":")[0]
+    return f"Resolved step {step} ({label.lower()}): {evidence}"
+
+
 def _apply_resolution(
     model_admin: ModelAdmin, request: HttpRequest, run: WorkflowRun, form: ResolutionForm
 ) -> HttpResponse | None:
@@ -220,9 +226,7 @@ def _apply_resolution(
         return None
     label = dict(DECISION_CHOICES)[decision].split(":")[0]
     model_admin.log_change(
-        request,
-        resolved,
-        f"Resolved step {run.attention_step} ({label.lower()}): {data['evidence']}",
+        request, resolved, resolution_message(run.attention_step, decision, data["evidence"])
     )
     after = (
         "the run continues with the confirmed output"

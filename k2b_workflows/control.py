@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 from django.core.exceptions import PermissionDenied
 from django.db import connections, transaction
 
-from . import signals, store, validation
+from . import signals, store, tracing, validation
 from .actions import to_json_value
 from .dedup import insert_values
 from .exceptions import (
@@ -148,6 +148,8 @@ def _start(
         updated_at=now,
         parent=parent_run,
         root_id=(parent_run.root_id or parent_run.id) if parent_run else run_id,
+        # The caller's W3C trace context: whichever worker runs it continues the trace.
+        trace_context=tracing.capture() if tracing.ENABLED else None,
         **chain.initial_anchors(run_id),
         **flow_fields,
     )
@@ -342,7 +344,10 @@ def wake_workflow_runs_waiting_on(*, app_id: str, kind: str, key: str) -> int:
         if not isinstance(value, str) or not value:
             raise InvalidInput(f"{what} must be a non-empty string")
         validation.text(value, what, max_length=length)
-    return waits.wake(store.database(), app_id=app_id, kind=kind, key=key)
+    woken = waits.wake(store.database(), app_id=app_id, kind=kind, key=key)
+    if tracing.ENABLED:
+        tracing.woke(app_id=app_id, kind=kind, woken=woken)
+    return woken
 
 
 def notify_workflow_worker(app_id: str) -> None:
@@ -515,6 +520,8 @@ def resolve_effect(
                       run_after = k2b_now(), updated_at = k2b_now() WHERE id = %s""",
             [run_id],
         )
+    if tracing.ENABLED:
+        tracing.decided(run, decision, step)
     return WorkflowRun.objects.using(using).get(pk=run_id)
 
 
@@ -577,4 +584,6 @@ def retry_workflow_run(run_id: Any, *, actor: Any, reason: str = "") -> Workflow
                 WHERE id = %s""",
             [run_id],
         )
+    if tracing.ENABLED:
+        tracing.decided(run, "retry", run.attention_step)
     return WorkflowRun.objects.using(using).get(pk=run_id)

@@ -154,6 +154,13 @@ class WorkflowRun(models.Model):
     start_seal = models.CharField(max_length=100, blank=True, default="", editable=False)
     end_seal = models.CharField(max_length=100, blank=True, default="", editable=False)
 
+    #: The W3C trace context of the code that started the run (``traceparent``,
+    #: ``tracestate``) and of the newest attempt (``attempt``, ``attempt_generation``):
+    #: the run's spans join the caller's trace on whichever worker runs it, and an
+    #: attempt after a takeover links to the one that died (``tracing.py``). NULL
+    #: when nothing was tracing.
+    trace_context = models.JSONField(null=True, blank=True, editable=False)
+
     class Meta:
         db_table = "k2b_run"
         ordering = ["-created_at"]
@@ -231,6 +238,14 @@ class WorkflowRun(models.Model):
                 name="k2b_run_deadline",
             ),
             models.Index(fields=["status", "created_at"], name="k2b_run_status"),
+            # The overview's throughput and error codes, and retention's oldest first:
+            # index-only over the window, whatever the size of the table.
+            models.Index(
+                fields=["finished_at"],
+                include=["status", "error_code"],
+                condition=models.Q(finished_at__isnull=False),
+                name="k2b_run_finished",
+            ),
         ]
         triggers = [
             GuardedFSM(
@@ -653,3 +668,36 @@ class RateDispatch(models.Model):
 
     def __str__(self) -> str:
         return f"{self.limit_key} at {self.at}"
+
+
+class OverviewMinute(models.Model):
+    """Runs started or finished in one minute that is over, per status and error code.
+
+    The admin's overview counts each minute from the runs table once, when it
+    has been over for a while, and reads it from here afterwards: the page's
+    cost is the last few minutes', however many runs the window holds. A row
+    of kind ``rolled`` marks a minute as counted (a minute with no runs has no
+    other row). Not evidence: the runtime role deletes rows older than two days.
+    """
+
+    class Kind(models.TextChoices):
+        STARTED = "started"
+        FINISHED = "finished"
+        ROLLED = "rolled"
+
+    minute = models.DateTimeField()
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    status = models.CharField(max_length=20, blank=True, default="")
+    error_code = models.CharField(max_length=100, blank=True, default="")
+    count = models.BigIntegerField()
+
+    class Meta:
+        db_table = "k2b_overview_minute"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["minute", "kind", "status", "error_code"], name="k2b_overview_minute_once"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.minute:%Y-%m-%d %H:%M} {self.kind} {self.status} {self.count}"

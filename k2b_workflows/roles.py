@@ -24,8 +24,9 @@ _FORBIDDEN = ("UPDATE", "DELETE", "TRUNCATE")
 #: rows of stopped or lost workers as they beat (``fleet.py``), and wait
 #: rendezvous nobody consumed in their housekeeping (``kernel/waits.py``).
 #: Rate-limited dispatches older than their window go with the next admission of
-#: their key (``kernel/flow.py``). None holds evidence. Nothing else.
-RUNTIME_DELETES = ("k2b_rate_dispatch", "k2b_wait", "k2b_worker")
+#: their key (``kernel/flow.py``), and the admin's overview drops its per-minute
+#: counts older than two days (``overview.py``). None holds evidence. Nothing else.
+RUNTIME_DELETES = ("k2b_overview_minute", "k2b_rate_dispatch", "k2b_wait", "k2b_worker")
 #: The kernel's SQL functions (migrations 0009 and 0016): statements and triggers
 #: call them as the runtime role.
 KERNEL_FUNCTIONS = (

@@ -33,6 +33,13 @@ if os.environ.get("K2B_TEST_SETTINGS"):
 
     K2B_WORKFLOWS = {**K2B_WORKFLOWS, **json.loads(os.environ["K2B_TEST_SETTINGS"])}
 
+# K2B_TEST_OTEL_FILE: this process exports its spans, as JSON lines, to that file
+# (tests/test_tracing.py); the OpenTelemetry SDK is in the test extra.
+if os.environ.get("K2B_TEST_OTEL_FILE"):
+    from tests.otel import export_spans_to
+
+    export_spans_to(os.environ["K2B_TEST_OTEL_FILE"])
+
 # On Django 6 the admin runs under a strict Content-Security-Policy, as
 # Django's own admin tests do: an inline script or style in our templates
 # would be refused by the browser, and the browser tests fail on that.

@@ -95,6 +95,13 @@ NOT_RUN = {
     ),
     "migrate --database owner": "needs a second role; tests/test_roles.py migrates as the owner",
     "grantworkflows k2b_app --apply": "changes the server's roles; tests/test_roles.py applies it",
+    'workflowrun start shop.checkout --input {"sku": "TEA-01", "amount": 2900} --json': (
+        "its JSON's quotes do not survive the join and split of this test:"
+        " tests/test_workflowrun_command.py starts runs with JSON input"
+    ),
+    "workflowrun start shop.checkout --input - --json": (
+        "reads stdin: tests/test_workflowrun_command.py feeds stdin to resolve --output -"
+    ),
     "verifyworkflows --witness /var/log/k2b/witness.log": (
         "reads a production log; tests/test_witness.py runs it on witness files of its own"
     ),

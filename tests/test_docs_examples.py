@@ -104,6 +104,7 @@ RUN_BY = {
         "test_the_completion_counts_each_dispatch_against_its_api_key",
     ],
     "tutorial": ["test_the_tutorial_approval_wakes_the_demo_checkout"],
+    "tracing": ["test_the_tracing_example_puts_the_run_in_the_requests_trace"],
 }
 
 
@@ -726,3 +727,39 @@ def test_the_completion_counts_each_dispatch_against_its_api_key():
                 "SELECT limit_key, count(*) FROM k2b_rate_dispatch GROUP BY 1 ORDER BY 1"
             )
             assert cursor.fetchall() == [("openai.complete:k1", 2), ("openai.complete:k2", 1)]
+
+
+def test_the_tracing_example_puts_the_run_in_the_requests_trace():
+    """In a process of its own (``tests/tracing_example.py``): a tracer provider is global."""
+    import os
+    import subprocess
+    import sys
+
+    from django.db import connection
+
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "K2B_TEST_DB_NAME": connection.settings_dict["NAME"],
+    }
+    done = subprocess.run(
+        [sys.executable, "tests/tracing_example.py"],
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    spans = json.loads(done.stdout.strip().splitlines()[-1])
+    (request,) = [s for s in spans if s["name"] == "POST /orders"]
+    runs = [s for s in spans if s["name"] == "k2b.run"]
+    steps = [s for s in spans if s["name"] == "k2b.step"]
+    assert {s["trace_id"] for s in spans} == {request["trace_id"]}
+    assert [r["parent"] for r in runs] == [request["span_id"]]
+    assert [s["attributes"]["k2b.action"] for s in steps] == [
+        "shop.create_order",
+        "shop.charge_card",
+    ]
+    assert {s["parent"] for s in steps} == {runs[0]["span_id"]}
+    assert runs[0]["attributes"]["k2b.outcome"] == "succeeded"

@@ -40,7 +40,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError, transaction
 from django.db.models import JSONField
 
-from .. import redaction, signals, store, validation
+from .. import redaction, signals, store, tracing, validation
 from ..actions import (
     Action,
     Ambiguous,
@@ -280,6 +280,8 @@ class Execution:
         self.ledger_head: evidence.LedgerHead | None = None
         #: The run could not be released after a lost connection: the worker must.
         self.release_pending = False
+        #: This claim's ``k2b.run`` span (``tracing.py``); None when nothing traces.
+        self.trace: tracing.RunTrace | None = None
 
     # -- entry point ---------------------------------------------------------
 
@@ -308,6 +310,8 @@ class Execution:
         events.run_claimed(self)
         if self.keeper:
             self.keeper.track(self.run_id, self.generation, self.canceled)
+        if tracing.ENABLED:
+            self.trace = tracing.run_started(self)
         try:
             # Before anything replays the journal or trusts the ledger (#9): a tampered,
             # truncated or wiped chain stops the run here, with nothing executed.
@@ -354,6 +358,8 @@ class Execution:
         finally:
             if self.keeper:
                 self.keeper.untrack(self.run_id)
+            if self.trace is not None:
+                self.trace.end(self.outcome)
         return self.outcome
 
     def _verify_loaded(self, loaded: Preloaded) -> None:
@@ -466,6 +472,28 @@ class Execution:
         entry = self.journal.get(seq)
         if entry is not None:
             return self._replay(entry, name, input, input_hash)
+        if self.trace is not None:
+            return self.trace.step(
+                seq,
+                action,
+                input_hash,
+                lambda: self._executed(
+                    seq, action, name, input, input_hash, approval_ref, backup_ref
+                ),
+            )
+        return self._executed(seq, action, name, input, input_hash, approval_ref, backup_ref)
+
+    def _executed(
+        self,
+        seq: int,
+        action: Action,
+        name: str,
+        input: Any,
+        input_hash: str,
+        approval_ref: str | None,
+        backup_ref: str | None,
+    ) -> Any:
+        """A new step, its errors turned into the run's retry, failure or suspension."""
         try:
             return self._new_step(seq, action, name, input, input_hash, approval_ref, backup_ref)
         except (StepFailed, LeaseLost, RunCanceled, db.CommitOutcomeUnknown):
@@ -1703,6 +1731,8 @@ class Execution:
 
         db.run_in_transaction(write, self.using)
         self.outcome = "waiting" if parked[-1] else "rewoken"
+        if self.trace is not None:
+            self.trace.waiting(seq, dependency)
         events.run_changed(self, self.outcome, step=seq)
         raise Suspend
 
