@@ -14,6 +14,7 @@ create.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -50,6 +51,22 @@ class Reserve(Action):
 @workflow("orders.place", app_id="orders", effect_budget={"charges": 1})
 def place(run, input):
     return run.step(Reserve, {"sku": input["sku"]})
+
+
+class Charge(Action):
+    name = "orders.charge"
+    effect = Effect.EXTERNAL
+
+    def plan(self, ctx, input):
+        return succeeded({"planned": True}, summary="charge")
+
+    def run(self, ctx, input):
+        raise ConnectionResetError("connection reset after the request was sent")
+
+
+@workflow("orders.charge", app_id="orders")
+def charge(run, input):
+    return run.step(Charge, {})
 """
 
 DJANGO_TESTS = """
@@ -255,3 +272,66 @@ def test_flush_and_truncate_stay_refused_on_the_fresh_projects_own_database(site
         journal = conn.execute("SELECT count(*) FROM k2b_journal").fetchone()
         ledger = conn.execute("SELECT count(*) FROM k2b_ledger").fetchone()
     assert journal == (1,) and ledger is not None and ledger[0] >= 2
+
+
+def _migrate_and_start(path: Path, env: dict[str, str], *names: str) -> None:
+    migrate = _run([sys.executable, "manage.py", "migrate", "--noinput"], path, env)
+    assert migrate.returncode == 0, migrate.stderr
+    started = _run(
+        [
+            sys.executable,
+            "-c",
+            "import django, sys; django.setup(); from k2b_workflows import start_workflow_run; "
+            "[start_workflow_run(name, {'sku': 'TEA'}) for name in sys.argv[1:]]",
+            *names,
+        ],
+        path,
+        {**env, "DJANGO_SETTINGS_MODULE": "freshsite.settings"},
+    )
+    assert started.returncode == 0, started.stderr
+
+
+def test_a_worker_without_logging_config_prints_its_start_stop_and_doubts_to_stderr(site):
+    path, env, _ = site
+    _migrate_and_start(path, env, "orders.place", "orders.charge")
+
+    done = _run([sys.executable, "manage.py", "runworkflows", "--burst"], path, env)
+
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert any(
+        re.search(r"INFO k2b_workflows: worker \S+: 4 thread\(s\), apps all", x) for x in lines
+    ), done.stderr
+    assert any(
+        re.search(r"INFO k2b_workflows: worker \S+ stopped: \{.*'runs': 2", x) for x in lines
+    ), done.stderr
+    # The effect in doubt is a warning; the per-step progress (claimed, journaled) is not printed.
+    assert any("WARNING k2b_workflows.events" in x and "outcome_unknown" in x for x in lines), (
+        done.stderr
+    )
+    assert not any("claimed (generation" in x for x in lines), done.stderr
+
+
+def test_log_format_json_prints_one_object_per_line_with_the_runs_fields(site):
+    path, env, _ = site
+    _migrate_and_start(path, env, "orders.charge")
+
+    done = _run(
+        [sys.executable, "manage.py", "runworkflows", "--burst", "--log-format", "json"], path, env
+    )
+
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in done.stderr.splitlines()]
+    messages = [r["message"] for r in records]
+    assert any(re.fullmatch(r"worker \S+: 4 thread\(s\), apps all, .*", m) for m in messages)
+    assert any(re.fullmatch(r"worker \S+ stopped: .*", m) for m in messages)
+    doubt = [r for r in records if r["logger"] == "k2b_workflows.events"]
+    assert doubt and doubt[0]["level"] == "WARNING" and doubt[0]["workflow"] == "orders.charge"
+    assert doubt[0]["effect_key"].endswith(":0")
+
+
+def test_log_format_is_refused_when_unknown(site):
+    path, env, _ = site
+    done = _run([sys.executable, "manage.py", "runworkflows", "--log-format", "xml"], path, env)
+    assert done.returncode != 0
+    assert "--log-format: invalid choice: 'xml'" in done.stderr
