@@ -470,10 +470,16 @@ def test_a_dry_run_of_every_demo_workflow_is_ok(name: str) -> None:
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.slow
-def test_the_demo_settles_as_the_tutorial_says() -> None:
+def test_the_demo_settles_as_the_tutorial_says(tmp_path) -> None:
     out = io.StringIO()
-    call_command("demo", concurrency=2, timeout=120, stdout=out, stderr=out)
+    log = tmp_path / "demo.log"
+    call_command("demo", concurrency=2, timeout=120, log_file=log, stdout=out, stderr=out)
     text = out.getvalue()
+    # The event lines went to the log file it names, not between its progress lines.
+    assert f"The workers' log (every claim, step and ledger entry): {log}" in text
+    assert "claimed (generation" in log.read_text()
+    assert " INFO " not in text and "k2b_workflows.events" not in text, text
+    assert "Started 7 runs" in text
     runs = WorkflowRun.objects.filter(parent__isnull=True)
     by_status = {
         status: runs.filter(status=status).count()
