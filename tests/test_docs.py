@@ -19,6 +19,7 @@ the ```sh blocks are run as shown, unless ``NOT_RUN`` says why not, and every
 
 from __future__ import annotations
 
+import importlib
 import io
 import os
 import re
@@ -45,7 +46,12 @@ from .docs_helpers import EXAMPLES, ROOT, Block, block, blocks, examples, sectio
 
 #: Where an included block may come from: files the suite runs (tests/test_*.py are
 #: pytest modules themselves, e.g. the recipes of docs/testing.md).
-INCLUDED_FROM = ("docs/examples/", "example_project/demo/workflows.py", "tests/test_")
+INCLUDED_FROM = (
+    "docs/examples/",
+    "example_project/demo/workflows.py",
+    "example_project/demo/models.py",
+    "tests/test_",
+)
 
 #: (page, first line) of each inline block -> the test that evaluates it.
 INLINE = {
@@ -70,6 +76,10 @@ INLINE = {
     ("docs/testing.md", 'pytest_plugins = ["k2b_workflows.pytest_plugin"]'): (
         "test_the_plugin_line_of_testing_md_loads_the_fixtures_it_lists"
     ),
+    # Code, not configuration: a Django test module, run as shown in a fresh project.
+    ("docs/testing.md", "# orders/tests.py, run by manage.py test"): (
+        "test_fresh_project.test_djangos_testcase_and_transactiontestcase_pass_in_a_fresh_project"
+    ),
     # Code, not configuration: two lines that need the page's context; run as shown
     # in tests/test_docs_examples.py.
     (
@@ -88,7 +98,9 @@ MIRRORED = {
 #: ``manage.py`` lines of the ```sh blocks the suite does not run as shown, and why.
 NOT_RUN = {
     "runworkflows [--app APP ...] [--concurrency N] [--burst] [--no-listen] "
-    "[--health-file PATH] [--metrics-port PORT] [--wait-for-db SECONDS]": "a synopsis",
+    "[--health-file PATH] [--metrics-port PORT] [--wait-for-db SECONDS] [--log-format text|json]": (
+        "a synopsis"
+    ),
     "runworkflows --concurrency 8": (
         "runs until SIGTERM: tests/test_worker_command.py starts and stops real workers"
     ),
@@ -130,7 +142,8 @@ def test_the_listed_blocks_exist_and_have_their_tests() -> None:
     for key, test in INLINE.items():
         assert key in shown, f"INLINE lists {key}, which no page shows any more"
         module, _, name = test.rpartition(".")
-        assert callable(getattr(test_docs_examples if module else sys.modules[__name__], name))
+        where = importlib.import_module(f"tests.{module}") if module else sys.modules[__name__]
+        assert callable(getattr(where, name))
     for key in MIRRORED:
         assert key in shown, f"MIRRORED lists {key}, which no page shows any more"
 

@@ -26,6 +26,8 @@ import psycopg
 import pytest
 from django.db import connection
 
+from tests.docs_helpers import block
+
 pytestmark = pytest.mark.slow
 
 BIN = Path(sys.executable).parent
@@ -182,6 +184,9 @@ def site(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str], str]]:
     (tmp_path / "orders" / "workflows.py").write_text(WORKFLOWS)
     (tmp_path / "orders" / "tests.py").write_text(DJANGO_TESTS)
     (tmp_path / "orders" / "test_pytest.py").write_text(PYTEST_TESTS)
+    # docs/testing.md's TransactionTestCase, as the page shows it.
+    shown = block("docs/testing.md", "# orders/tests.py, run by manage.py test").code
+    (tmp_path / "orders" / "test_docs_page.py").write_text(shown)
     (tmp_path / "pytest.ini").write_text(PYTEST_INI)
     with (tmp_path / "freshsite" / "settings.py").open("a") as fh:
         fh.write(
@@ -213,7 +218,8 @@ def test_djangos_testcase_and_transactiontestcase_pass_in_a_fresh_project(site):
     path, env, _ = site
     done = _run([sys.executable, "manage.py", "test", "orders", "--noinput", "-v", "2"], path, env)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert re.search(r"Ran 4 tests .*\n+OK", done.stderr), done.stderr
+    assert re.search(r"Ran 5 tests .*\n+OK", done.stderr), done.stderr
+    assert re.search(r"test_a_run_reserves_once .*PlaceOrderTests.* ok", done.stderr)
     for test in ("PlaceTestCase", "PlaceTransactionTestCase"):
         assert re.search(rf"test_b_the_next_test_starts_empty .*{test}.* ok", done.stderr)
 
