@@ -214,11 +214,19 @@ def site(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str], str]]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def test_djangos_testcase_and_transactiontestcase_pass_in_a_fresh_project(site):
+@pytest.mark.parametrize("parallel", ["1", "2"])
+def test_djangos_testcase_and_transactiontestcase_pass_in_a_fresh_project(site, parallel):
     path, env, _ = site
-    done = _run([sys.executable, "manage.py", "test", "orders", "--noinput", "-v", "2"], path, env)
+    done = _run(
+        [sys.executable, "manage.py", "test", "orders", "--noinput", "-v", "2"]
+        + ["--parallel", parallel],
+        path,
+        env,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert re.search(r"Ran 5 tests .*\n+OK", done.stderr), done.stderr
+    if parallel != "1":  # the transactional tests flushed clones of the test database
+        assert "Cloning test database" in done.stderr, done.stderr
     assert re.search(r"test_a_run_reserves_once .*PlaceOrderTests.* ok", done.stderr)
     for test in ("PlaceTestCase", "PlaceTransactionTestCase"):
         assert re.search(rf"test_b_the_next_test_starts_empty .*{test}.* ok", done.stderr)
