@@ -218,8 +218,17 @@ def site(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str], str]]:
 def test_djangos_testcase_and_transactiontestcase_pass_in_a_fresh_project(site, parallel):
     path, env, _ = site
     done = _run(
-        [sys.executable, "manage.py", "test", "orders", "--noinput", "-v", "2"]
-        + ["--parallel", parallel],
+        [
+            sys.executable,
+            "manage.py",
+            "test",
+            "orders",
+            "--noinput",
+            "-v",
+            "2",
+            "--parallel",
+            parallel,
+        ],
         path,
         env,
     )
