@@ -246,14 +246,16 @@ class Action:
     """
 
     name: ClassVar[str] = ""
-    #: Required on every concrete subclass (no default: see the class docstring).
+    """Stable and unique, e.g. ``"mail.send"``: the journal records it and replay compares it."""
     effect: ClassVar[Effect]
+    """Required on every concrete subclass (no default: see the class docstring)."""
     #: True on a base class that only exists to be subclassed (set by ``abstract=True``).
     abstract: ClassVar[bool] = True
-    #: Part of the definition hash: bump it when ``run`` changes meaning.
     version: ClassVar[int] = 1
-    #: Seconds the worker keeps renewing the lease while ``run`` executes (None: the setting).
+    """Part of the definition hash: bump it when ``run`` changes meaning."""
     timeout: ClassVar[float | None] = None
+    """Seconds the worker keeps renewing the lease while ``run`` executes (None: the
+    ``ACTION_TIMEOUT_MS`` setting)."""
 
     def __init_subclass__(cls, abstract: bool = False, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
