@@ -32,8 +32,8 @@ from .admin_display import (
     incident_traceback,
     run_page_context,
 )
-from .kernel import clock
-from .kernel.evidence import hash_value, verify_chains
+from .kernel import audit, clock
+from .kernel.evidence import hash_value
 from .models import Incident, JournalEntry, LedgerEntry, RunStatus, WorkerRecord, WorkflowRun
 from .redaction import redact, redact_text, shorten
 from .versions import live_pairs, run_code_note
@@ -213,14 +213,16 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
     def integrity(self, run: WorkflowRun) -> str:
         """Verified now, from the database, with the evidence keys: a finished run
         whose resolution was edited shows it here, not only at its next claim."""
-        problem = verify_chains(run.pk, run._state.db or store.database())
+        problem = audit.stored_problem(run.pk, run._state.db or store.database())
         if problem is None:
             return mark_safe(
                 '<span class="k2b-badge k2b-integrity-verified">verified</span>'
-                " journal and ledger chains and anchors intact"
+                " journal and ledger chains, anchors and run seals intact"
             )
+        label = "tampered" if problem.kind == "seal" else "broken"
         return format_html(
-            '<span class="k2b-badge k2b-integrity-broken">broken</span> <strong>{}</strong>',
+            '<span class="k2b-badge k2b-integrity-broken">{}</span> <strong>{}</strong>',
+            label,
             str(problem),
         )
 
