@@ -132,5 +132,6 @@ def test_log_format_with_logging_configured_says_it_is_ignored_and_adds_no_handl
     before = list(logger.handlers)
     err = io.StringIO()
     call_command("runworkflows", "--burst", "--log-format", "json", stderr=err)
-    assert "--log-format json ignored: LOGGING configures the k2b_workflows logger" in err.getvalue()
+    ignored = "--log-format json ignored: LOGGING configures the k2b_workflows logger"
+    assert ignored in err.getvalue()
     assert logger.handlers == before
