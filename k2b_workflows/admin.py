@@ -638,6 +638,15 @@ def worker_state_badge(worker: WorkerRecord) -> str:
 class WorkerRecordAdmin(ReadOnlyMixin, admin.ModelAdmin):
     """The fleet: one row per worker process, written only by the workers themselves."""
 
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: str | None = None
+    ) -> WorkerRecord | None:
+        # A worker id is text: one with a NUL, which PostgreSQL refuses in a query,
+        # names no worker (the admin's "does not exist"), not a server error.
+        if "\x00" in object_id:
+            return None
+        return super().get_object(request, object_id, from_field)
+
     list_display = (
         "worker_id",
         "state_badge",
