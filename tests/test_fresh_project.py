@@ -26,11 +26,13 @@ import psycopg
 import pytest
 from django.db import connection
 
+import k2b_workflows
 from tests.docs_helpers import block
 
 pytestmark = pytest.mark.slow
 
 BIN = Path(sys.executable).parent
+PACKAGE_ROOT = Path(k2b_workflows.__file__).resolve().parent.parent
 
 WORKFLOWS = """
 from k2b_workflows import Action, Effect, succeeded, workflow
@@ -203,14 +205,16 @@ def site(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str], str]]:
         for key, value in os.environ.items()
         if not key.startswith(("DJANGO_", "K2B_", "PYTEST_")) and key != "DATABASE_URL"
     }
-    env["PYTHONPATH"] = str(tmp_path)
-    with _connect(settings["NAME"]) as conn:
+    # The site, then the tree whose k2b_workflows is under test (an installed
+    # copy elsewhere, e.g. the editable install of another checkout, must not win).
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(PACKAGE_ROOT)])
+    with _connect("postgres") as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
         yield tmp_path, env, name
     finally:
-        with _connect(settings["NAME"]) as conn:
+        with _connect("postgres") as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 

@@ -69,7 +69,7 @@ def test_the_script_makes_every_picture_from_the_demo(tmp_path):
         pytest.skip("headless Chromium (/usr/bin/chromium, /usr/bin/chromedriver) is not installed")
     settings = connection.settings_dict
     name = f"{settings['NAME']}_shots{os.environ.get('PYTEST_XDIST_WORKER', '')}"[:50]
-    with _connect(settings["NAME"]) as conn:
+    with _connect("postgres") as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
         conn.execute(f'CREATE DATABASE "{name}"')
     url = (
@@ -95,7 +95,7 @@ def test_the_script_makes_every_picture_from_the_demo(tmp_path):
                 "SELECT count(*) FROM k2b_run WHERE status = 'needs_attention'"
             ).fetchone()
     finally:
-        with _connect(settings["NAME"]) as conn:
+        with _connect("postgres") as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     assert open_incidents == 1
     for picture in _script().PICTURES:
