@@ -24,11 +24,12 @@ XDIST = -n $(TEST_WORKERS) --dist load --maxschedchunk 1
 # and stops the recipe if no database could be had.
 WITH_DB = url="$$($(PY) scripts/dbenv.py)" || exit $$?; export DATABASE_URL="$$url";
 
-.PHONY: help venv db db-stop demo serve test test-fast mutants lint format bench bench-quick bench-overview compare soak docs docs-serve clean distclean
+.PHONY: help venv db db-stop demo serve screenshots test test-fast mutants lint format bench bench-quick bench-overview compare soak docs docs-serve clean distclean
 
 help:
 	@echo "make demo      set everything up and run the demo workflows with real workers"
 	@echo "make serve     run the example site (admin at http://127.0.0.1:8000/admin/)"
+	@echo "make screenshots  the docs' admin pictures (docs/images/), from the demo in headless Chromium"
 	@echo "make test      run the test suite on PostgreSQL in TEST_WORKERS=4 processes (PYTEST_ARGS='-k foo')"
 	@echo "make test-fast the suite without crash, slow and browser tests (the inner loop)"
 	@echo "make mutants   remove each named guard in a copy of the tree; fail if no test notices"
@@ -68,6 +69,10 @@ demo: venv db
 
 serve: venv db
 	@$(WITH_DB) $(PY) manage.py migrate --noinput && $(PY) manage.py runserver
+
+# Needs chromium and chromedriver (Debian: apt-get install chromium chromium-driver).
+screenshots: venv db
+	@$(WITH_DB) $(PY) scripts/screenshots.py
 
 test: venv db
 	@$(WITH_DB) $(PY) -m pytest $(XDIST) $(PYTEST_ARGS)

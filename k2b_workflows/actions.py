@@ -24,7 +24,23 @@ if TYPE_CHECKING:
 
 
 class Effect(enum.StrEnum):
-    """What the kernel may do with a step after a crash."""
+    """What the kernel may do with a step after a crash (docs/effects.md has the table).
+
+    Members, weakest first:
+
+    - ``PURE``: no effect outside the workflow; run again freely.
+    - ``TRANSACTIONAL``: writes to the run's database in ``ctx.tx``, committed
+      with the journal entry, or rolled back with it.
+    - ``IDEMPOTENT``: an effect elsewhere that the provider (or your dedup
+      table) deduplicates by ``ctx.effect_key``; run again with the same key.
+    - ``EXTERNAL``: an effect elsewhere that may not be repeated: a "dispatched"
+      ledger entry commits first; after a crash ``reconcile()`` or an operator
+      decides.
+    - ``IRREVERSIBLE``: as EXTERNAL, and refused unless the step pins
+      ``approval_ref``.
+    - ``SNAPSHOT_RESTORE``: as EXTERNAL, and refused unless the step pins
+      ``backup_ref``.
+    """
 
     PURE = "pure"
     TRANSACTIONAL = "transactional"
@@ -52,7 +68,22 @@ MAX_WAIT = dt.timedelta(days=36_525)
 
 @dataclass(frozen=True)
 class Dependency:
-    """What a waiting step waits for: ``(app_id, kind, key)``, with an optional deadline."""
+    """What a waiting step waits for: ``(app_id, kind, key)``, with an optional deadline.
+
+    ``kind`` (at most 200 characters) and ``key`` (at most 500) are non-empty
+    strings naming the rendezvous; the app is the run's own. ``deadline`` is
+    one of:
+
+    - ``None``: wait until woken, however long;
+    - a ``datetime.timedelta``: that long from now on the kernel's clock
+      (``ctx.now()``), e.g. ``timedelta(hours=24)``;
+    - a ``datetime.datetime``: that moment (a naive one is read in Django's
+      current time zone).
+
+    When the deadline passes the run is queued again and the step runs again
+    with the same ``effect_key`` and ``ctx.deadline_passed`` True: a deadline
+    never fails a step by itself. Anything else is ``InvalidInput``.
+    """
 
     kind: str
     key: str
@@ -228,14 +259,16 @@ class Action:
     """
 
     name: ClassVar[str] = ""
-    #: Required on every concrete subclass (no default: see the class docstring).
+    """Stable and unique, e.g. ``"mail.send"``: the journal records it and replay compares it."""
     effect: ClassVar[Effect]
+    """Required on every concrete subclass (no default: see the class docstring)."""
     #: True on a base class that only exists to be subclassed (set by ``abstract=True``).
     abstract: ClassVar[bool] = True
-    #: Part of the definition hash: bump it when ``run`` changes meaning.
     version: ClassVar[int] = 1
-    #: Seconds the worker keeps renewing the lease while ``run`` executes (None: the setting).
+    """Part of the definition hash: bump it when ``run`` changes meaning."""
     timeout: ClassVar[float | None] = None
+    """Seconds the worker keeps renewing the lease while ``run`` executes (None: the
+    ``ACTION_TIMEOUT_MS`` setting)."""
     #: Dispatches of this action allowed per window, across every worker (None: unlimited).
     #: With ``rate_limit_key`` defined, one limit per key it returns.
     rate_limit: ClassVar[RateLimit | None] = None
@@ -255,18 +288,49 @@ class Action:
         check_rate_limit(cls.__name__, cls.__dict__.get("rate_limit"))
 
     def cost(self, input: Any) -> dict[str, int]:
+        """Units this step charges to the root run's ``effect_budget``, e.g. ``{"emails": 1}``.
+
+        Cheap and side-effect free: it runs before every dispatch and in dry
+        runs. Charged once per step, however often the step runs. Omitted: no
+        charge.
+        """
         return {}
 
     def plan(self, ctx: StepContext, input: Any) -> Result:
+        """Dry runs only: what ``run`` would do, without doing it.
+
+        Return ``succeeded({..., "planned": True}, summary="...")``. Required for
+        every action that is not PURE (``manage.py check`` warns, W010).
+        """
         raise HookNotDefined(f"{type(self).__name__} defines no plan(): dry runs need one")
 
     def authorize(self, ctx: StepContext, input: Any) -> Result | None:
+        """Called just before the effect (and in dry runs): refuse it or return None.
+
+        Raise ``django.core.exceptions.PermissionDenied`` or return
+        ``failed(message, code="FORBIDDEN")``: the run fails ``FORBIDDEN``,
+        never retried. ``ctx.principal`` is who started the run.
+        """
         return None
 
     def run(self, ctx: StepContext, input: Any) -> Result:
+        """The effect. Return ``succeeded``, ``failed``, ``waiting`` or ``ambiguous``.
+
+        ``waiting`` only before any effect happened; an action that may have
+        caused one returns ``ambiguous``. After an EXTERNAL dispatch an
+        exception is an unknown outcome, not a failure (docs/effects.md).
+        """
         raise HookNotDefined(f"{type(self).__name__} defines no run()")
 
     def reconcile(self, ctx: StepContext, input: Any) -> Result:
+        """EXTERNAL and stronger, after an unknown outcome: did the effect happen?
+
+        Look it up at the provider by ``ctx.effect_key`` and return
+        ``succeeded(output)`` (it happened), ``failed(...)`` (it did not: the
+        step fails), ``waiting(...)`` (the provider says "pending": ask again on
+        a wake or the deadline) or ``unknown()`` (an operator decides).
+        Without this hook the run needs an operator.
+        """
         raise HookNotDefined(f"{type(self).__name__} defines no reconcile()")
 
     def rate_limit_key(self, input: Any) -> str:

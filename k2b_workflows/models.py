@@ -139,6 +139,9 @@ class WorkflowRun(models.Model):
     wait_deadline = models.DateTimeField(null=True, blank=True)
     waiting_since = models.DateTimeField(null=True, blank=True)
     wait_step = models.IntegerField(null=True, blank=True)
+    #: The action of the step that parked at ``wait_step``: a parked step has no
+    #: journal entry, so this is what replay compares a changed workflow with.
+    wait_action = models.CharField(max_length=200, blank=True, default="")
     wait_signal_seq = models.BigIntegerField(default=0)
 
     created_at = models.DateTimeField(default=timezone.now)

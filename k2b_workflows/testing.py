@@ -80,7 +80,12 @@ def run_until_idle(
                 try:
                     stats[execution.execute()] += 1
                 except SimulatedCrash:
-                    _expire_lease(using, run_id, generation)
+                    # A dead process renews nothing: a renewal of the keeper's in
+                    # flight must not land after the expiry (seen on a loaded
+                    # machine: the run stayed "running" and run_until_idle returned).
+                    with keeper.paused():
+                        keeper.untrack(run_id)
+                        _expire_lease(using, run_id, generation)
                     stats["crashed"] += 1
                 stats["runs"] += 1
                 stats["steps"] += execution.steps_executed

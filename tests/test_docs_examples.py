@@ -48,6 +48,7 @@ from k2b_workflows.models import (
 from k2b_workflows.testing import (
     assert_effect_once,
     assert_run_status,
+    controlled_clock,
     crash_after_effect,
     fast_retries,
     run_until_idle,
@@ -77,6 +78,10 @@ RUN_BY = {
     ],
     "waits": ["test_the_approval_view_wakes_the_waiting_run", "test_the_wake_of_testing_md_runs"],
     "waits_wake": ["test_the_approval_view_wakes_the_waiting_run"],
+    "waits_deadline": [
+        "test_an_approval_nobody_gives_in_24_hours_expires_at_the_deadline",
+        "test_an_approval_given_before_the_deadline_is_not_expired",
+    ],
     "waits_polling": ["test_a_pending_payout_is_polled_until_the_bank_answers"],
     "fan_out": ["test_the_checkout_ships_each_item_in_a_child_run"],
     "budgets": ["test_the_report_budget_allows_100_emails_and_refuses_the_101st"],
@@ -331,6 +336,40 @@ def test_the_approval_view_wakes_the_waiting_run():
 
         views.approve(SimpleNamespace(user=user), 42)
         assert refreshed(run).status == "queued"
+        run_until_idle()
+        assert_run_status(run, "succeeded")
+        assert refreshed(run).output == {"approved_by": user.pk}
+
+
+def test_an_approval_nobody_gives_in_24_hours_expires_at_the_deadline():
+    with examples("waits_deadline") as (waits,), controlled_clock() as clock:
+        one_step("shop.expiring_approval", waits.WaitForApprovalOrExpire, app_id="shop")
+        clock.advance(days=2)
+        run = start_workflow_run("shop.expiring_approval", {"order": 7})
+        run_until_idle()
+        assert refreshed(run).status == "waiting"
+
+        clock.advance(hours=23)
+        run_until_idle()
+        assert refreshed(run).status == "waiting"
+
+        clock.advance(hours=1)
+        run_until_idle()
+        assert_run_status(run, "failed", error_code="APPROVAL_EXPIRED")
+        assert (
+            refreshed(run).error_message == f"nobody approved by {clock.now():%Y-%m-%d %H:%M} UTC"
+        )
+
+
+def test_an_approval_given_before_the_deadline_is_not_expired():
+    with examples("waits_deadline", "waits_wake") as (waits, views), controlled_clock() as clock:
+        one_step("shop.expiring_approval", waits.WaitForApprovalOrExpire, app_id="shop")
+        run = start_workflow_run("shop.expiring_approval", {"order": 8})
+        run_until_idle()
+        clock.advance(hours=23)
+        user = get_user_model().objects.create_user("late-manager")
+        views.approve(SimpleNamespace(user=user), 8)
+        clock.advance(hours=2)  # past the deadline, but the wake came first
         run_until_idle()
         assert_run_status(run, "succeeded")
         assert refreshed(run).output == {"approved_by": user.pk}

@@ -472,6 +472,7 @@ class Execution:
         entry = self.journal.get(seq)
         if entry is not None:
             return self._replay(entry, name, input, input_hash)
+        self._check_parked_step(seq, name, input_hash)
         if self.trace is not None:
             return self.trace.step(
                 seq,
@@ -659,6 +660,31 @@ class Execution:
             "asked": {"action": name, "input_hash": input_hash},
             "workflow_version": self.definition.version,
         }
+        self._needs_attention(store.WORKFLOW_NONDETERMINISTIC, message, step=None, detail=detail)
+
+    def _check_parked_step(self, seq: int, name: str, input_hash: str) -> None:
+        """The run parked at ``seq`` on another action: the code changed under a parked run.
+
+        A parked step has no journal entry, so ``_replay`` has nothing to compare:
+        a step inserted at the parked position ran as a new step and moved the
+        waiting action one on, under another ``effect_key``. The run row keeps the
+        parked action's name (read by the claim: no query), and a mismatch is
+        the same incident as a journaled step that changed.
+        """
+        parked = self.run.wait_action
+        if seq != self.run.wait_step or not parked or parked == name:
+            return
+        detail = {
+            "kind": "nondeterminism",
+            "seq": seq,
+            "parked": {"action": parked},
+            "asked": {"action": name, "input_hash": input_hash},
+            "workflow_version": self.definition.version,
+        }
+        message = (
+            f"step {seq} was {parked!r} when the run parked there, now {name!r}: put the "
+            "change behind run.patched(...) or start a new version"
+        )
         self._needs_attention(store.WORKFLOW_NONDETERMINISTIC, message, step=None, detail=detail)
 
     def _code_error(self, exc: Exception) -> None:
@@ -1011,7 +1037,12 @@ class Execution:
             # Still pending at the provider: poll again on a wake or at the deadline,
             # each poll a new ledger operation under the same effect key.
             dep = result.dependency
-            self._park(step.seq, dep, pending=(step, f"pending: waiting on {dep.kind}/{dep.key}"))
+            self._park(
+                step.seq,
+                step.name,
+                dep,
+                pending=(step, f"pending: waiting on {dep.kind}/{dep.key}"),
+            )
         if isinstance(result, Failed):
             # The provider says it did not happen. Still no automatic re-run: a
             # lookup can lag behind the provider's own writes, and the contract
@@ -1124,7 +1155,7 @@ class Execution:
         if isinstance(result, Succeeded):
             return self._journal_success(step, result)
         if isinstance(result, Waiting):
-            self._park(step.seq, result.dependency)
+            self._park(step.seq, step.name, result.dependency)
         if result.retryable:
             self._retry_later(f"step {step.seq} ({step.name}) failed: {result.message}")
         return self._step_failed(step, result.code or store.ACTION_FAILED, result.message)
@@ -1708,7 +1739,9 @@ class Execution:
             self._needs_attention(store.WORKFLOW_RETRY_EXHAUSTED, message, step=open_steps[0])
         self._fail_run(store.WORKFLOW_RETRY_EXHAUSTED, message)
 
-    def _park(self, seq: int, dependency: Any, pending: tuple[_Step, str] | None = None) -> None:
+    def _park(
+        self, seq: int, action: str, dependency: Any, pending: tuple[_Step, str] | None = None
+    ) -> None:
         """Park on ``dependency``; with ``pending``, also record the provider's "pending"."""
         parked: list[bool] = []
 
@@ -1723,6 +1756,7 @@ class Execution:
                     app_id=self.app_id,
                     step=seq,
                     dependency=dependency,
+                    action=action,
                     seen_kind=self.run.wait_kind,
                     seen_key=self.run.wait_key,
                     seen_seq=self.run.wait_signal_seq,
@@ -1783,7 +1817,9 @@ class Execution:
         if not wait:
             action_name = f"{CHILDREN_KIND}.create:{name}"
         entry = self.journal.get(seq)
-        if entry is not None:
+        if entry is None:
+            self._check_parked_step(seq, action_name, input_hash)
+        else:
             replayed = self._replay(entry, action_name, inputs, input_hash)
             return (
                 [r["run_id"] for r in replayed]
@@ -1848,6 +1884,7 @@ class Execution:
                 app_id=self.app_id,
                 step=seq,
                 dependency=children.dependency(self.run_id, seq),
+                action=action_name,
                 seen_kind=self.run.wait_kind,
                 seen_key=self.run.wait_key,
                 seen_seq=self.run.wait_signal_seq,
