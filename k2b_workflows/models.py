@@ -41,6 +41,28 @@ class Notify(pgtrigger.Trigger):
         return f"PERFORM pg_notify('{self.channel}', NEW.app_id); RETURN NULL;"
 
 
+#: The channel a run's end is announced on, with the run's id as payload.
+ENDED_CHANNEL = "k2b_run_ended"
+#: The statuses ``wait_for_workflow_run`` returns for: the run will not move on its own.
+SETTLED_STATUSES = ("succeeded", "failed", "canceled", "needs_attention")
+
+
+class NotifyEnded(pgtrigger.Trigger):
+    """``pg_notify`` the id of a run that just ended (or needs an operator).
+
+    In the trigger, not in the code that ends a run: every way a run ends (a
+    worker's batched end, a cancel, an operator's decision, a hand-written
+    ``UPDATE``) announces it, in the transaction that ends it and without a
+    statement of its own. A rolled-back end announces nothing; a waiter that
+    misses a notification (its connection was down) finds the end by polling.
+    """
+
+    when = pgtrigger.After
+
+    def get_func(self, model):
+        return f"PERFORM pg_notify('{ENDED_CHANNEL}', NEW.id::text); RETURN NULL;"
+
+
 #: Created by migration 0007. Raises unless the session's role may own the table:
 #: ``pgtrigger.ignore`` is a session setting any role can set, so without this a
 #: runtime role could switch off the status rules of the rows it updates.
@@ -278,6 +300,12 @@ class WorkflowRun(models.Model):
                 name="notify_queued_insert",
                 operation=pgtrigger.Insert,
                 condition=pgtrigger.Q(new__status="queued"),
+            ),
+            NotifyEnded(
+                name="notify_ended",
+                operation=pgtrigger.Update,
+                condition=pgtrigger.Q(new__status__in=SETTLED_STATUSES)
+                & pgtrigger.Q(old__status__df=pgtrigger.F("new__status")),
             ),
             Notify(
                 name="notify_queued_update",
