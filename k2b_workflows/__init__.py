@@ -23,6 +23,7 @@ from .exceptions import (
     StepFailed,
     UnknownWorkflow,
 )
+from .retries import Retry
 from .workflows import workflow
 
 _LAZY = {
@@ -88,6 +89,7 @@ __all__ = [
     "LeaseLost",
     "NotRetryable",
     "ResolutionRefused",
+    "Retry",
     "RunCanceled",
     "StepFailed",
     "UnknownWorkflow",

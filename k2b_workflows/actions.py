@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from . import validation
 from .exceptions import HookNotDefined, InvalidInput
+from .retries import Retry, action_declared, check_policy
 
 if TYPE_CHECKING:
     from .kernel.context import StepContext
@@ -223,6 +224,9 @@ class Action:
     version: ClassVar[int] = 1
     #: Seconds the worker keeps renewing the lease while ``run`` executes (None: the setting).
     timeout: ClassVar[float | None] = None
+    #: How this action's steps are retried (``retries.Retry``); None: the workflow's
+    #: policy, else the settings.
+    retry: ClassVar[Retry | None] = None
 
     def __init_subclass__(cls, abstract: bool = False, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -236,6 +240,17 @@ class Action:
             )
         if effect is not None and not isinstance(effect, Effect):
             raise TypeError(f"{cls.__name__}.effect must be an Effect, not {effect!r}")
+        policy = check_policy(cls.__dict__.get("retry"), f"{cls.__name__}.retry")
+        if policy is not None:
+            action_declared(policy)
+        if inspect.iscoroutinefunction(cls.__dict__.get("cost")):
+            # cost() is charged before dispatch, in the kernel's own transaction and
+            # in dry runs: it must be a cheap synchronous computation.
+            raise InvalidInput(
+                f"{cls.__name__}.cost must be a plain def, not async def: it is computed "
+                "synchronously before the step's effect (run, reconcile, authorize and plan "
+                "may be coroutines)"
+            )
 
     def cost(self, input: Any) -> dict[str, int]:
         return {}

@@ -15,6 +15,7 @@ from k2b_workflows import (
     dry_run, DryRunReport, ai_provider,
     wait_for_workflow_run, await_workflow_run,                   # results and async
     astart_workflow_run, acancel_workflow_run, awake_workflow_runs_waiting_on,
+    Retry,                                                       # retry policies
     StepFailed, LeaseLost, RunCanceled, DatabaseNotMigrated,     # exceptions
     UnknownWorkflow, InvalidInput, IdempotencyConflict, ResolutionRefused, EvidenceChanged,
     NotRetryable,

@@ -59,10 +59,11 @@ from ..actions import (
 from ..exceptions import InvalidInput, LeaseLost, RunCanceled, StepFailed, Suspend, UnknownWorkflow
 from ..models import JournalEntry, LedgerEntry, WorkflowRun
 from ..workflows import ChildResult, RunHandle, WorkflowDefinition, get_workflow
-from . import budgets, clock, db, events, evidence, waits, weather
+from . import budgets, clock, db, events, evidence, retrying, waits, weather
 from .context import StepContext, _holding
 
 if TYPE_CHECKING:
+    from ..retries import Retry
     from .leases import LeaseKeeper
 
 logger = logging.getLogger("k2b_workflows")
@@ -279,6 +280,8 @@ class Execution:
         self.ledger_head: evidence.LedgerHead | None = None
         #: The run could not be released after a lost connection: the worker must.
         self.release_pending = False
+        #: The retry policy of the step being executed (``retries.Retry``), if any.
+        self.retry_policy: Retry | None = None
 
     # -- entry point ---------------------------------------------------------
 
@@ -329,7 +332,7 @@ class Execution:
                     "UNKNOWN_WORKFLOW", f"no workflow {run.workflow_name!r} is registered"
                 )
                 return self.outcome
-            if run.consecutive_failures >= store.max_consecutive_failures():
+            if run.consecutive_failures >= retrying.claim_bound(self.definition):
                 self._exhausted(run.consecutive_failures, run.error_message)
             self._run_workflow()
         except Suspend:
@@ -447,6 +450,7 @@ class Execution:
         # else the step's own first transaction commits the deferred success: an
         # external step's dispatch, a transactional step's atomic block.
         self._check_shutdown()
+        self.retry_policy = None
         seq = self.next_seq
         self.next_seq += 1
         name = action.action_name()
@@ -503,6 +507,10 @@ class Execution:
         ctx = StepContext(self, seq)
         started = clock.now()
         step = _Step(seq, action, name, input, input_hash, started, ctx)
+        self.retry_policy = retrying.policy_for(action, self.definition)
+        if self.run.consecutive_failures >= retrying.max_attempts(self.retry_policy):
+            # Crashes in this step counted at the claims: past its own bound.
+            self._exhausted(self.run.consecutive_failures, self.run.error_message)
         if seq >= self.definition.max_steps:
             return self._step_failed(
                 step,
@@ -982,7 +990,7 @@ class Execution:
             self._late_evidence(step, f"failed result after losing the run: {result.message}")
             raise
         state.open_key = None
-        if result.retryable and may_retry:
+        if result.retryable and may_retry and retrying.retries(self.retry_policy, result.code):
             self._retry_later(f"step {step.seq} ({step.name}) failed: {result.message}")
         return self._step_failed(step, result.code or store.ACTION_FAILED, result.message)
 
@@ -1051,7 +1059,7 @@ class Execution:
             return self._journal_success(step, result)
         if isinstance(result, Waiting):
             self._park(step.seq, result.dependency)
-        if result.retryable:
+        if result.retryable and retrying.retries(self.retry_policy, result.code):
             self._retry_later(f"step {step.seq} ({step.name}) failed: {result.message}")
         return self._step_failed(step, result.code or store.ACTION_FAILED, result.message)
 
@@ -1585,9 +1593,9 @@ class Execution:
         """A retryable failure: count it, back off, or give up past the limit."""
         reason = redaction.scrub_error(reason)  # stored and logged: no credentials, bounded
         failures = self.run.consecutive_failures + 1
-        if failures >= store.max_consecutive_failures():
+        if failures >= retrying.max_attempts(self.retry_policy):
             self._exhausted(failures, reason)
-        delay = store.backoff_ms(failures)
+        delay = retrying.delay_ms(self.retry_policy, failures)
         logger.info("run %s: retry %s in %s ms: %s", self.run_id, failures, delay, reason)
         self._transition(
             """UPDATE k2b_run SET status = 'queued', consecutive_failures = %s,
