@@ -112,6 +112,15 @@ class _DryExecution:
         self.next_seq += 1
         return True
 
+    def sleep(self, duration: Any = None, until: Any = None) -> None:
+        """A dry run does not wait: the timer is checked and passes at once."""
+        from .kernel import timers
+
+        if duration is not None:
+            timers.check_duration(duration)
+        else:
+            timers.check_instant(until)
+
     def deprecate_patch(self, patch_id: str) -> None:
         """A new run journals no marker for a deprecated patch."""
 

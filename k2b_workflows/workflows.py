@@ -13,6 +13,7 @@ another version's code is exactly the silent divergence replay must not have.
 
 from __future__ import annotations
 
+import datetime as dt
 import inspect
 import warnings
 from collections.abc import Callable
@@ -76,6 +77,8 @@ class Engine(Protocol):
     def patched(self, patch_id: str) -> bool: ...
 
     def deprecate_patch(self, patch_id: str) -> None: ...
+
+    def sleep(self, duration: Any = None, until: Any = None) -> None: ...
 
 
 #: name -> version -> definition.
@@ -230,3 +233,20 @@ class RunHandle:
         none. Remove the call once no run that took the patch is left.
         """
         self._execution.deprecate_patch(patch_id)
+
+    def sleep(self, duration: dt.timedelta) -> None:
+        """Pause the run for ``duration`` (a positive ``timedelta``), durably.
+
+        The run parks with no worker thread held and is picked up again when
+        the time has passed, on any worker; the timer is a journaled step, so
+        a replay after it does not sleep again, and a crash during it changes
+        nothing (``kernel/timers.py``).
+        """
+        self._execution.sleep(duration=duration)
+
+    def sleep_until(self, when: dt.datetime) -> None:
+        """Pause the run until ``when`` (an aware ``datetime``), durably, as ``sleep``.
+
+        An instant already passed journals the step and returns at once.
+        """
+        self._execution.sleep(until=when)

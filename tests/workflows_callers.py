@@ -7,6 +7,7 @@ own, like a provider's log), so a test counts attempts after crashes too.
 from __future__ import annotations
 
 import datetime as dt
+import os
 
 from k2b_workflows import Action, Effect, Retry, failed, succeeded, workflow
 
@@ -85,3 +86,44 @@ def workflow_policy(run, input):
     # FlakyUntil has no policy: the workflow's applies; OneShot's own wins over it.
     first = run.step(FlakyUntil, {"ok_at": input["ok_at"]})
     return {"first": first, "second": run.step(OneShot, {"ok_at": 0})}
+
+
+class Record(Action):
+    """Notes that the workflow reached ``input["tag"]`` (one row per call)."""
+
+    name = "callers.record"
+    effect = Effect.PURE
+
+    def run(self, ctx, input):
+        ProviderCall.objects.create(
+            action=self.name, effect_key=ctx.effect_key, payload=input["tag"], pid=os.getpid()
+        )
+        return succeeded({"tag": input["tag"]})
+
+
+def recorded(tag: str) -> int:
+    return ProviderCall.objects.filter(action=Record.name, payload=tag).count()
+
+
+@workflow("callers.sleeper", app_id="tests")
+def sleeper(run, input):
+    run.step(Record, {"tag": "before"})
+    if "until" in input:
+        run.sleep_until(dt.datetime.fromisoformat(input["until"]))
+    else:
+        run.sleep(dt.timedelta(seconds=input["seconds"]))
+    if "flaky_at" in input:
+        run.step(FlakyUntil, {"ok_at": input["flaky_at"]})
+    run.step(Record, {"tag": "after"})
+    return {"slept": True}
+
+
+@workflow("callers.bad_sleep", app_id="tests")
+def bad_sleep(run, input):
+    if input["kind"] == "naive":
+        run.sleep_until(dt.datetime(2030, 1, 1))
+    elif input["kind"] == "zero":
+        run.sleep(dt.timedelta(0))
+    else:
+        run.sleep(5)
+    return {}

@@ -676,6 +676,38 @@ class Execution:
         )
         return bool(rows[0][0])
 
+    # -- markers: steps of the kernel's own (timers) ----------------------------
+
+    def sleep(self, duration: Any = None, until: Any = None) -> None:
+        """``run.sleep`` / ``run.sleep_until``: a durable timer (``timers.py``)."""
+        from . import timers
+
+        timers.sleep(self, duration=duration, until=until)
+
+    def begin_marker(self) -> int:
+        """Take the next position for a kernel step, after the previous step's success."""
+        self._flush_pending()
+        self._check_shutdown()
+        self.retry_policy = None
+        seq = self.next_seq
+        self.next_seq += 1
+        return seq
+
+    def replay_marker(self, entry: JournalEntry, name: str, input: Any, input_hash: str) -> Any:
+        """A journaled kernel step: its output, or a nondeterminism incident."""
+        return self._replay(entry, name, input, input_hash)
+
+    def marker_step(
+        self, seq: int, action: Action, name: str, input: Any, input_hash: str
+    ) -> _Step:
+        return _Step(seq, action, name, input, input_hash, clock.now(), StepContext(self, seq))
+
+    def journal_marker(self, step: _Step, result: Succeeded) -> Any:
+        return self._journal_success(step, result)
+
+    def park_marker(self, seq: int, dependency: Any) -> None:
+        self._park(seq, dependency)
+
     # -- PURE and IDEMPOTENT -------------------------------------------------
 
     def _pure_or_idempotent(self, step: _Step) -> Any:
