@@ -225,6 +225,9 @@ class WorkflowRun(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
+    #: Its workflow's ``timeout`` after the start: not ended by then, it is canceled
+    #: with ``WORKFLOW_TIMEOUT`` (``timeouts.py``). None: no timeout.
+    timeout_at = models.DateTimeField(null=True, blank=True)
 
     #: Keyed seals over (entry count, head) of the journal and the ledger, rewritten
     #: with every entry: a deleted tail no longer matches (``kernel/evidence.py``).
@@ -281,6 +284,14 @@ class WorkflowRun(models.Model):
                 name="k2b_run_deadline",
             ),
             models.Index(fields=["status", "created_at"], name="k2b_run_status"),
+            # The timeout sweep's walk: only runs with a timeout that may still move.
+            models.Index(
+                fields=["timeout_at"],
+                condition=models.Q(
+                    timeout_at__isnull=False, status__in=["queued", "running", "waiting"]
+                ),
+                name="k2b_run_timeout",
+            ),
         ]
         triggers = [
             GuardedFSM(

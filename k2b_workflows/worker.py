@@ -44,7 +44,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections, transaction
 from django.db.backends.signals import connection_created
 
-from . import fleet, metrics, store
+from . import fleet, metrics, store, timeouts
 from .exceptions import DatabaseNotMigrated, DatabaseUnavailable
 from .health import HealthFile
 from .kernel import ai, claim, db, waits, weather
@@ -679,6 +679,7 @@ class Worker:
             waits.purge_stale_rendezvous(self.using)
         if reaped:
             logger.warning("re-queued %d run(s) whose lease expired", reaped)
+        self.stats["timed_out"] += timeouts.cancel_overdue(self.using)
         self.stats["reaped"] += reaped
         self.stats["deadlines"] += promoted
 

@@ -40,6 +40,11 @@ class WorkflowDefinition:
     max_steps: int = DEFAULT_MAX_STEPS
     #: How its steps are retried where their action has no policy (None: the settings).
     retry: Retry | None = None
+    #: A run not ended this long after its start is canceled (``WORKFLOW_TIMEOUT``).
+    timeout: dt.timedelta | None = None
+
+    def timeout_at(self, started: dt.datetime) -> dt.datetime | None:
+        return None if self.timeout is None else started + self.timeout
 
 
 @dataclass
@@ -94,6 +99,7 @@ def workflow(
     max_ai_calls: int | None = None,
     max_steps: int = DEFAULT_MAX_STEPS,
     retry: Retry | None = None,
+    timeout: dt.timedelta | None = None,
 ) -> Callable[[WorkflowFn], WorkflowFn]:
     """Register ``fn(run, input)`` as the workflow ``name``.
 
@@ -101,6 +107,8 @@ def workflow(
     from a root of this workflow; ``max_steps`` bounds each run's steps and the
     number of children the tree may create. ``retry`` (a ``Retry``) replaces
     the settings' bound and backoff for its steps whose action has no policy.
+    ``timeout`` (a positive ``timedelta``): a run not ended that long after its
+    start is canceled with ``WORKFLOW_TIMEOUT`` (``timeouts.py``).
     """
     if not isinstance(name, str) or not name:
         raise InvalidInput("workflow() takes a non-empty name")
@@ -117,6 +125,11 @@ def workflow(
     validation.integer(max_steps, "max_steps", minimum=1, maximum=validation.MAX_INT)
     validation.integer(version, "version", minimum=1, maximum=validation.MAX_INT)
     check_policy(retry, "retry")
+    if timeout is not None:
+        if not isinstance(timeout, dt.timedelta):
+            raise InvalidInput(f"timeout must be a timedelta or None, not {timeout!r:.80}")
+        if timeout <= dt.timedelta(0):
+            raise InvalidInput(f"timeout must be a positive timedelta, not {timeout}")
 
     def register(fn: WorkflowFn) -> WorkflowFn:
         if len(inspect.signature(fn).parameters) != 2:
@@ -143,6 +156,7 @@ def workflow(
             max_ai_calls=max_ai_calls,
             max_steps=max_steps,
             retry=retry,
+            timeout=timeout,
         )
         fn.workflow_name = name  # type: ignore[attr-defined]
         return fn

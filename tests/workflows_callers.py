@@ -127,3 +127,52 @@ def bad_sleep(run, input):
     else:
         run.sleep(5)
     return {}
+
+
+class BlocksUntilCanceled(Action):
+    """An external effect whose provider answers only once the run is canceled (late)."""
+
+    name = "callers.blocks"
+    effect = Effect.EXTERNAL
+
+    def plan(self, ctx, input):
+        return succeeded({"planned": True})
+
+    def run(self, ctx, input):
+        ProviderCall.objects.create(
+            action=self.name, effect_key=ctx.effect_key, generation=ctx.generation
+        )
+        ctx.canceled.wait(input.get("block_s", 60))
+        return succeeded({"late": True})
+
+
+class ChargeOnce(Action):
+    """An external effect without reconcile(): after a crash, an operator decides."""
+
+    name = "callers.charge_once"
+    effect = Effect.EXTERNAL
+
+    def plan(self, ctx, input):
+        return succeeded({"planned": True})
+
+    def run(self, ctx, input):
+        ProviderCall.objects.create(action=self.name, effect_key=ctx.effect_key)
+        return succeeded({"charged": True})
+
+
+@workflow("callers.timed_gate", app_id="tests", timeout=dt.timedelta(hours=1))
+def timed_gate(run, input):
+    from .workflows_waits import Gate
+
+    return run.step(Gate, {"key": input["key"]})
+
+
+@workflow("callers.timed_external", app_id="tests", timeout=dt.timedelta(hours=1))
+def timed_external(run, input):
+    run.step(Record, {"tag": "before"})
+    return run.step(BlocksUntilCanceled, {})
+
+
+@workflow("callers.timed_charge", app_id="tests", timeout=dt.timedelta(hours=1))
+def timed_charge(run, input):
+    return run.step(ChargeOnce, {})

@@ -58,6 +58,7 @@ def create(
             run_after=now,
             created_at=now,
             updated_at=now,
+            timeout_at=definition.timeout_at(now),
             **evidence.initial_anchors(new_ids[i]),
         )
         for i in missing
