@@ -210,9 +210,11 @@ class Action:
     is ``module.QualifiedClassName``, so renaming or moving the class makes
     journaled runs nondeterministic; ``manage.py check`` warns about it.
 
-    Hooks are plain functions called by the worker thread: ``cost`` (cheap,
-    side-effect free), ``plan`` (dry runs), ``authorize`` (just before the
-    effect), ``run`` (the effect) and ``reconcile`` (after an unknown outcome).
+    Hooks are called by the worker thread: ``cost`` (cheap, side-effect free),
+    ``plan`` (dry runs), ``authorize`` (just before the effect), ``run`` (the
+    effect) and ``reconcile`` (after an unknown outcome). ``plan``,
+    ``authorize``, ``run`` and ``reconcile`` may be ``async def`` (not ``cost``,
+    nor a TRANSACTIONAL ``run``): see ``kernel/hooks.py``.
     """
 
     name: ClassVar[str] = ""
@@ -243,6 +245,13 @@ class Action:
         policy = check_policy(cls.__dict__.get("retry"), f"{cls.__name__}.retry")
         if policy is not None:
             action_declared(policy)
+        if effect == Effect.TRANSACTIONAL and inspect.iscoroutinefunction(cls.__dict__.get("run")):
+            # run() writes through ctx.tx, this thread's connection inside the kernel's
+            # transaction, which a coroutine cannot use without leaving the thread.
+            raise InvalidInput(
+                f"{cls.__name__}.run must be a plain def, not async def: a TRANSACTIONAL "
+                "action writes in the kernel's transaction on the worker thread"
+            )
         if inspect.iscoroutinefunction(cls.__dict__.get("cost")):
             # cost() is charged before dispatch, in the kernel's own transaction and
             # in dry runs: it must be a cheap synchronous computation.

@@ -30,7 +30,7 @@ from .actions import (
     validate_result,
 )
 from .exceptions import InvalidInput, StepFailed, Suspend, UnknownWorkflow
-from .kernel import ai
+from .kernel import ai, hooks
 from .kernel.budgets import AI_CALLS, validate_cost
 from .kernel.context import StepContext
 from .models import WorkflowRun
@@ -156,7 +156,7 @@ class _DryExecution:
             self._error(f"step {seq} ({name}): cost() failed: {exc}")
         if action.defines("authorize"):
             try:
-                denial = action.authorize(ctx, input)
+                denial = hooks.call(action.authorize, ctx, input)
             except PermissionDenied as exc:
                 denial = Failed(str(exc) or "permission denied", store.FORBIDDEN)
             if isinstance(denial, Failed):
@@ -170,7 +170,7 @@ class _DryExecution:
         self.ai_calls = 0
         try:
             result = validate_result(
-                getattr(action, hook)(ctx, input), (Succeeded, Failed, Waiting), hook
+                hooks.call(getattr(action, hook), ctx, input), (Succeeded, Failed, Waiting), hook
             )
         except InvalidResult as exc:
             self._error(f"step {seq} ({name}): {exc}")

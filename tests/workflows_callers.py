@@ -6,8 +6,11 @@ own, like a provider's log), so a test counts attempts after crashes too.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import os
+import signal
+import threading
 
 from k2b_workflows import Action, Effect, Retry, failed, succeeded, workflow
 
@@ -176,3 +179,110 @@ def timed_external(run, input):
 @workflow("callers.timed_charge", app_id="tests", timeout=dt.timedelta(hours=1))
 def timed_charge(run, input):
     return run.step(ChargeOnce, {})
+
+
+# -- async def hooks -------------------------------------------------------------------
+
+#: Set by ``AsyncForever`` when its task is cancelled (in-process tests only).
+ASYNC_CANCELLED = threading.Event()
+#: ``AsyncForever`` has started awaiting (so a test cancels it mid-await).
+ASYNC_STARTED = threading.Event()
+
+
+async def _record(name: str, ctx, payload=None) -> None:
+    """A provider log row from a coroutine: Django's ORM through its async API."""
+    await ProviderCall.objects.acreate(
+        action=name, effect_key=ctx.effect_key, payload=payload, pid=os.getpid()
+    )
+
+
+class AsyncAdd(Action):
+    name = "callers.async_add"
+    effect = Effect.PURE
+
+    async def run(self, ctx, input):
+        await asyncio.sleep(0)
+        await _record(self.name, ctx)
+        return succeeded({"sum": input["a"] + input["b"]})
+
+
+class AsyncForever(Action):
+    """Awaits until cancelled; notes the cancellation, then returns a (late) result."""
+
+    name = "callers.async_forever"
+    effect = Effect.PURE
+    timeout = 600
+
+    async def run(self, ctx, input):
+        ASYNC_STARTED.set()
+        try:
+            await asyncio.sleep(600)
+        except asyncio.CancelledError:
+            ASYNC_CANCELLED.set()
+            return succeeded({"late": True})  # after the cancellation: discarded
+        return succeeded({"late": False})
+
+
+class AsyncSlowOnce(Action):
+    """Overruns its 1 s timeout on the first call (cancelled), answers at once after."""
+
+    name = "callers.async_slow_once"
+    effect = Effect.PURE
+    timeout = 1
+
+    async def run(self, ctx, input):
+        first = not await ProviderCall.objects.filter(action=self.name).aexists()
+        await _record(self.name, ctx, "first" if first else "again")
+        if first:
+            await asyncio.sleep(600)
+        return succeeded({"first": first})
+
+
+class AsyncGuarded(Action):
+    name = "callers.async_guarded"
+    effect = Effect.IDEMPOTENT
+
+    async def plan(self, ctx, input):
+        return succeeded({"planned": True, "to": input["to"]}, summary=f"would send {input['to']}")
+
+    async def authorize(self, ctx, input):
+        await asyncio.sleep(0)
+        if input["to"] == "mallory":
+            return failed("not to mallory", code="FORBIDDEN")
+        return None
+
+    async def run(self, ctx, input):
+        await _record(self.name, ctx, input["to"])
+        return succeeded({"sent": input["to"]})
+
+
+class AsyncCharge(Action):
+    """An async external effect with an async lookup by effect key."""
+
+    name = "callers.async_charge"
+    effect = Effect.EXTERNAL
+
+    async def plan(self, ctx, input):
+        return succeeded({"planned": True})
+
+    async def run(self, ctx, input):
+        await _record(self.name, ctx, input["amount"])
+        if os.environ.get("K2B_TEST_CRASH") == "async_external":
+            os.kill(os.getpid(), signal.SIGKILL)
+        await asyncio.sleep(0)
+        return succeeded({"charged": input["amount"]})
+
+    async def reconcile(self, ctx, input):
+        row = await ProviderCall.objects.filter(
+            action=self.name, effect_key=ctx.effect_key
+        ).afirst()
+        if row is None:
+            return failed("no such charge")
+        return succeeded({"charged": row.payload, "reconciled": True})
+
+
+one_step("callers.async_add", AsyncAdd)
+one_step("callers.async_forever", AsyncForever)
+one_step("callers.async_slow_once", AsyncSlowOnce)
+one_step("callers.async_guarded", AsyncGuarded)
+one_step("callers.async_charge", AsyncCharge)

@@ -59,7 +59,7 @@ from ..actions import (
 from ..exceptions import InvalidInput, LeaseLost, RunCanceled, StepFailed, Suspend, UnknownWorkflow
 from ..models import JournalEntry, LedgerEntry, WorkflowRun
 from ..workflows import ChildResult, RunHandle, WorkflowDefinition, get_workflow
-from . import budgets, clock, db, events, evidence, retrying, waits, weather
+from . import budgets, clock, db, events, evidence, hooks, retrying, waits, weather
 from .context import StepContext, _holding
 
 if TYPE_CHECKING:
@@ -1034,7 +1034,9 @@ class Execution:
             external = hook == "run" and step.action.effect.is_external
             self.keeper.action_started(self.run_id, step.action.timeout, external=external)
         try:
-            result = getattr(step.action, hook)(step.ctx, step.input)
+            result = hooks.call(
+                getattr(step.action, hook), step.ctx, step.input, _timeout_s(step.action)
+            )
         except StepFailed as exc:
             if step.action.effect.is_external:
                 raise  # after dispatch nothing proves the effect absent: outcome unknown
@@ -1052,7 +1054,9 @@ class Execution:
         if not step.action.defines("authorize"):
             return None
         try:
-            result = step.action.authorize(step.ctx, step.input)
+            result = hooks.call(
+                step.action.authorize, step.ctx, step.input, _timeout_s(step.action)
+            )
         except PermissionDenied as exc:
             return Failed(str(exc) or "permission denied", store.FORBIDDEN)
         if result is None or isinstance(result, Succeeded):
@@ -1809,6 +1813,11 @@ class _ChildrenAction(Action):
 class _PatchAction(Action):
     name = PATCH_KIND
     effect = Effect.PURE
+
+
+def _timeout_s(action: Action) -> float:
+    """The action's timeout in seconds, as the lease keeper counts it."""
+    return action.timeout if action.timeout is not None else store.action_timeout_ms() / 1000
 
 
 def _has_other_versions(name: str) -> bool:
