@@ -12,6 +12,7 @@ import enum
 import hashlib
 import inspect
 import json
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -264,16 +265,16 @@ class Action:
     def cost(self, input: Any) -> dict[str, int]:
         return {}
 
-    def plan(self, ctx: StepContext, input: Any) -> Result:
+    def plan(self, ctx: StepContext, input: Any) -> Result | Awaitable[Result]:
         raise HookNotDefined(f"{type(self).__name__} defines no plan(): dry runs need one")
 
-    def authorize(self, ctx: StepContext, input: Any) -> Result | None:
+    def authorize(self, ctx: StepContext, input: Any) -> Result | Awaitable[Result | None] | None:
         return None
 
-    def run(self, ctx: StepContext, input: Any) -> Result:
+    def run(self, ctx: StepContext, input: Any) -> Result | Awaitable[Result]:
         raise HookNotDefined(f"{type(self).__name__} defines no run()")
 
-    def reconcile(self, ctx: StepContext, input: Any) -> Result:
+    def reconcile(self, ctx: StepContext, input: Any) -> Result | Awaitable[Result]:
         raise HookNotDefined(f"{type(self).__name__} defines no reconcile()")
 
     # -- introspection the kernel relies on --

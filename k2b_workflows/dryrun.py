@@ -113,9 +113,11 @@ class _DryExecution:
         return True
 
     def sleep(self, duration: Any = None, until: Any = None) -> None:
-        """A dry run does not wait: the timer is checked and passes at once."""
+        """A dry run does not wait: the timer is checked and passes at once (taking its
+        step number, as in execution)."""
         from .kernel import timers
 
+        self.next_seq += 1
         if duration is not None:
             timers.check_duration(duration)
         else:

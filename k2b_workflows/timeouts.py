@@ -22,6 +22,7 @@ Counted from the start (``created_at``), on the kernel's clock: under
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from . import store
 from .kernel import db
@@ -37,13 +38,21 @@ SELECT id FROM k2b_run
 """
 
 
-def cancel_overdue(using: str | None = None, *, batch: int = 100) -> int:
-    """Cancel up to ``batch`` runs past their timeout; returns how many were canceled."""
+def overdue(using: str, *, batch: int = 100) -> list[Any]:
+    """Ids of up to ``batch`` runs past their timeout. One statement: the worker's
+    housekeeping reads it inside its own transaction, so an idle worker pays no
+    commit for it."""
+    return [row[0] for row in db.fetchall(using, _OVERDUE_SQL, [batch])]
+
+
+def cancel_overdue(using: str | None = None, run_ids: list[Any] | None = None) -> int:
+    """Cancel the runs past their timeout (``run_ids`` as ``overdue`` found them);
+    each is checked again under its lock. Returns how many were canceled."""
     from .control import cancel_run
 
     using = using or store.database()
     canceled = 0
-    for (run_id,) in db.fetchall(using, _OVERDUE_SQL, [batch]):
+    for run_id in overdue(using) if run_ids is None else run_ids:
         run = cancel_run(
             run_id,
             "the workflow's timeout passed before the run ended",

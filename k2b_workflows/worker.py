@@ -677,9 +677,11 @@ class Worker:
             promoted = claim.promote_due_waits(self.using)
             ai.reap_expired(self.using)
             waits.purge_stale_rendezvous(self.using)
+            overdue = timeouts.overdue(self.using)
         if reaped:
             logger.warning("re-queued %d run(s) whose lease expired", reaped)
-        self.stats["timed_out"] += timeouts.cancel_overdue(self.using)
+        if overdue:
+            self.stats["timed_out"] += timeouts.cancel_overdue(self.using, overdue)
         self.stats["reaped"] += reaped
         self.stats["deadlines"] += promoted
 
