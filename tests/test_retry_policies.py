@@ -121,3 +121,15 @@ def test_a_policy_that_is_not_a_retry_is_refused_on_the_action_and_the_workflow(
 
     with pytest.raises(InvalidInput, match="retry must be a Retry"):
         workflow("callers.bad_retry", app_id="tests", retry={"max_attempts": 3})
+
+
+def test_a_crash_counts_against_the_step_policy_bound():
+    from k2b_workflows.testing import crash_after_effect
+    from tests.workflows_callers import OnceOnly
+
+    # One attempt allowed: the crash (a lease that runs out) was it.
+    run = start_workflow_run("callers.once_only", {})
+    with crash_after_effect(OnceOnly):
+        run_until_idle(app_ids=["tests"])
+    assert_run_status(run, "failed", error_code=WORKFLOW_RETRY_EXHAUSTED)
+    assert calls("callers.once_only") == 1

@@ -124,3 +124,11 @@ def test_sigkill_while_a_run_sleeps_changes_nothing_and_holds_no_thread(start_wo
     assert actions(run) == ["callers.record", TIMER_KIND, "callers.record"]
     slept = fresh(run).finished_at - fresh(run).created_at
     assert slept >= dt.timedelta(seconds=3)
+
+
+def test_run_until_idle_waiting_for_deadlines_moves_the_clock_through_a_sleep():
+    run = start_workflow_run("callers.sleeper", {"seconds": 7 * 86_400})
+    with controlled_clock() as clock:
+        run_until_idle(app_ids=["tests"], wait_for_deadlines=True)
+        assert clock.offset > dt.timedelta(days=6, hours=23)
+    assert_run_status(run, "succeeded")

@@ -49,6 +49,18 @@ class OneShot(FlakyUntil):
     retry = Retry(max_attempts=1)
 
 
+class OnceOnly(Action):
+    """Succeeds, under a policy of one attempt: a crash in it is the end of it."""
+
+    name = "callers.once_only"
+    effect = Effect.PURE
+    retry = Retry(max_attempts=1)
+
+    def run(self, ctx, input):
+        ProviderCall.objects.create(action=self.name, effect_key=ctx.effect_key)
+        return succeeded({})
+
+
 class Declines(FlakyUntil):
     """A retryable failure whose code the policy says is final."""
 
@@ -70,6 +82,7 @@ class Raises(Action):
 one_step("callers.flaky", FlakyUntil)
 one_step("callers.patient", PatientFlaky)
 one_step("callers.one_shot", OneShot)
+one_step("callers.once_only", OnceOnly)
 one_step("callers.declines", Declines)
 
 
