@@ -2,19 +2,21 @@
 
 ``notify_ended``: ``pg_notify('k2b_run_ended', id)`` when a run becomes
 succeeded, failed, canceled or needs_attention, in the transaction that ends
-it, for ``wait_for_workflow_run``. ``timeout_at``: when a run of a workflow
-with a ``timeout`` is canceled if it has not ended, with the partial index
-the sweep walks.
+it, for ``wait_for_workflow_run`` (pinned like every trigger of the app).
+``timeout_at``: when a run of a workflow with a ``timeout`` is canceled if it
+has not ended, with the partial index the sweep walks.
 """
 
 import pgtrigger.compiler
 import pgtrigger.migrations
 from django.db import migrations, models
 
+import k2b_workflows.triggers
+
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("k2b_workflows", "0013_run_parent_index"),
+        ("k2b_workflows", "0014_pinned_functions_and_run_seals"),
     ]
 
     operations = [
@@ -37,10 +39,10 @@ class Migration(migrations.Migration):
             model_name="workflowrun",
             trigger=pgtrigger.compiler.Trigger(
                 name="notify_ended",
-                sql=pgtrigger.compiler.UpsertTriggerSql(
+                sql=k2b_workflows.triggers.PinnedUpsertTriggerSql(
                     condition="WHEN (NEW.\"status\" IN ('succeeded', 'failed', 'canceled', 'needs_attention') AND OLD.\"status\" IS DISTINCT FROM (NEW.\"status\"))",
-                    func="PERFORM pg_notify('k2b_run_ended', NEW.id::text); RETURN NULL;",
-                    hash="a1351026bea9b41928b1dd11e2005780fb6c8914",
+                    func="PERFORM pg_catalog.pg_notify('k2b_run_ended', NEW.id::text); RETURN NULL;",
+                    hash="35a0f5d0ff9144a9f58cc91ff2db86df194c3bab",
                     operation="UPDATE",
                     pgid="pgtrigger_notify_ended_4dc7a",
                     table="k2b_run",
