@@ -7,6 +7,7 @@ import datetime as dt
 import pytest
 
 from k2b_workflows import InvalidInput, start_workflow_run, wait_for_workflow_run, workflow
+from k2b_workflows.kernel import seals
 from k2b_workflows.models import LedgerEntry, WorkflowRun
 from k2b_workflows.store import WORKFLOW_TIMEOUT
 from k2b_workflows.testing import (
@@ -35,6 +36,7 @@ def test_a_waiting_run_is_canceled_when_its_timeout_passes():
     assert_run_status(run, "canceled", error_code=WORKFLOW_TIMEOUT)
     assert wait_for_workflow_run(run.pk, timeout=5).error_code == WORKFLOW_TIMEOUT
     assert LedgerEntry.Kind.CANCELED in ledger_kinds(run)
+    assert seals.problem(fresh(run)) is None  # the end is sealed with the timeout's code
 
 
 def test_a_run_that_ends_in_time_is_not_touched():
