@@ -198,3 +198,25 @@ def test_verifyworkflows_runs_as_a_read_only_auditor(auditor):
     with pytest.raises(CommandError, match="1 broken"):
         call_command("verifyworkflows", "--database", auditor, stdout=out)
     assert f"BROKEN {bad.pk}" in out.getvalue() and str(good.pk) not in out.getvalue()
+
+
+def test_the_migration_seals_runs_started_before_seals_as_they_are():
+    import importlib
+
+    from django.apps import apps
+    from django.db import connection
+
+    migration = importlib.import_module(
+        "k2b_workflows.migrations.0014_pinned_functions_and_run_seals"
+    )
+    done = start_workflow_run("test.charge", {"amount": 5})
+    run_until_idle()
+    queued = start_workflow_run("test.pure", {"a": 1, "b": 2}, principal={"user": 1})
+    WorkflowRun.objects.update(start_seal="", end_seal="")
+    assert all(seals.problem(run) for run in WorkflowRun.objects.all())
+    with connection.schema_editor() as editor:
+        migration.seal_existing_runs(apps, editor)
+    for run in WorkflowRun.objects.all():
+        assert seals.problem(run) is None, run
+    assert WorkflowRun.objects.get(pk=done.pk).end_seal != ""
+    assert WorkflowRun.objects.get(pk=queued.pk).end_seal == ""
