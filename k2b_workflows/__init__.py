@@ -23,6 +23,7 @@ from .exceptions import (
     StepFailed,
     UnknownWorkflow,
 )
+from .limits import Concurrency, RateLimit
 from .retries import Retry
 from .workflows import workflow
 
@@ -79,6 +80,7 @@ __all__ = [
     "EFFECT_ABSENT",
     "EFFECT_CONFIRMED",
     "Action",
+    "Concurrency",
     "DatabaseNotMigrated",
     "Dependency",
     "DryRunReport",
@@ -88,6 +90,7 @@ __all__ = [
     "InvalidInput",
     "LeaseLost",
     "NotRetryable",
+    "RateLimit",
     "ResolutionRefused",
     "Retry",
     "RunCanceled",

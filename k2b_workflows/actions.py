@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from . import validation
 from .exceptions import HookNotDefined, InvalidInput
+from .limits import RateLimit, check_rate_limit
 from .retries import Retry, action_declared, check_policy
 
 if TYPE_CHECKING:
@@ -242,6 +243,9 @@ class Action:
     #: How this action's steps are retried (``retries.Retry``); None: the workflow's
     #: policy, else the settings.
     retry: ClassVar[Retry | None] = None
+    #: Dispatches of this action allowed per window, across every worker (None: unlimited).
+    #: With ``rate_limit_key`` defined, one limit per key it returns.
+    rate_limit: ClassVar[RateLimit | None] = None
 
     def __init_subclass__(cls, abstract: bool = False, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -273,6 +277,7 @@ class Action:
                 "synchronously before the step's effect (run, reconcile, authorize and plan "
                 "may be coroutines)"
             )
+        check_rate_limit(cls.__name__, cls.__dict__.get("rate_limit"))
 
     def cost(self, input: Any) -> dict[str, int]:
         return {}
@@ -288,6 +293,10 @@ class Action:
 
     def reconcile(self, ctx: StepContext, input: Any) -> Result | Awaitable[Result]:
         raise HookNotDefined(f"{type(self).__name__} defines no reconcile()")
+
+    def rate_limit_key(self, input: Any) -> str:
+        """Optional with ``rate_limit``: the key one limit counts under (an API key's id)."""
+        raise HookNotDefined(f"{type(self).__name__} defines no rate_limit_key()")
 
     # -- introspection the kernel relies on --
 

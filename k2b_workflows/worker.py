@@ -47,7 +47,7 @@ from django.db.backends.signals import connection_created
 from . import fleet, metrics, store, timeouts
 from .exceptions import DatabaseNotMigrated, DatabaseUnavailable
 from .health import HealthFile
-from .kernel import ai, claim, db, waits, weather
+from .kernel import ai, claim, db, flow, waits, weather
 from .kernel.execute import Execution, Preloaded, preload, preload_statement, preloaded
 from .kernel.leases import LeaseKeeper
 from .prefetch import Prefetch
@@ -711,7 +711,7 @@ class Worker:
                 f"""SELECT EXISTS (SELECT 1 FROM k2b_run
                      WHERE (workflow_name, workflow_version)
                            IN (SELECT * FROM unnest(%s::text[], %s::int[])) {app_filter}
-                        AND (status = 'queued'
+                        AND ((status = 'queued' AND {flow.CLAIMABLE})
                              OR (status = 'running'
                                  AND lease_expires_at < k2b_now())))""",
                 params,

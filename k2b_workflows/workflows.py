@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from . import validation
 from .exceptions import InvalidInput, UnknownWorkflow
+from .limits import Concurrency, check_concurrency
 from .retries import Retry, check_policy
 
 WorkflowFn = Callable[["RunHandle", Any], Any]
@@ -45,6 +46,9 @@ class WorkflowDefinition:
 
     def timeout_at(self, started: dt.datetime) -> dt.datetime | None:
         return None if self.timeout is None else started + self.timeout
+
+    #: At most ``concurrency.limit`` active runs per ``concurrency_key`` (None: no keys).
+    concurrency: Concurrency | None = None
 
 
 @dataclass
@@ -100,6 +104,7 @@ def workflow(
     max_steps: int = DEFAULT_MAX_STEPS,
     retry: Retry | None = None,
     timeout: dt.timedelta | None = None,
+    concurrency: Concurrency | None = None,
 ) -> Callable[[WorkflowFn], WorkflowFn]:
     """Register ``fn(run, input)`` as the workflow ``name``.
 
@@ -109,6 +114,8 @@ def workflow(
     the settings' bound and backoff for its steps whose action has no policy.
     ``timeout`` (a positive ``timedelta``): a run not ended that long after its
     start is canceled with ``WORKFLOW_TIMEOUT`` (``timeouts.py``).
+    number of children the tree may create. ``concurrency`` bounds the active
+    runs started with the same ``concurrency_key`` (see docs/flow-control.md).
     """
     if not isinstance(name, str) or not name:
         raise InvalidInput("workflow() takes a non-empty name")
@@ -130,6 +137,7 @@ def workflow(
             raise InvalidInput(f"timeout must be a timedelta or None, not {timeout!r:.80}")
         if timeout <= dt.timedelta(0):
             raise InvalidInput(f"timeout must be a positive timedelta, not {timeout}")
+    check_concurrency(concurrency)
 
     def register(fn: WorkflowFn) -> WorkflowFn:
         if len(inspect.signature(fn).parameters) != 2:
@@ -157,6 +165,7 @@ def workflow(
             max_steps=max_steps,
             retry=retry,
             timeout=timeout,
+            concurrency=concurrency,
         )
         fn.workflow_name = name  # type: ignore[attr-defined]
         return fn

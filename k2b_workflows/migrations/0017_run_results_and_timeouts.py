@@ -16,7 +16,7 @@ import k2b_workflows.triggers
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("k2b_workflows", "0014_pinned_functions_and_run_seals"),
+        ("k2b_workflows", "0016_flow_control"),
     ]
 
     operations = [
