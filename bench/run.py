@@ -141,6 +141,7 @@ class Bench:
     def __init__(self, url: str, args: argparse.Namespace) -> None:
         self.url = url
         self.args = args
+        self.waited: dict[str, float] = {}
         base = urlsplit(url).path.lstrip("/") or "k2b"
         self.db = f"{base}_bench"
         self.pgbench_db = f"{base}_pgbench"
@@ -258,6 +259,7 @@ class Bench:
                         time.sleep(0.002)
                 latencies.append((started - committed) * 1000)
                 time.sleep(random.uniform(0.02, 0.05))  # idle again before the next wake
+            self.waited = self.result_latency(proc)
         finally:
             proc.terminate()
             proc.communicate(timeout=60)
@@ -268,7 +270,7 @@ class Bench:
             "max": max(latencies),
         }
 
-    def result_latency(self) -> dict[str, float]:
+    def result_latency(self, proc: subprocess.Popen | None = None) -> dict[str, float]:
         """From a run's end to ``wait_for_workflow_run`` returning, in another process.
 
         Runs park on gates; a caller thread waits on one run at a time, the bench
@@ -289,7 +291,9 @@ class Bench:
         n = self.args.wakes
         with transaction.atomic():
             runs = [start_workflow_run("bench.wait", {"key": f"r{i}"}) for i in range(n)]
-        proc = self.worker("--concurrency", str(self.args.threads))
+        own = proc is None
+        if proc is None:  # --results-only; otherwise the wake bench's worker, still running
+            proc = self.worker("--concurrency", str(self.args.threads))
         latencies: list[float] = []
         try:
             deadline = time.monotonic() + 120
@@ -322,8 +326,9 @@ class Bench:
                 finished = WorkflowRun.objects.get(pk=run.pk).finished_at
                 latencies.append((returned[0] - finished.timestamp()) * 1000)
         finally:
-            proc.terminate()
-            proc.communicate(timeout=60)
+            if own:
+                proc.terminate()
+                proc.communicate(timeout=60)
             listener.stop()
         return {
             "n": len(latencies),
@@ -667,7 +672,7 @@ class Bench:
             )
             wake = self.wake_latency()
             result.update(wake_p50_ms=round(wake["p50"], 2), wake_p99_ms=round(wake["p99"], 2))
-            waited = self.result_latency()
+            waited = self.waited
             result.update(
                 result_p50_ms=round(waited["p50"], 2), result_p99_ms=round(waited["p99"], 2)
             )
