@@ -24,6 +24,7 @@ from .exceptions import (
     UnknownWorkflow,
 )
 from .limits import Concurrency, RateLimit
+from .retries import Retry
 from .workflows import workflow
 
 _LAZY = {
@@ -37,12 +38,18 @@ _LAZY = {
     "retry_workflow_run": "control",
     "start_workflow_run": "control",
     "wake_workflow_runs_waiting_on": "control",
+    "acancel_workflow_run": "aio",
+    "astart_workflow_run": "aio",
+    "await_workflow_run": "results",
+    "awake_workflow_runs_waiting_on": "aio",
+    "wait_for_workflow_run": "results",
     "DryRunReport": "dryrun",
     "dry_run": "dryrun",
     "ai_provider": "kernel.ai",
 }
 
 if TYPE_CHECKING:
+    from .aio import acancel_workflow_run, astart_workflow_run, awake_workflow_runs_waiting_on
     from .control import (
         EFFECT_ABSENT,
         EFFECT_CONFIRMED,
@@ -57,6 +64,7 @@ if TYPE_CHECKING:
     )
     from .dryrun import DryRunReport, dry_run
     from .kernel.ai import ai_provider
+    from .results import await_workflow_run, wait_for_workflow_run
 
 
 def __getattr__(name: str) -> Any:
@@ -84,11 +92,16 @@ __all__ = [
     "NotRetryable",
     "RateLimit",
     "ResolutionRefused",
+    "Retry",
     "RunCanceled",
     "StepFailed",
     "UnknownWorkflow",
+    "acancel_workflow_run",
     "ai_provider",
     "ambiguous",
+    "astart_workflow_run",
+    "await_workflow_run",
+    "awake_workflow_runs_waiting_on",
     "cancel_workflow_run",
     "count_child_workflow_runs",
     "create_child_workflow_runs",
@@ -100,6 +113,7 @@ __all__ = [
     "start_workflow_run",
     "succeeded",
     "unknown",
+    "wait_for_workflow_run",
     "waiting",
     "wake_workflow_runs_waiting_on",
     "workflow",

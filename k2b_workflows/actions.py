@@ -12,12 +12,14 @@ import enum
 import hashlib
 import inspect
 import json
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from . import validation
 from .exceptions import HookNotDefined, InvalidInput
 from .limits import RateLimit, check_rate_limit
+from .retries import Retry, action_declared, check_policy
 
 if TYPE_CHECKING:
     from .kernel.context import StepContext
@@ -253,9 +255,11 @@ class Action:
     is ``module.QualifiedClassName``, so renaming or moving the class makes
     journaled runs nondeterministic; ``manage.py check`` warns about it.
 
-    Hooks are plain functions called by the worker thread: ``cost`` (cheap,
-    side-effect free), ``plan`` (dry runs), ``authorize`` (just before the
-    effect), ``run`` (the effect) and ``reconcile`` (after an unknown outcome).
+    Hooks are called by the worker thread: ``cost`` (cheap, side-effect free),
+    ``plan`` (dry runs), ``authorize`` (just before the effect), ``run`` (the
+    effect) and ``reconcile`` (after an unknown outcome). ``plan``,
+    ``authorize``, ``run`` and ``reconcile`` may be ``async def`` (not ``cost``,
+    nor a TRANSACTIONAL ``run``): see ``kernel/hooks.py``.
     """
 
     name: ClassVar[str] = ""
@@ -269,6 +273,9 @@ class Action:
     timeout: ClassVar[float | None] = None
     """Seconds the worker keeps renewing the lease while ``run`` executes (None: the
     ``ACTION_TIMEOUT_MS`` setting)."""
+    #: How this action's steps are retried (``retries.Retry``); None: the workflow's
+    #: policy, else the settings.
+    retry: ClassVar[Retry | None] = None
     #: Dispatches of this action allowed per window, across every worker (None: unlimited).
     #: With ``rate_limit_key`` defined, one limit per key it returns.
     rate_limit: ClassVar[RateLimit | None] = None
@@ -285,6 +292,24 @@ class Action:
             )
         if effect is not None and not isinstance(effect, Effect):
             raise TypeError(f"{cls.__name__}.effect must be an Effect, not {effect!r}")
+        policy = check_policy(cls.__dict__.get("retry"), f"{cls.__name__}.retry")
+        if policy is not None:
+            action_declared(policy)
+        if effect == Effect.TRANSACTIONAL and inspect.iscoroutinefunction(cls.__dict__.get("run")):
+            # run() writes through ctx.tx, this thread's connection inside the kernel's
+            # transaction, which a coroutine cannot use without leaving the thread.
+            raise InvalidInput(
+                f"{cls.__name__}.run must be a plain def, not async def: a TRANSACTIONAL "
+                "action writes in the kernel's transaction on the worker thread"
+            )
+        if inspect.iscoroutinefunction(cls.__dict__.get("cost")):
+            # cost() is charged before dispatch, in the kernel's own transaction and
+            # in dry runs: it must be a cheap synchronous computation.
+            raise InvalidInput(
+                f"{cls.__name__}.cost must be a plain def, not async def: it is computed "
+                "synchronously before the step's effect (run, reconcile, authorize and plan "
+                "may be coroutines)"
+            )
         check_rate_limit(cls.__name__, cls.__dict__.get("rate_limit"))
 
     def cost(self, input: Any) -> dict[str, int]:
@@ -296,7 +321,7 @@ class Action:
         """
         return {}
 
-    def plan(self, ctx: StepContext, input: Any) -> Result:
+    def plan(self, ctx: StepContext, input: Any) -> Result | Awaitable[Result]:
         """Dry runs only: what ``run`` would do, without doing it.
 
         Return ``succeeded({..., "planned": True}, summary="...")``. Required for
@@ -304,7 +329,7 @@ class Action:
         """
         raise HookNotDefined(f"{type(self).__name__} defines no plan(): dry runs need one")
 
-    def authorize(self, ctx: StepContext, input: Any) -> Result | None:
+    def authorize(self, ctx: StepContext, input: Any) -> Result | Awaitable[Result | None] | None:
         """Called just before the effect (and in dry runs): refuse it or return None.
 
         Raise ``django.core.exceptions.PermissionDenied`` or return
@@ -313,7 +338,7 @@ class Action:
         """
         return None
 
-    def run(self, ctx: StepContext, input: Any) -> Result:
+    def run(self, ctx: StepContext, input: Any) -> Result | Awaitable[Result]:
         """The effect. Return ``succeeded``, ``failed``, ``waiting`` or ``ambiguous``.
 
         ``waiting`` only before any effect happened; an action that may have
@@ -322,7 +347,7 @@ class Action:
         """
         raise HookNotDefined(f"{type(self).__name__} defines no run()")
 
-    def reconcile(self, ctx: StepContext, input: Any) -> Result:
+    def reconcile(self, ctx: StepContext, input: Any) -> Result | Awaitable[Result]:
         """EXTERNAL and stronger, after an unknown outcome: did the effect happen?
 
         Look it up at the provider by ``ctx.effect_key`` and return

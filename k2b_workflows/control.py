@@ -146,6 +146,7 @@ def _start(
         principal=principal,
         created_at=now,
         updated_at=now,
+        timeout_at=definition.timeout_at(now),
         parent=parent_run,
         root_id=(parent_run.root_id or parent_run.id) if parent_run else run_id,
         # The caller's W3C trace context: whichever worker runs it continues the trace.
@@ -267,7 +268,15 @@ def cancel_workflow_run(run_id: Any, reason: str) -> WorkflowRun:
     if not isinstance(reason, str) or not reason.strip():
         raise InvalidInput("cancel_workflow_run() needs a reason")
     validation.long_text(reason, "the cancel reason")
-    run_id = validation.run_id(run_id)
+    return cancel_run(validation.run_id(run_id), reason)
+
+
+def cancel_run(
+    run_id: uuid.UUID, reason: str, *, code: str = store.CANCELED, overdue: bool = False
+) -> WorkflowRun:
+    """``cancel_workflow_run`` with its error code; with ``overdue``, only a run whose
+    ``timeout_at`` has passed and that is still queued, running or waiting, checked
+    under its lock (the timeout sweep, ``timeouts.py``)."""
     using = store.database()
 
     def cancel() -> WorkflowRun:
@@ -275,6 +284,13 @@ def cancel_workflow_run(run_id: Any, reason: str) -> WorkflowRun:
         if row is None:
             raise WorkflowRun.DoesNotExist(f"no run {run_id}")
         if row[0] in TERMINAL_STATUSES:
+            return WorkflowRun.objects.using(using).get(pk=run_id)
+        if overdue and not db.fetchall(
+            using,
+            """SELECT 1 FROM k2b_run WHERE id = %s AND timeout_at <= k2b_now()
+                  AND status IN ('queued', 'running', 'waiting')""",
+            [run_id],
+        ):
             return WorkflowRun.objects.using(using).get(pk=run_id)
         canceled = db.fetchall(
             using,
@@ -287,7 +303,7 @@ def cancel_workflow_run(run_id: Any, reason: str) -> WorkflowRun:
                 WHERE id IN (SELECT id FROM tree)
                   AND status NOT IN ('succeeded', 'failed', 'canceled')
                RETURNING id, workflow_name, generation""",
-            [run_id, store.CANCELED, reason],
+            [run_id, code, reason],
         )
         ids = [r[0] for r in canceled]
         db.execute(
@@ -296,7 +312,7 @@ def cancel_workflow_run(run_id: Any, reason: str) -> WorkflowRun:
                  FROM unnest(%s::uuid[], %s::text[]) AS s(id, seal) WHERE r.id = s.id""",
             [
                 ids,
-                seals.end_seals((i, "canceled", store.CANCELED, gen) for i, _, gen in canceled),
+                seals.end_seals((i, "canceled", code, gen) for i, _, gen in canceled),
             ],
         )
         for canceled_id, _, generation in canceled:
@@ -311,7 +327,7 @@ def cancel_workflow_run(run_id: Any, reason: str) -> WorkflowRun:
                 run_id=canceled_id,
                 workflow_name=workflow_name,
                 status="canceled",
-                error_code=store.CANCELED,
+                error_code=code,
             )
         db.execute(
             using,

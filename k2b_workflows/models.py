@@ -21,7 +21,20 @@ from django.db import models
 from django.utils import timezone
 
 from .actions import Effect
-from .triggers import GuardedFSM, GuardedProtect, Notify, SlotAdmit, SlotRelease, append_only
+from .triggers import (
+    GuardedFSM,
+    GuardedProtect,
+    Notify,
+    NotifyEnded,
+    SlotAdmit,
+    SlotRelease,
+    append_only,
+)
+
+#: The channel a run's end is announced on, with the run's id as payload.
+ENDED_CHANNEL = NotifyEnded.channel
+#: The statuses ``wait_for_workflow_run`` returns for: the run will not move on its own.
+SETTLED_STATUSES = ("succeeded", "failed", "canceled", "needs_attention")
 
 
 class RunStatus(models.TextChoices):
@@ -147,6 +160,9 @@ class WorkflowRun(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
+    #: Its workflow's ``timeout`` after the start: not ended by then, it is canceled
+    #: with ``WORKFLOW_TIMEOUT`` (``timeouts.py``). None: no timeout.
+    timeout_at = models.DateTimeField(null=True, blank=True)
 
     #: Keyed seals over (entry count, head) of the journal and the ledger, rewritten
     #: with every entry: a deleted tail no longer matches (``kernel/evidence.py``).
@@ -249,6 +265,14 @@ class WorkflowRun(models.Model):
                 condition=models.Q(finished_at__isnull=False),
                 name="k2b_run_finished",
             ),
+            # The timeout sweep's walk: only runs with a timeout that may still move.
+            models.Index(
+                fields=["timeout_at"],
+                condition=models.Q(
+                    timeout_at__isnull=False, status__in=["queued", "running", "waiting"]
+                ),
+                name="k2b_run_timeout",
+            ),
         ]
         triggers = [
             GuardedFSM(
@@ -292,6 +316,12 @@ class WorkflowRun(models.Model):
                 name="notify_queued_insert",
                 operation=pgtrigger.Insert,
                 condition=pgtrigger.Q(new__status="queued"),
+            ),
+            NotifyEnded(
+                name="notify_ended",
+                operation=pgtrigger.Update,
+                condition=pgtrigger.Q(new__status__in=SETTLED_STATUSES)
+                & pgtrigger.Q(old__status__df=pgtrigger.F("new__status")),
             ),
             Notify(
                 name="notify_queued_update",

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import inspect
 import math
 import threading
 import time
@@ -37,7 +38,7 @@ from django.db.backends.signals import connection_created
 from django.test import override_settings
 
 from . import store
-from .kernel import ai, claim, flow
+from .kernel import ai, claim, flow, hooks
 from .kernel import clock as kernel_clock
 from .kernel.execute import Execution
 from .kernel.leases import LeaseKeeper
@@ -192,6 +193,8 @@ def crash_after_effect(action: type, *, times: int = 1) -> Iterator[list[Any]]:
 
     def run(self: Any, ctx: Any, input: Any) -> Any:
         result = original(self, ctx, input)
+        if inspect.iscoroutine(result):  # an async def run(): its effect happens here
+            result = hooks.run_coroutine(result, ctx.canceled)
         if remaining[0] > 0:
             remaining[0] -= 1
             lost.append(result)

@@ -44,7 +44,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections, transaction
 from django.db.backends.signals import connection_created
 
-from . import fleet, metrics, store
+from . import fleet, metrics, store, timeouts
 from .exceptions import DatabaseNotMigrated, DatabaseUnavailable
 from .health import HealthFile
 from .kernel import ai, claim, db, flow, waits, weather
@@ -690,8 +690,11 @@ class Worker:
             promoted = claim.promote_due_waits(self.using)
             ai.reap_expired(self.using)
             waits.purge_stale_rendezvous(self.using)
+            overdue = timeouts.overdue(self.using)
         if reaped:
             logger.warning("re-queued %d run(s) whose lease expired", reaped)
+        if overdue:
+            self.stats["timed_out"] += timeouts.cancel_overdue(self.using, overdue)
         self.stats["reaped"] += reaped
         self.stats["deadlines"] += promoted
 

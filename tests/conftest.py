@@ -253,3 +253,12 @@ def start_worker(transactional_db) -> Iterator[Callable[..., WorkerProcess]]:
 @pytest.fixture
 def wait() -> Callable[..., object]:
     return wait_for
+
+
+@pytest.fixture(autouse=True)
+def _close_result_listener() -> Iterator[None]:
+    """A test that waited on a result leaves no LISTEN connection open on its database."""
+    yield
+    from k2b_workflows.results import listener
+
+    listener.stop()

@@ -9,6 +9,7 @@ test runs which module; tests/test_docs.py fails on a module nobody runs.
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import json
 import logging
@@ -61,6 +62,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 #: docs/examples module -> the tests that run it (tests/test_docs.py checks both ways).
 RUN_BY = {
+    "callers": [
+        "test_the_follow_up_sleeps_three_days_on_the_clock_and_sends_twice",
+        "test_an_unsubscribed_address_fails_at_once_despite_the_patient_policy",
+        "test_the_views_answer_with_the_result_of_the_run",
+    ],
+    "callers_views": ["test_the_views_answer_with_the_result_of_the_run"],
     "getting_started": [
         "test_the_getting_started_test_passes_and_the_card_is_charged_once",
         "test_a_crash_after_the_charge_is_reconciled_by_key",
@@ -719,6 +726,72 @@ def test_a_dry_run_of_every_example_workflow_is_ok(module):
                 workflows._registry[definition.name] = versions
             assert report.ok, (definition.name, definition.version, report.errors, report.failed)
             assert report.steps
+
+
+# -- docs/callers.md -----------------------------------------------------------------------
+
+
+def test_the_follow_up_sleeps_three_days_on_the_clock_and_sends_twice():
+    from k2b_workflows.testing import controlled_clock
+
+    with examples("callers") as (callers,), controlled_clock() as clock:
+        callers.OUTBOX.clear()
+        run = start_workflow_run("reminders.follow_up", {"to": "ada@example.com"})
+        run_until_idle()
+        assert refreshed(run).status == "waiting"
+        sent = list(callers.OUTBOX)
+        assert sent == [(f"{run.pk}:0", "ada@example.com")]
+        clock.advance(days=3)
+        run_until_idle()
+        assert_run_status(run, "succeeded")
+        assert [to for _, to in callers.OUTBOX] == ["ada@example.com"] * 2
+        # The timeout of seven days was stamped at the start.
+        assert refreshed(run).timeout_at - refreshed(run).created_at == dt.timedelta(days=7)
+
+
+def test_an_unsubscribed_address_fails_at_once_despite_the_patient_policy():
+    with examples("callers") as (callers,):
+        callers.OUTBOX.clear()
+        run = start_workflow_run("reminders.remind_now", {"to": "bob@unsubscribed.example"})
+        run_until_idle()
+        assert_run_status(run, "failed", error_code="UNSUBSCRIBED")
+        assert callers.OUTBOX == []
+
+
+def test_the_views_answer_with_the_result_of_the_run():
+    import asyncio
+    import threading
+
+    from asgiref.sync import sync_to_async
+    from django.db import connections
+    from django.test import RequestFactory
+
+    with examples("callers", "callers_views") as (callers, views):
+        stop = threading.Event()
+
+        def worker() -> None:  # the worker process, in a thread for the test
+            while not stop.is_set():
+                run_until_idle()
+                stop.wait(0.02)
+            connections.close_all()
+
+        thread = threading.Thread(target=worker)
+        thread.start()
+        try:
+            factory = RequestFactory()
+            request = factory.post("/remind/", {"to": "ada@example.com", "key": "r-1"})
+            answer = json.loads(views.remind(request).content)
+            assert answer["status"] == "succeeded"
+            assert answer["output"] == {"message_id": f"{answer['run']}:0"}
+
+            request = factory.post("/remind/", {"to": "eve@example.com", "key": "r-2"})
+            response = asyncio.run(views.aremind(request))
+            assert json.loads(response.content)["status"] == "succeeded"
+            asyncio.run(sync_to_async(connections.close_all)())
+        finally:
+            stop.set()
+            thread.join(60)
+        assert [to for _, to in callers.OUTBOX] == ["ada@example.com", "eve@example.com"]
 
 
 # -- docs/flow-control.md ------------------------------------------------------------------

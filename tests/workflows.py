@@ -345,6 +345,7 @@ def non_json_output_workflow(run, input):
 
 # The topic modules register their actions and workflows on import.
 from . import (  # noqa: E402
+    workflows_callers,  # noqa: F401
     workflows_edges,  # noqa: F401
     workflows_fanout,  # noqa: F401
     workflows_fence,  # noqa: F401

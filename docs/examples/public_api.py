@@ -14,6 +14,9 @@ from k2b_workflows import (
     create_child_workflow_runs, count_child_workflow_runs,
     resolve_effect, EFFECT_CONFIRMED, EFFECT_ABSENT, retry_workflow_run,
     dry_run, DryRunReport, ai_provider,
+    wait_for_workflow_run, await_workflow_run,                   # results and async
+    astart_workflow_run, acancel_workflow_run, awake_workflow_runs_waiting_on,
+    Retry,                                                       # retry policies
     StepFailed, LeaseLost, RunCanceled, DatabaseNotMigrated,     # exceptions
     UnknownWorkflow, InvalidInput, IdempotencyConflict, ResolutionRefused, EvidenceChanged,
     NotRetryable,

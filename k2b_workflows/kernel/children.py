@@ -62,6 +62,7 @@ def create(
             updated_at=now,
             # The creating step's span: the children's spans nest under it.
             trace_context=trace_context,
+            timeout_at=definition.timeout_at(now),
             **evidence.initial_anchors(new_ids[i]),
         )
         for i in missing

@@ -60,10 +60,24 @@ from ..exceptions import InvalidInput, LeaseLost, RunCanceled, StepFailed, Suspe
 from ..limits import RateLimit
 from ..models import JournalEntry, LedgerEntry, WorkflowRun
 from ..workflows import ChildResult, RunHandle, WorkflowDefinition, get_workflow
-from . import budgets, clock, db, events, evidence, flow, seals, waits, weather, witness
+from . import (
+    budgets,
+    clock,
+    db,
+    events,
+    evidence,
+    flow,
+    hooks,
+    retrying,
+    seals,
+    waits,
+    weather,
+    witness,
+)
 from .context import StepContext, _holding
 
 if TYPE_CHECKING:
+    from ..retries import Retry
     from .leases import LeaseKeeper
 
 logger = logging.getLogger("k2b_workflows")
@@ -282,6 +296,8 @@ class Execution:
         self.release_pending = False
         #: This claim's ``k2b.run`` span (``tracing.py``); None when nothing traces.
         self.trace: tracing.RunTrace | None = None
+        #: The retry policy of the step being executed (``retries.Retry``), if any.
+        self.retry_policy: Retry | None = None
 
     # -- entry point ---------------------------------------------------------
 
@@ -334,7 +350,7 @@ class Execution:
                     "UNKNOWN_WORKFLOW", f"no workflow {run.workflow_name!r} is registered"
                 )
                 return self.outcome
-            if run.consecutive_failures >= store.max_consecutive_failures():
+            if run.consecutive_failures >= retrying.claim_bound(self.definition):
                 self._exhausted(run.consecutive_failures, run.error_message)
             self._run_workflow()
         except Suspend:
@@ -460,6 +476,7 @@ class Execution:
         # else the step's own first transaction commits the deferred success: an
         # external step's dispatch, a transactional step's atomic block.
         self._check_shutdown()
+        self.retry_policy = None
         seq = self.next_seq
         self.next_seq += 1
         name = action.action_name()
@@ -539,6 +556,10 @@ class Execution:
         ctx = StepContext(self, seq)
         started = clock.now()
         step = _Step(seq, action, name, input, input_hash, started, ctx)
+        self.retry_policy = retrying.policy_for(action, self.definition)
+        if self.run.consecutive_failures >= retrying.max_attempts(self.retry_policy):
+            # Crashes in this step counted at the claims: past its own bound.
+            self._exhausted(self.run.consecutive_failures, self.run.error_message)
         if seq >= self.definition.max_steps:
             return self._step_failed(
                 step,
@@ -761,6 +782,38 @@ class Execution:
             [self.run_id, seq] * 3,
         )
         return bool(rows[0][0])
+
+    # -- markers: steps of the kernel's own (timers) ----------------------------
+
+    def sleep(self, duration: Any = None, until: Any = None) -> None:
+        """``run.sleep`` / ``run.sleep_until``: a durable timer (``timers.py``)."""
+        from . import timers
+
+        timers.sleep(self, duration=duration, until=until)
+
+    def begin_marker(self) -> int:
+        """Take the next position for a kernel step, after the previous step's success."""
+        self._flush_pending()
+        self._check_shutdown()
+        self.retry_policy = None
+        seq = self.next_seq
+        self.next_seq += 1
+        return seq
+
+    def replay_marker(self, entry: JournalEntry, name: str, input: Any, input_hash: str) -> Any:
+        """A journaled kernel step: its output, or a nondeterminism incident."""
+        return self._replay(entry, name, input, input_hash)
+
+    def marker_step(
+        self, seq: int, action: Action, name: str, input: Any, input_hash: str
+    ) -> _Step:
+        return _Step(seq, action, name, input, input_hash, clock.now(), StepContext(self, seq))
+
+    def journal_marker(self, step: _Step, result: Succeeded) -> Any:
+        return self._journal_success(step, result)
+
+    def park_marker(self, seq: int, name: str, dependency: Any) -> None:
+        self._park(seq, name, dependency)
 
     # -- PURE and IDEMPOTENT -------------------------------------------------
 
@@ -1084,7 +1137,7 @@ class Execution:
             self._late_evidence(step, f"failed result after losing the run: {result.message}")
             raise
         state.open_key = None
-        if result.retryable and may_retry:
+        if result.retryable and may_retry and retrying.retries(self.retry_policy, result.code):
             self._retry_later(f"step {step.seq} ({step.name}) failed: {result.message}")
         return self._step_failed(step, result.code or store.ACTION_FAILED, result.message)
 
@@ -1099,7 +1152,9 @@ class Execution:
             flow.stamp_dispatch(self.using, step.rate_dispatch)
             step.rate_dispatch = None
         try:
-            result = getattr(step.action, hook)(step.ctx, step.input)
+            result = hooks.call(
+                getattr(step.action, hook), step.ctx, step.input, _timeout_s(step.action)
+            )
         except StepFailed as exc:
             if step.action.effect.is_external:
                 raise  # after dispatch nothing proves the effect absent: outcome unknown
@@ -1117,7 +1172,9 @@ class Execution:
         if not step.action.defines("authorize"):
             return None
         try:
-            result = step.action.authorize(step.ctx, step.input)
+            result = hooks.call(
+                step.action.authorize, step.ctx, step.input, _timeout_s(step.action)
+            )
         except PermissionDenied as exc:
             return Failed(str(exc) or "permission denied", store.FORBIDDEN)
         if result is None or isinstance(result, Succeeded):
@@ -1156,7 +1213,7 @@ class Execution:
             return self._journal_success(step, result)
         if isinstance(result, Waiting):
             self._park(step.seq, step.name, result.dependency)
-        if result.retryable:
+        if result.retryable and retrying.retries(self.retry_policy, result.code):
             self._retry_later(f"step {step.seq} ({step.name}) failed: {result.message}")
         return self._step_failed(step, result.code or store.ACTION_FAILED, result.message)
 
@@ -1716,9 +1773,9 @@ class Execution:
         """A retryable failure: count it, back off, or give up past the limit."""
         reason = redaction.scrub_error(reason)  # stored and logged: no credentials, bounded
         failures = self.run.consecutive_failures + 1
-        if failures >= store.max_consecutive_failures():
+        if failures >= retrying.max_attempts(self.retry_policy):
             self._exhausted(failures, reason)
-        delay = store.backoff_ms(failures)
+        delay = retrying.delay_ms(self.retry_policy, failures)
         logger.info("run %s: retry %s in %s ms: %s", self.run_id, failures, delay, reason)
         self._transition(
             """UPDATE k2b_run SET status = 'queued', consecutive_failures = %s,
@@ -1915,6 +1972,11 @@ class _ChildrenAction(Action):
 class _PatchAction(Action):
     name = PATCH_KIND
     effect = Effect.PURE
+
+
+def _timeout_s(action: Action) -> float:
+    """The action's timeout in seconds, as the lease keeper counts it."""
+    return action.timeout if action.timeout is not None else store.action_timeout_ms() / 1000
 
 
 def _has_other_versions(name: str) -> bool:
