@@ -160,7 +160,7 @@ def pooler_problems(alias: str, listen_alias: str | None, lease_ms: int) -> list
                 f"idle_in_transaction_session_timeout on a pooled connection: database {alias!r} "
                 "pools by transaction, so the one-lease timeout this worker sets per session lands"
                 f" on a shared server connection, and the role's own is {shown}; set it on the "
-                f"role: ALTER ROLE <role> SET idle_in_transaction_session_timeout = "
+                f"role: ALTER ROLE <role> SET idle_in_transaction_session_timeout TO "
                 f"'{lease_ms}ms'"
             )
     return problems

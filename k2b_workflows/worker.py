@@ -179,6 +179,7 @@ class Worker:
         self.start_up()
         if self.stopping.is_set():
             return
+        self._say_topology()
         names = self._workflows()
         logger.info(
             "worker %s: %d thread(s), apps %s, %d workflow version(s)%s",
@@ -188,7 +189,6 @@ class Worker:
             len(names),
             " (burst)" if self.burst else "",
         )
-        self._say_topology()
         self._watch_connections()
         metrics.prepare()
         if self.metrics_port is not None:

@@ -172,9 +172,20 @@ class Cluster:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def manage(url: str, *args: str, check: bool = True, timeout: float = 300) -> Any:
-    """Run ``manage.py`` against the database at ``url`` with the test settings."""
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "DATABASE_URL": url}
+def manage(
+    url: str,
+    *args: str,
+    check: bool = True,
+    timeout: float = 300,
+    env: dict[str, str] | None = None,
+) -> Any:
+    """Run ``manage.py`` against the database at ``url`` with the test settings (and ``env``)."""
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DATABASE_URL": url,
+        **(env or {}),
+    }
     env.pop("K2B_TEST_DB_NAME", None)
     return forkserver.run(
         [sys.executable, str(ROOT / "manage.py"), *args],
@@ -185,9 +196,11 @@ def manage(url: str, *args: str, check: bool = True, timeout: float = 300) -> An
     )
 
 
-def django_script(url: str, code: str, timeout: float = 300) -> str:
+def django_script(
+    url: str, code: str, timeout: float = 300, env: dict[str, str] | None = None
+) -> str:
     """Run ``code`` in a Django process on the database at ``url``; returns its stdout."""
-    result = manage(url, "shell", "-v", "0", "-c", code, timeout=timeout, check=False)
+    result = manage(url, "shell", "-v", "0", "-c", code, timeout=timeout, check=False, env=env)
     if result.returncode != 0:
         raise AssertionError(f"script failed ({result.returncode}):\n{result.stderr}")
     return result.stdout
