@@ -166,7 +166,10 @@ def wait_for(
 class WorkerProcess:
     """A ``manage.py runworkflows`` subprocess on the test database."""
 
-    def __init__(self, db_name: str, env: dict[str, str], args: list[str]) -> None:
+    def __init__(
+        self, db_name: str, env: dict[str, str], args: list[str], prefix: list[str] | None = None
+    ) -> None:
+        """``prefix``: a command that runs the worker elsewhere (``ip netns exec NS``)."""
         full_env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "tests.settings",
@@ -180,7 +183,7 @@ class WorkerProcess:
         )
         self.log = open(self.log_path, "w")  # noqa: SIM115
         self.proc = forkserver.popen(
-            [sys.executable, str(ROOT / "manage.py"), "runworkflows", *args],
+            [*(prefix or []), sys.executable, str(ROOT / "manage.py"), "runworkflows", *args],
             cwd=ROOT,
             env=full_env,
             stdout=self.log,

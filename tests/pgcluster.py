@@ -35,7 +35,7 @@ class Cluster:
     """An embedded PostgreSQL on a unix socket in a private temporary directory.
 
     ``listen`` (addresses) and ``port`` add TCP; ``conf`` is appended to
-    postgresql.conf. ``standby_of`` makes a hot standby of that cluster by
+    postgresql.conf, ``hba`` to pg_hba.conf. ``standby_of`` makes a hot standby of that cluster by
     ``pg_basebackup`` (streaming replication) instead of a new ``initdb``.
     """
 
@@ -46,6 +46,7 @@ class Cluster:
         port: int = 5432,
         conf: str = "",
         standby_of: Cluster | None = None,
+        hba: str = "",
     ) -> None:
         # PostgreSQL refuses to run as root: the embedded package's own user runs it.
         self.user: str | None = None
@@ -104,6 +105,9 @@ class Cluster:
         )
         with open(self.data / "postgresql.conf", "a") as f:
             f.write(conf)
+        if hba:
+            with open(self.data / "pg_hba.conf", "a") as f:
+                f.write(hba)
         self.start()
 
     def _run(self, args: list[str], timeout: float = 120) -> None:
