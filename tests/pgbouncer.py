@@ -109,3 +109,77 @@ class Bouncer:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def main(argv: list[str]) -> int:
+    """``python -m tests.pgbouncer MODE -- COMMAND...``: COMMAND with DATABASE_URL through a
+    PgBouncer of its own in MODE (transaction or session) in front of DATABASE_URL's server.
+
+    In transaction mode COMMAND also gets the documented settings: the direct URL
+    for the listener (``K2B_TEST_DIRECT_URL``, the alias "direct" in tests/settings.py),
+    nothing prepared (``K2B_TEST_PREPARE=0``: PgBouncer before 1.21), and the role's
+    ``idle_in_transaction_session_timeout`` in each test database
+    (``K2B_TEST_POOL_MODE``: tests/conftest.py sets it). ``make test-pgbouncer`` runs
+    the crash, waits and hot-path tests so.
+    """
+    import sys
+
+    from psycopg.conninfo import conninfo_to_dict
+
+    if len(argv) < 3 or argv[0] not in ("transaction", "session") or argv[1] != "--":
+        print("usage: python -m tests.pgbouncer transaction|session -- COMMAND...", file=sys.stderr)
+        return 2
+    mode, command = argv[0], argv[2:]
+    direct = os.environ["DATABASE_URL"]
+    info = conninfo_to_dict(direct)
+    user = None
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        user = "embedded_postgres"  # tests/conftest.py makes sure it exists
+    bouncer = Bouncer(
+        info.get("host") or "/var/run/postgresql",
+        int(info.get("port") or 5432),
+        mode,
+        user,
+        admin_users="postgres",
+    )
+    env = {
+        **os.environ,
+        "DATABASE_URL": bouncer.url(
+            info.get("dbname") or "postgres", info.get("user") or "postgres"
+        ),
+        "K2B_TEST_POOL_MODE": mode,
+        "K2B_TEST_BOUNCER_PORT": str(bouncer.port),
+    }
+    if mode == "transaction":
+        env.update(K2B_TEST_DIRECT_URL=direct, K2B_TEST_PREPARE="0")
+    print(f"pgbouncer {version_text()} ({mode} mode) on 127.0.0.1:{bouncer.port}", file=sys.stderr)
+    try:
+        return subprocess.run(command, env=env).returncode
+    finally:
+        bouncer.stop()
+
+
+def version_text() -> str:
+    return ".".join(map(str, version()))
+
+
+def reconnect(port: int) -> None:
+    """Make PgBouncer replace its server connections (after a role setting changed)."""
+    admin(port, "RECONNECT")
+
+
+def admin(port: int, command: str) -> None:
+    """One command on PgBouncer's admin console."""
+    import psycopg
+
+    with psycopg.connect(
+        f"postgresql://postgres@127.0.0.1:{port}/pgbouncer?sslmode=disable", autocommit=True
+    ) as conn:
+        # The admin console speaks only the simple query protocol.
+        conn.pgconn.exec_(command.encode())
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

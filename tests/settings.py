@@ -30,6 +30,7 @@ if os.environ.get("K2B_TEST_DIRECT_URL"):
     DATABASES["direct"] = _database_from_env("K2B_TEST_DIRECT_URL")
     DATABASES["direct"]["NAME"] = DATABASES["default"]["NAME"]
     DATABASES["direct"]["TEST"] = {"MIRROR": "default"}
+    K2B_WORKFLOWS = {**K2B_WORKFLOWS, "LISTEN_DATABASE": "direct"}
 
 # K2B_TEST_PREPARE=0: the suite without prepared statements (Django's default,
 # what a pooler needs), the kernel's hot statements in simple-protocol messages.

@@ -192,7 +192,13 @@ def test_a_host_cut_off_is_taken_over_fenced_on_return_and_recovers_without_rest
         all_alive([a, b])
         # What B tried once its link was back: each attempt refused by the fence.
         after = b.output()[b_before_mend:]
-        report["fenced_attempts_logged"] = after.count(": stopped: ") + after.count("handed back")
+        fenced = [
+            line for line in after.splitlines() if ": stopped: " in line or "handed back" in line
+        ]
+        report["fenced_attempts_logged"] = len(fenced)
+        report["fenced_lines"] = sorted(
+            {re.sub(r"[0-9a-f-]{36}", "<run>", line.split(": ", 1)[-1])[:160] for line in fenced}
+        )
 
         # 2. Cut B again, idle: it notices within the timeouts, the fleet page shows it lost.
         log_at_cut = len(b.output())
@@ -249,6 +255,8 @@ def test_a_host_cut_off_is_taken_over_fenced_on_return_and_recovers_without_rest
         assert result["duplicate_charges"] == [], result
         assert report["idle_cut_noticed_s"] <= DETECTION_BOUND_S + 5, report
         assert ran_on_b >= 1, report
+        # B did try to go on with the runs it had lost, and was refused each time.
+        assert report["fenced_attempts_logged"] >= 1, report
         verify = manage(cluster.url(DB), "verifyworkflows", check=False)
         assert verify.returncode == 0, verify.stdout + verify.stderr
         stop_all([a, b])
