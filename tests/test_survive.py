@@ -536,6 +536,7 @@ def test_a_hand_back_is_not_skipped_for_the_lease_keepers_own_renewal(monkeypatc
 
 
 @pytest.mark.django_db(transaction=True)
+@direct_connection_only
 def test_runs_claimed_by_a_commit_that_lost_its_answer_are_handed_back_on_reconnect(start_worker):
     """The claim committed, its answer never came back: the worker finds the runs again."""
     import re
