@@ -172,9 +172,10 @@ def workload(
     charges = provider_charges(cluster, database="provider")
     report["charges"] = sum(charges.values())
     report["duplicate_charges"] = sorted(k for k, n in charges.items() if n > 1)
-    # The runs the killed worker held, ended by the others after its lease.
+    # The runs the killed worker held, ended by the others after its lease (failed only
+    # where it died between a charge's dispatch and the call: reconciled absent).
     report["taken_over"] = cluster.sql(
-        "SELECT count(*) FROM k2b_run WHERE id = ANY(%s) AND status = 'succeeded'",
+        "SELECT count(*) FROM k2b_run WHERE id = ANY(%s) AND status IN ('succeeded', 'failed')",
         [[run_id for (run_id,) in held]],
         database=database,
     )[0][0]
