@@ -23,6 +23,7 @@ from .exceptions import (
     StepFailed,
     UnknownWorkflow,
 )
+from .limits import Concurrency, RateLimit
 from .workflows import workflow
 
 _LAZY = {
@@ -71,6 +72,7 @@ __all__ = [
     "EFFECT_ABSENT",
     "EFFECT_CONFIRMED",
     "Action",
+    "Concurrency",
     "DatabaseNotMigrated",
     "Dependency",
     "DryRunReport",
@@ -80,6 +82,7 @@ __all__ = [
     "InvalidInput",
     "LeaseLost",
     "NotRetryable",
+    "RateLimit",
     "ResolutionRefused",
     "RunCanceled",
     "StepFailed",

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from . import validation
 from .exceptions import HookNotDefined, InvalidInput
+from .limits import RateLimit, check_rate_limit
 
 if TYPE_CHECKING:
     from .kernel.context import StepContext
@@ -235,6 +236,9 @@ class Action:
     version: ClassVar[int] = 1
     #: Seconds the worker keeps renewing the lease while ``run`` executes (None: the setting).
     timeout: ClassVar[float | None] = None
+    #: Dispatches of this action allowed per window, across every worker (None: unlimited).
+    #: With ``rate_limit_key`` defined, one limit per key it returns.
+    rate_limit: ClassVar[RateLimit | None] = None
 
     def __init_subclass__(cls, abstract: bool = False, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -248,6 +252,7 @@ class Action:
             )
         if effect is not None and not isinstance(effect, Effect):
             raise TypeError(f"{cls.__name__}.effect must be an Effect, not {effect!r}")
+        check_rate_limit(cls.__name__, cls.__dict__.get("rate_limit"))
 
     def cost(self, input: Any) -> dict[str, int]:
         return {}
@@ -263,6 +268,10 @@ class Action:
 
     def reconcile(self, ctx: StepContext, input: Any) -> Result:
         raise HookNotDefined(f"{type(self).__name__} defines no reconcile()")
+
+    def rate_limit_key(self, input: Any) -> str:
+        """Optional with ``rate_limit``: the key one limit counts under (an API key's id)."""
+        raise HookNotDefined(f"{type(self).__name__} defines no rate_limit_key()")
 
     # -- introspection the kernel relies on --
 

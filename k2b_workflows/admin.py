@@ -159,6 +159,13 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
             },
         ),
         (
+            "Flow control",
+            {
+                "classes": ["collapse"],
+                "fields": ("concurrency_key", "holds_slot", "priority", "deferred_by"),
+            },
+        ),
+        (
             "Waiting for",
             {"fields": ("wait_kind", "wait_key", "wait_deadline", "waiting_since", "wait_step")},
         ),
@@ -331,6 +338,11 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
                 "dry-run/",
                 wrap(lambda request: admin_views.dry_run_view(self, request)),
                 name=f"{prefix}_dry_run",
+            ),
+            path(
+                "concurrency-key/",
+                wrap(lambda request: admin_views.concurrency_key_view(self, request)),
+                name=f"{prefix}_concurrency_key",
             ),
             *(
                 path(

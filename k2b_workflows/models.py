@@ -21,7 +21,7 @@ from django.db import models
 from django.utils import timezone
 
 from .actions import Effect
-from .triggers import GuardedFSM, GuardedProtect, Notify, append_only
+from .triggers import GuardedFSM, GuardedProtect, Notify, SlotAdmit, SlotRelease, append_only
 
 
 class RunStatus(models.TextChoices):
@@ -59,6 +59,17 @@ RUN_TRANSITIONS = [
 _EFFECT_CHOICES = [(e.value, e.name.replace("_", " ").lower()) for e in Effect]
 
 
+class QueueOrder(models.Func):
+    """``k2b_queue_order(run_after, priority_credit_ms)``: where a queued run stands in line.
+
+    Its ``run_after`` moved earlier by its priority's credit, so that the claim
+    walks one index in this order (created by migration 0016; see ``kernel/flow.py``).
+    """
+
+    function = "k2b_queue_order"
+    output_field = models.DateTimeField()
+
+
 class WorkflowRun(models.Model):
     """One execution of a workflow: queued, claimed under a lease, parked, finished."""
 
@@ -90,6 +101,19 @@ class WorkflowRun(models.Model):
     current_step = models.IntegerField(null=True, blank=True)
     #: The step whose effect an operator must resolve (``needs_attention`` only).
     attention_step = models.IntegerField(null=True, blank=True)
+
+    # Flow control (``kernel/flow.py``): a run's key, its workflow's limit when it
+    # started, whether it holds one of the key's slots, and its place in line.
+    # NULL, not "": runs without a key are not limited.
+    concurrency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    concurrency_limit = models.IntegerField(null=True, blank=True)
+    holds_slot = models.BooleanField(default=False)
+    priority = models.IntegerField(default=0)
+    #: ``priority`` x ``PRIORITY_AGING_MS`` when the run started: how much earlier
+    #: than its ``run_after`` it stands in line.
+    priority_credit_ms = models.BigIntegerField(default=0)
+    #: The rate limit key that last deferred the run ("" if none did).
+    deferred_by = models.CharField(max_length=500, blank=True, default="")
 
     # Tree of runs: children are normal runs created by a parent's step.
     # No index of its own: k2b_run_child_once (parent, parent_step, child_index)
@@ -154,10 +178,37 @@ class WorkflowRun(models.Model):
             ),
         ]
         indexes = [
+            # The claim's walk: claimable queued runs in line order (``kernel/flow.py``).
+            # A keyed run without a slot is not in it, so a backlog behind busy keys
+            # costs the claim nothing.
+            models.Index(
+                QueueOrder("run_after", "priority_credit_ms"),
+                condition=models.Q(status="queued")
+                & (models.Q(concurrency_key__isnull=True) | models.Q(holds_slot=True)),
+                name="k2b_run_queued",
+            ),
+            # When the next delayed run with a priority is due (its line order is earlier).
             models.Index(
                 fields=["run_after"],
-                condition=models.Q(status="queued"),
-                name="k2b_run_queued",
+                condition=models.Q(status="queued", priority_credit_ms__gt=0)
+                & (models.Q(concurrency_key__isnull=True) | models.Q(holds_slot=True)),
+                name="k2b_run_queued_priority",
+            ),
+            # Slot holders per key: what admission counts, under the key's lock.
+            models.Index(
+                fields=["workflow_name", "concurrency_key"],
+                condition=models.Q(holds_slot=True),
+                name="k2b_run_slots",
+            ),
+            # Runs waiting for a slot, per key, in line order: who admission takes next.
+            models.Index(
+                "workflow_name",
+                "concurrency_key",
+                QueueOrder("run_after", "priority_credit_ms"),
+                condition=models.Q(
+                    status="queued", holds_slot=False, concurrency_key__isnull=False
+                ),
+                name="k2b_run_behind_key",
             ),
             # Running runs, keyed by id and not by lease_expires_at: a step's fenced
             # write (``WHERE id = ... AND status = 'running'``) finds its row through
@@ -194,6 +245,30 @@ class WorkflowRun(models.Model):
                 name="generation_never_decreases",
                 operation=pgtrigger.Update,
                 condition=pgtrigger.Q(new__generation__lt=pgtrigger.F("old__generation")),
+            ),
+            SlotRelease(
+                name="slot_release",
+                condition=pgtrigger.Q(old__holds_slot=True)
+                & pgtrigger.Q(new__status__in=[str(s) for s in TERMINAL_STATUSES]),
+            ),
+            SlotAdmit(
+                name="slot_admit_insert",
+                operation=pgtrigger.Insert,
+                condition=pgtrigger.Q(new__concurrency_key__isnull=False)
+                & pgtrigger.Q(new__status="queued"),
+            ),
+            SlotAdmit(
+                name="slot_admit_update",
+                operation=pgtrigger.Update,
+                condition=pgtrigger.Q(new__concurrency_key__isnull=False)
+                & pgtrigger.Q(new__holds_slot=False)
+                & (
+                    pgtrigger.Q(old__holds_slot=True)
+                    | (
+                        pgtrigger.Q(new__status="queued")
+                        & pgtrigger.Q(old__status__df=pgtrigger.F("new__status"))
+                    )
+                ),
             ),
             Notify(
                 name="notify_queued_insert",
@@ -542,3 +617,39 @@ class WorkerRecord(models.Model):
 
     def __str__(self) -> str:
         return self.worker_id
+
+
+class RateDispatch(models.Model):
+    """One admitted dispatch of a rate-limited action: what the sliding window counts.
+
+    Reserved in a committed transaction before the effect, stamped with the
+    database's clock just before ``run()`` (``kernel/flow.py``). Rows older than
+    the window are deleted by the next admission of their key.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    #: ``<action name>`` or ``<action name>:<rate_limit_key(input)>``.
+    limit_key = models.CharField(max_length=500)
+    #: When ``run()`` was about to be called; NULL while only reserved (it counts
+    #: as a call made now until it is stamped).
+    at = models.DateTimeField(null=True, blank=True)
+    reserved_at = models.DateTimeField()
+    #: The run's fence at the reservation: an unstamped one of an older life is void.
+    generation = models.BigIntegerField()
+    run = models.ForeignKey(
+        WorkflowRun,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,
+        related_name="+",
+    )
+    seq = models.IntegerField()
+
+    class Meta:
+        db_table = "k2b_rate_dispatch"
+        ordering = ["-at"]
+        verbose_name = "rate-limited dispatch"
+        indexes = [models.Index(fields=["limit_key", "at"], name="k2b_rate_dispatch_key_at")]
+
+    def __str__(self) -> str:
+        return f"{self.limit_key} at {self.at}"

@@ -37,7 +37,7 @@ from django.db.backends.signals import connection_created
 from django.test import override_settings
 
 from . import store
-from .kernel import ai, claim
+from .kernel import ai, claim, flow
 from .kernel import clock as kernel_clock
 from .kernel.execute import Execution
 from .kernel.leases import LeaseKeeper
@@ -126,7 +126,7 @@ def _next_retry_ms(using: str, worker: Worker) -> float | None:
     with connections[using].cursor() as cursor:
         cursor.execute(
             f"""SELECT EXTRACT(EPOCH FROM (min(run_after) - k2b_now())) * 1000 FROM k2b_run
-                 WHERE status = 'queued'
+                 WHERE status = 'queued' AND {flow.CLAIMABLE}
                    AND (workflow_name, workflow_version)
                        IN (SELECT * FROM unnest(%s::text[], %s::int[])) {app_filter}""",
             params,

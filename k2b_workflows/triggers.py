@@ -141,3 +141,29 @@ def append_only(name: str) -> list[pgtrigger.Trigger]:
         GuardedProtect(name=name, operation=pgtrigger.Update | pgtrigger.Delete),
         RefuseTruncate(name=name.replace("append_only", "no_truncate")),
     ]
+
+
+class SlotRelease(PinnedTrigger):
+    """A run that ends gives its concurrency slot up, in the transaction that ends it.
+
+    On the row itself, so no path that ends a run (its last step, a failure, a
+    cancel, an operator's resolution, a hand-written ``UPDATE``) can keep it.
+    """
+
+    when = pgtrigger.Before
+    operation = pgtrigger.Update
+
+    def get_func(self, model: Any) -> str:
+        return "NEW.holds_slot := false; RETURN NEW;"
+
+
+class SlotAdmit(PinnedTrigger):
+    """A freed slot, or a keyed run newly queued without one: admit who is next for the key."""
+
+    when = pgtrigger.After
+
+    def get_func(self, model: Any) -> str:
+        return (
+            'PERFORM "public".k2b_flow_admit(NEW.workflow_name, NEW.concurrency_key, '
+            "NEW.concurrency_limit); RETURN NULL;"
+        )

@@ -47,7 +47,7 @@ from django.db.backends.signals import connection_created
 from . import fleet, metrics, store
 from .exceptions import DatabaseNotMigrated, DatabaseUnavailable
 from .health import HealthFile
-from .kernel import ai, claim, db, waits, weather
+from .kernel import ai, claim, db, flow, waits, weather
 from .kernel.execute import Execution, Preloaded, preload, preload_statement, preloaded
 from .kernel.leases import LeaseKeeper
 from .prefetch import Prefetch
@@ -566,7 +566,7 @@ class Worker:
         """
         if time.monotonic() < self._claims_paused_until:
             return 0
-        if not self.keeper.ready:
+        if not self.keeper.ready and not self.keeper.connect():
             # Nothing claimed may go unrenewed: wait for the keeper's connection.
             if not self._keeper_waiting:
                 logger.warning(
@@ -747,7 +747,7 @@ class Worker:
                 f"""SELECT EXISTS (SELECT 1 FROM k2b_run
                      WHERE (workflow_name, workflow_version)
                            IN (SELECT * FROM unnest(%s::text[], %s::int[])) {app_filter}
-                        AND (status = 'queued'
+                        AND ((status = 'queued' AND {flow.CLAIMABLE})
                              OR (status = 'running'
                                  AND lease_expires_at < k2b_now())))""",
                 params,

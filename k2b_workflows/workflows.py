@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from . import validation
 from .exceptions import InvalidInput, UnknownWorkflow
+from .limits import Concurrency, check_concurrency
 
 WorkflowFn = Callable[["RunHandle", Any], Any]
 
@@ -36,6 +37,8 @@ class WorkflowDefinition:
     effect_budget: dict[str, int] = field(default_factory=dict)
     max_ai_calls: int | None = None
     max_steps: int = DEFAULT_MAX_STEPS
+    #: At most ``concurrency.limit`` active runs per ``concurrency_key`` (None: no keys).
+    concurrency: Concurrency | None = None
 
 
 @dataclass
@@ -87,12 +90,14 @@ def workflow(
     effect_budget: dict[str, int] | None = None,
     max_ai_calls: int | None = None,
     max_steps: int = DEFAULT_MAX_STEPS,
+    concurrency: Concurrency | None = None,
 ) -> Callable[[WorkflowFn], WorkflowFn]:
     """Register ``fn(run, input)`` as the workflow ``name``.
 
     ``effect_budget`` and ``max_ai_calls`` bound the whole tree of runs started
     from a root of this workflow; ``max_steps`` bounds each run's steps and the
-    number of children the tree may create.
+    number of children the tree may create. ``concurrency`` bounds the active
+    runs started with the same ``concurrency_key`` (see docs/flow-control.md).
     """
     if not isinstance(name, str) or not name:
         raise InvalidInput("workflow() takes a non-empty name")
@@ -108,6 +113,7 @@ def workflow(
     validation.integer(max_ai_calls, "max_ai_calls", maximum=validation.MAX_INT, optional=True)
     validation.integer(max_steps, "max_steps", minimum=1, maximum=validation.MAX_INT)
     validation.integer(version, "version", minimum=1, maximum=validation.MAX_INT)
+    check_concurrency(concurrency)
 
     def register(fn: WorkflowFn) -> WorkflowFn:
         if len(inspect.signature(fn).parameters) != 2:
@@ -133,6 +139,7 @@ def workflow(
             effect_budget=budget,
             max_ai_calls=max_ai_calls,
             max_steps=max_steps,
+            concurrency=concurrency,
         )
         fn.workflow_name = name  # type: ignore[attr-defined]
         return fn

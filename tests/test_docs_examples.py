@@ -98,6 +98,11 @@ RUN_BY = {
     "operators_signals": ["test_the_receiver_pages_with_a_link_to_the_resolution_form"],
     "logging_json": ["test_the_json_formatter_writes_one_object_per_line_with_the_run_fields"],
     "public_api": ["test_the_reference_imports_every_public_name"],
+    "flow_control": [
+        "test_one_sync_per_tenant_runs_at_a_time_and_paid_tenants_go_first",
+        "test_a_newer_deploy_cancels_the_one_in_progress",
+        "test_the_completion_counts_each_dispatch_against_its_api_key",
+    ],
     "tutorial": ["test_the_tutorial_approval_wakes_the_demo_checkout"],
 }
 
@@ -674,3 +679,50 @@ def test_a_dry_run_of_every_example_workflow_is_ok(module):
                 workflows._registry[definition.name] = versions
             assert report.ok, (definition.name, definition.version, report.errors, report.failed)
             assert report.steps
+
+
+# -- docs/flow-control.md ------------------------------------------------------------------
+
+
+def test_one_sync_per_tenant_runs_at_a_time_and_paid_tenants_go_first():
+
+    from k2b_workflows.testing import controlled_clock
+
+    with examples("flow_control") as (flow,), controlled_clock() as clock:
+        free = flow.sync_later(7, paid=False)
+        paid = flow.sync_later(7, paid=True)  # same tenant: queued behind the first
+        other = flow.sync_later(8, paid=True)
+        assert (free.holds_slot, paid.holds_slot, other.holds_slot) == (True, False, True)
+        # Not before five minutes from now (run_until_idle moves the clock there).
+        assert (refreshed(free).run_after - clock.now()).total_seconds() > 290
+        run_until_idle()
+        for run in (free, paid, other):
+            assert_run_status(run, "succeeded")
+        ends = {r.pk: r.finished_at for r in WorkflowRun.objects.all()}
+        assert ends[free.pk] <= ends[paid.pk]  # one at a time for tenant 7
+        assert refreshed(paid).priority == 5
+
+
+def test_a_newer_deploy_cancels_the_one_in_progress():
+    from tests.kernel_helpers import execute_exactly
+
+    with examples("flow_control") as (flow,):
+        first = flow.deploy_now("shop", "abc")
+        second = flow.deploy_now("shop", "def")
+        assert refreshed(first).status == "canceled"
+        assert execute_exactly(second.pk) == "succeeded"
+
+
+def test_the_completion_counts_each_dispatch_against_its_api_key():
+    from django.db import connection
+
+    with examples("flow_control"):
+        for key in ("k1", "k1", "k2"):
+            start_workflow_run("ai.answer", {"api_key_id": key, "prompt": "hi"})
+        run_until_idle()
+        assert {r.status for r in WorkflowRun.objects.all()} == {"succeeded"}
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT limit_key, count(*) FROM k2b_rate_dispatch GROUP BY 1 ORDER BY 1"
+            )
+            assert cursor.fetchall() == [("openai.complete:k1", 2), ("openai.complete:k2", 1)]

@@ -348,6 +348,7 @@ from . import (  # noqa: E402
     workflows_edges,  # noqa: F401
     workflows_fanout,  # noqa: F401
     workflows_fence,  # noqa: F401
+    workflows_flow,  # noqa: F401
     workflows_integrity,  # noqa: F401
     workflows_kernel,  # noqa: F401
     workflows_misuse,  # noqa: F401

@@ -57,9 +57,10 @@ from ..actions import (
     validate_result,
 )
 from ..exceptions import InvalidInput, LeaseLost, RunCanceled, StepFailed, Suspend, UnknownWorkflow
+from ..limits import RateLimit
 from ..models import JournalEntry, LedgerEntry, WorkflowRun
 from ..workflows import ChildResult, RunHandle, WorkflowDefinition, get_workflow
-from . import budgets, clock, db, events, evidence, seals, waits, weather, witness
+from . import budgets, clock, db, events, evidence, flow, seals, waits, weather, witness
 from .context import StepContext, _holding
 
 if TYPE_CHECKING:
@@ -524,12 +525,45 @@ class Execution:
             step.cost = budgets.validate_cost(action.cost(input)) if action.defines("cost") else {}
         except Exception as exc:
             self._retry_later(f"step {seq} ({name}): cost() raised {exc!r}")
+        if action.rate_limit is not None:
+            self._admit_dispatch(step, action.rate_limit)
         self.steps_executed += 1
         if effect.is_external:
             return self._external(step)
         if effect == Effect.TRANSACTIONAL:
             return self._transactional(step)
         return self._pure_or_idempotent(step)
+
+    def _admit_dispatch(self, step: _Step, limit: RateLimit) -> None:
+        """Count this dispatch against the action's rate limit, or defer the run (``flow.py``).
+
+        Its own commit, before the budget charge and the effect: a crash after
+        it counts a dispatch that may have happened, never one too few. A full
+        window re-queues the run for the instant it frees: no failure counted,
+        the thread freed, nothing charged yet.
+        """
+        try:
+            key = flow.limit_key(step.action, step.input)
+        except InvalidInput as exc:
+            self._fail_run(store.INVALID_RATE_LIMIT_KEY, f"step {step.seq} ({step.name}): {exc}")
+        self._flush_pending()
+
+        def admit() -> tuple[int | None, Any]:
+            self._fence(step.seq)
+            reserved, until = flow.admit_dispatch(
+                self.using, key, limit, self.run_id, step.seq, self.generation
+            )
+            if until is not None:
+                flow.defer(self.using, self.run_id, self.generation, until, key)
+            return reserved, until
+
+        reserved, until = db.run_in_transaction(admit, self.using)
+        if until is None:
+            step.rate_dispatch = reserved
+            return
+        self.outcome = "deferred"
+        events.run_changed(self, "deferred", step.seq, reason=f"rate limit of {key} full")
+        raise Suspend
 
     def _fence(self, step: int | None = None, *, reset_failures: bool = False) -> None:
         """Lock our run row in the current transaction and check we still own it."""
@@ -1002,6 +1036,9 @@ class Execution:
         if self.keeper:
             external = hook == "run" and step.action.effect.is_external
             self.keeper.action_started(self.run_id, step.action.timeout, external=external)
+        if hook == "run" and step.rate_dispatch is not None:
+            flow.stamp_dispatch(self.using, step.rate_dispatch)
+            step.rate_dispatch = None
         try:
             result = getattr(step.action, hook)(step.ctx, step.input)
         except StepFailed as exc:
@@ -1927,6 +1964,8 @@ class _Step:
     ctx: StepContext
     cost: dict[str, int] = field(default_factory=dict)
     refs: dict[str, Any] = field(default_factory=dict)
+    #: A reserved rate-limited dispatch, stamped just before ``run()`` (``flow.py``).
+    rate_dispatch: int | None = None
 
 
 def wake_parent(using: str, run: WorkflowRun) -> None:
