@@ -24,7 +24,7 @@ XDIST = -n $(TEST_WORKERS) --dist load --maxschedchunk 1
 # and stops the recipe if no database could be had.
 WITH_DB = url="$$($(PY) scripts/dbenv.py)" || exit $$?; export DATABASE_URL="$$url";
 
-.PHONY: help venv db db-stop demo serve screenshots test test-fast mutants lint format bench bench-quick bench-overview compare soak docs docs-serve clean distclean
+.PHONY: help venv db db-stop demo serve screenshots test test-pgbouncer test-fast mutants lint format bench bench-quick bench-overview compare soak docs docs-serve clean distclean
 
 help:
 	@echo "make demo      set everything up and run the demo workflows with real workers"
@@ -32,6 +32,7 @@ help:
 	@echo "make screenshots  the docs' admin pictures (docs/images/), from the demo in headless Chromium"
 	@echo "make test      run the test suite on PostgreSQL in TEST_WORKERS=4 processes (PYTEST_ARGS='-k foo')"
 	@echo "make test-fast the suite without crash, slow and browser tests (the inner loop)"
+	@echo "make test-pgbouncer the crash, waits, survive and hot-path tests through PgBouncer (POOL_MODE=session)"
 	@echo "make mutants   remove each named guard in a copy of the tree; fail if no test notices"
 	@echo "make lint      ruff check, ruff format --check, mypy, and no missing migration"
 	@echo "make format    ruff format and ruff check --fix"
@@ -76,6 +77,14 @@ screenshots: venv db
 
 test: venv db
 	@$(WITH_DB) $(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+
+# The crash, waits, survive and hot-path tests with the database through a PgBouncer
+# of their own (tests/pgbouncer.py), POOL_MODE=transaction (the documented
+# settings) or session.
+POOL_MODE ?= transaction
+POOLED_TESTS = tests/test_crash.py tests/test_waits.py tests/test_survive.py tests/test_hot_path.py
+test-pgbouncer: venv db
+	@$(WITH_DB) $(PY) -m tests.pgbouncer $(POOL_MODE) -- $(PY) -m pytest $(XDIST) $(POOLED_TESTS) $(PYTEST_ARGS)
 
 # The inner loop: no killed workers, no soak, no stress, no browser.
 test-fast: venv db

@@ -233,3 +233,35 @@ def check_runtime_role(app_configs: Any = None, databases: Any = None, **kwargs:
             id="k2b_workflows.W003",
         )
     ]
+
+
+@register(Tags.database)
+def check_replication(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list:
+    """Warn when the primary has only asynchronous standbys: a failover can repeat an effect.
+
+    The ledger's "dispatched" entry commits before an EXTERNAL call; a failover
+    that loses that commit leaves the kernel no trace of the call, and it calls
+    again. Silence with ``SILENCED_SYSTEM_CHECKS = ["k2b_workflows.W020"]`` once
+    that window is accepted (docs/high-availability.md).
+    """
+    alias = store.database()
+    if not databases or alias not in databases or connections[alias].vendor != "postgresql":
+        return []
+    from django.db import DatabaseError
+
+    from . import topology
+
+    try:
+        setup = topology.replication(alias)
+    except DatabaseError:
+        return []
+    if not setup.repeats_possible:
+        return []
+    return [
+        Warning(
+            f"database {alias!r}: {setup.describe()}",
+            hint="Set synchronous_standby_names on the primary (docs/high-availability.md), or "
+            "accept the window and silence this check.",
+            id=topology.ASYNC_STANDBY_CHECK,
+        )
+    ]

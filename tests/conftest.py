@@ -81,6 +81,47 @@ def pytest_configure(config: pytest.Config) -> None:
             ensure_user_exists("embedded_postgres")
 
 
+#: For a test that needs the server's own view of its connection (a backend pid to
+#: end, the server's commit and connection counts): ``make test-pgbouncer`` skips it.
+direct_connection_only = pytest.mark.skipif(
+    bool(os.environ.get("K2B_TEST_POOL_MODE")),
+    reason="needs a direct connection: through PgBouncer the backend pid and the "
+    "server's connections are the pooler's",
+)
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+    """Through a transaction-pooling PgBouncer (``make test-pgbouncer``), the documented
+    setting: the role's own ``idle_in_transaction_session_timeout`` in the test database,
+    on every server connection (PgBouncer reconnects); at the end, PgBouncer lets go of
+    the test database so that it can be dropped."""
+    if os.environ.get("K2B_TEST_POOL_MODE") == "transaction":
+        from django.db import connections
+
+        from k2b_workflows.store import lease_ms
+        from tests import pgbouncer
+
+        with django_db_blocker.unblock(), connections["direct"].cursor() as cursor:
+            name = connections["direct"].settings_dict["NAME"]
+            cursor.execute(
+                f"ALTER ROLE CURRENT_USER IN DATABASE {connections['direct'].ops.quote_name(name)}"
+                f" SET idle_in_transaction_session_timeout TO '{lease_ms()}ms'"
+            )
+        pgbouncer.reconnect(int(os.environ["K2B_TEST_BOUNCER_PORT"]))
+    yield
+    if os.environ.get("K2B_TEST_BOUNCER_PORT"):
+        from django.db import connections
+
+        from tests import pgbouncer
+
+        # PgBouncer's server connections would keep the test database from being dropped.
+        pgbouncer.admin(
+            int(os.environ["K2B_TEST_BOUNCER_PORT"]),
+            f"KILL {connections['default'].settings_dict['NAME']}",
+        )
+
+
 #: Long tests first, so that under pytest-xdist they start at once on different
 #: workers while the short ones fill the gaps; last, they would lengthen the run.
 _HEAVY_MARKERS = ("slow", "crash", "browser")
@@ -151,7 +192,10 @@ def wait_for(
 class WorkerProcess:
     """A ``manage.py runworkflows`` subprocess on the test database."""
 
-    def __init__(self, db_name: str, env: dict[str, str], args: list[str]) -> None:
+    def __init__(
+        self, db_name: str, env: dict[str, str], args: list[str], prefix: list[str] | None = None
+    ) -> None:
+        """``prefix``: a command that runs the worker elsewhere (``ip netns exec NS``)."""
         full_env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "tests.settings",
@@ -165,7 +209,7 @@ class WorkerProcess:
         )
         self.log = open(self.log_path, "w")  # noqa: SIM115
         self.proc = forkserver.popen(
-            [sys.executable, str(ROOT / "manage.py"), "runworkflows", *args],
+            [*(prefix or []), sys.executable, str(ROOT / "manage.py"), "runworkflows", *args],
             cwd=ROOT,
             env=full_env,
             stdout=self.log,

@@ -21,6 +21,17 @@ if os.environ.get("K2B_TEST_DB_NAME"):
     DATABASES["default"]["NAME"] = os.environ["K2B_TEST_DB_NAME"]
     DATABASES["default"].setdefault("TEST", {})["NAME"] = os.environ["K2B_TEST_DB_NAME"]
 
+# K2B_TEST_DIRECT_URL: DATABASE_URL goes through a transaction-pooling PgBouncer and
+# this is the same database directly, the alias "direct" for LISTEN_DATABASE
+# (docs/operations.md#pgbouncer); tests/test_pgbouncer.py sets it.
+if os.environ.get("K2B_TEST_DIRECT_URL"):
+    from example_project.settings import _database_from_env
+
+    DATABASES["direct"] = _database_from_env("K2B_TEST_DIRECT_URL")
+    DATABASES["direct"]["NAME"] = DATABASES["default"]["NAME"]
+    DATABASES["direct"]["TEST"] = {"MIRROR": "default"}
+    K2B_WORKFLOWS = {**K2B_WORKFLOWS, "LISTEN_DATABASE": "direct"}
+
 # K2B_TEST_PREPARE=0: the suite without prepared statements (Django's default,
 # what a pooler needs), the kernel's hot statements in simple-protocol messages.
 if os.environ.get("K2B_TEST_PREPARE") == "0":

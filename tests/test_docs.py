@@ -63,6 +63,9 @@ INLINE = {
         "test_the_settings_of_operations_md_are_the_defaults_and_pass_the_checks"
     ),
     ("docs/operations.md", "DATABASES = {"): "test_the_pgbouncer_settings_pass_the_checks",
+    ("docs/high-availability.md", "DATABASES = {"): (
+        "test_the_multi_host_settings_of_high_availability_md_are_the_tested_ones"
+    ),
     ("docs/performance.md", "DATABASES = {"): (
         "test_the_prepared_statements_setting_of_performance_md_reaches_psycopg"
     ),
@@ -248,6 +251,25 @@ def test_the_pgbouncer_settings_pass_the_checks(monkeypatch: pytest.MonkeyPatch)
     assert [e.id for e in check_settings_with_databases({"default": {}}, k2b)] == [
         "k2b_workflows.E009"
     ]
+
+
+def test_the_multi_host_settings_of_high_availability_md_are_the_tested_ones() -> None:
+    """What the page shows reaches psycopg as the failover and partition tests pass it."""
+    from urllib.parse import unquote
+
+    from django.db.utils import ConnectionHandler
+
+    from tests.test_partition import CLIENT_TIMEOUTS
+
+    shown = evaluate("docs/high-availability.md", "DATABASES = {")["DATABASES"]
+    params = ConnectionHandler(shown)["default"].get_connection_params()
+    # Two hosts, the writable one kept (tests/test_failover.py's URL)...
+    assert params["host"] == "db-a.internal,db-b.internal"
+    assert params["target_session_attrs"] == "read-write"
+    # ...and the timeouts tests/test_partition.py measured.
+    tested = {key: unquote(value) for key, value in CLIENT_TIMEOUTS.items()}
+    assert {key: params[key] for key in tested} == tested
+    assert check_settings_with_databases(shown, {}) == []
 
 
 def test_the_prepared_statements_setting_of_performance_md_reaches_psycopg(

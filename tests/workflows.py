@@ -356,6 +356,7 @@ from . import (  # noqa: E402
     workflows_polling,  # noqa: F401
     workflows_secrets,  # noqa: F401
     workflows_survive,  # noqa: F401
+    workflows_topology,  # noqa: F401
     workflows_tracing,  # noqa: F401
     workflows_versions,  # noqa: F401
     workflows_waits,  # noqa: F401
