@@ -37,7 +37,7 @@ INSERT INTO k2b_run (id, workflow_name, workflow_version, app_id, status, input,
                      error_message, generation, consecutive_failures, run_after, claimed_by,
                      wait_kind, wait_key, wait_signal_seq, created_at, updated_at, finished_at,
                      journal_anchor, ledger_anchor, start_seal, end_seal, root_id,
-                     holds_slot, priority, priority_credit_ms, deferred_by)
+                     holds_slot, priority, priority_credit_ms, deferred_by, wait_action)
 SELECT id, 'bench.seeded', 1, 'bench', status,
        '{}'::jsonb,
        CASE WHEN status = 'failed' THEN (ARRAY['CARD_DECLINED', 'WORKFLOW_RETRY_EXHAUSTED',
@@ -47,7 +47,7 @@ SELECT id, 'bench.seeded', 1, 'bench', status,
        '', 1, 0, created, '', '', '', 0, created, created + interval '2 seconds',
        CASE WHEN status IN ('succeeded', 'failed', 'canceled')
             THEN created + interval '2 seconds' END,
-       '', '', '', '', id, false, 0, 0, ''
+       '', '', '', '', id, false, 0, 0, '', ''
   FROM (SELECT gen_random_uuid() AS id, i,
                CASE WHEN i %% 50 = 0 THEN 'failed' WHEN i %% 97 = 0 THEN 'canceled'
                     ELSE 'succeeded' END AS status,
@@ -61,14 +61,14 @@ INSERT INTO k2b_run (id, workflow_name, workflow_version, app_id, status, input,
                      error_message, generation, consecutive_failures, run_after, claimed_by,
                      wait_kind, wait_key, wait_signal_seq, created_at, updated_at,
                      journal_anchor, ledger_anchor, start_seal, end_seal, root_id,
-                     holds_slot, priority, priority_credit_ms, deferred_by)
+                     holds_slot, priority, priority_credit_ms, deferred_by, wait_action)
 SELECT id, 'bench.seeded', 1, 'bench', status, '{}'::jsonb,
        CASE WHEN status = 'needs_attention' THEN 'EFFECT_OUTCOME_UNKNOWN' ELSE '' END,
        '', 1, 0,
        %(now)s + CASE WHEN i %% 2 = 0 THEN interval '-1 minute' ELSE interval '1 hour' END,
        '', CASE WHEN status = 'waiting' THEN 'signal' ELSE '' END,
        CASE WHEN status = 'waiting' THEN 'k' || i ELSE '' END,
-       0, %(now)s - interval '1 minute', %(now)s, '', '', '', '', id, false, 0, 0, ''
+       0, %(now)s - interval '1 minute', %(now)s, '', '', '', '', id, false, 0, 0, '', ''
   FROM (SELECT gen_random_uuid() AS id, i,
                (ARRAY['queued', 'queued', 'waiting', 'needs_attention'])[1 + i %% 4] AS status
           FROM generate_series(1, %(n)s) i) s
