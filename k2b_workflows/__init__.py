@@ -16,6 +16,7 @@ from .exceptions import (
     EvidenceChanged,
     IdempotencyConflict,
     InvalidInput,
+    InvalidSchedule,
     LeaseLost,
     NotRetryable,
     ResolutionRefused,
@@ -23,6 +24,7 @@ from .exceptions import (
     StepFailed,
     UnknownWorkflow,
 )
+from .schedules import Schedule
 from .workflows import workflow
 
 _LAZY = {
@@ -39,6 +41,7 @@ _LAZY = {
     "DryRunReport": "dryrun",
     "dry_run": "dryrun",
     "ai_provider": "kernel.ai",
+    "schedule_workflow": "scheduling",
 }
 
 if TYPE_CHECKING:
@@ -56,6 +59,7 @@ if TYPE_CHECKING:
     )
     from .dryrun import DryRunReport, dry_run
     from .kernel.ai import ai_provider
+    from .scheduling import schedule_workflow
 
 
 def __getattr__(name: str) -> Any:
@@ -78,10 +82,12 @@ __all__ = [
     "EvidenceChanged",
     "IdempotencyConflict",
     "InvalidInput",
+    "InvalidSchedule",
     "LeaseLost",
     "NotRetryable",
     "ResolutionRefused",
     "RunCanceled",
+    "Schedule",
     "StepFailed",
     "UnknownWorkflow",
     "ai_provider",
@@ -94,6 +100,7 @@ __all__ = [
     "notify_workflow_worker",
     "resolve_effect",
     "retry_workflow_run",
+    "schedule_workflow",
     "start_workflow_run",
     "succeeded",
     "unknown",

@@ -102,6 +102,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         "WORKER_HEARTBEAT_MS",
         "WORKER_LOST_AFTER_MS",
         "WORKER_PURGE_AFTER_MS",
+        "SCHEDULE_MAX_CATCH_UP",
+        "SCHEDULE_MISSED_AFTER_MS",
+        "SCHEDULE_PASS_INTERVAL_MS",
     ):
         value = configured.get(key)
         if value is not None and (

@@ -61,14 +61,17 @@ def start_workflow_run(
     principal: Any = None,
     parent: WorkflowRun | Any = None,
     version: int | None = None,
+    schedule_id: str | None = None,
+    scheduled_for: Any = None,
 ) -> WorkflowRun:
     """Queue a run of workflow ``name``. The same ``idempotency_key`` returns the same run.
 
     The run is pinned to ``version`` (default: the newest registered here) for
-    its whole life. Raises ``UnknownWorkflow`` or ``InvalidInput`` before
-    creating anything, ``IdempotencyConflict`` when the key names a run
-    started with another input, and ``DatabaseNotMigrated`` when the app's
-    tables are missing.
+    its whole life. ``schedule_id`` and ``scheduled_for`` are set by schedule
+    passes (``kernel/schedules.py``) and the admin's "run now". Raises
+    ``UnknownWorkflow`` or ``InvalidInput`` before creating anything,
+    ``IdempotencyConflict`` when the key names a run started with another
+    input, and ``DatabaseNotMigrated`` when the app's tables are missing.
     """
     validation.text(name, "the workflow name", max_length=200)
     validation.integer(version, "version", minimum=1, maximum=validation.MAX_INT, optional=True)
@@ -103,6 +106,8 @@ def start_workflow_run(
             updated_at=now,
             parent=parent_run,
             root_id=(parent_run.root_id or parent_run.id) if parent_run else run_id,
+            schedule_id=schedule_id,
+            scheduled_for=scheduled_for,
             **chain.initial_anchors(run_id),
         )
         budget = None

@@ -105,6 +105,16 @@ def _create() -> None:
             "Database connections re-opened after an error, by component.",
             ["component"],
         ),
+        schedule_skips=Counter(
+            "k2b_schedule_ticks_skipped",
+            "Schedule ticks that started no run, by reason (overlap, buffer_full, catch_up).",
+            ["reason"],
+        ),
+        schedule_lag=Histogram(
+            "k2b_schedule_lag_seconds",
+            "Time from a tick's fire time to the pass that queued its run.",
+            buckets=LATENCY_BUCKETS,
+        ),
     )
 
 
@@ -162,6 +172,20 @@ def count_db_reconnect(component: str) -> None:
     """Count one database reconnection of ``component`` (the heartbeat, the listener, ...)."""
     if (reconnects := _get("reconnects")) is not None:
         reconnects.labels(component=component).inc()
+
+
+@_never_raises
+def count_schedule_skips(reason: str, n: int = 1) -> None:
+    """Count ``n`` ticks that started no run because of ``reason`` (overlap, catch_up, ...)."""
+    if n and (skips := _get("schedule_skips")) is not None:
+        skips.labels(reason=reason).inc(n)
+
+
+@_never_raises
+def observe_schedule_lag(seconds: float) -> None:
+    """A tick's run was queued ``seconds`` after the tick's fire time."""
+    if (lag := _get("schedule_lag")) is not None:
+        lag.observe(max(seconds, 0.0))
 
 
 class DatabaseCollector:

@@ -73,6 +73,16 @@ key                            default     meaning
                                            is marked lost; None: three leases
 ``WORKER_PURGE_AFTER_MS``      604800000   rows of stopped or lost workers are deleted
                                            this long after their last heartbeat (7 days)
+``SCHEDULE_MAX_CATCH_UP``      100         ``catch_up="all"``: missed ticks one schedule
+                                           pass starts per schedule, in order; the
+                                           next pass goes on with the rest
+``SCHEDULE_MISSED_AFTER_MS``   60000       a tick a pass sees this long after it was due
+                                           (the fleet was down) is missed: its schedule's
+                                           ``catch_up`` decides; ``workflowstatus``
+                                           reports a schedule this late
+``SCHEDULE_PASS_INTERVAL_MS``  1000        how often a worker asks whether a tick is due
+                                           (one indexed read); it also wakes for the
+                                           next tick it learned of
 =============================  ==========  ==========================================
 
 Evidence keys never live in the database: whoever can write the tables but
@@ -87,6 +97,7 @@ the defaults in it: they are replaced, not extended).
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import hashlib
 import hmac
@@ -116,6 +127,10 @@ WORKFLOW_AI_TASK_MAX_ATTEMPTS = 3
 WORKFLOW_MAX_RECONCILE_POLLS = 100
 WORKFLOW_WAKE_RETENTION_HOURS = 168
 WORKFLOW_WORKER_PURGE_AFTER_MS = 7 * 24 * 3600 * 1000
+#: Missed ticks a schedule pass starts per schedule under ``catch_up="all"``.
+SCHEDULE_MAX_CATCH_UP = 100
+SCHEDULE_MISSED_AFTER_MS = 60_000
+SCHEDULE_PASS_INTERVAL_MS = 1_000
 
 # Error codes written to ``WorkflowRun.error_code`` by the kernel.
 WORKFLOW_RETRY_EXHAUSTED = "WORKFLOW_RETRY_EXHAUSTED"
@@ -187,6 +202,9 @@ _DEFAULTS: dict[str, Any] = {
     "WORKER_HEARTBEAT_MS": None,
     "WORKER_LOST_AFTER_MS": None,
     "WORKER_PURGE_AFTER_MS": WORKFLOW_WORKER_PURGE_AFTER_MS,
+    "SCHEDULE_MAX_CATCH_UP": SCHEDULE_MAX_CATCH_UP,
+    "SCHEDULE_MISSED_AFTER_MS": SCHEDULE_MISSED_AFTER_MS,
+    "SCHEDULE_PASS_INTERVAL_MS": SCHEDULE_PASS_INTERVAL_MS,
 }
 
 
@@ -248,6 +266,22 @@ def max_reconcile_polls() -> int:
 
 def wake_retention_hours() -> int:
     return int(_get("WAKE_RETENTION_HOURS"))
+
+
+def schedule_max_catch_up() -> int:
+    return int(_get("SCHEDULE_MAX_CATCH_UP"))
+
+
+def schedule_missed_after_ms() -> int:
+    return int(_get("SCHEDULE_MISSED_AFTER_MS"))
+
+
+def schedule_missed_after() -> dt.timedelta:
+    return dt.timedelta(milliseconds=schedule_missed_after_ms())
+
+
+def schedule_pass_interval_ms() -> int:
+    return int(_get("SCHEDULE_PASS_INTERVAL_MS"))
 
 
 def database() -> str:

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from . import validation
 from .exceptions import InvalidInput, UnknownWorkflow
+from .schedules import Schedule
 
 WorkflowFn = Callable[["RunHandle", Any], Any]
 
@@ -36,6 +37,8 @@ class WorkflowDefinition:
     effect_budget: dict[str, int] = field(default_factory=dict)
     max_ai_calls: int | None = None
     max_steps: int = DEFAULT_MAX_STEPS
+    #: Written by ``migrate`` as the ``WorkflowSchedule`` whose id is the name.
+    schedule: Schedule | None = None
 
 
 @dataclass
@@ -87,12 +90,14 @@ def workflow(
     effect_budget: dict[str, int] | None = None,
     max_ai_calls: int | None = None,
     max_steps: int = DEFAULT_MAX_STEPS,
+    schedule: Schedule | None = None,
 ) -> Callable[[WorkflowFn], WorkflowFn]:
     """Register ``fn(run, input)`` as the workflow ``name``.
 
     ``effect_budget`` and ``max_ai_calls`` bound the whole tree of runs started
     from a root of this workflow; ``max_steps`` bounds each run's steps and the
-    number of children the tree may create.
+    number of children the tree may create. ``schedule`` starts runs by itself
+    (a ``Schedule``): ``migrate`` writes it as the schedule whose id is ``name``.
     """
     if not isinstance(name, str) or not name:
         raise InvalidInput("workflow() takes a non-empty name")
@@ -108,6 +113,10 @@ def workflow(
     validation.integer(max_ai_calls, "max_ai_calls", maximum=validation.MAX_INT, optional=True)
     validation.integer(max_steps, "max_steps", minimum=1, maximum=validation.MAX_INT)
     validation.integer(version, "version", minimum=1, maximum=validation.MAX_INT)
+    if schedule is not None and not isinstance(schedule, Schedule):
+        raise InvalidInput(
+            f"workflow {name!r}: schedule must be a Schedule(...), not {type(schedule).__name__}"
+        )
 
     def register(fn: WorkflowFn) -> WorkflowFn:
         if len(inspect.signature(fn).parameters) != 2:
@@ -133,6 +142,7 @@ def workflow(
             effect_budget=budget,
             max_ai_calls=max_ai_calls,
             max_steps=max_steps,
+            schedule=schedule,
         )
         fn.workflow_name = name  # type: ignore[attr-defined]
         return fn

@@ -65,6 +65,11 @@ class Command(BaseCommand):
             "--no-listen", action="store_true", help="poll only; do not LISTEN for wake-ups"
         )
         parser.add_argument(
+            "--no-schedules",
+            action="store_true",
+            help="run no schedule passes (other workers fire the ticks)",
+        )
+        parser.add_argument(
             "--wait-for-db",
             type=float,
             default=None,
@@ -91,6 +96,7 @@ class Command(BaseCommand):
         burst: bool,
         no_listen: bool,
         wait_for_db: float | None,
+        no_schedules: bool = False,
         health_file: str | None = None,
         metrics_port: int | None = None,
         **options: Any,
@@ -117,6 +123,7 @@ class Command(BaseCommand):
             notice_stream=sys.stderr,
             health_file=health_file,
             metrics_port=metrics_port,
+            schedules=not no_schedules,
         )
         stops = 0
 
