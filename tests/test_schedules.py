@@ -9,6 +9,7 @@ tests/test_schedules_fleet.py.
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -133,6 +134,52 @@ def test_a_rewound_schedule_row_starts_no_second_run_for_a_tick(k2b_clock):
 
     assert [r.pk for r in runs("rewound")] == [first.pk]
     assert row("rewound").next_tick == first.scheduled_for + dt.timedelta(minutes=1)
+
+
+def test_a_pass_that_dies_before_its_commit_fired_nothing_and_the_next_fires_the_tick_once(
+    k2b_clock,
+):
+    """A pass killed mid-way (its run inserted, its commit never sent) leaves the tick due:
+    meanwhile the other workers' passes skip the locked row rather than wait or fire it."""
+    from django.db import connections
+
+    from k2b_workflows.scheduling import start_tick
+
+    schedule_workflow("mid-pass", "sched.echo", Schedule(every=dt.timedelta(minutes=1)))
+    k2b_clock.advance(minutes=1)
+    inserted, die = threading.Event(), threading.Event()
+
+    class Killed(BaseException):
+        pass
+
+    def start_then_die(*args):
+        start_tick(*args)
+        inserted.set()
+        die.wait(QUICK)
+        raise Killed
+
+    def dying_pass():
+        try:
+            passes.run_pass("default", {"sched.echo": {1}}, start_then_die)
+        except Killed:
+            pass
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=dying_pass)
+    thread.start()
+    try:
+        assert inserted.wait(QUICK)
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '5s'")
+        assert passes.run_pass("default", {"sched.echo": {1}}, start_tick).rows == 0
+        assert runs("mid-pass") == []
+    finally:
+        die.set()
+        thread.join(QUICK)
+    run_until_idle(timeout=QUICK)
+
+    assert len(runs("mid-pass")) == 1
 
 
 # -- catch-up ---------------------------------------------------------------
@@ -464,7 +511,7 @@ def test_a_bad_schedule_is_a_clear_error_naming_the_field(spec, field, message):
 
 
 def test_a_schedule_for_an_unknown_workflow_or_version_is_refused_before_writing():
-    with pytest.raises(UnknownWorkflow, match="sched.nope"):
+    with pytest.raises(UnknownWorkflow, match=r"sched\.nope"):
         schedule_workflow("x", "sched.nope", Schedule("0 3 * * *"))
     with pytest.raises(UnknownWorkflow, match="no version 7"):
         schedule_workflow("x", "sched.echo", Schedule("0 3 * * *"), version=7)
