@@ -22,8 +22,9 @@ _FORBIDDEN = ("UPDATE", "DELETE", "TRUNCATE")
 #: Tables whose rows the runtime role removes itself: workers purge the fleet
 #: rows of stopped or lost workers as they beat (``fleet.py``), and wait
 #: rendezvous nobody consumed in their housekeeping (``kernel/waits.py``).
-#: Neither holds evidence. Nothing else.
-RUNTIME_DELETES = ("k2b_wait", "k2b_worker")
+#: Neither holds evidence. And schedules an operator deletes in the admin, with
+#: their skipped-tick records (their runs stay). Nothing else.
+RUNTIME_DELETES = ("k2b_schedule", "k2b_schedule_skip", "k2b_wait", "k2b_worker")
 
 
 def kernel_tables() -> list[str]:

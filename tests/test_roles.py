@@ -249,5 +249,8 @@ def test_grantworkflows_prints_only_insert_and_select_on_the_evidence():
     assert '"k2b_run"' in mutable and '"k2b_journal"' not in mutable
     assert not any("TRUNCATE" in line for line in lines)
     deletes = [line for line in lines if "DELETE" in line]
-    assert deletes == ['GRANT DELETE ON TABLE "k2b_wait", "k2b_worker" TO "k2b_app";']
+    assert deletes == [
+        'GRANT DELETE ON TABLE "k2b_schedule", "k2b_schedule_skip", "k2b_wait", "k2b_worker"'
+        ' TO "k2b_app";'
+    ]
     assert 'GRANT EXECUTE ON FUNCTION "public".k2b_now() TO "k2b_app";' in lines
