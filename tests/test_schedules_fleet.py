@@ -142,7 +142,9 @@ def test_three_workers_start_exactly_one_run_per_tick_through_a_kill_and_a_resta
             "  'inputs_ok': all(r.input == {'fleet': True, 'scheduled_for':"
             " r.scheduled_for.isoformat()} for r in runs),\n"
             "  'lags': [(r.created_at - r.scheduled_for).total_seconds() for r in runs]}))\n",
-        ).strip().splitlines()[-1]
+        )
+        .strip()
+        .splitlines()[-1]
     )
     anchor = dt.datetime.fromisoformat(report["anchor"])
     last = dt.datetime.fromisoformat(report["last"])
