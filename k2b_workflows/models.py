@@ -759,8 +759,8 @@ class WorkflowSchedule(models.Model):
         """
         spec = self.spec()
         self.cron, self.input = spec.cron or "", spec.input
-        loaded: dict[str, Any] | None = getattr(self, "_loaded", None)
-        adding = self._state.adding or loaded is None
+        loaded: dict[str, Any] = getattr(self, "_loaded", None) or {}
+        adding = self._state.adding or not loaded
         using = kwargs.get("using") or self._state.db or "default"
         with connections[using].cursor() as cursor:
             cursor.execute("SELECT k2b_now()")

@@ -13,9 +13,10 @@ from k2b_workflows import (
     create_child_workflow_runs, count_child_workflow_runs,
     resolve_effect, EFFECT_CONFIRMED, EFFECT_ABSENT, retry_workflow_run,
     dry_run, DryRunReport, ai_provider,
+    Schedule, schedule_workflow,                                 # schedules
     StepFailed, LeaseLost, RunCanceled, DatabaseNotMigrated,     # exceptions
     UnknownWorkflow, InvalidInput, IdempotencyConflict, ResolutionRefused, EvidenceChanged,
-    NotRetryable,
+    NotRetryable, InvalidSchedule,
 )
 from k2b_workflows.store import (
     WORKFLOW_RUN_LEASE_MS, WORKFLOW_RUN_MAX_CONSECUTIVE_FAILURES, WORKFLOW_RETRY_EXHAUSTED,
@@ -23,5 +24,6 @@ from k2b_workflows.store import (
 from k2b_workflows.testing import run_until_idle
 from k2b_workflows.dedup import insert_once, DedupConflict
 from k2b_workflows.models import WorkflowRun, JournalEntry, LedgerEntry, DedupRecord
+from k2b_workflows.models import WorkflowSchedule
 from k2b_workflows.signals import run_needs_attention, run_finished   # sent after commit
 # --8<-- [end:imports]

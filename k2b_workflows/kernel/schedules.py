@@ -53,6 +53,8 @@ ROWS_PER_PASS = 100
 _COUNT_CAP = 10_000
 _MICROSECOND = dt.timedelta(microseconds=1)
 ACTIVE_STATUSES = ("queued", "running", "waiting", "needs_attention")
+#: Why a tick started no run (``WorkflowScheduleSkip.reason``).
+CATCH_UP, OVERLAP, BUFFER_FULL = "catch_up", "overlap", "buffer_full"
 
 #: Seconds until the next tick fires (<= 0: due now; NULL: no schedule), and
 #: whether a buffered tick's previous run has ended. Both read partial indexes.
@@ -260,9 +262,9 @@ def _fire(
         elif spec.overlap == Overlap.BUFFER_ONE and buffered is None:
             buffered = tick
         elif spec.overlap == Overlap.BUFFER_ONE:
-            plan.skip(tick, WorkflowScheduleSkip.Reason.BUFFER_FULL)
+            plan.skip(tick, BUFFER_FULL)
         else:
-            plan.skip(tick, WorkflowScheduleSkip.Reason.OVERLAP)
+            plan.skip(tick, OVERLAP)
     for reason, (first, last, count) in plan.skipped:
         skips.append(
             WorkflowScheduleSkip(
@@ -325,7 +327,7 @@ class _Plan:
         if row.fire_at(tick) > now:
             return []
         if self.spec.catch_up == CatchUp.ALL:
-            due = []
+            due: list[dt.datetime] = []
             while row.fire_at(tick) <= now and len(due) < store.schedule_max_catch_up():
                 due.append(tick)
                 tick = self._after(tick)
@@ -342,9 +344,9 @@ class _Plan:
             if self.spec.catch_up == CatchUp.LATEST:
                 count -= 1
                 if count > 0:
-                    self.skip(tick, WorkflowScheduleSkip.Reason.CATCH_UP, self._before(last), count)
+                    self.skip(tick, CATCH_UP, self._before(last), count)
             else:
-                self.skip(tick, WorkflowScheduleSkip.Reason.CATCH_UP, last, count)
+                self.skip(tick, CATCH_UP, last, count)
             tick = first_live
         due = []
         while row.fire_at(tick) <= now and len(due) < store.schedule_max_catch_up():
@@ -354,7 +356,7 @@ class _Plan:
         if self.spec.catch_up == CatchUp.LATEST and latest_missed is not None:
             if due:
                 # On-time ticks came after it: the latest is one of them.
-                self.skip(latest_missed, WorkflowScheduleSkip.Reason.CATCH_UP)
+                self.skip(latest_missed, CATCH_UP)
             else:
                 due = [latest_missed]
         return due
