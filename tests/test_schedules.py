@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+import time
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -212,6 +213,37 @@ def test_catch_up_latest_starts_one_run_for_the_latest_missed_tick(k2b_clock):
 
     assert ticks("cu-latest") == [schedule.anchor + dt.timedelta(minutes=10)]
     assert skips("cu-latest") == [("catch_up", 1)]
+
+
+def test_a_late_pass_fires_the_current_tick_and_counts_the_earlier_one_as_missed(k2b_clock):
+    schedule = schedule_workflow(
+        "late-pass", "sched.echo", Schedule(every=dt.timedelta(minutes=1), catch_up="skip")
+    )
+    k2b_clock.advance(minutes=2, seconds=30)
+    run_until_idle(timeout=QUICK)
+
+    assert ticks("late-pass") == [schedule.anchor + dt.timedelta(minutes=2)]
+    assert skips("late-pass") == [("catch_up", 1)]
+
+
+@pytest.mark.parametrize("spec", [{"every": dt.timedelta(seconds=1)}, {"cron": "* * * * * *"}])
+def test_a_day_of_missed_one_second_ticks_is_one_cheap_pass(k2b_clock, spec):
+    cron = spec.pop("cron", None)
+    schedule_workflow("a-day", "sched.echo", Schedule(cron, catch_up="latest", **spec))
+    k2b_clock.advance(days=1)
+    started = time.monotonic()
+    run_until_idle(timeout=QUICK)
+
+    assert time.monotonic() - started < 10
+    # One run for the latest tick (and one per tick that fell due while it ran).
+    first = runs("a-day")[0]
+    assert first.created_at - first.scheduled_for < dt.timedelta(seconds=5)
+    (reason, count), *_ = skips("a-day")
+    assert reason == "catch_up"
+    if cron is None:
+        assert abs(count - 86_399) <= 2
+    else:
+        assert count >= 10_000  # cron ticks are counted one by one up to 10,000
 
 
 def test_catch_up_all_starts_every_missed_tick_in_order(k2b_clock):

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -295,10 +295,12 @@ def _fire(
 class _Plan:
     """One row's due ticks under its ``catch_up`` policy: which fire, which are skipped.
 
-    A tick is *missed* when a pass sees it more than ``SCHEDULE_MISSED_AFTER_MS``
-    after it was due (the fleet was down), or when it fell before the last
-    resume (the schedule was paused). On-time ticks always fire (overlap
-    permitting); missed ones as ``catch_up`` says.
+    Of the due ticks only the latest is current; every earlier one is
+    *missed* (the fleet was down, or a pass came late), and so is the latest
+    itself when a pass sees it more than ``SCHEDULE_MISSED_AFTER_MS`` after it
+    was due, or when it fell before the last resume (the schedule was paused).
+    ``skip`` fires the current tick only if it is not missed, ``latest`` fires
+    the latest due tick whatever its age, ``all`` fires every due tick in order.
     """
 
     def __init__(self, row: _Row, spec: Schedule, now: dt.datetime) -> None:
@@ -321,45 +323,42 @@ class _Plan:
         else:
             self.skipped.append((reason, (tick, last or tick, n)))
 
-    def to_fire(self) -> Iterable[dt.datetime]:
-        row, now = self.row, self.now
-        tick = self.next_tick
-        if row.fire_at(tick) > now:
+    def to_fire(self) -> list[dt.datetime]:
+        row, now, first = self.row, self.now, self.next_tick
+        if row.fire_at(first) > now:
             return []
         if self.spec.catch_up == CatchUp.ALL:
             due: list[dt.datetime] = []
+            tick = first
             while row.fire_at(tick) <= now and len(due) < store.schedule_max_catch_up():
                 due.append(tick)
                 tick = self._after(tick)
             self.next_tick = tick
             return due
-        cutoff = now - store.schedule_missed_after() - (row.jitter or dt.timedelta(0))
-        floor = row.resumed_at
-        missed_before = cutoff if floor is None or floor < cutoff else floor + _MICROSECOND
-        latest_missed = None
-        if tick < missed_before:
-            first_live = self.spec.next_tick(missed_before - _MICROSECOND, row.anchor)
-            count, last = self._span(tick, first_live)
-            latest_missed = last
-            if self.spec.catch_up == CatchUp.LATEST:
-                count -= 1
-                if count > 0:
-                    self.skip(tick, CATCH_UP, self._before(last), count)
-            else:
-                self.skip(tick, CATCH_UP, last, count)
-            tick = first_live
-        due = []
-        while row.fire_at(tick) <= now and len(due) < store.schedule_max_catch_up():
-            due.append(tick)
-            tick = self._after(tick)
-        self.next_tick = tick
-        if self.spec.catch_up == CatchUp.LATEST and latest_missed is not None:
-            if due:
-                # On-time ticks came after it: the latest is one of them.
-                self.skip(latest_missed, CATCH_UP)
-            else:
-                due = [latest_missed]
-        return due
+        latest = self._latest_due(first)
+        self.next_tick = self._after(latest)
+        if latest > first:
+            count, last = self._span(first, latest)
+            self.skip(first, CATCH_UP, last, count)
+        missed = now - row.fire_at(latest) > store.schedule_missed_after() or (
+            row.resumed_at is not None and latest <= row.resumed_at
+        )
+        if missed and self.spec.catch_up == CatchUp.SKIP:
+            self.skip(latest, CATCH_UP)
+            return []
+        return [latest]
+
+    def _latest_due(self, first: dt.datetime) -> dt.datetime:
+        """The last tick from ``first`` on whose fire time has passed (``first``'s has)."""
+        row, now = self.row, self.now
+        # Ticks up to now - jitter are due whatever their jitter: jump there, then walk.
+        surely = now - (row.jitter or dt.timedelta(0))
+        tick = first
+        if self._after(first) <= surely:
+            tick = self._last_before(surely + _MICROSECOND, first)
+        while row.fire_at(following := self._after(tick)) <= now:
+            tick = following
+        return tick
 
     def _span(self, start: dt.datetime, stop: dt.datetime) -> tuple[int, dt.datetime]:
         """How many ticks lie in [start, stop), and the last of them (start is one)."""
@@ -375,12 +374,8 @@ class _Plan:
             tick = self._after(tick)
         return count, last
 
-    def _before(self, tick: dt.datetime) -> dt.datetime:
-        """The tick before ``tick`` (for a skip record's last tick)."""
-        return self._last_before(tick, self.next_tick)
-
     def _last_before(self, stop: dt.datetime, not_before: dt.datetime) -> dt.datetime:
-        """The last tick before ``stop`` and not before ``not_before`` (a tick)."""
+        """The last tick before ``stop`` and not before ``not_before`` (a tick before ``stop``)."""
         reach = dt.timedelta(minutes=1)
         while True:
             probe_from = max(stop - reach, not_before - _MICROSECOND)
