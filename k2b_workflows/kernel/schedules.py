@@ -295,12 +295,12 @@ def _fire(
 class _Plan:
     """One row's due ticks under its ``catch_up`` policy: which fire, which are skipped.
 
-    Of the due ticks only the latest is current; every earlier one is
+    Of the due ticks only the latest can be current; every earlier one is
     *missed* (the fleet was down, or a pass came late), and so is the latest
     itself when a pass sees it more than ``SCHEDULE_MISSED_AFTER_MS`` after it
     was due, or when it fell before the last resume (the schedule was paused).
-    ``skip`` fires the current tick only if it is not missed, ``latest`` fires
-    the latest due tick whatever its age, ``all`` fires every due tick in order.
+    A current tick fires; of the missed ones ``skip`` fires none, ``latest``
+    the latest, ``all`` every one in order (``SCHEDULE_MAX_CATCH_UP`` per pass).
     """
 
     def __init__(self, row: _Row, spec: Schedule, now: dt.datetime) -> None:
@@ -337,16 +337,20 @@ class _Plan:
             return due
         latest = self._latest_due(first)
         self.next_tick = self._after(latest)
-        if latest > first:
-            count, last = self._span(first, latest)
-            self.skip(first, CATCH_UP, last, count)
-        missed = now - row.fire_at(latest) > store.schedule_missed_after() or (
+        current_missed = now - row.fire_at(latest) > store.schedule_missed_after() or (
             row.resumed_at is not None and latest <= row.resumed_at
         )
-        if missed and self.spec.catch_up == CatchUp.SKIP:
-            self.skip(latest, CATCH_UP)
-            return []
-        return [latest]
+        fire = [] if current_missed else [latest]
+        missed_until = self.next_tick if current_missed else latest
+        if first < missed_until:
+            count, last = self._span(first, missed_until)
+            if self.spec.catch_up == CatchUp.LATEST:
+                fire.insert(0, last)
+                if count > 1:
+                    self.skip(first, CATCH_UP, self._last_before(last, first), count - 1)
+            else:
+                self.skip(first, CATCH_UP, last, count)
+        return fire
 
     def _latest_due(self, first: dt.datetime) -> dt.datetime:
         """The last tick from ``first`` on whose fire time has passed (``first``'s has)."""
