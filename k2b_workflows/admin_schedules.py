@@ -79,8 +79,8 @@ class ScheduleForm(forms.ModelForm):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
-        if self.errors:
-            return data
+        if self.errors or "cron" not in self.fields:
+            return data  # a decorator's schedule: its spec is read-only here
         try:
             schedule = Schedule(
                 data.get("cron") or None,
@@ -100,7 +100,7 @@ class ScheduleForm(forms.ModelForm):
             get_workflow(data.get("workflow_name", ""), data.get("workflow_version"))
         except UnknownWorkflow as exc:
             field = "workflow_version" if data.get("workflow_version") else "workflow_name"
-            self.add_error(field, str(exc))
+            self.add_error(field if field in self.fields else None, str(exc))
         return data
 
 

@@ -22,7 +22,7 @@ import pgtrigger.apps
 from django.db import connections, models
 from django.utils import timezone
 
-from . import schedules
+from . import schedules, store
 from .actions import Effect
 from .schedules import Schedule
 
@@ -761,7 +761,7 @@ class WorkflowSchedule(models.Model):
         self.cron, self.input = spec.cron or "", spec.input
         loaded: dict[str, Any] = getattr(self, "_loaded", None) or {}
         adding = self._state.adding or not loaded
-        using = kwargs.get("using") or self._state.db or "default"
+        using = kwargs.get("using") or self._state.db or store.database()
         with connections[using].cursor() as cursor:
             cursor.execute("SELECT k2b_now()")
             now = cursor.fetchone()[0]
@@ -781,7 +781,12 @@ class WorkflowSchedule(models.Model):
             self.next_fire_at = self.fire_at(self.next_tick)
         if resumed:
             self.resumed_at = now
-        if not adding and kwargs.get("update_fields") is None:
+        written = {"updated_at"} | ({"resumed_at"} if resumed else set())
+        if changed:
+            written |= {"anchor", "next_tick", "next_fire_at"}
+        if not adding and kwargs.get("update_fields") is not None:
+            kwargs["update_fields"] = sorted(set(kwargs["update_fields"]) | written)
+        elif not adding:
             keep = (
                 set()
                 if changed

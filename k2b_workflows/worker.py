@@ -717,7 +717,7 @@ class Worker:
         from .scheduling import start_tick
 
         started = 0
-        for _ in range(100):  # bounded: a backlog of due rows is worked off pass by pass
+        for _ in range(10):  # bounded: claims wait meanwhile; the next call goes on
             due_in, buffered = schedule_passes.probe(self.using, sorted(versions))
             if not buffered and (due_in is None or due_in > 0):
                 break

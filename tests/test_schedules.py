@@ -183,6 +183,19 @@ def test_a_pass_that_dies_before_its_commit_fired_nothing_and_the_next_fires_the
     assert len(runs("mid-pass")) == 1
 
 
+def test_a_schedule_that_cannot_fire_is_disabled_and_holds_back_no_other(k2b_clock, settings):
+    schedule_workflow("too-big", "sched.echo", Schedule(every=dt.timedelta(minutes=1)))
+    schedule_workflow("fine", "sched.echo", Schedule(every=dt.timedelta(minutes=1)))
+    WorkflowSchedule.objects.filter(schedule_id="too-big").update(input={"blob": "x" * 500})
+    settings.K2B_WORKFLOWS = {**settings.K2B_WORKFLOWS, "MAX_VALUE_BYTES": 200}
+    k2b_clock.advance(minutes=1)
+    run_until_idle(timeout=QUICK)
+
+    assert len(runs("fine")) == 1 and runs("too-big") == []
+    disabled = row("too-big")
+    assert not disabled.enabled and "MAX_VALUE_BYTES" in disabled.disabled_reason
+
+
 # -- catch-up ---------------------------------------------------------------
 
 

@@ -40,7 +40,13 @@ from typing import Any
 from django.db import transaction
 
 from .. import metrics, store
-from ..exceptions import InvalidInput
+from ..exceptions import (
+    DatabaseNotMigrated,
+    DatabaseUnavailable,
+    IdempotencyConflict,
+    InvalidInput,
+    WorkflowError,
+)
 from ..models import WorkflowScheduleSkip
 from ..schedules import SCHEDULED_FOR, CatchUp, Overlap, Schedule, idempotency_key, iso, jitter_for
 from . import db
@@ -192,7 +198,16 @@ def run_pass(
             ):
                 continue  # a worker that has that version fires it
             result.rows += 1
-            _fire(using, row, now, start, result, skips)
+            try:
+                # A savepoint per row: a row that cannot fire (an input grown past
+                # MAX_VALUE_BYTES, a workflow gone) must not hold back the others.
+                with transaction.atomic(using=using):
+                    _fire(using, row, now, start, result, skips)
+            except (DatabaseNotMigrated, DatabaseUnavailable):
+                raise  # the database's state, not the row's
+            except WorkflowError as exc:
+                logger.error("schedule %s cannot fire and was disabled: %s", row.schedule_id, exc)
+                db.execute(using, DISABLE_SQL, [f"cannot fire: {exc}"[:300], row.id])
         if skips:
             WorkflowScheduleSkip.objects.using(using).bulk_create(skips)
     for reason, n in result.skipped.items():
@@ -239,14 +254,22 @@ def _fire(
 
     def fire(tick: dt.datetime) -> None:
         nonlocal active, last_started
-        run_id = start(
-            row.workflow_name,
-            {**spec.input, SCHEDULED_FOR: iso(tick)},
-            idempotency_key(row.schedule_id, tick),
-            row.workflow_version,
-            row.schedule_id,
-            tick,
-        )
+        try:
+            run_id = start(
+                row.workflow_name,
+                {**spec.input, SCHEDULED_FOR: iso(tick)},
+                idempotency_key(row.schedule_id, tick),
+                row.workflow_version,
+                row.schedule_id,
+                tick,
+            )
+        except IdempotencyConflict as exc:
+            # The tick's run exists, started with another input (the input was edited
+            # after a restored row made the tick due again): it ran; nothing to start.
+            logger.warning(
+                "schedule %s: tick %s already has run %s", row.schedule_id, iso(tick), exc.run_id
+            )
+            return
         active = True
         last_started = (tick, run_id)
         result.started += 1
