@@ -34,7 +34,7 @@ from .exceptions import InvalidInput, InvalidSchedule, UnknownWorkflow
 from .kernel import clock
 from .kernel import schedules as passes
 from .models import WorkflowRun, WorkflowSchedule, WorkflowScheduleSkip
-from .schedules import Schedule
+from .schedules import Schedule, zone
 from .scheduling import run_schedule_now
 from .workflows import get_workflow
 
@@ -46,6 +46,18 @@ SPEC_FORM_FIELDS = ("cron", "every", "timezone", "input", "catch_up", "overlap",
 
 def _when(value: dt.datetime | None) -> str:
     return "—" if value is None else timezone.localtime(value).strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+def _fires(value: dt.datetime, tz: str) -> str:
+    """A fire time as the site shows times, and in the schedule's own zone beside it."""
+    shown = _when(value)
+    if tz and tz != "UTC":
+        try:
+            local = value.astimezone(zone(tz))
+        except InvalidSchedule:
+            return shown
+        shown += f" ({local.strftime('%a %H:%M:%S %Z')} {tz})"
+    return shown
 
 
 def preview(
@@ -175,7 +187,7 @@ class WorkflowScheduleAdmin(admin.ModelAdmin):
             while len(ticks) < PREVIEW_TICKS:
                 ticks.append(spec.next_tick(ticks[-1], row.anchor))
             ticks = [row.fire_at(t) for t in ticks]
-        items = format_html_join("", "<li>{}</li>", ((_when(t),) for t in ticks))
+        items = format_html_join("", "<li>{}</li>", ((_fires(t, row.timezone),) for t in ticks))
         note = " (paused: none fires until resumed)" if row.paused else ""
         return format_html(
             '<ul id="k2b-schedule-preview" data-url="{}">{}</ul><span class="help">{}</span>',
@@ -344,12 +356,13 @@ class WorkflowScheduleAdmin(admin.ModelAdmin):
                     {"error": "enter a duration such as 01:00:00 or 3600", "field": "every"},
                     status=400,
                 )
+        tz = request.GET.get("timezone") or "UTC"
         try:
-            ticks = preview(request.GET.get("cron"), every, request.GET.get("timezone") or "UTC")
+            ticks = preview(request.GET.get("cron"), every, tz)
         except InvalidSchedule as exc:
             return JsonResponse({"error": str(exc), "field": exc.field}, status=400)
         return JsonResponse(
-            {"ticks": [_when(t) for t in ticks], "utc": [t.isoformat() for t in ticks]}
+            {"ticks": [_fires(t, tz) for t in ticks], "utc": [t.isoformat() for t in ticks]}
         )
 
     def _object(self, request: HttpRequest, object_id: str, permission: str) -> WorkflowSchedule:
