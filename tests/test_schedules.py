@@ -120,6 +120,34 @@ def test_every_ticks_are_exactly_every_apart_from_the_anchor(k2b_clock):
     ]
 
 
+def test_jitter_delays_each_tick_by_the_same_amount_on_every_worker(k2b_clock):
+    from k2b_workflows.schedules import jitter_for
+
+    schedule = schedule_workflow(
+        "jittered",
+        "sched.echo",
+        Schedule(every=dt.timedelta(minutes=10), jitter=dt.timedelta(minutes=5)),
+    )
+    delay = schedule.next_fire_at - schedule.next_tick
+    assert dt.timedelta(0) <= delay < dt.timedelta(minutes=5)
+    assert delay == jitter_for("jittered", schedule.next_tick, dt.timedelta(minutes=5))
+    ten = [
+        jitter_for(
+            "jittered", schedule.next_tick + n * dt.timedelta(minutes=10), dt.timedelta(minutes=5)
+        )
+        for n in range(10)
+    ]
+    assert len(set(ten)) > 1  # spread, not one fixed offset
+
+    k2b_clock.advance_to(schedule.next_fire_at - dt.timedelta(seconds=1))
+    run_until_idle(timeout=QUICK)
+    assert runs("jittered") == []
+    k2b_clock.advance(seconds=2)
+    run_until_idle(timeout=QUICK)
+    (run,) = runs("jittered")
+    assert run.scheduled_for == schedule.next_tick  # the tick, not the jittered moment
+
+
 def test_a_rewound_schedule_row_starts_no_second_run_for_a_tick(k2b_clock):
     """The backstop: the run's key is unique, so a pass from an old row state inserts nothing."""
     schedule_workflow("rewound", "sched.echo", Schedule(every=dt.timedelta(minutes=1)))
