@@ -24,13 +24,14 @@ XDIST = -n $(TEST_WORKERS) --dist load --maxschedchunk 1
 # and stops the recipe if no database could be had.
 WITH_DB = url="$$($(PY) scripts/dbenv.py)" || exit $$?; export DATABASE_URL="$$url";
 
-.PHONY: help venv db db-stop demo serve test test-fast lint format bench bench-quick compare soak docs docs-serve clean distclean
+.PHONY: help venv db db-stop demo serve test test-fast mutants lint format bench bench-quick compare soak docs docs-serve clean distclean
 
 help:
 	@echo "make demo      set everything up and run the demo workflows with real workers"
 	@echo "make serve     run the example site (admin at http://127.0.0.1:8000/admin/)"
 	@echo "make test      run the test suite on PostgreSQL in TEST_WORKERS=4 processes (PYTEST_ARGS='-k foo')"
 	@echo "make test-fast the suite without crash, slow and browser tests (the inner loop)"
+	@echo "make mutants   remove each named guard in a copy of the tree; fail if no test notices"
 	@echo "make lint      ruff check, ruff format --check, mypy, and no missing migration"
 	@echo "make format    ruff format and ruff check --fix"
 	@echo "make bench     run bench/run.py (full; bench-quick: under a minute)"
@@ -73,6 +74,13 @@ test: venv db
 # The inner loop: no killed workers, no soak, no stress, no browser.
 test-fast: venv db
 	@$(WITH_DB) $(PY) -m pytest $(XDIST) -m "not crash and not slow and not browser" $(PYTEST_ARGS)
+
+# Each guard (fence, lease holder, chain, anchor, seals, dedup, idempotency, re-dispatch,
+# poll and attempt bounds, pinned search_path, witness) removed, one at a time, against
+# the tests named for it; MUTANTS_ARGS=--full runs the whole fast suite for each.
+MUTANTS_ARGS ?=
+mutants: venv db
+	@$(WITH_DB) $(PY) scripts/mutants.py $(MUTANTS_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -44,6 +44,11 @@ class Effect(enum.StrEnum):
 # -- results ---------------------------------------------------------------
 
 
+#: The furthest a wait's deadline may be: a century (a timedelta past it overflows
+#: the datetime it is added to, and a run parked that long waits for nobody).
+MAX_WAIT = dt.timedelta(days=36_525)
+
+
 @dataclass(frozen=True)
 class Dependency:
     """What a waiting step waits for: ``(app_id, kind, key)``, with an optional deadline."""
@@ -184,6 +189,13 @@ def validate_result(result: Any, allowed: tuple[type[Result], ...], hook: str) -
             dependency = result.dependency
             validation.text(dependency.kind, f"{hook}() waiting() kind", max_length=200)
             validation.text(dependency.key, f"{hook}() waiting() key", max_length=500)
+            deadline = dependency.deadline
+            if isinstance(deadline, dt.timedelta) and abs(deadline) > MAX_WAIT:
+                # now + deadline would overflow (or outlive any store of the run).
+                raise InvalidInput(
+                    f"{hook}() waiting() deadline is {deadline.days} days away: "
+                    f"at most {MAX_WAIT.days} days"
+                )
             return result
         if isinstance(result, (Ambiguous, Unknown)) and result.message is not None:
             return type(result)(validation.storable_message(result.message))

@@ -32,8 +32,8 @@ from .admin_display import (
     incident_traceback,
     run_page_context,
 )
-from .kernel import clock
-from .kernel.evidence import hash_value, verify_chains
+from .kernel import audit, clock
+from .kernel.evidence import hash_value
 from .models import Incident, JournalEntry, LedgerEntry, RunStatus, WorkerRecord, WorkflowRun
 from .redaction import redact, redact_text, shorten
 from .versions import live_pairs, run_code_note
@@ -213,14 +213,16 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
     def integrity(self, run: WorkflowRun) -> str:
         """Verified now, from the database, with the evidence keys: a finished run
         whose resolution was edited shows it here, not only at its next claim."""
-        problem = verify_chains(run.pk, run._state.db or store.database())
+        problem = audit.stored_problem(run.pk, run._state.db or store.database())
         if problem is None:
             return mark_safe(
                 '<span class="k2b-badge k2b-integrity-verified">verified</span>'
-                " journal and ledger chains and anchors intact"
+                " journal and ledger chains, anchors and run seals intact"
             )
+        label = "tampered" if problem.kind == "seal" else "broken"
         return format_html(
-            '<span class="k2b-badge k2b-integrity-broken">broken</span> <strong>{}</strong>',
+            '<span class="k2b-badge k2b-integrity-broken">{}</span> <strong>{}</strong>',
+            label,
             str(problem),
         )
 
@@ -635,6 +637,15 @@ def worker_state_badge(worker: WorkerRecord) -> str:
 @admin.register(WorkerRecord)
 class WorkerRecordAdmin(ReadOnlyMixin, admin.ModelAdmin):
     """The fleet: one row per worker process, written only by the workers themselves."""
+
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: str | None = None
+    ) -> WorkerRecord | None:
+        # A worker id is text: one with a NUL, which PostgreSQL refuses in a query,
+        # names no worker (the admin's "does not exist"), not a server error.
+        if "\x00" in object_id:
+            return None
+        return super().get_object(request, object_id, from_field)
 
     list_display = (
         "worker_id",

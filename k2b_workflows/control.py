@@ -23,7 +23,7 @@ from .exceptions import (
     ResolutionRefused,
     StepFailed,
 )
-from .kernel import children, clock, db, waits
+from .kernel import children, clock, db, seals, waits, witness
 from .kernel import evidence as chain
 from .kernel.budgets import BudgetExceeded
 from .kernel.context import StepContext
@@ -110,6 +110,7 @@ def start_workflow_run(
             scheduled_for=scheduled_for,
             **chain.initial_anchors(run_id),
         )
+        run.start_seal = seals.start_seal(run)
         budget = None
         if parent_run is None:
             budget = BudgetAccount(
@@ -126,6 +127,13 @@ def start_workflow_run(
             existing = WorkflowRun.objects.using(using).get(
                 workflow_name=name, idempotency_key=idempotency_key
             )
+            if existing.principal != principal:
+                # Neither the run nor whose it is: the key names another principal's run.
+                raise IdempotencyConflict(
+                    f"idempotency_key {idempotency_key!r} of {name} is already used by "
+                    "another principal",
+                    None,
+                )
             if existing.input != input:
                 raise IdempotencyConflict(
                     f"idempotency_key {idempotency_key!r} already started run {existing.id} "
@@ -193,11 +201,25 @@ def cancel_workflow_run(run_id: Any, reason: str) -> WorkflowRun:
                       finished_at = k2b_now(), lease_expires_at = NULL, updated_at = k2b_now()
                 WHERE id IN (SELECT id FROM tree)
                   AND status NOT IN ('succeeded', 'failed', 'canceled')
-               RETURNING id, workflow_name""",
+               RETURNING id, workflow_name, generation""",
             [run_id, store.CANCELED, reason],
         )
         ids = [r[0] for r in canceled]
-        for canceled_id, workflow_name in canceled:
+        db.execute(
+            using,
+            """UPDATE k2b_run r SET end_seal = s.seal
+                 FROM unnest(%s::uuid[], %s::text[]) AS s(id, seal) WHERE r.id = s.id""",
+            [
+                ids,
+                seals.end_seals((i, "canceled", store.CANCELED, gen) for i, _, gen in canceled),
+            ],
+        )
+        for canceled_id, _, generation in canceled:
+            transaction.on_commit(
+                lambda i=canceled_id, g=generation: witness.ended(i, "canceled", g, 0, None),
+                using=using,
+            )
+        for canceled_id, workflow_name, _ in canceled:
             signals.send_on_commit(
                 signals.run_finished,
                 using,
@@ -406,6 +428,7 @@ def resolve_effect(
             using,
             """UPDATE k2b_run SET status = 'queued', attention_step = NULL, error_code = '',
                       error_message = '', error_detail = NULL, consecutive_failures = 0,
+                      end_seal = '',
                       run_after = k2b_now(), updated_at = k2b_now() WHERE id = %s""",
             [run_id],
         )
@@ -464,7 +487,7 @@ def retry_workflow_run(run_id: Any, *, actor: Any, reason: str = "") -> Workflow
         )
         db.execute(
             using,
-            """UPDATE k2b_run SET status = 'queued', consecutive_failures = 0,
+            """UPDATE k2b_run SET status = 'queued', consecutive_failures = 0, end_seal = '',
                       error_code = '', error_message = '', error_detail = NULL,
                       attention_step = NULL, run_after = k2b_now(),
                       finished_at = NULL, updated_at = k2b_now()

@@ -30,11 +30,13 @@ class InvalidSchedule(InvalidInput):
 
 
 class IdempotencyConflict(InvalidInput):
-    """An ``idempotency_key`` already names a run started with a different input.
+    """An ``idempotency_key`` already names a run started with a different input,
+    or by another principal.
 
     Returning that run would silently drop the new input (a retried request
     that changed is a bug in the caller, as Stripe treats it). ``run_id`` is
-    the existing run.
+    the existing run; None when it is another principal's, which the caller
+    must not learn about.
     """
 
     def __init__(self, message: str, run_id: object) -> None:

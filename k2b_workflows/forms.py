@@ -12,7 +12,9 @@ from typing import Any
 from django import forms
 from django.core.exceptions import ValidationError
 
+from . import validation
 from .control import EFFECT_ABSENT, EFFECT_CONFIRMED
+from .exceptions import InvalidInput
 from .workflows import registered_workflows
 
 DECISION_CHOICES = [
@@ -77,7 +79,17 @@ def _parse_json(text: str, what: str) -> Any:
             code="too_deep",
             params={"what": what, "max": MAX_JSON_DEPTH},
         ) from exc
+    except ValueError as exc:  # an integer past Python's digit limit for int(str)
+        raise ValidationError(
+            "%(what)s holds a number JSON here cannot take: %(error)s",
+            code="invalid_number",
+            params={"what": what, "error": exc},
+        ) from exc
     _depth_and_nul(value, what)
+    try:
+        validation.check_json(value, what)
+    except InvalidInput as exc:
+        raise ValidationError(str(exc), code="invalid_json") from exc
     return value
 
 

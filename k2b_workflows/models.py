@@ -21,64 +21,7 @@ from django.db import models
 from django.utils import timezone
 
 from .actions import Effect
-
-
-class Notify(pgtrigger.Trigger):
-    """``pg_notify`` the workers' channel with the app id of a row that became runnable.
-
-    A notification is only a wake-up: a rolled-back transaction never
-    delivers one, and workers keep polling in case one is missed.
-    """
-
-    when = pgtrigger.After
-    channel = "k2b_workflows"
-
-    def __init__(self, *, channel: str = "k2b_workflows", **kwargs):
-        self.channel = channel
-        super().__init__(**kwargs)
-
-    def get_func(self, model):
-        return f"PERFORM pg_notify('{self.channel}', NEW.app_id); RETURN NULL;"
-
-
-#: Created by migration 0007. Raises unless the session's role may own the table:
-#: ``pgtrigger.ignore`` is a session setting any role can set, so without this a
-#: runtime role could switch off the status rules of the rows it updates.
-OWNER_ONLY_IGNORE_SQL = """
-CREATE OR REPLACE FUNCTION "public"._k2b_refuse_foreign_ignore(trigger_name NAME, tbl OID)
-RETURNS BOOLEAN AS $$
-BEGIN
-    IF trigger_name = ANY(NULLIF(current_setting('pgtrigger.ignore', true), '')::text[])
-       AND NOT pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = tbl), 'MEMBER')
-    THEN
-        RAISE EXCEPTION 'k2b_workflows: only the owner of % may ignore %', tbl::regclass,
-            trigger_name USING ERRCODE = 'insufficient_privilege';
-    END IF;
-    RETURN TRUE;
-END;
-$$ LANGUAGE plpgsql STABLE;
-"""
-
-
-class OwnerOnlyIgnore:
-    """Honour ``pgtrigger.ignore`` for the table's owner only (see ``OWNER_ONLY_IGNORE_SQL``).
-
-    A DECLARE initializer runs before pgtrigger's own ignore check in the body.
-    """
-
-    def get_declare(self, model):
-        return [
-            *super().get_declare(model),
-            ("_k2b_owner", 'BOOLEAN := "public"._k2b_refuse_foreign_ignore(TG_NAME, TG_RELID)'),
-        ]
-
-
-class GuardedFSM(OwnerOnlyIgnore, pgtrigger.FSM):
-    pass
-
-
-class GuardedProtect(OwnerOnlyIgnore, pgtrigger.Protect):
-    pass
+from .triggers import GuardedFSM, GuardedProtect, Notify, append_only
 
 
 class RunStatus(models.TextChoices):
@@ -114,32 +57,6 @@ RUN_TRANSITIONS = [
 ]
 
 _EFFECT_CHOICES = [(e.value, e.name.replace("_", " ").lower()) for e in Effect]
-
-
-class RefuseTruncate(pgtrigger.Trigger):
-    """Refuse ``TRUNCATE``: row-level protections never see it, and it empties a table at once.
-
-    A truncated journal made a woken run replay from nothing and charge the
-    provider a second time. The runtime role has no TRUNCATE privilege anyway;
-    this stops the owner too (``purgeworkflows`` deletes rows, it never truncates).
-    """
-
-    when = pgtrigger.Before
-    operation = pgtrigger.Truncate
-    level = pgtrigger.Statement
-
-    def get_func(self, model):
-        return (
-            "RAISE EXCEPTION 'k2b_workflows: % is append-only, TRUNCATE is refused', "
-            "TG_TABLE_NAME USING ERRCODE = 'insufficient_privilege';"
-        )
-
-
-def _append_only(name: str) -> list[pgtrigger.Trigger]:
-    return [
-        GuardedProtect(name=name, operation=pgtrigger.Update | pgtrigger.Delete),
-        RefuseTruncate(name=name.replace("append_only", "no_truncate")),
-    ]
 
 
 class WorkflowRun(models.Model):
@@ -214,6 +131,10 @@ class WorkflowRun(models.Model):
     #: with every entry: a deleted tail no longer matches (``kernel/evidence.py``).
     journal_anchor = models.CharField(max_length=100, blank=True, default="", editable=False)
     ledger_anchor = models.CharField(max_length=100, blank=True, default="", editable=False)
+    #: Keyed seals over the row's own fields (``kernel/seals.py``): what the run was
+    #: started with, and how it ended (status, output, error code, generation).
+    start_seal = models.CharField(max_length=100, blank=True, default="", editable=False)
+    end_seal = models.CharField(max_length=100, blank=True, default="", editable=False)
 
     class Meta:
         db_table = "k2b_run"
@@ -360,7 +281,7 @@ class JournalEntry(models.Model):
         ordering = ["run", "seq"]
         verbose_name_plural = "journal entries"
         constraints = [models.UniqueConstraint(fields=["run", "seq"], name="k2b_journal_step_once")]
-        triggers = _append_only("journal_append_only")
+        triggers = append_only("journal_append_only")
 
     def __str__(self) -> str:
         return f"{self.run_id} #{self.seq} {self.action_name} {self.state}"
@@ -424,7 +345,7 @@ class LedgerEntry(models.Model):
         ordering = ["run", "id"]
         verbose_name_plural = "ledger entries"
         indexes = [models.Index(fields=["run", "seq"], name="k2b_ledger_step")]
-        triggers = _append_only("ledger_append_only")
+        triggers = append_only("ledger_append_only")
 
     def __str__(self) -> str:
         return f"{self.run_id} #{self.seq} {self.kind}"
@@ -471,7 +392,7 @@ class BudgetCharge(models.Model):
                 fields=["account", "run", "seq", "unit"], name="k2b_charge_once_per_step"
             )
         ]
-        triggers = _append_only("charge_append_only")
+        triggers = append_only("charge_append_only")
 
     def __str__(self) -> str:
         return f"{self.amount} {self.unit} for {self.run_id} #{self.seq}"

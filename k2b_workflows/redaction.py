@@ -88,6 +88,18 @@ _PAIR_RE = re.compile(
 )
 
 
+# A URL's query parameters: ``?api_key=...&token=...``. Matched on their own, first:
+# the ``key=value`` pattern reads ``https://host/path?api_key=x`` as one pair whose
+# key is ``https``, and the credential after the ``?`` survived in error texts.
+_QUERY_RE = re.compile(r"(?P<lead>[?&;])(?P<key>[^=&#;\s?]+)=(?P<value>[^&#;\s]*)")
+
+
+def _redact_query(match: re.Match[str], rules: tuple[frozenset[str], tuple[str, ...]]) -> str:
+    if not match.group("value") or not is_sensitive_key(match.group("key"), rules):
+        return match.group(0)
+    return f"{match.group('lead')}{match.group('key')}={REDACTED}"
+
+
 def _redact_cards(text: str) -> str:
     return _PAN_RE.sub(
         lambda m: CARD_REDACTED if looks_like_card_number(m.group(0)) else m.group(0), text
@@ -98,6 +110,8 @@ def _redact_pair(match: re.Match[str], rules: tuple[frozenset[str], tuple[str, .
     if not is_sensitive_key(match.group("key"), rules):
         return match.group(0)
     value = match.group("value")
+    if value.startswith(REDACTED[:-1]):  # a query parameter redacted already
+        return match.group(0)
     quote = value[0] if value[0] in "\"'" else ""
     return f"{match.group('key')}{match.group('sep')}{quote}{REDACTED}{quote}"
 
@@ -109,6 +123,7 @@ def redact_text(text: Any) -> Any:
     text = _URL_CREDENTIALS_RE.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
     text = _BEARER_RE.sub(lambda m: f"{m.group('kind')} {REDACTED}", text)
     rules = _key_rules()
+    text = _QUERY_RE.sub(lambda m: _redact_query(m, rules), text)
     text = _PAIR_RE.sub(lambda m: _redact_pair(m, rules), text)
     return _redact_cards(text)
 

@@ -16,7 +16,7 @@ import pgtrigger
 from django.db import connections, transaction
 
 from . import store
-from .kernel import clock
+from .kernel import clock, witness
 
 _APPEND_ONLY = (
     "k2b_workflows.JournalEntry:journal_append_only",
@@ -94,6 +94,10 @@ def purge_finished_runs(
             else:
                 cursor.execute(sql, [tree])
                 counts[label] = cursor.rowcount
+        if not dry_run:
+            # A purge is not a rollback: the witness is told, so that its older
+            # records of these runs are not reported as missing.
+            transaction.on_commit(lambda: witness.purged(tree), using=using)
         sql = _RENDEZVOUS_SQL
         if dry_run:
             sql = sql.replace("DELETE FROM k2b_wait w", "SELECT count(*) FROM k2b_wait w", 1)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from django.apps import apps
 from django.db import connections
+from psycopg import sql
 
 #: Tables whose rows are evidence: the runtime role may only add and read.
 APPEND_ONLY_TABLES = ("k2b_journal", "k2b_ledger", "k2b_budget_charge")
@@ -39,63 +40,100 @@ def runtime_grants(role: str, using: str) -> list[str]:
     """The statements that give ``role`` what web and workers need, and nothing more.
 
     Idempotent: everything is revoked first, so running them again after an
-    upgrade that added a table leaves exactly these privileges.
+    upgrade that added a table leaves exactly these privileges. Rendered from
+    ``grant_statements``: every identifier is quoted and escaped by psycopg.
     """
-    connection = connections[using]
-    quote = connection.ops.quote_name
+    conn = connections[using]
+    conn.ensure_connection()
+    return [statement.as_string(conn.connection) for statement in grant_statements(role, using)]
+
+
+def grant_statements(role: str, using: str) -> list[sql.Composed]:
+    """``runtime_grants`` as composed statements, identifiers passed as ``sql.Identifier``.
+
+    The role name comes from the command line: ``x"; CREATE TABLE ...; --``
+    must name a role (that does not exist), never close the quote.
+    """
+    if not isinstance(role, str) or not role or "\x00" in role:
+        raise ValueError("the role name must be a non-empty string without NUL")
     tables = kernel_tables()
-    sequences = owned_sequences(using, tables)
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT current_schema()")
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT pg_catalog.current_schema()")
         schema = cursor.fetchone()[0]
     mutable = [t for t in tables if t not in APPEND_ONLY_TABLES]
-    grantee = quote(role)
+    grantee = sql.Identifier(role)
 
-    def names(items: list[str] | tuple[str, ...]) -> str:
-        return ", ".join(quote(t) for t in items)
+    def names(items: list[str] | tuple[str, ...]) -> sql.Composed:
+        return sql.SQL(", ").join(sql.Identifier(t) for t in items)
 
     statements = [
-        f"GRANT USAGE ON SCHEMA {quote(schema)} TO {grantee}",
-        f"REVOKE ALL ON TABLE {names(tables)} FROM {grantee}",
-        f"GRANT SELECT, INSERT ON TABLE {names(APPEND_ONLY_TABLES)} TO {grantee}",
-        f"GRANT SELECT, INSERT, UPDATE ON TABLE {names(mutable)} TO {grantee}",
+        sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(schema), grantee),
+        sql.SQL("REVOKE ALL ON TABLE {} FROM {}").format(names(tables), grantee),
+        sql.SQL("GRANT SELECT, INSERT ON TABLE {} TO {}").format(
+            names(APPEND_ONLY_TABLES), grantee
+        ),
+        sql.SQL("GRANT SELECT, INSERT, UPDATE ON TABLE {} TO {}").format(names(mutable), grantee),
     ]
     deletable = [t for t in RUNTIME_DELETES if t in tables]
     if deletable:
-        statements.append(f"GRANT DELETE ON TABLE {names(deletable)} TO {grantee}")
+        statements.append(
+            sql.SQL("GRANT DELETE ON TABLE {} TO {}").format(names(deletable), grantee)
+        )
+    sequences = _owned_sequences(using, tables)
     if sequences:
-        statements.append(f"GRANT USAGE, SELECT ON SEQUENCE {', '.join(sequences)} TO {grantee}")
+        statements.append(
+            sql.SQL("GRANT USAGE, SELECT ON SEQUENCE {} TO {}").format(
+                sql.SQL(", ").join(sql.Identifier(*name) for name in sequences), grantee
+            )
+        )
     # Every statement of the kernel reads the time through it. PUBLIC may execute
     # functions by default, but a hardened database revokes that default.
-    statements.append(f"GRANT EXECUTE ON FUNCTION {quote(schema)}.k2b_now() TO {grantee}")
-    return statements
+    statements.append(
+        sql.SQL("GRANT EXECUTE ON FUNCTION {}() TO {}").format(
+            sql.Identifier(schema, "k2b_now"), grantee
+        )
+    )
+    return [s if isinstance(s, sql.Composed) else sql.Composed([s]) for s in statements]
+
+
+_SEQUENCES_SQL = """
+SELECT DISTINCT n.nspname, s.relname
+  FROM pg_catalog.pg_class s
+  JOIN pg_catalog.pg_namespace n ON n.oid = s.relnamespace
+  JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_class'::regclass AND d.objid = s.oid
+  JOIN pg_catalog.pg_class t ON t.oid = d.refobjid
+ WHERE s.relkind = 'S' AND d.deptype IN ('a', 'i')
+   AND t.oid = ANY(SELECT pg_catalog.to_regclass(name) FROM unnest(%s::text[]) AS name)
+ ORDER BY 1, 2
+"""
+
+
+def _owned_sequences(using: str, tables: list[str]) -> list[tuple[str, str]]:
+    """(schema, name) of the sequences behind the tables' serial or identity columns."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(_SEQUENCES_SQL, [tables])
+        return [(schema, name) for schema, name in cursor.fetchall()]
 
 
 def owned_sequences(using: str, tables: list[str]) -> list[str]:
-    """The sequences behind the tables' serial or identity columns (INSERT draws from them)."""
-    with connections[using].cursor() as cursor:
-        cursor.execute(
-            """SELECT DISTINCT s.oid::regclass::text
-                 FROM pg_class s
-                 JOIN pg_depend d ON d.classid = 'pg_class'::regclass AND d.objid = s.oid
-                 JOIN pg_class t ON t.oid = d.refobjid
-                WHERE s.relkind = 'S' AND d.deptype IN ('a', 'i')
-                  AND t.oid = ANY(SELECT to_regclass(name) FROM unnest(%s::text[]) AS name)
-                ORDER BY 1""",
-            [tables],
-        )
-        return [row[0] for row in cursor.fetchall()]
+    """The sequences behind the tables' serial or identity columns, quoted for SQL text."""
+    conn = connections[using]
+    conn.ensure_connection()
+    return [
+        sql.Identifier(*name).as_string(conn.connection) for name in _owned_sequences(using, tables)
+    ]
 
 
 def apply_grants(role: str, using: str) -> list[str]:
-    """Run ``runtime_grants`` in one transaction (as the owner); returns what ran."""
+    """Run ``grant_statements`` in one transaction (as the owner); returns what ran."""
     from django.db import transaction
 
-    statements = runtime_grants(role, using)
-    with transaction.atomic(using=using), connections[using].cursor() as cursor:
-        for sql in statements:
-            cursor.execute(sql)
-    return statements
+    statements = grant_statements(role, using)
+    conn = connections[using]
+    with transaction.atomic(using=using), conn.cursor() as cursor:
+        for statement in statements:
+            cursor.execute(statement.as_string(conn.connection))
+    return [statement.as_string(conn.connection) for statement in statements]
 
 
 def excess_privileges(using: str) -> list[str]:

@@ -83,6 +83,13 @@ key                            default     meaning
 ``SCHEDULE_PASS_INTERVAL_MS``  1000        how often a worker asks whether a tick is due
                                            (one indexed read); it also wakes for the
                                            next tick it learned of
+``WITNESS_SINK``               None        dotted path to (or a) callable receiving each
+                                           witness record (a dict) of a dispatch or a
+                                           run's end; None: the ``k2b_workflows.witness``
+                                           logger at INFO (dropped unless configured).
+                                           Ship it out of the database's reach: it is
+                                           what ``verifyworkflows --witness`` holds a
+                                           restored or rolled-back database against
 =============================  ==========  ==========================================
 
 Evidence keys never live in the database: whoever can write the tables but
@@ -205,6 +212,7 @@ _DEFAULTS: dict[str, Any] = {
     "SCHEDULE_MAX_CATCH_UP": SCHEDULE_MAX_CATCH_UP,
     "SCHEDULE_MISSED_AFTER_MS": SCHEDULE_MISSED_AFTER_MS,
     "SCHEDULE_PASS_INTERVAL_MS": SCHEDULE_PASS_INTERVAL_MS,
+    "WITNESS_SINK": None,
 }
 
 
@@ -291,6 +299,18 @@ def database() -> str:
 def owner_database() -> str:
     """The alias connected as the owner of the tables: the only one that may purge."""
     return str(_get("OWNER_DATABASE") or database())
+
+
+def witness_sink() -> Any:
+    """The callable witness records go to, or None for the ``k2b_workflows.witness`` logger."""
+    sink = _get("WITNESS_SINK")
+    if isinstance(sink, str):
+        from django.utils.module_loading import import_string
+
+        sink = import_string(sink)
+    if sink is not None and not callable(sink):
+        raise ImproperlyConfigured("K2B_WORKFLOWS['WITNESS_SINK'] must be a callable or None")
+    return sink
 
 
 _KEY_SALT = "k2b_workflows.evidence"

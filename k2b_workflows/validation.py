@@ -37,6 +37,13 @@ CANONICAL_JSON = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
 )
 
+#: Most digits of an integer in a JSON value. Python refuses to turn an int of
+#: more than 4,300 digits into text (``sys.get_int_max_str_digits``), so a
+#: larger one failed deep inside the encoder, with a ValueError that named no
+#: field, and a workflow returning one left its run running.
+MAX_INT_DIGITS = 4_000
+_INT_BOUND = 10**MAX_INT_DIGITS
+
 #: The largest integers PostgreSQL's ``bigint`` and ``integer`` hold.
 MAX_BIGINT = 2**63 - 1
 MAX_INT = 2**31 - 1
@@ -90,7 +97,10 @@ def _valid(value: Any, stored: bool) -> bool:
         elif kind is float:
             if not math.isfinite(item):
                 return False
-        elif kind is not int and kind is not bool and item is not None:
+        elif kind is int:
+            if not -_INT_BOUND < item < _INT_BOUND:
+                return False
+        elif kind is not bool and item is not None:
             return False  # subclasses and everything else: the careful walk decides
     return True
 
@@ -108,6 +118,11 @@ def _explain(value: Any, field: str, stored: bool) -> None:
         elif isinstance(item, float):
             if not math.isfinite(item):
                 raise InvalidInput(f"{_where(field, path)} is {item!r}, which JSON cannot hold")
+        elif isinstance(item, int) and not isinstance(item, bool):
+            if not -_INT_BOUND < item < _INT_BOUND:
+                raise InvalidInput(
+                    f"{_where(field, path)} is an integer of more than {MAX_INT_DIGITS} digits"
+                )
         elif isinstance(item, dict):
             for key, child in item.items():
                 if not isinstance(key, str):

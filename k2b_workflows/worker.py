@@ -138,6 +138,8 @@ class Worker:
         self.stopping = threading.Event()
         self.wake = threading.Event()
         self.keeper = LeaseKeeper(self.using)
+        #: The claim loop waits for the keeper's connection (logged once per wait).
+        self._keeper_waiting = False
         self._inflight: set[Future] = set()
         #: Claimed (and preloaded) runs no thread has started yet: at most
         #: ``prefetch.current`` beyond the free threads. Their leases are renewed
@@ -538,6 +540,17 @@ class Worker:
         """
         if time.monotonic() < self._claims_paused_until:
             return 0
+        if not self.keeper.ready:
+            # Nothing claimed may go unrenewed: wait for the keeper's connection.
+            if not self._keeper_waiting:
+                logger.warning(
+                    "worker %s: the lease keeper has no database connection; "
+                    "claiming nothing until it has one",
+                    self.worker_id,
+                )
+            self._keeper_waiting = True
+            return 0
+        self._keeper_waiting = False
         with self._lock:
             free = self.concurrency - len(self._inflight)
             queued = len(self._ready)

@@ -163,6 +163,7 @@ HOSTILE_OUTPUTS = {
     "NUL in a string": '{"charge_id": "ch_\\u0000"}',
     "NUL in a key": '{"a\\u0000": 1}',
     "over a million characters": json.dumps({"blob": "x" * 1_000_001}),
+    "a 5000-digit number": '{"amount": ' + "9" * 5000 + "}",
 }
 
 
@@ -189,7 +190,11 @@ def test_hostile_evidence_is_a_form_error_and_changes_nothing(operator, evidence
     assert snapshot(run) == before
 
 
-@pytest.mark.parametrize("text", ["[" * 100_000, '{"a": "\\u0000"}'], ids=["deep", "nul"])
+@pytest.mark.parametrize(
+    "text",
+    ["[" * 100_000, '{"a": "\\u0000"}', '{"a": ' + "9" * 5000 + "}"],
+    ids=["deep", "nul", "5000 digits"],
+)
 def test_hostile_dry_run_input_is_a_form_error(text):
     planner = make_user("paula", "view_workflowrun", "dry_run_workflow")
     url = reverse("admin:k2b_workflows_workflowrun_dry_run")

@@ -64,6 +64,7 @@ INLINE = {
         "test_the_redaction_setting_is_known_and_passes_the_checks"
     ),
     ("docs/security.md", "# settings.py"): "test_the_two_role_settings_pass_the_checks",
+    ("docs/security.md", "LOGGING = {"): "test_the_witness_logging_of_security_md_writes_records",
     ("docs/testing.md", "# settings used by your test run"): (
         "test_the_test_settings_of_testing_md_are_the_suites"
     ),
@@ -96,6 +97,9 @@ NOT_RUN = {
     ),
     "migrate --database owner": "needs a second role; tests/test_roles.py migrates as the owner",
     "grantworkflows k2b_app --apply": "changes the server's roles; tests/test_roles.py applies it",
+    "verifyworkflows --witness /var/log/k2b/witness.log": (
+        "reads a production log; tests/test_witness.py runs it on witness files of its own"
+    ),
 }
 
 
@@ -268,6 +272,31 @@ def test_the_two_role_settings_pass_the_checks() -> None:
     assert check_settings_with_databases(databases, k2b) == []
     with override_settings(K2B_WORKFLOWS=k2b):
         assert (store.database(), store.owner_database()) == ("default", "owner")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_witness_logging_of_security_md_writes_records(tmp_path: Path) -> None:
+    import logging.config
+
+    shown = evaluate("docs/security.md", "LOGGING = {")["LOGGING"]
+    handler = shown["handlers"]["witness"]
+    assert handler["filename"] == "/var/log/k2b/witness.log"
+    handler["filename"] = str(tmp_path / "witness.log")
+    logging.config.dictConfig({**shown, "disable_existing_loggers": False})
+    log = logging.getLogger("k2b_workflows.witness")
+    try:
+        run = start_workflow_run("test.charge", {"amount": 1})
+        run_until_idle()
+    finally:
+        for attached in list(log.handlers):
+            log.removeHandler(attached)
+            attached.close()
+        log.setLevel(logging.NOTSET)
+    text = (tmp_path / "witness.log").read_text()
+    assert text.count(f'"run": "{run.pk}"') == 2  # the dispatch and the end
+    out = io.StringIO()
+    call_command("verifyworkflows", "--witness", str(tmp_path / "witness.log"), stdout=out)
+    assert "2 witness records: 0 not held" in out.getvalue()
 
 
 def test_the_plugin_line_of_testing_md_loads_the_fixtures_it_lists() -> None:

@@ -190,8 +190,17 @@ def test_starting_a_run_is_idempotent_by_key_and_joins_the_transaction():
         assert run.principal == {"user": 7}
         with pytest.raises(IdempotencyConflict, match=str(run.pk)):
             start_workflow_run(
-                "shop.checkout", {"sku": "X", "amount": 1}, idempotency_key="checkout-12"
+                "shop.checkout",
+                {"sku": "X", "amount": 1},
+                idempotency_key="checkout-12",
+                principal={"user": 7},
             )
+        # Another principal's key: refused, and neither the run nor its owner is told.
+        with pytest.raises(IdempotencyConflict, match="another principal") as caught:
+            start_workflow_run(
+                "shop.checkout", run.input, idempotency_key="checkout-12", principal={"user": 8}
+            )
+        assert caught.value.run_id is None and str(run.pk) not in str(caught.value)
 
         class RolledBack(Exception):
             pass

@@ -77,6 +77,36 @@ def test_credentials_in_urls_query_strings_and_headers_are_scrubbed():
     assert "api.example.com/v1/charges" in text and "amount=5" in text
 
 
+QUERY_SECRETS = [
+    "https://api.example/charge?api_key=sk_live_X",
+    "https://api.example/charge?amount=5&token=sk_live_X",
+    "https://api.example/login?user=ann&password=sk_live_X#top",
+    "https://api.example/me?access_token=sk_live_X;v=2",
+]
+
+
+@pytest.mark.parametrize("url", QUERY_SECRETS)
+def test_credentials_in_a_query_string_without_userinfo_are_scrubbed(url):
+    text = scrub_error(f"POST {url} timed out")
+    assert "sk_live_X" not in text and "[redacted]]" not in text
+    assert "api.example/" in text and text.endswith("timed out")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("url", QUERY_SECRETS)
+def test_query_string_credentials_never_reach_the_ledger_or_the_logs(url, caplog):
+    run = start_workflow_run("secrets.leaky_charge", {"url": url})
+    with caplog.at_level(logging.INFO, logger="k2b_workflows"):
+        run_until_idle()
+    messages = list(LedgerEntry.objects.filter(run=run).values_list("message", flat=True))
+    assert any("api.example/" in m for m in messages)
+    logged = "\n".join(
+        [r.getMessage() for r in caplog.records] + [r.exc_text or "" for r in caplog.records]
+    )
+    for text in [*messages, WorkflowRun.objects.get(pk=run.pk).error_message, logged]:
+        assert "sk_live_X" not in text
+
+
 def test_error_texts_are_truncated_to_the_configured_length(settings):
     settings.K2B_WORKFLOWS = {**settings.K2B_WORKFLOWS, "ERROR_TEXT_MAX_CHARS": 50}
     text = scrub_error("x" * 200)

@@ -64,6 +64,28 @@ def test_past_the_limit_the_run_fails_retry_exhausted():
 
 
 @override_settings(K2B_WORKFLOWS=SMALL_LIMIT)
+def test_the_third_failure_in_a_row_fails_the_run_there_and_then():
+    """The bound holds at the attempt that reaches it, with no claim after it."""
+    run = start_workflow_run("test.flaky", {"times": 100})
+    for _ in range(2):
+        assert execute_once(run) == "retry"
+        make_due(run)
+    assert execute_once(run) == "failed"
+    assert describe(run)["code"] == WORKFLOW_RETRY_EXHAUSTED
+    assert ProviderCall.objects.filter(action="test.flaky").count() == 3
+
+
+@override_settings(K2B_WORKFLOWS=SMALL_LIMIT)
+def test_a_run_claimed_at_the_limit_fails_without_running_a_step():
+    """The claim's backstop: a crash counted by the reaper reaches the limit unseen."""
+    run = start_workflow_run("test.flaky", {"times": 100})
+    type(run).objects.filter(pk=run.pk).update(consecutive_failures=3)
+    assert execute_once(run) == "failed"
+    assert describe(run)["code"] == WORKFLOW_RETRY_EXHAUSTED
+    assert ProviderCall.objects.filter(action="test.flaky").count() == 0
+
+
+@override_settings(K2B_WORKFLOWS=SMALL_LIMIT)
 def test_a_completed_step_resets_the_failure_counter():
     # Two steps failing twice each: four failures in all, never three in a row.
     run = start_workflow_run("kernel.two_flaky", {"times": 2})

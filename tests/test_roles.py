@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import datetime as dt
 import io
-import uuid
-from collections.abc import Iterator
 
 import pgtrigger
 import pytest
-from django.apps import apps
 from django.conf import settings
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, connections, transaction
 from django.test import override_settings
 
@@ -29,61 +26,19 @@ from k2b_workflows.models import JournalEntry, LedgerEntry, WorkflowRun
 from k2b_workflows.retention import purge_finished_runs
 from k2b_workflows.roles import (
     APPEND_ONLY_TABLES,
-    apply_grants,
     excess_privileges,
-    owned_sequences,
 )
 from k2b_workflows.testing import run_until_idle
+from tests import runtime_role
 from tests.models import DomainRow, ProviderCall
-
-RUNTIME = "k2b_runtime"
-
-# A second alias onto the test database (a mirror: never created, never flushed),
-# declared before the tests are set up so that they may use it; its USER is set
-# to a fresh role by the fixture.
-connections.settings.setdefault(
-    RUNTIME, {**connections.settings["default"], "TEST": {"MIRROR": "default"}}
-)
+from tests.runtime_role import RUNTIME, as_runtime, refused
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", RUNTIME])
 
-
-@pytest.fixture
-def runtime() -> Iterator[str]:
-    """An alias connected as a fresh runtime role holding only the documented grants."""
-    role = f"k2b_rt_{uuid.uuid4().hex[:12]}"
-    with connection.cursor() as cursor:
-        cursor.execute(f'CREATE ROLE "{role}" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE')
-        apply_grants(role, "default")
-        # The test app's own tables (what a host app grants for its models).
-        tables = [m._meta.db_table for m in apps.get_app_config("tests").get_models()]
-        for table in tables:
-            cursor.execute(f'GRANT SELECT, INSERT, UPDATE, DELETE ON "{table}" TO "{role}"')
-        for sequence in owned_sequences("default", tables):
-            cursor.execute(f'GRANT USAGE ON SEQUENCE {sequence} TO "{role}"')
-    connections[RUNTIME].close()
-    connections[RUNTIME].settings_dict.update(
-        NAME=connections["default"].settings_dict["NAME"], USER=role, PASSWORD=""
-    )
-    try:
-        with override_settings(K2B_WORKFLOWS={**settings.K2B_WORKFLOWS, "DATABASE": RUNTIME}):
-            yield role
-    finally:
-        connections[RUNTIME].close()
-        with connection.cursor() as cursor:
-            cursor.execute(f'DROP OWNED BY "{role}"')
-            cursor.execute(f'DROP ROLE "{role}"')
-
-
-def _as_runtime(sql: str, params: list | None = None) -> None:
-    with transaction.atomic(using=RUNTIME), connections[RUNTIME].cursor() as cursor:
-        cursor.execute(sql, params or [])
-
-
-def _refused(sql: str, params: list | None = None) -> None:
-    with pytest.raises(DatabaseError) as caught:
-        _as_runtime(sql, params)
-    assert db.sqlstate(caught.value) == "42501", caught.value
+#: The fixture, under the name the tests ask for.
+runtime = runtime_role.runtime
+_as_runtime = as_runtime
+_refused = refused
 
 
 def _trigger_ids() -> str:
@@ -253,4 +208,18 @@ def test_grantworkflows_prints_only_insert_and_select_on_the_evidence():
         'GRANT DELETE ON TABLE "k2b_schedule", "k2b_schedule_skip", "k2b_wait", "k2b_worker"'
         ' TO "k2b_app";'
     ]
-    assert 'GRANT EXECUTE ON FUNCTION "public".k2b_now() TO "k2b_app";' in lines
+    assert 'GRANT EXECUTE ON FUNCTION "public"."k2b_now"() TO "k2b_app";' in lines
+
+
+def test_grantworkflows_quotes_a_hostile_role_name_as_one_identifier():
+    """The role name is an identifier, never SQL: the review's injection names a role
+    that does not exist, and nothing of it runs."""
+    hostile = 'x"; CREATE TABLE k2b_pwned (); --'
+    with pytest.raises(CommandError, match="could not apply grants"):
+        call_command("grantworkflows", hostile, "--apply", stdout=io.StringIO())
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT to_regclass('k2b_pwned')")
+        assert cursor.fetchone() == (None,)
+    out = io.StringIO()
+    call_command("grantworkflows", hostile, stdout=out)
+    assert 'TO "x""; CREATE TABLE k2b_pwned (); --";' in out.getvalue()

@@ -28,7 +28,7 @@ class LeakyCharge(Action):
         return succeeded({"planned": True, "card_token": "tok_LIVE_plan", "amount": 5})
 
     def run(self, ctx, input):
-        raise ConnectionError(f"timeout after POST {LEAKY_URL}")
+        raise ConnectionError(f"POST {input.get('url', LEAKY_URL)} timed out")
 
 
 class Tokenize(Action):

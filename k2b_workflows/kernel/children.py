@@ -7,7 +7,7 @@ from typing import Any
 
 from ..actions import Dependency
 from ..models import TERMINAL_STATUSES, RunStatus, WorkflowRun
-from . import budgets, clock, db, evidence
+from . import budgets, clock, db, evidence, seals
 
 KIND = "k2b.children"
 
@@ -62,29 +62,52 @@ def create(
         )
         for i in missing
     ]
+    for row in rows:
+        row.start_seal = seals.start_seal(row)
     WorkflowRun.objects.using(using).bulk_create(rows, ignore_conflicts=True)
     existing.update({row.child_index: row.id for row in rows})
     return [existing[i] for i in range(len(inputs))]
 
 
 def results(using: str, parent_id: Any, step: int) -> list[dict[str, Any]]:
-    """The children of one parent step, in input order, with whether each has ended."""
+    """The children of one parent step, in input order, with whether each has ended.
+
+    A child that has ended is checked against its end seal before its parent may
+    use its result: raises ``seals.SealBroken`` for a status, output or error code
+    that the kernel did not write.
+    """
     rows = db.fetchall(
         using,
-        """SELECT id, status, output, error_code FROM k2b_run
+        """SELECT id, status, output, error_code, generation, end_seal FROM k2b_run
             WHERE parent_id = %s AND parent_step = %s ORDER BY child_index""",
         [parent_id, step],
     )
-    return [
-        {
-            "run_id": str(run_id),
-            "status": status,
-            "output": db.from_json(output),
-            "error_code": code,
-            "done": status in TERMINAL_STATUSES,
-        }
-        for run_id, status, output, code in rows
-    ]
+    found = []
+    for run_id, status, output, code, generation, end_seal in rows:
+        value = db.from_json(output)
+        done = status in TERMINAL_STATUSES
+        if done:
+            child = WorkflowRun(
+                id=run_id,
+                status=status,
+                output=value,
+                error_code=code,
+                generation=generation,
+                end_seal=end_seal,
+            )
+            problem = seals.end_problem(child)
+            if problem:
+                raise seals.SealBroken(f"child run {run_id}: {problem}")
+        found.append(
+            {
+                "run_id": str(run_id),
+                "status": status,
+                "output": value,
+                "error_code": code,
+                "done": done,
+            }
+        )
+    return found
 
 
 def public(row: dict[str, Any]) -> dict[str, Any]:

@@ -292,7 +292,6 @@ def append_journal_fenced(
     using: str,
     *,
     lease_ms: int = 0,
-    run_output: str | None = None,
 ) -> JournalEntry:
     """Fence the run, insert the entry and re-seal the anchor in one statement.
 
@@ -304,15 +303,11 @@ def append_journal_fenced(
     this one. In autocommit this is one round trip and one commit, where fence +
     count + insert + seal in a transaction are six.
 
-    ``run_output`` (canonical JSON): the step is the run's last; the same UPDATE
-    marks the run succeeded with this output (the caller has verified the
-    chains). Otherwise the lease is extended by
-    ``lease_ms``. Raises ``LeaseLost`` or ``RunCanceled`` when the run is no
-    longer ours.
+    The lease is extended by ``lease_ms``. Raises ``LeaseLost`` or ``RunCanceled``
+    when the run is no longer ours. (A run's last step, journaled with its end,
+    goes through ``fenced_journal_statement(run_output=..., end_seal=...)``.)
     """
-    sql, params = fenced_journal_statement(
-        entry, prev_hash, lease_ms=lease_ms, run_output=run_output
-    )
+    sql, params = fenced_journal_statement(entry, prev_hash, lease_ms=lease_ms)
     with db.statement_cursor(using) as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
@@ -325,6 +320,7 @@ def fenced_journal_statement(
     *,
     lease_ms: int = 0,
     run_output: str | None = None,
+    end_seal: str = "",
     strict: bool = False,
     as_written: WrittenChains | None = None,
 ) -> tuple[str, list[Any]]:
@@ -333,13 +329,14 @@ def fenced_journal_statement(
 
     ``as_written`` (with ``run_output``, strict): the run's end also checks that its
     chains are stored as that execution wrote them (``AS_WRITTEN_CHECK``).
+    ``end_seal`` (with ``run_output``): the run's end seal (``kernel/seals.py``).
     """
     if run_output is None:
         fence = Fence(entry.generation, lease_ms, entry.seq, reset_failures=True)
         return journal_statement(entry, prev_hash, fence, strict=strict)
     key_id, key = _chain_journal(entry, prev_hash)
     sealed = anchor(entry.run_id, "journal", entry.seq + 1, entry.entry_hash, key_id, key)
-    params = [run_output, entry.seq, sealed, entry.run_id, entry.generation]
+    params = [run_output, end_seal, entry.seq, sealed, entry.run_id, entry.generation]
     params += [entry.run_id, entry.seq]
     if as_written is not None:
         sql = _AS_WRITTEN_FINISH_JOURNAL_SQL
@@ -424,8 +421,8 @@ _FENCE_WHERE = " AND generation = %s AND status = 'running'"
 _FINISH_JOURNAL_TEMPLATE = """
 WITH sealed AS (
     UPDATE k2b_run
-       SET status = 'succeeded', output = %s::jsonb, error_code = '', error_message = '',
-           finished_at = k2b_now(), lease_expires_at = NULL,
+       SET status = 'succeeded', output = %s::jsonb, end_seal = %s, error_code = '',
+           error_message = '', finished_at = k2b_now(), lease_expires_at = NULL,
            current_step = %s, consecutive_failures = 0, journal_anchor = %s,
            updated_at = k2b_now()
      WHERE id = %s AND generation = %s AND status = 'running'
@@ -729,13 +726,18 @@ def verify_run(
 def verify_chains(run_id: Any, using: str) -> ChainBreak | None:
     """Re-read the run's row, journal and ledger from the database and check them.
 
-    Returns the first break, or None when everything is intact. The run row is
-    share-locked first: every append locks it too, so the row's anchor and the
+    Returns the first break, or None when everything is intact. The reads share
+    one snapshot (REPEATABLE READ, read only), so the row's anchor and the
     entries are read as of one moment, never an anchor from before an entry
-    that committed between two of these reads (a false break on a live run).
+    that committed between two of these reads (a false break on a live run),
+    and without a lock: a read-only auditor role can run it. Inside a caller's
+    transaction, its snapshot is used as it is.
     """
-    with transaction.atomic(using=using), connections[using].cursor() as cursor:
-        cursor.execute("SELECT 1 FROM k2b_run WHERE id = %s FOR SHARE", [run_id])
+    connection = connections[using]
+    outer = connection.in_atomic_block
+    with transaction.atomic(using=using), connection.cursor() as cursor:
+        if not outer:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
         run = WorkflowRun.objects.using(using).get(pk=run_id)
         journal = list(JournalEntry.objects.using(using).filter(run_id=run_id).order_by("seq"))
         ledger = list(LedgerEntry.objects.using(using).filter(run_id=run_id).order_by("id"))

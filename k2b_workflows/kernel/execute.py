@@ -59,7 +59,7 @@ from ..actions import (
 from ..exceptions import InvalidInput, LeaseLost, RunCanceled, StepFailed, Suspend, UnknownWorkflow
 from ..models import JournalEntry, LedgerEntry, WorkflowRun
 from ..workflows import ChildResult, RunHandle, WorkflowDefinition, get_workflow
-from . import budgets, clock, db, events, evidence, waits, weather
+from . import budgets, clock, db, events, evidence, seals, waits, weather, witness
 from .context import StepContext, _holding
 
 if TYPE_CHECKING:
@@ -117,9 +117,9 @@ class Preloaded:
 #: A run's end when its last step is already journaled; fenced like every write.
 _FINISH_TEMPLATE = """
 UPDATE k2b_run
-   SET status = 'succeeded', output = %s::jsonb, error_code = '', error_message = '',
-       finished_at = k2b_now(), lease_expires_at = NULL, consecutive_failures = 0,
-       updated_at = k2b_now()
+   SET status = 'succeeded', output = %s::jsonb, end_seal = %s, error_code = '',
+       error_message = '', finished_at = k2b_now(), lease_expires_at = NULL,
+       consecutive_failures = 0, updated_at = k2b_now()
  WHERE id = %s AND generation = %s AND status = 'running'{verified}
 RETURNING id
 """
@@ -362,6 +362,12 @@ class Execution:
         preload given), an entry may commit between the reads of the row and of
         the entries: a break is confirmed on a locked re-read before it counts.
         """
+        sealed = seals.start_problem(loaded.run)
+        if sealed is not None:
+            # Nothing of the row's start fields may reach a step: not even a retry
+            # of its lock, since no later read can make a changed input the original.
+            logger.error("run %s: integrity: %s", self.run_id, sealed)
+            self._needs_attention(store.INTEGRITY_CHAIN_BROKEN, sealed, step=None)
         broken = evidence.verify_run(loaded.run, loaded.journal, loaded.ledger)
         if broken is not None and self.preloaded is None:
             with transaction.atomic(using=self.using):
@@ -843,6 +849,9 @@ class Execution:
             self._journaled(pending.entry)
         state.attempts += 1
         state.open_key = invocation_key
+        # Told outside the database before the provider is: a database restored to a
+        # moment before this commit no longer holds it, and the witness says so.
+        witness.dispatched(self.run_id, step.seq, self.generation, *self._ledger_end())
 
         try:
             result = self._call(step, "run", (Succeeded, Failed, Ambiguous))
@@ -1336,6 +1345,8 @@ class Execution:
             self._journaled(pending.entry)
         if entry is not None:
             self._journaled(entry)
+        if outcome in seals.SEALED_STATUSES:
+            self._witness_end(outcome)
         events.run_changed(self, outcome, reason=reason)
         self.outcome = outcome
         raise Suspend
@@ -1358,11 +1369,13 @@ class Execution:
             if pending is None or pending.ledger_kind is None or self._batches_end():
                 # Returns only when batched writes were refused: nothing was written.
                 self._finish(output, pending)
+            run_output = canonical_json(output)
             self._transition(
-                """UPDATE k2b_run SET status = 'succeeded', output = %s, error_code = '',
-                          error_message = '', finished_at = k2b_now(), lease_expires_at = NULL,
-                          consecutive_failures = 0, updated_at = k2b_now() WHERE id = %s""",
-                [canonical_json(output)],
+                """UPDATE k2b_run SET status = 'succeeded', output = %s, end_seal = %s,
+                          error_code = '', error_message = '', finished_at = k2b_now(),
+                          lease_expires_at = NULL, consecutive_failures = 0,
+                          updated_at = k2b_now() WHERE id = %s""",
+                [run_output, self._end_seal("succeeded", "", run_output)],
                 "succeeded",
                 terminal=True,
                 verify=True,
@@ -1398,9 +1411,18 @@ class Execution:
         if pending is not None:
             self._pending = None
             self._journaled(pending.entry)
+        self._witness_end("succeeded")
         events.run_changed(self, "succeeded", reason="")
         self.outcome = "succeeded"
         raise Suspend
+
+    def _witness_end(self, status: str) -> None:
+        witness.ended(self.run_id, status, self.generation, *self._ledger_end())
+
+    def _ledger_end(self) -> tuple[int, str | None]:
+        """The ledger's length and head as this execution last wrote or read them."""
+        head = self.ledger_head
+        return (0, None) if head is None else (head.count, head.head)
 
     def _written_chains(self) -> evidence.WrittenChains | None:
         """The run's chains as this execution verified (at its claim) and wrote them, or
@@ -1460,19 +1482,21 @@ class Execution:
         ledger entry if it has one (then strict). With ``chains`` the first statement
         also checks them as written (``evidence.AS_WRITTEN_CHECK``), strict too."""
         run_output = canonical_json(output)
+        sealed = self._end_seal("succeeded", "", run_output)
         if pending is not None:
             sql, params = evidence.fenced_journal_statement(
                 pending.entry,
                 self.last_hash,
                 run_output=run_output,
+                end_seal=sealed,
                 strict=pending.ledger_kind is not None,
                 as_written=chains,
             )
         elif chains is not None:
             sql = _AS_WRITTEN_FINISH_SQL
-            params = [run_output, self.run_id, self.generation, *chains.params()]
+            params = [run_output, sealed, self.run_id, self.generation, *chains.params()]
         else:
-            sql, params = _FINISH_SQL, [run_output, self.run_id, self.generation]
+            sql, params = _FINISH_SQL, [run_output, sealed, self.run_id, self.generation]
         batch = _Batch(self)
         batch.add((sql, params), pending.entry if pending is not None else None)
         if pending is not None:
@@ -1542,6 +1566,10 @@ class Execution:
             self._chain_broken(broken[0])
         return True
 
+    def _end_seal(self, status: str, code: str, output_text: str = "null") -> str:
+        """The seal of this run ending (or parking for an operator) in this generation."""
+        return seals.end_seal(self.run_id, status, code, self.generation, output_text)
+
     def _fail_run(self, code: str, message: str, step: _Step | None = None) -> None:
         """Fail the run for good (journaling the step's failure when there is one)."""
         message = redaction.scrub_error(message)  # exception texts may carry credentials
@@ -1550,9 +1578,10 @@ class Execution:
             entry = self._new_entry(step, JournalEntry.State.FAILED, code=code, message=message)
         self._transition(
             """UPDATE k2b_run SET status = 'failed', error_code = %s, error_message = %s,
-                      finished_at = k2b_now(), lease_expires_at = NULL, updated_at = k2b_now()
+                      end_seal = %s, finished_at = k2b_now(), lease_expires_at = NULL,
+                      updated_at = k2b_now()
                 WHERE id = %s""",
-            [code, message],
+            [code, message, self._end_seal("failed", code)],
             "failed",
             terminal=True,
             entry=entry,
@@ -1566,10 +1595,16 @@ class Execution:
         message = redaction.scrub_error(message)
         self._transition(
             """UPDATE k2b_run SET status = 'needs_attention', error_code = %s, error_message = %s,
-                      error_detail = %s, attention_step = %s, lease_expires_at = NULL,
-                      updated_at = k2b_now()
+                      error_detail = %s, attention_step = %s, end_seal = %s,
+                      lease_expires_at = NULL, updated_at = k2b_now()
                 WHERE id = %s""",
-            [code, message, canonical_json(detail) if detail else None, step],
+            [
+                code,
+                message,
+                canonical_json(detail) if detail else None,
+                step,
+                self._end_seal("needs_attention", code),
+            ],
             "needs_attention",
             terminal=False,
             announce={
@@ -1711,6 +1746,7 @@ class Execution:
             )
         results: list[dict] = []
         failure: list[tuple[str, str]] = []
+        tampered: list[str] = []
 
         def write() -> None:
             self._fence(seq)
@@ -1724,7 +1760,11 @@ class Execution:
             except UnknownWorkflow as exc:
                 failure.append(("UNKNOWN_WORKFLOW", str(exc)))
                 return
-            rows = children.results(self.using, self.run_id, seq)
+            try:
+                rows = children.results(self.using, self.run_id, seq)
+            except seals.SealBroken as exc:
+                tampered.append(str(exc))
+                return
             if not wait or all(r["done"] for r in rows):
                 output = (
                     [children.public(r) for r in rows]
@@ -1748,6 +1788,8 @@ class Execution:
             results.append({"parked": parked})
 
         db.run_in_transaction(write, self.using)
+        if tampered:
+            self._chain_broken(tampered[0])
         if failure:
             return self._step_failed(step, *failure[0])
         last = results[-1]

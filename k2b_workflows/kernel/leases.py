@@ -4,6 +4,13 @@ It renews while an action runs, up to the action's timeout; a process that
 is stopped (SIGSTOP) or frozen renews nothing and is fenced out when its
 lease expires. It also notices cancellations and lost leases within a tick
 and sets the execution's ``ctx.canceled`` event (the abort signal).
+
+It holds a connection of its own from the start, and the worker claims
+nothing while it has none (``ready``): under a shortage of connections
+("remaining connection slots are reserved") a keeper that connected only
+when it first had to renew found none, and every run it held expired
+mid-step and ran again, until its retries were exhausted. A shortage now
+delays new claims; it never expires a lease that is held.
 """
 
 from __future__ import annotations
@@ -112,7 +119,16 @@ class LeaseKeeper:
 
     # -- the thread --
 
+    @property
+    def ready(self) -> bool:
+        """Whether the keeper holds an open connection: only then may the worker claim."""
+        conn = self._conn
+        return conn is not None and not conn.closed
+
     def start(self) -> None:
+        """Connect (before the worker's first claim), then renew in the background."""
+        with contextlib.suppress(Exception):  # the loop reconnects and says why
+            self._connection()
         self._thread = threading.Thread(target=self._loop, name="k2b-lease-keeper", daemon=True)
         self._thread.start()
 
@@ -141,6 +157,9 @@ class LeaseKeeper:
             try:
                 renew_every = store.lease_ms() / 3000
                 renew = time.monotonic() - last_renew >= renew_every
+                # Connected before anything needs renewing, and kept: a connection
+                # opened only when a lease is due may not be there to be had.
+                self._connection()
                 with self._ticking:
                     self.tick(renew=renew)
                 if renew:
@@ -158,9 +177,11 @@ class LeaseKeeper:
                         weather.describe(exc),
                         delay,
                     )
+                    self._drop_connection()
                 else:
-                    logger.exception("lease keeper: tick failed; reconnecting in %.1f s", delay)
-                self._drop_connection()
+                    logger.exception("lease keeper: tick failed; retrying in %.1f s", delay)
+                    if self._conn is not None and self._conn.broken:
+                        self._drop_connection()
 
     def tick(self, *, renew: bool) -> None:
         now = clock.monotonic()

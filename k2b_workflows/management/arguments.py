@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -86,3 +87,18 @@ def text(max_length: int) -> Callable[[str], str]:
         return value
 
     return parse
+
+
+def writable_file(path: str) -> str:
+    """A file path whose directory exists and may be written: checked before the worker
+    starts, not found out once a second by every loop iteration that touches it."""
+    if not path or "\x00" in path:
+        raise argparse.ArgumentTypeError("must be a file path")
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise argparse.ArgumentTypeError(f"the directory {printable(directory)!r} does not exist")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"the directory {printable(directory)!r} is not writable")
+    if os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"{printable(path)!r} is a directory")
+    return path

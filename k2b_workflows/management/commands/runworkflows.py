@@ -71,7 +71,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--wait-for-db",
-            type=float,
+            type=arguments.number(-1.0, 31_536_000.0),
             default=None,
             metavar="SECONDS",
             help="at start-up, wait at most this long for the database (default: forever)",
@@ -79,6 +79,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--health-file",
             metavar="PATH",
+            type=arguments.writable_file,
             help="touch PATH after every healthy loop iteration (check: manage.py workerhealth)",
         )
         parser.add_argument(

@@ -1,8 +1,12 @@
-"""``manage.py verifyworkflows``: check every run's evidence chains and anchors.
+"""``manage.py verifyworkflows``: check every run's evidence: chains, anchors and seals.
 
 Finished runs included: a run is verified by the kernel only while it runs,
 and an edited resolution on a run that ended a year ago is still a lie.
-Exits non-zero when any run is broken, so it can gate a backup or a cron job.
+``--witness FILE`` also holds the database against the witness records
+shipped out of it (``kernel/witness.py``): a run deleted, rolled back or
+restored from a backup is found there and nowhere else.
+Exits non-zero when anything is broken, so it can gate a backup or a cron job.
+Reads only: a read-only auditor role can run it.
 """
 
 from __future__ import annotations
@@ -10,26 +14,73 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
 
 from k2b_workflows import store
-from k2b_workflows.kernel.evidence import verify_chains, verify_run
+from k2b_workflows.kernel import audit, witness
+from k2b_workflows.management.arguments import integer
 from k2b_workflows.models import JournalEntry, LedgerEntry, WorkflowRun
+
+MAX_BATCH = 100_000
 
 
 class Command(BaseCommand):
     help = (
-        "Verify the keyed journal and ledger chains and the anchors of every run, in batches; "
-        "print each broken run (id, entry, why) and exit non-zero if there is one."
+        "Verify the keyed journal and ledger chains, the anchors and the run seals of every "
+        "run, in batches, and with --witness the witness records of dispatches and ends; "
+        "print each broken run (id, what, why) and exit non-zero if there is one."
     )
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--batch", type=int, default=500, help="runs read per batch")
+        parser.add_argument(
+            "--batch",
+            type=integer(1, MAX_BATCH),
+            default=500,
+            help=f"runs read per batch (1 to {MAX_BATCH})",
+        )
         parser.add_argument("--database", default=None, help="alias (default: DATABASE)")
+        parser.add_argument(
+            "--witness",
+            action="append",
+            default=[],
+            metavar="FILE",
+            help="a file of witness log lines to hold the database against (repeatable)",
+        )
 
-    def handle(self, *args: Any, batch: int, database: str | None, **options: Any) -> None:
-        if batch <= 0:
-            raise CommandError("--batch must be positive")
+    def handle(
+        self,
+        *args: Any,
+        batch: int,
+        database: str | None,
+        witness: list[str],
+        **options: Any,
+    ) -> None:
         using = database or store.database()
+        if using not in connections:
+            raise CommandError(
+                f"--database {using!r} is not an alias of DATABASES "
+                f"(known: {', '.join(sorted(connections.settings)) or 'none'})"
+            )
+        lines = []
+        for path in witness:
+            try:
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    lines.extend(f.readlines())
+            except OSError as exc:
+                raise CommandError(f"--witness {path}: {exc.strerror or exc}") from None
+        checked, broken = self._runs(using, batch)
+        summary = f"verified {checked} runs: {broken} broken"
+        if witness:
+            records, findings = _witnessed(lines, using)
+            for finding in findings:
+                self.stdout.write(f"WITNESS {finding}")
+            broken += len(findings)
+            summary += f"; {records} witness records: {len(findings)} not held"
+        if broken:
+            raise CommandError(summary)
+        self.stdout.write(summary)
+
+    def _runs(self, using: str, batch: int) -> tuple[int, int]:
         checked = broken = 0
         after = None
         while True:
@@ -49,11 +100,12 @@ class Command(BaseCommand):
             for entry in LedgerEntry.objects.using(using).filter(run_id__in=ids).order_by("id"):
                 ledgers[entry.run_id].append(entry)
             for run in page:
-                problem = verify_run(run, journals[run.pk], ledgers[run.pk])
+                problem = audit.check(run, journals[run.pk], ledgers[run.pk])
                 if problem is not None:
-                    # The batch was read without locks: a live run may have appended
-                    # between two reads. Only a break seen under its lock counts.
-                    problem = verify_chains(run.pk, using)
+                    # The batch was read in several statements: a live run may have
+                    # appended between two of them. Only a problem seen in one
+                    # snapshot counts.
+                    problem = audit.stored_problem(run.pk, using)
                 if problem is not None:
                     broken += 1
                     self.stdout.write(
@@ -61,7 +113,8 @@ class Command(BaseCommand):
                     )
             checked += len(page)
             after = page[-1].pk
-        summary = f"verified {checked} runs: {broken} broken"
-        if broken:
-            raise CommandError(summary)
-        self.stdout.write(summary)
+        return checked, broken
+
+
+def _witnessed(lines: list[str], using: str) -> tuple[int, list[witness.Finding]]:
+    return witness.check(lines, using)

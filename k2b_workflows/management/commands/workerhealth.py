@@ -12,6 +12,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from k2b_workflows.health import age_s
+from k2b_workflows.management.arguments import number
 
 
 class Command(BaseCommand):
@@ -24,7 +25,7 @@ class Command(BaseCommand):
         parser.add_argument("path", help="the file given to runworkflows --health-file")
         parser.add_argument(
             "--max-age",
-            type=float,
+            type=number(0.0, 31_536_000.0),
             default=60.0,
             help="seconds since the last touch still counted healthy (default 60)",
         )

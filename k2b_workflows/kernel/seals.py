@@ -1,0 +1,136 @@
+"""Keyed seals over the run row's own fields: what decides an effect, and how the run ended.
+
+The failure this is built around: the chains cover the journal and the
+ledger, but the run row holds what the steps are computed from (its input,
+principal, version, idempotency key, place in a tree) and what callers and
+parents read as its result (status, output, error code). The runtime role
+updates run rows: without a seal, it changed a queued run's input from 99 to
+999 and the run charged 999, replaced a succeeded run's output, and set an
+incident straight to ``succeeded`` with no resolution in the ledger; all of
+that passed ``verifyworkflows``.
+
+- ``start_seal`` = HMAC over the fields fixed at start, written with the run.
+  A claim checks it before any step sees the input (``kernel/execute.py``).
+- ``end_seal`` = HMAC over (status, output, error code, generation), written
+  in the statement that ends the run, parks it for an operator or cancels it;
+  cleared when the run is queued again. The generation makes an old seal
+  useless on a later life of the run (generation never decreases).
+
+Both are ``"<key id>:<mac>"`` under the evidence keys (``store.evidence_keys()``),
+which live outside the database: a role that can write the row cannot make
+a seal that verifies. ``verifyworkflows``, the admin and a parent reading its
+children's results check them.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterable
+from typing import Any
+
+from .. import store
+from ..models import WorkflowRun
+from . import evidence
+
+#: Statuses whose row carries an end seal: the run ended, or waits for an operator.
+SEALED_STATUSES = frozenset({"succeeded", "failed", "canceled", "needs_attention"})
+
+
+class SealBroken(Exception):
+    """A run's sealed fields do not match their seal: the run must not be used."""
+
+
+def _mac(key_id: str, key: bytes, text: str) -> str:
+    return f"{key_id}:{evidence._hmac_hex(key, text)}"
+
+
+def _start_text(run: WorkflowRun) -> str:
+    return evidence._canonical(
+        [
+            "start",
+            str(run.pk),
+            run.workflow_name,
+            run.workflow_version,
+            run.app_id,
+            run.input,
+            run.principal,
+            run.idempotency_key,
+            None if run.parent_id is None else str(run.parent_id),
+            None if run.root_id is None else str(run.root_id),
+            run.parent_step,
+            run.child_index,
+        ]
+    )
+
+
+def _end_text(run_id: Any, status: str, output_text: str, error_code: str, generation: int) -> str:
+    head = evidence._canonical(["end", str(run_id), status, error_code or "", int(generation)])
+    return f"{head}\n{output_text}"
+
+
+def start_seal(run: WorkflowRun) -> str:
+    """The seal a new run is written with (every start field set, ``root_id`` too)."""
+    key_id, key = evidence.signing_key()
+    return _mac(key_id, key, _start_text(run))
+
+
+def end_seal(
+    run_id: Any, status: str, error_code: str, generation: int, output_text: str = "null"
+) -> str:
+    """The seal of a run's end; ``output_text`` is the canonical JSON of its output."""
+    key_id, key = evidence.signing_key()
+    return _mac(key_id, key, _end_text(run_id, status, output_text, error_code, generation))
+
+
+def end_seals(rows: Iterable[tuple[Any, str, str, int]]) -> list[str]:
+    """``end_seal`` of each (run id, status, error code, generation), output NULL."""
+    return [end_seal(*row) for row in rows]
+
+
+def _matches(sealed: str, text: str, keys: dict[str, bytes]) -> str | None:
+    """None when ``sealed`` is a seal of ``text`` under one of ``keys``, else why not."""
+    if not sealed:
+        return "has no seal"
+    key_id, _, _ = sealed.partition(":")
+    key = keys.get(key_id)
+    if key is None:
+        return f"is sealed with key id {key_id!r}, which no evidence key has"
+    if not hmac.compare_digest(_mac(key_id, key, text), sealed):
+        return "does not match its seal"
+    return None
+
+
+def start_problem(run: WorkflowRun, keys: dict[str, bytes] | None = None) -> str | None:
+    """Why the run's start fields cannot be trusted, or None."""
+    keys = keys if keys is not None else dict(store.evidence_keys())
+    why = _matches(run.start_seal, _start_text(run), keys)
+    if why is None:
+        return None
+    return (
+        f"the run's start fields (input, principal, version, idempotency key, tree) {why}"
+        " (changed after the run was started)"
+    )
+
+
+def end_problem(run: WorkflowRun, keys: dict[str, bytes] | None = None) -> str | None:
+    """Why the run's recorded end (status, output, error code) cannot be trusted, or None."""
+    if run.status not in SEALED_STATUSES:
+        return None
+    keys = keys if keys is not None else dict(store.evidence_keys())
+    text = _end_text(
+        run.pk, run.status, evidence._canonical(run.output), run.error_code, run.generation
+    )
+    why = _matches(run.end_seal, text, keys)
+    if why is None:
+        return None
+    return (
+        f"the run's end ({run.status}"
+        + (f", {run.error_code}" if run.error_code else "")
+        + f", its output) {why}: it was not ended by the kernel or an operator's resolution"
+    )
+
+
+def problem(run: WorkflowRun, keys: dict[str, bytes] | None = None) -> str | None:
+    """The first problem with either seal of ``run``, or None."""
+    keys = keys if keys is not None else dict(store.evidence_keys())
+    return start_problem(run, keys) or end_problem(run, keys)

@@ -1,0 +1,143 @@
+"""The database triggers that hold the run lifecycle and the evidence, whoever connects.
+
+The failure this module is built around: a trigger is only as strong as the
+names it resolves. A PL/pgSQL function resolves unqualified names through the
+*caller's* ``search_path``, and a session's temporary schema comes first on it
+unless it is named. So a runtime role could ``CREATE TEMP TABLE pg_class``,
+make the owner-only ignore check read its own table, switch off the status and
+generation rules with ``pgtrigger.ignore`` and reopen a succeeded run that had
+charged a card. Every function created here therefore runs with a fixed
+``search_path`` (``pg_catalog`` first, ``pg_temp`` last, so a temporary table
+can never shadow a catalog) and names what it reads with its schema.
+
+``PinnedTrigger`` compiles a django-pgtrigger trigger with that ``search_path``
+on both functions pgtrigger creates (the trigger's own and
+``_pgtrigger_should_ignore``); every trigger of the app derives from it, and
+``tests/test_attacks.py`` fails for any function of the app without it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pgtrigger
+import pgtrigger.compiler
+
+#: What every function of the app runs with: catalogs first, temporary objects last.
+PINNED_SEARCH_PATH = "pg_catalog, pg_temp"
+
+#: Raises unless the session's role may own the table: ``pgtrigger.ignore`` is a
+#: session setting any role can set, so without this a runtime role could switch
+#: off the status rules of the rows it updates. Created (and replaced) by the
+#: migrations; kept here so that its text has one home.
+OWNER_ONLY_IGNORE_SQL = f"""
+CREATE OR REPLACE FUNCTION "public"._k2b_refuse_foreign_ignore(trigger_name NAME, tbl OID)
+RETURNS BOOLEAN
+LANGUAGE plpgsql STABLE
+SET search_path = {PINNED_SEARCH_PATH}
+AS $$
+BEGIN
+    IF trigger_name = ANY(
+           NULLIF(pg_catalog.current_setting('pgtrigger.ignore', true), '')::text[])
+       AND NOT pg_catalog.pg_has_role(
+           current_user,
+           (SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = tbl),
+           'MEMBER')
+    THEN
+        RAISE EXCEPTION 'k2b_workflows: only the owner of % may ignore %', tbl::regclass,
+            trigger_name USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN TRUE;
+END;
+$$;
+"""
+
+
+class PinnedUpsertTriggerSql(pgtrigger.compiler.UpsertTriggerSql):
+    """pgtrigger's installation SQL with a fixed ``search_path`` on both functions.
+
+    Migrations reference this class by its path, as they reference pgtrigger's:
+    its template must never change in a way older migrations would not expect.
+    """
+
+    def get_template(self) -> str:
+        pinned = f"$$ LANGUAGE plpgsql SET search_path = {PINNED_SEARCH_PATH};"
+        template = super().get_template()
+        assert template.count("$$ LANGUAGE plpgsql;") == 2, "pgtrigger's template changed"
+        return template.replace("$$ LANGUAGE plpgsql;", pinned)
+
+
+class PinnedTrigger(pgtrigger.Trigger):
+    """A trigger compiled with ``PinnedUpsertTriggerSql``: every app trigger derives from it."""
+
+    def compile(self, model: Any) -> pgtrigger.compiler.Trigger:
+        compiled = super().compile(model)
+        return pgtrigger.compiler.Trigger(
+            name=compiled.name, sql=PinnedUpsertTriggerSql(**compiled.sql.kwargs)
+        )
+
+
+class Notify(PinnedTrigger):
+    """``pg_notify`` the workers' channel with the app id of a row that became runnable.
+
+    A notification is only a wake-up: a rolled-back transaction never
+    delivers one, and workers keep polling in case one is missed.
+    """
+
+    when = pgtrigger.After
+    channel = "k2b_workflows"
+
+    def __init__(self, *, channel: str = "k2b_workflows", **kwargs: Any) -> None:
+        self.channel = channel
+        super().__init__(**kwargs)
+
+    def get_func(self, model: Any) -> str:
+        return f"PERFORM pg_catalog.pg_notify('{self.channel}', NEW.app_id); RETURN NULL;"
+
+
+class OwnerOnlyIgnore(PinnedTrigger):
+    """Honour ``pgtrigger.ignore`` for the table's owner only (see ``OWNER_ONLY_IGNORE_SQL``).
+
+    A DECLARE initializer runs before pgtrigger's own ignore check in the body.
+    """
+
+    def get_declare(self, model: Any) -> list[tuple[str, str]]:
+        return [
+            *super().get_declare(model),
+            ("_k2b_owner", 'BOOLEAN := "public"._k2b_refuse_foreign_ignore(TG_NAME, TG_RELID)'),
+        ]
+
+
+class GuardedFSM(OwnerOnlyIgnore, pgtrigger.FSM):
+    pass
+
+
+class GuardedProtect(OwnerOnlyIgnore, pgtrigger.Protect):
+    pass
+
+
+class RefuseTruncate(PinnedTrigger):
+    """Refuse ``TRUNCATE``: row-level protections never see it, and it empties a table at once.
+
+    A truncated journal made a woken run replay from nothing and charge the
+    provider a second time. The runtime role has no TRUNCATE privilege anyway;
+    this stops the owner too (``purgeworkflows`` deletes rows, it never truncates).
+    """
+
+    when = pgtrigger.Before
+    operation = pgtrigger.Truncate
+    level = pgtrigger.Statement
+
+    def get_func(self, model: Any) -> str:
+        return (
+            "RAISE EXCEPTION 'k2b_workflows: % is append-only, TRUNCATE is refused', "
+            "TG_TABLE_NAME USING ERRCODE = 'insufficient_privilege';"
+        )
+
+
+def append_only(name: str) -> list[pgtrigger.Trigger]:
+    """The two triggers of an evidence table: no UPDATE or DELETE, no TRUNCATE."""
+    return [
+        GuardedProtect(name=name, operation=pgtrigger.Update | pgtrigger.Delete),
+        RefuseTruncate(name=name.replace("append_only", "no_truncate")),
+    ]

@@ -1,0 +1,288 @@
+"""Remove each named guard, one at a time, and check that the suite notices.
+
+A guarantee is only tested if removing its guard fails a test. Each mutant
+below deletes or weakens one guard (a fence condition, the lease holder's
+checks, the chain and anchor comparisons, the seals, dedup, the idempotency
+conflict, the re-dispatch rule, the poll and attempt bounds, the pinned
+search_path, the witness). The tree is copied to a temporary directory
+first (the tracked files, as they are in the work tree), so the checkout
+is never left mutated.
+
+    python scripts/mutants.py            # each mutant against the tests named for it
+    python scripts/mutants.py --full     # each mutant against the whole fast suite
+    python scripts/mutants.py fence-generation anchor   # only these
+
+Exits non-zero if any mutant survives (no test failed), or if a mutation no
+longer applies (the guarded code moved: update the table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+    #: Further (old, new) edits of the same file: a guard written in two places,
+    #: each a backstop of the other, is removed from both.
+    also: tuple[tuple[str, str], ...] = ()
+
+
+MUTANTS = (
+    Mutant(
+        "fence-generation",
+        "k2b_workflows/kernel/db.py",
+        " WHERE id = %s AND generation = %s AND status = 'running'\nRETURNING id",
+        " WHERE id = %s AND %s IS NOT NULL AND status = 'running'\nRETURNING id",
+        ("tests/test_fence.py",),
+    ),
+    Mutant(
+        "append-fence-generation",
+        "k2b_workflows/kernel/evidence.py",
+        "_FENCE_WHERE = \" AND generation = %s AND status = 'running'\"",
+        "_FENCE_WHERE = \" AND %s IS NOT NULL AND status = 'running'\"",
+        (
+            "tests/test_hot_path.py::test_the_one_statement_journal_write_refuses_a_stale_generation",
+        ),
+    ),
+    Mutant(
+        "lease-renew-generation",
+        "k2b_workflows/kernel/claim.py",
+        "ON k.id = a.id AND k.generation = a.gen AND k.status = 'running'",
+        "ON k.id = a.id AND k.status = 'running'",
+        ("tests/test_lease_guards.py",),
+    ),
+    Mutant(
+        "orphans-claimed-by",
+        "k2b_workflows/kernel/claim.py",
+        "WHERE status = 'running' AND claimed_by = %s AND NOT",
+        "WHERE status = 'running' AND %s IS NOT NULL AND NOT",
+        ("tests/test_lease_guards.py",),
+    ),
+    Mutant(
+        "chain-entry-hash",
+        "k2b_workflows/kernel/evidence.py",
+        "if not hmac.compare_digest(hasher(prev, entry, key), entry.entry_hash):",
+        "if False:",
+        ("tests/test_integrity.py",),
+    ),
+    Mutant(
+        "anchor",
+        "k2b_workflows/kernel/evidence.py",
+        "if not hmac.compare_digest(expected, sealed):",
+        "if False:",
+        ("tests/test_integrity.py",),
+    ),
+    Mutant(
+        "start-seal",
+        "k2b_workflows/kernel/seals.py",
+        "    why = _matches(run.start_seal, _start_text(run), keys)\n",
+        "    why = None\n",
+        ("tests/test_seals.py",),
+    ),
+    Mutant(
+        "end-seal",
+        "k2b_workflows/kernel/seals.py",
+        "    if run.status not in SEALED_STATUSES:\n        return None",
+        "    if True:\n        return None",
+        ("tests/test_seals.py",),
+    ),
+    Mutant(
+        "dedup-values",
+        "k2b_workflows/dedup.py",
+        "            if stored != value:",
+        "            if False:",
+        ("tests/test_dedup.py",),
+    ),
+    Mutant(
+        "idempotency-conflict",
+        "k2b_workflows/control.py",
+        "            if existing.input != input:",
+        "            if False:",
+        ("tests/test_control.py", "tests/test_docs_examples.py"),
+    ),
+    Mutant(
+        "idempotency-principal",
+        "k2b_workflows/control.py",
+        "            if existing.principal != principal:",
+        "            if False:",
+        ("tests/test_docs_examples.py",),
+    ),
+    Mutant(
+        "re-dispatch",
+        "k2b_workflows/kernel/execute.py",
+        "        if state.open_key:\n            # Dispatched before",
+        "        if False:\n            # Dispatched before",
+        ("tests/test_testing_recipes.py", "tests/test_retries.py"),
+    ),
+    Mutant(
+        "reconcile-poll-bound",
+        "k2b_workflows/kernel/execute.py",
+        "if isinstance(result, Waiting) and state.polls >= store.max_reconcile_polls():",
+        "if False:",
+        ("tests/test_misuse_runs.py",),
+    ),
+    Mutant(
+        "attempt-bound",
+        "k2b_workflows/kernel/execute.py",
+        "        if failures >= store.max_consecutive_failures():\n            self._exhausted",
+        "        if False:\n            self._exhausted",
+        ("tests/test_retries.py::test_the_third_failure_in_a_row_fails_the_run_there_and_then",),
+    ),
+    Mutant(
+        "attempt-bound-at-claim",
+        "k2b_workflows/kernel/execute.py",
+        "            if run.consecutive_failures >= store.max_consecutive_failures():",
+        "            if False:",
+        ("tests/test_retries.py::test_a_run_claimed_at_the_limit_fails_without_running_a_step",),
+    ),
+    Mutant(
+        "pinned-search-path",
+        "k2b_workflows/triggers.py",
+        '        return template.replace("$$ LANGUAGE plpgsql;", pinned)',
+        "        return template",
+        ("tests/test_attacks.py",),
+    ),
+    Mutant(
+        "witness-ledger-head",
+        "k2b_workflows/kernel/witness.py",
+        '        elif record["ledger"] and head != record["head"]:',
+        "        elif False:",
+        ("tests/test_witness.py",),
+    ),
+)
+
+
+def _copy_tree(dest: Path) -> None:
+    files = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
+    for name in filter(None, files):
+        source = ROOT / os.fsdecode(name)
+        if source.is_file():
+            target = dest / os.fsdecode(name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+
+
+def _apply(tree: Path, mutant: Mutant) -> str:
+    path = tree / mutant.path
+    text = original = path.read_text()
+    for old, new in ((mutant.old, mutant.new), *mutant.also):
+        count = text.count(old)
+        if count != 1:
+            raise SystemExit(
+                f"mutant {mutant.name}: the guarded text occurs {count} times in "
+                f"{mutant.path}; update scripts/mutants.py"
+            )
+        text = text.replace(old, new)
+    path.write_text(text)
+    return original
+
+
+def _own_database(url: str) -> str:
+    """``url`` with ``_mutants`` added to the database name: the test database pytest
+    creates from it (``test_<name>_mutants``) is not the one a ``make test`` beside
+    this run creates and drops."""
+    parts = urlsplit(url)
+    name = parts.path.lstrip("/") or "postgres"
+    return urlunsplit(parts._replace(path=f"/{name}_mutants"))
+
+
+def _pytest(tree: Path, targets: list[str], timeout: float) -> tuple[int, str]:
+    env = {
+        **os.environ,
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "DATABASE_URL": _own_database(os.environ["DATABASE_URL"]),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-x",
+        "-q",
+        "-m",
+        "not browser",
+        *targets,
+    ]
+    try:
+        done = subprocess.run(
+            command, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        return 1, "timed out: 1 failed (a hang counts as caught)"
+    tail = (done.stdout + done.stderr).strip().splitlines()
+    return done.returncode, tail[-1] if tail else ""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", help="mutants to run (default: all)")
+    parser.add_argument(
+        "--full", action="store_true", help="run the whole fast suite against each mutant"
+    )
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per mutant")
+    args = parser.parse_args()
+    if not os.environ.get("DATABASE_URL"):
+        print("DATABASE_URL is not set (run it through 'make mutants')", file=sys.stderr)
+        return 2
+    chosen = [m for m in MUTANTS if not args.names or m.name in args.names]
+    unknown = set(args.names) - {m.name for m in MUTANTS}
+    if unknown:
+        print(f"unknown mutants: {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
+    survivors = []
+    with tempfile.TemporaryDirectory(prefix="k2b-mutants-") as tmp:
+        tree = Path(tmp)
+        _copy_tree(tree)
+        print(f"{'mutant':26} {'result':10} {'seconds':>7}  tests")
+        for mutant in chosen:
+            original = _apply(tree, mutant)
+            started = time.monotonic()
+            try:
+                if args.full:
+                    targets = ["-m", "not crash and not slow and not browser", "tests"]
+                else:
+                    targets = list(mutant.tests)
+                code, last = _pytest(tree, targets, args.timeout)
+            finally:
+                (tree / mutant.path).write_text(original)
+            # Caught: a test failed. Only errors (setup, collection, the database),
+            # or no test at all (exit 5), is no verdict, and is reported as such.
+            caught = code == 1 and " failed" in last
+            verdict = "caught" if caught else ("SURVIVED" if code == 0 else "NO VERDICT")
+            if not caught:
+                survivors.append(mutant.name)
+            print(
+                f"{mutant.name:26} {verdict:10} "
+                f"{time.monotonic() - started:7.1f}  {' '.join(mutant.tests)}: {last}",
+                flush=True,
+            )
+    if survivors:
+        print(f"\n{len(survivors)} mutant(s) not caught: {', '.join(survivors)}")
+        return 1
+    print(f"\nall {len(chosen)} mutants caught")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""The lease holder's guards, each bitten by a test of its own (#30).
+
+A review removed the generation check from the lease keeper's renewal, and
+the ``claimed_by`` check from the orphan hand-back, and the whole suite
+still passed. Without the first, a worker that lost its run to a takeover
+keeps renewing the new holder's lease (the run can no longer be taken over
+if that holder dies) and never tells its own action to stop. Without the
+second, a worker queues again the runs other workers are executing.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from k2b_workflows import start_workflow_run
+from k2b_workflows.kernel import claim, db
+from k2b_workflows.kernel.leases import LeaseKeeper
+from k2b_workflows.models import WorkflowRun
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _claim(worker_id: str) -> tuple[object, int]:
+    ((run_id, generation),) = claim.claim_runs(
+        "default", worker_id=worker_id, workflows=[("test.pure", 1)], app_ids=None, limit=1
+    )
+    return run_id, generation
+
+
+def test_a_keeper_that_lost_its_run_to_a_takeover_does_not_renew_it_and_stops_its_action():
+    start_workflow_run("test.pure", {"a": 1, "b": 1})
+    run_id, generation = _claim("stale")
+    # Another worker takes the run over: same status, a higher generation.
+    db.execute(
+        "default",
+        """UPDATE k2b_run SET generation = generation + 1, claimed_by = 'new',
+                  lease_expires_at = k2b_now() + interval '1 second' WHERE id = %s""",
+        [run_id],
+    )
+    before = WorkflowRun.objects.get(pk=run_id).lease_expires_at
+    aborted = threading.Event()
+    keeper = LeaseKeeper("default")
+    keeper.track(run_id, generation, aborted)
+    try:
+        keeper.tick(renew=True)
+    finally:
+        keeper.stop()
+    assert WorkflowRun.objects.get(pk=run_id).lease_expires_at == before
+    assert aborted.is_set()  # ctx.canceled: the stale action is told to stop
+
+
+def test_a_keeper_renews_the_run_it_holds():
+    start_workflow_run("test.pure", {"a": 1, "b": 1})
+    run_id, generation = _claim("holder")
+    db.execute(
+        "default",
+        "UPDATE k2b_run SET lease_expires_at = k2b_now() + interval '1 second' WHERE id = %s",
+        [run_id],
+    )
+    before = WorkflowRun.objects.get(pk=run_id).lease_expires_at
+    held = threading.Event()
+    keeper = LeaseKeeper("default")
+    keeper.track(run_id, generation, held)
+    try:
+        keeper.tick(renew=True)
+    finally:
+        keeper.stop()
+    assert WorkflowRun.objects.get(pk=run_id).lease_expires_at > before
+    assert not held.is_set()
+
+
+def test_the_orphan_hand_back_queues_only_this_workers_runs():
+    start_workflow_run("test.pure", {"a": 1, "b": 1})
+    start_workflow_run("test.pure", {"a": 2, "b": 2})
+    mine, _ = _claim("me")
+    theirs, _ = _claim("them")
+    assert claim.hand_back_orphans("default", "me", executing=[]) == 1
+    statuses = dict(WorkflowRun.objects.filter(pk__in=[mine, theirs]).values_list("pk", "status"))
+    assert statuses == {mine: "queued", theirs: "running"}
+
+
+def test_the_orphan_hand_back_leaves_the_runs_this_worker_executes():
+    start_workflow_run("test.pure", {"a": 1, "b": 1})
+    run_id, _ = _claim("me")
+    assert claim.hand_back_orphans("default", "me", executing=[run_id]) == 0
+    assert WorkflowRun.objects.get(pk=run_id).status == "running"
