@@ -179,12 +179,14 @@ def test_a_slow_workflow_never_overlaps_itself(start_worker, overlap):
             "reason", flat=True
         )
     )
+    # A pass that comes late on a loaded machine also records the ticks it found
+    # superseded (catch_up); the ticks that met a running run are the overlap's.
     if overlap == "skip":
-        assert reasons == {"overlap"}
+        assert "overlap" in reasons and reasons <= {"overlap", "catch_up"}
         # Each run is for a tick that came while nothing ran: queued at once.
         assert all(r.created_at - r.scheduled_for < 2 * SECOND for r in runs)
     else:
-        assert reasons == {"buffer_full"}
+        assert "buffer_full" in reasons and reasons <= {"buffer_full", "catch_up"}
         # After the first, each run is the buffered tick, started when the previous ended.
         assert all(r.created_at - r.scheduled_for > SECOND for r in runs[1:])
         for earlier, later in itertools.pairwise(runs):
