@@ -205,6 +205,7 @@ class DatabaseCollector:
 
         from . import fleet
         from .kernel import db
+        from .kernel import schedules as schedule_passes
 
         up = GaugeMetricFamily("k2b_database_up", "1 when the last scrape could read the database.")
         try:
@@ -217,6 +218,7 @@ class DatabaseCollector:
         try:
             with conn.cursor() as cursor:
                 runs, depth, oldest, live = fleet.queue_counts(cursor)
+                late_schedules = schedule_passes.late_count(cursor)
         except Exception as exc:
             logger.warning("metrics: database query failed: %s", exc)
             up.add_metric([], 0)
@@ -244,6 +246,11 @@ class DatabaseCollector:
             value=runs.get("needs_attention", 0),
         )
         yield GaugeMetricFamily("k2b_live_workers", "Workers whose heartbeat is fresh.", value=live)
+        yield GaugeMetricFamily(
+            "k2b_schedules_late",
+            "Schedules whose next tick is overdue by more than SCHEDULE_MISSED_AFTER_MS.",
+            value=late_schedules,
+        )
 
 
 def serve(port: int, addr: str = "0.0.0.0", using: str | None = None) -> int:

@@ -56,8 +56,18 @@ def test_workflowstatus_reports_a_late_schedule_and_exits_1(k2b_clock):
     assert "LATE SCHEDULE nobody-fires-me" in err
     assert [s["schedule_id"] for s in report["late_schedules"]] == ["nobody-fires-me"]
     assert "LATE" in listing()
+    assert "k2b_schedules_late 1.0" in scrape()
     run_until_idle(timeout=30)
     assert status()[0] == 0
+    assert "k2b_schedules_late 0.0" in scrape()
+
+
+def scrape() -> str:
+    from django.test import RequestFactory
+
+    from k2b_workflows import metrics
+
+    return metrics.metrics_view(RequestFactory().get("/metrics")).content.decode()
 
 
 def database_warnings() -> list[checks.CheckMessage]:

@@ -416,6 +416,19 @@ class _Plan:
             reach *= 8
 
 
+#: How many schedules are late (the scrape's gauge; a cursor of its own connection).
+LATE_COUNT_SQL = """
+SELECT count(*) FROM k2b_schedule
+ WHERE enabled AND NOT paused AND next_fire_at < k2b_now() - %s * interval '1 millisecond'
+"""
+
+
+def late_count(cursor: Any) -> int:
+    """Late schedules, read through ``cursor`` (Django's or a raw psycopg one)."""
+    cursor.execute(LATE_COUNT_SQL, [store.schedule_missed_after_ms()])
+    return int(cursor.fetchone()[0])
+
+
 def late(using: str) -> list[tuple[str, str, dt.datetime, float]]:
     """(schedule id, workflow, when it was due, seconds late) of every late schedule."""
     return [
