@@ -58,7 +58,6 @@ ROWS_PER_PASS = 100
 #: Missed ticks counted one by one, at most, for the skip record of a long downtime.
 _COUNT_CAP = 10_000
 _MICROSECOND = dt.timedelta(microseconds=1)
-ACTIVE_STATUSES = ("queued", "running", "waiting", "needs_attention")
 #: Why a tick started no run (``WorkflowScheduleSkip.reason``).
 CATCH_UP, OVERLAP, BUFFER_FULL = "catch_up", "overlap", "buffer_full"
 
@@ -198,6 +197,7 @@ def run_pass(
             ):
                 continue  # a worker that has that version fires it
             result.rows += 1
+            counted = (result.started, dict(result.skipped), len(result.lags), len(skips))
             try:
                 # A savepoint per row: a row that cannot fire (an input grown past
                 # MAX_VALUE_BYTES, a workflow gone) must not hold back the others.
@@ -206,6 +206,9 @@ def run_pass(
             except (DatabaseNotMigrated, DatabaseUnavailable):
                 raise  # the database's state, not the row's
             except WorkflowError as exc:
+                # Its savepoint rolled back: so does what was counted for it.
+                result.started, result.skipped = counted[0], counted[1]
+                del result.lags[counted[2] :], skips[counted[3] :]
                 logger.error("schedule %s cannot fire and was disabled: %s", row.schedule_id, exc)
                 db.execute(using, DISABLE_SQL, [f"cannot fire: {exc}"[:300], row.id])
         if skips:
