@@ -540,7 +540,7 @@ class Worker:
         """
         if time.monotonic() < self._claims_paused_until:
             return 0
-        if not self.keeper.ready:
+        if not self.keeper.ready and not self.keeper.connect():
             # Nothing claimed may go unrenewed: wait for the keeper's connection.
             if not self._keeper_waiting:
                 logger.warning(

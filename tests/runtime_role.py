@@ -57,6 +57,36 @@ def runtime() -> Iterator[str]:
             cursor.execute(f'DROP ROLE "{role}"')
 
 
+AUDITOR = "k2b_auditor"
+# A mirror of the test database too, whose USER the fixture sets to a role that
+# may only read.
+connections.settings.setdefault(
+    AUDITOR, {**connections.settings["default"], "TEST": {"MIRROR": "default"}}
+)
+
+
+@pytest.fixture
+def auditor():
+    """An alias connected as a role that may only read the app's tables."""
+    role = f"k2b_ro_{uuid.uuid4().hex[:12]}"
+    alias = AUDITOR
+    with connection.cursor() as cursor:
+        cursor.execute(f'CREATE ROLE "{role}" LOGIN NOSUPERUSER')
+        cursor.execute(f'GRANT USAGE ON SCHEMA public TO "{role}"')
+        cursor.execute(f'GRANT SELECT ON ALL TABLES IN SCHEMA public TO "{role}"')
+    connections[alias].close()
+    connections[alias].settings_dict.update(
+        NAME=connections["default"].settings_dict["NAME"], USER=role, PASSWORD=""
+    )
+    try:
+        yield alias
+    finally:
+        connections[alias].close()
+        with connection.cursor() as cursor:
+            cursor.execute(f'DROP OWNED BY "{role}"')
+            cursor.execute(f'DROP ROLE "{role}"')
+
+
 def as_runtime(sql: str, params: list | None = None) -> None:
     """Run one statement as the runtime role, in a transaction of its own."""
     with transaction.atomic(using=RUNTIME), connections[RUNTIME].cursor() as cursor:

@@ -9,12 +9,10 @@ caught at the claim before any step sees it, and a changed end by
 from __future__ import annotations
 
 import io
-import uuid
 
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
-from django.db import connection, connections
 from django.test import Client
 
 from k2b_workflows import EFFECT_CONFIRMED, resolve_effect, start_workflow_run, workflow
@@ -24,7 +22,7 @@ from k2b_workflows.store import EFFECT_OUTCOME_UNKNOWN, INTEGRITY_CHAIN_BROKEN
 from k2b_workflows.testing import run_until_idle
 from tests import runtime_role
 from tests.models import ProviderCall
-from tests.runtime_role import RUNTIME, as_runtime
+from tests.runtime_role import AUDITOR, RUNTIME, as_runtime
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", RUNTIME])
 
@@ -187,34 +185,7 @@ def test_the_admin_shows_a_tampered_run_as_tampered(runtime):
     assert ">tampered<" in page and "does not match its seal" in page
 
 
-AUDITOR = "k2b_auditor"
-# Declared at import, as tests/runtime_role.py declares its alias: a mirror of the
-# test database whose USER the fixture sets.
-connections.settings.setdefault(
-    AUDITOR, {**connections.settings["default"], "TEST": {"MIRROR": "default"}}
-)
-
-
-@pytest.fixture
-def auditor():
-    """An alias connected as a role that may only read the app's tables."""
-    role = f"k2b_ro_{uuid.uuid4().hex[:12]}"
-    alias = AUDITOR
-    with connection.cursor() as cursor:
-        cursor.execute(f'CREATE ROLE "{role}" LOGIN NOSUPERUSER')
-        cursor.execute(f'GRANT USAGE ON SCHEMA public TO "{role}"')
-        cursor.execute(f'GRANT SELECT ON ALL TABLES IN SCHEMA public TO "{role}"')
-    connections[alias].close()
-    connections[alias].settings_dict.update(
-        NAME=connections["default"].settings_dict["NAME"], USER=role, PASSWORD=""
-    )
-    try:
-        yield alias
-    finally:
-        connections[alias].close()
-        with connection.cursor() as cursor:
-            cursor.execute(f'DROP OWNED BY "{role}"')
-            cursor.execute(f'DROP ROLE "{role}"')
+auditor = runtime_role.auditor
 
 
 @pytest.mark.django_db(transaction=True, databases=["default", AUDITOR])
@@ -227,3 +198,25 @@ def test_verifyworkflows_runs_as_a_read_only_auditor(auditor):
     with pytest.raises(CommandError, match="1 broken"):
         call_command("verifyworkflows", "--database", auditor, stdout=out)
     assert f"BROKEN {bad.pk}" in out.getvalue() and str(good.pk) not in out.getvalue()
+
+
+def test_the_migration_seals_runs_started_before_seals_as_they_are():
+    import importlib
+
+    from django.apps import apps
+    from django.db import connection
+
+    migration = importlib.import_module(
+        "k2b_workflows.migrations.0014_pinned_functions_and_run_seals"
+    )
+    done = start_workflow_run("test.charge", {"amount": 5})
+    run_until_idle()
+    queued = start_workflow_run("test.pure", {"a": 1, "b": 2}, principal={"user": 1})
+    WorkflowRun.objects.update(start_seal="", end_seal="")
+    assert all(seals.problem(run) for run in WorkflowRun.objects.all())
+    with connection.schema_editor() as editor:
+        migration.seal_existing_runs(apps, editor)
+    for run in WorkflowRun.objects.all():
+        assert seals.problem(run) is None, run
+    assert WorkflowRun.objects.get(pk=done.pk).end_seal != ""
+    assert WorkflowRun.objects.get(pk=queued.pk).end_seal == ""

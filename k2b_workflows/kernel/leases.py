@@ -51,6 +51,7 @@ class LeaseKeeper:
     #: Held while a tick talks to the database (see ``paused``).
     _ticking: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
+    _connecting: threading.Lock = field(default_factory=threading.Lock)
     _thread: threading.Thread | None = None
     _conn: Any = None
 
@@ -125,6 +126,16 @@ class LeaseKeeper:
         conn = self._conn
         return conn is not None and not conn.closed
 
+    def connect(self) -> bool:
+        """Hold a connection now if there is none (the claim loop asks before claiming);
+        False when none can be had."""
+        try:
+            self._connection()
+        except Exception as exc:
+            logger.debug("lease keeper: no connection: %s", exc)
+            return False
+        return True
+
     def start(self) -> None:
         """Connect (before the worker's first claim), then renew in the background."""
         with contextlib.suppress(Exception):  # the loop reconnects and says why
@@ -145,9 +156,11 @@ class LeaseKeeper:
                 conn.close()
 
     def _connection(self) -> Any:
-        if self._conn is None or self._conn.closed:
-            self._conn = db.autocommit_connection(self.using)
-        return self._conn
+        # The keeper's thread and the claim loop (``connect``) both open it: once.
+        with self._connecting:
+            if self._conn is None or self._conn.closed:
+                self._conn = db.autocommit_connection(self.using)
+            return self._conn
 
     def _loop(self) -> None:
         last_renew = 0.0
