@@ -24,17 +24,20 @@ XDIST = -n $(TEST_WORKERS) --dist load --maxschedchunk 1
 # and stops the recipe if no database could be had.
 WITH_DB = url="$$($(PY) scripts/dbenv.py)" || exit $$?; export DATABASE_URL="$$url";
 
-.PHONY: help venv db db-stop demo serve test test-fast mutants lint format bench bench-quick compare soak docs docs-serve clean distclean
+.PHONY: help venv db db-stop demo serve screenshots test test-pgbouncer test-fast mutants lint format bench bench-quick bench-overview compare soak docs docs-serve clean distclean
 
 help:
 	@echo "make demo      set everything up and run the demo workflows with real workers"
 	@echo "make serve     run the example site (admin at http://127.0.0.1:8000/admin/)"
+	@echo "make screenshots  the docs' admin pictures (docs/images/), from the demo in headless Chromium"
 	@echo "make test      run the test suite on PostgreSQL in TEST_WORKERS=4 processes (PYTEST_ARGS='-k foo')"
 	@echo "make test-fast the suite without crash, slow and browser tests (the inner loop)"
+	@echo "make test-pgbouncer the crash, waits, survive and hot-path tests through PgBouncer (POOL_MODE=session)"
 	@echo "make mutants   remove each named guard in a copy of the tree; fail if no test notices"
 	@echo "make lint      ruff check, ruff format --check, mypy, and no missing migration"
 	@echo "make format    ruff format and ruff check --fix"
 	@echo "make bench     run bench/run.py (full; bench-quick: under a minute)"
+	@echo "make bench-overview time the admin's overview on 1,000,000 runs"
 	@echo "make compare   the same workload on DBOS and Procrastinate (needs the bench extra)"
 	@echo "make soak      the quick soak (SOAK_ARGS= for the long one: 2000 runs, ~10 min)"
 	@echo "make docs      build the documentation site into build/site (strict: a warning fails)"
@@ -68,8 +71,20 @@ demo: venv db
 serve: venv db
 	@$(WITH_DB) $(PY) manage.py migrate --noinput && $(PY) manage.py runserver
 
+# Needs chromium and chromedriver (Debian: apt-get install chromium chromium-driver).
+screenshots: venv db
+	@$(WITH_DB) $(PY) scripts/screenshots.py
+
 test: venv db
 	@$(WITH_DB) $(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+
+# The crash, waits, survive and hot-path tests with the database through a PgBouncer
+# of their own (tests/pgbouncer.py), POOL_MODE=transaction (the documented
+# settings) or session.
+POOL_MODE ?= transaction
+POOLED_TESTS = tests/test_crash.py tests/test_waits.py tests/test_survive.py tests/test_hot_path.py
+test-pgbouncer: venv db
+	@$(WITH_DB) $(PY) -m tests.pgbouncer $(POOL_MODE) -- $(PY) -m pytest $(XDIST) $(POOLED_TESTS) $(PYTEST_ARGS)
 
 # The inner loop: no killed workers, no soak, no stress, no browser.
 test-fast: venv db
@@ -97,6 +112,9 @@ bench: venv db
 
 bench-quick: venv db
 	@$(WITH_DB) $(PY) bench/run.py --quick
+
+bench-overview: venv db
+	@$(WITH_DB) $(PY) bench/overview.py
 
 compare: venv db
 	$(PY) -m pip install -q -e '.[bench]'

@@ -26,6 +26,10 @@ so that ratios hold even when the machine is shared and absolute numbers are not
 - **Wake latency**: runs park on gates; the bench commits "open the gate + wake"
   and notes when COMMIT returned; the woken action notes ``time.time()`` first.
   One idle worker process listening, on the same machine (same clock).
+- **Result latency**: a caller thread in the bench process waits with
+  ``wait_for_workflow_run`` on a parked run; the bench opens its gate; the
+  latency is the caller's return (``time.time()``) minus the run's
+  ``finished_at`` (``--results-only`` measures only this).
 - **Fan-out**: one parent starts ``--fanout`` children (each one step charged
   to the root's budget); the lag is the parent's end minus the last child's end.
 - **Processes**: the PURE workload drained by 1, 2, 4 worker processes at once,
@@ -137,6 +141,7 @@ class Bench:
     def __init__(self, url: str, args: argparse.Namespace) -> None:
         self.url = url
         self.args = args
+        self.waited: dict[str, float] = {}
         base = urlsplit(url).path.lstrip("/") or "k2b"
         self.db = f"{base}_bench"
         self.pgbench_db = f"{base}_pgbench"
@@ -271,9 +276,77 @@ class Bench:
                         time.sleep(0.002)
                 latencies.append((started - committed) * 1000)
                 time.sleep(random.uniform(0.02, 0.05))  # idle again before the next wake
+            self.waited = self.result_latency(proc)
         finally:
             proc.terminate()
             proc.communicate(timeout=60)
+        return {
+            "n": len(latencies),
+            "p50": statistics.median(latencies),
+            "p99": percentile(latencies, 0.99),
+            "max": max(latencies),
+        }
+
+    def result_latency(self, proc: subprocess.Popen | None = None) -> dict[str, float]:
+        """From a run's end to ``wait_for_workflow_run`` returning, in another process.
+
+        Runs park on gates; a caller thread waits on one run at a time, the bench
+        opens its gate, the worker ends the run, and the latency is the caller's
+        ``time.time()`` at return minus the run's ``finished_at`` (the database's
+        time of the ending statement, on the same machine: a little before its
+        commit, so this is an upper bound).
+        """
+        import random
+
+        from django.db import connection, connections, transaction
+
+        from k2b_workflows import start_workflow_run, wait_for_workflow_run
+        from k2b_workflows import wake_workflow_runs_waiting_on as wake
+        from k2b_workflows.models import WorkflowRun
+        from k2b_workflows.results import listener
+
+        n = self.args.wakes
+        with transaction.atomic():
+            runs = [start_workflow_run("bench.wait", {"key": f"r{i}"}) for i in range(n)]
+        own = proc is None
+        if proc is None:  # --results-only; otherwise the wake bench's worker, still running
+            proc = self.worker("--concurrency", str(self.args.threads))
+        latencies: list[float] = []
+        try:
+            deadline = time.monotonic() + 120
+            while (
+                WorkflowRun.objects.filter(pk__in=[r.pk for r in runs], status="waiting").count()
+                < n
+            ):
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("runs did not all park")
+                time.sleep(0.1)
+            for i, run in enumerate(runs):
+                returned: list[float] = []
+
+                def waiter(run_id: Any = run.pk, returned: list[float] = returned) -> None:
+                    wait_for_workflow_run(run_id, timeout=60)
+                    returned.append(time.time())
+                    connections.close_all()
+
+                thread = threading.Thread(target=waiter)
+                thread.start()
+                listener.listening.wait(30)
+                time.sleep(random.uniform(0.02, 0.05))  # the caller is waiting, idle
+                with transaction.atomic():
+                    with connection.cursor() as cursor:
+                        cursor.execute("INSERT INTO bench_gate (key) VALUES (%s)", [f"r{i}"])
+                    wake(app_id="bench", kind="gate", key=f"r{i}")
+                thread.join(90)
+                if not returned:
+                    raise RuntimeError(f"the wait for run {run.pk} never returned")
+                finished = WorkflowRun.objects.get(pk=run.pk).finished_at
+                latencies.append((returned[0] - finished.timestamp()) * 1000)
+        finally:
+            if own:
+                proc.terminate()
+                proc.communicate(timeout=60)
+            listener.stop()
         return {
             "n": len(latencies),
             "p50": statistics.median(latencies),
@@ -592,6 +665,15 @@ class Bench:
             self.say("- Other processes may share this machine: compare ratios, not absolutes.")
             self.say()
 
+            if args.results_only:
+                waited = self.result_latency()
+                self.say(
+                    f"Result latency ({waited['n']} waits, run's end -> wait_for_workflow_run "
+                    f"returns): median {waited['p50']:.2f} ms, p99 {waited['p99']:.2f} ms."
+                )
+                result.update(result_p50_ms=round(waited["p50"], 2))
+                result.update(result_p99_ms=round(waited["p99"], 2))
+                return result
             if not args.quick:
                 self.burst()  # warm the caches once
             idle, _, _ = self.burst()
@@ -607,6 +689,10 @@ class Bench:
             )
             wake = self.wake_latency()
             result.update(wake_p50_ms=round(wake["p50"], 2), wake_p99_ms=round(wake["p99"], 2))
+            waited = self.waited
+            result.update(
+                result_p50_ms=round(waited["p50"], 2), result_p99_ms=round(waited["p99"], 2)
+            )
             result["fanout"] = self.fanout()
             result["process_threads"] = args.process_threads
             result["processes"] = {
@@ -660,6 +746,11 @@ class Bench:
         self.say(
             f"Wake latency ({a.wakes} wakes, commit of the wake -> woken step starts): "
             f"median {r['wake_p50_ms']} ms, p99 {r['wake_p99_ms']} ms."
+        )
+        self.say()
+        self.say(
+            f"Result latency ({a.wakes} waits, run's end -> `wait_for_workflow_run` returns "
+            f"in another process): median {r['result_p50_ms']} ms, p99 {r['result_p99_ms']} ms."
         )
         self.say()
         f = r["fanout"]
@@ -720,6 +811,11 @@ def main() -> None:
         default=0,
         help="schedules of the bench's workflows present (none due) while it runs (0)",
     )
+    parser.add_argument(
+        "--results-only",
+        action="store_true",
+        help="only the result latency (wait_for_workflow_run), with --wakes waits",
+    )
     args = parser.parse_args()
     quick = args.quick
     # Quick keeps the full run's classes (300 runs, about two seconds each): with
@@ -739,7 +835,7 @@ def main() -> None:
         sys.exit("DATABASE_URL is not set (make bench sets it)")
     bench = Bench(url, args)
     result = bench.main()
-    if not quick:
+    if not quick and not args.results_only:
         RESULTS.write_text("\n".join(bench.lines) + "\n")
         print(f"written to {RESULTS.relative_to(ROOT)}")
     print(json.dumps(result, sort_keys=True))

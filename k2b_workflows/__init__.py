@@ -24,6 +24,8 @@ from .exceptions import (
     StepFailed,
     UnknownWorkflow,
 )
+from .limits import Concurrency, RateLimit
+from .retries import Retry
 from .schedules import Schedule
 from .workflows import workflow
 
@@ -38,6 +40,11 @@ _LAZY = {
     "retry_workflow_run": "control",
     "start_workflow_run": "control",
     "wake_workflow_runs_waiting_on": "control",
+    "acancel_workflow_run": "aio",
+    "astart_workflow_run": "aio",
+    "await_workflow_run": "results",
+    "awake_workflow_runs_waiting_on": "aio",
+    "wait_for_workflow_run": "results",
     "DryRunReport": "dryrun",
     "dry_run": "dryrun",
     "ai_provider": "kernel.ai",
@@ -45,6 +52,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
+    from .aio import acancel_workflow_run, astart_workflow_run, awake_workflow_runs_waiting_on
     from .control import (
         EFFECT_ABSENT,
         EFFECT_CONFIRMED,
@@ -59,6 +67,7 @@ if TYPE_CHECKING:
     )
     from .dryrun import DryRunReport, dry_run
     from .kernel.ai import ai_provider
+    from .results import await_workflow_run, wait_for_workflow_run
     from .scheduling import schedule_workflow
 
 
@@ -75,6 +84,7 @@ __all__ = [
     "EFFECT_ABSENT",
     "EFFECT_CONFIRMED",
     "Action",
+    "Concurrency",
     "DatabaseNotMigrated",
     "Dependency",
     "DryRunReport",
@@ -85,13 +95,19 @@ __all__ = [
     "InvalidSchedule",
     "LeaseLost",
     "NotRetryable",
+    "RateLimit",
     "ResolutionRefused",
+    "Retry",
     "RunCanceled",
     "Schedule",
     "StepFailed",
     "UnknownWorkflow",
+    "acancel_workflow_run",
     "ai_provider",
     "ambiguous",
+    "astart_workflow_run",
+    "await_workflow_run",
+    "awake_workflow_runs_waiting_on",
     "cancel_workflow_run",
     "count_child_workflow_runs",
     "create_child_workflow_runs",
@@ -104,6 +120,7 @@ __all__ = [
     "start_workflow_run",
     "succeeded",
     "unknown",
+    "wait_for_workflow_run",
     "waiting",
     "wake_workflow_runs_waiting_on",
     "workflow",

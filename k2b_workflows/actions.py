@@ -12,18 +12,37 @@ import enum
 import hashlib
 import inspect
 import json
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from . import validation
 from .exceptions import HookNotDefined, InvalidInput
+from .limits import RateLimit, check_rate_limit
+from .retries import Retry, action_declared, check_policy
 
 if TYPE_CHECKING:
     from .kernel.context import StepContext
 
 
 class Effect(enum.StrEnum):
-    """What the kernel may do with a step after a crash."""
+    """What the kernel may do with a step after a crash (docs/effects.md has the table).
+
+    Members, weakest first:
+
+    - ``PURE``: no effect outside the workflow; run again freely.
+    - ``TRANSACTIONAL``: writes to the run's database in ``ctx.tx``, committed
+      with the journal entry, or rolled back with it.
+    - ``IDEMPOTENT``: an effect elsewhere that the provider (or your dedup
+      table) deduplicates by ``ctx.effect_key``; run again with the same key.
+    - ``EXTERNAL``: an effect elsewhere that may not be repeated: a "dispatched"
+      ledger entry commits first; after a crash ``reconcile()`` or an operator
+      decides.
+    - ``IRREVERSIBLE``: as EXTERNAL, and refused unless the step pins
+      ``approval_ref``.
+    - ``SNAPSHOT_RESTORE``: as EXTERNAL, and refused unless the step pins
+      ``backup_ref``.
+    """
 
     PURE = "pure"
     TRANSACTIONAL = "transactional"
@@ -51,7 +70,22 @@ MAX_WAIT = dt.timedelta(days=36_525)
 
 @dataclass(frozen=True)
 class Dependency:
-    """What a waiting step waits for: ``(app_id, kind, key)``, with an optional deadline."""
+    """What a waiting step waits for: ``(app_id, kind, key)``, with an optional deadline.
+
+    ``kind`` (at most 200 characters) and ``key`` (at most 500) are non-empty
+    strings naming the rendezvous; the app is the run's own. ``deadline`` is
+    one of:
+
+    - ``None``: wait until woken, however long;
+    - a ``datetime.timedelta``: that long from now on the kernel's clock
+      (``ctx.now()``), e.g. ``timedelta(hours=24)``;
+    - a ``datetime.datetime``: that moment (a naive one is read in Django's
+      current time zone).
+
+    When the deadline passes the run is queued again and the step runs again
+    with the same ``effect_key`` and ``ctx.deadline_passed`` True: a deadline
+    never fails a step by itself. Anything else is ``InvalidInput``.
+    """
 
     kind: str
     key: str
@@ -221,20 +255,30 @@ class Action:
     is ``module.QualifiedClassName``, so renaming or moving the class makes
     journaled runs nondeterministic; ``manage.py check`` warns about it.
 
-    Hooks are plain functions called by the worker thread: ``cost`` (cheap,
-    side-effect free), ``plan`` (dry runs), ``authorize`` (just before the
-    effect), ``run`` (the effect) and ``reconcile`` (after an unknown outcome).
+    Hooks are called by the worker thread: ``cost`` (cheap, side-effect free),
+    ``plan`` (dry runs), ``authorize`` (just before the effect), ``run`` (the
+    effect) and ``reconcile`` (after an unknown outcome). ``plan``,
+    ``authorize``, ``run`` and ``reconcile`` may be ``async def`` (not ``cost``,
+    nor a TRANSACTIONAL ``run``): see ``kernel/hooks.py``.
     """
 
     name: ClassVar[str] = ""
-    #: Required on every concrete subclass (no default: see the class docstring).
+    """Stable and unique, e.g. ``"mail.send"``: the journal records it and replay compares it."""
     effect: ClassVar[Effect]
+    """Required on every concrete subclass (no default: see the class docstring)."""
     #: True on a base class that only exists to be subclassed (set by ``abstract=True``).
     abstract: ClassVar[bool] = True
-    #: Part of the definition hash: bump it when ``run`` changes meaning.
     version: ClassVar[int] = 1
-    #: Seconds the worker keeps renewing the lease while ``run`` executes (None: the setting).
+    """Part of the definition hash: bump it when ``run`` changes meaning."""
     timeout: ClassVar[float | None] = None
+    """Seconds the worker keeps renewing the lease while ``run`` executes (None: the
+    ``ACTION_TIMEOUT_MS`` setting)."""
+    #: How this action's steps are retried (``retries.Retry``); None: the workflow's
+    #: policy, else the settings.
+    retry: ClassVar[Retry | None] = None
+    #: Dispatches of this action allowed per window, across every worker (None: unlimited).
+    #: With ``rate_limit_key`` defined, one limit per key it returns.
+    rate_limit: ClassVar[RateLimit | None] = None
 
     def __init_subclass__(cls, abstract: bool = False, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -248,21 +292,75 @@ class Action:
             )
         if effect is not None and not isinstance(effect, Effect):
             raise TypeError(f"{cls.__name__}.effect must be an Effect, not {effect!r}")
+        policy = check_policy(cls.__dict__.get("retry"), f"{cls.__name__}.retry")
+        if policy is not None:
+            action_declared(policy)
+        if effect == Effect.TRANSACTIONAL and inspect.iscoroutinefunction(cls.__dict__.get("run")):
+            # run() writes through ctx.tx, this thread's connection inside the kernel's
+            # transaction, which a coroutine cannot use without leaving the thread.
+            raise InvalidInput(
+                f"{cls.__name__}.run must be a plain def, not async def: a TRANSACTIONAL "
+                "action writes in the kernel's transaction on the worker thread"
+            )
+        if inspect.iscoroutinefunction(cls.__dict__.get("cost")):
+            # cost() is charged before dispatch, in the kernel's own transaction and
+            # in dry runs: it must be a cheap synchronous computation.
+            raise InvalidInput(
+                f"{cls.__name__}.cost must be a plain def, not async def: it is computed "
+                "synchronously before the step's effect (run, reconcile, authorize and plan "
+                "may be coroutines)"
+            )
+        check_rate_limit(cls.__name__, cls.__dict__.get("rate_limit"))
 
     def cost(self, input: Any) -> dict[str, int]:
+        """Units this step charges to the root run's ``effect_budget``, e.g. ``{"emails": 1}``.
+
+        Cheap and side-effect free: it runs before every dispatch and in dry
+        runs. Charged once per step, however often the step runs. Omitted: no
+        charge.
+        """
         return {}
 
-    def plan(self, ctx: StepContext, input: Any) -> Result:
+    def plan(self, ctx: StepContext, input: Any) -> Result | Awaitable[Result]:
+        """Dry runs only: what ``run`` would do, without doing it.
+
+        Return ``succeeded({..., "planned": True}, summary="...")``. Required for
+        every action that is not PURE (``manage.py check`` warns, W010).
+        """
         raise HookNotDefined(f"{type(self).__name__} defines no plan(): dry runs need one")
 
-    def authorize(self, ctx: StepContext, input: Any) -> Result | None:
+    def authorize(self, ctx: StepContext, input: Any) -> Result | Awaitable[Result | None] | None:
+        """Called just before the effect (and in dry runs): refuse it or return None.
+
+        Raise ``django.core.exceptions.PermissionDenied`` or return
+        ``failed(message, code="FORBIDDEN")``: the run fails ``FORBIDDEN``,
+        never retried. ``ctx.principal`` is who started the run.
+        """
         return None
 
-    def run(self, ctx: StepContext, input: Any) -> Result:
+    def run(self, ctx: StepContext, input: Any) -> Result | Awaitable[Result]:
+        """The effect. Return ``succeeded``, ``failed``, ``waiting`` or ``ambiguous``.
+
+        ``waiting`` only before any effect happened; an action that may have
+        caused one returns ``ambiguous``. After an EXTERNAL dispatch an
+        exception is an unknown outcome, not a failure (docs/effects.md).
+        """
         raise HookNotDefined(f"{type(self).__name__} defines no run()")
 
-    def reconcile(self, ctx: StepContext, input: Any) -> Result:
+    def reconcile(self, ctx: StepContext, input: Any) -> Result | Awaitable[Result]:
+        """EXTERNAL and stronger, after an unknown outcome: did the effect happen?
+
+        Look it up at the provider by ``ctx.effect_key`` and return
+        ``succeeded(output)`` (it happened), ``failed(...)`` (it did not: the
+        step fails), ``waiting(...)`` (the provider says "pending": ask again on
+        a wake or the deadline) or ``unknown()`` (an operator decides).
+        Without this hook the run needs an operator.
+        """
         raise HookNotDefined(f"{type(self).__name__} defines no reconcile()")
+
+    def rate_limit_key(self, input: Any) -> str:
+        """Optional with ``rate_limit``: the key one limit counts under (an API key's id)."""
+        raise HookNotDefined(f"{type(self).__name__} defines no rate_limit_key()")
 
     # -- introspection the kernel relies on --
 

@@ -22,7 +22,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
-from . import admin_views, store
+from . import admin_overview, admin_views, store
 from .admin_display import (
     format_duration,
     incident_answers,
@@ -156,6 +156,13 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
                     "updated_at",
                     "finished_at",
                 ),
+            },
+        ),
+        (
+            "Flow control",
+            {
+                "classes": ["collapse"],
+                "fields": ("concurrency_key", "holds_slot", "priority", "deferred_by"),
             },
         ),
         (
@@ -331,6 +338,16 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
                 "dry-run/",
                 wrap(lambda request: admin_views.dry_run_view(self, request)),
                 name=f"{prefix}_dry_run",
+            ),
+            path(
+                "concurrency-key/",
+                wrap(lambda request: admin_views.concurrency_key_view(self, request)),
+                name=f"{prefix}_concurrency_key",
+            ),
+            path(
+                "overview/",
+                wrap(lambda request: admin_overview.overview_view(self, request)),
+                name=f"{self.opts.app_label}_overview",
             ),
             *(
                 path(

@@ -14,7 +14,7 @@ from django.urls import reverse
 
 from . import store
 from .control import RESOLVABLE_CODES, count_child_workflow_runs
-from .kernel import clock
+from .kernel import clock, flow
 from .models import (
     BudgetAccount,
     BudgetCharge,
@@ -269,7 +269,19 @@ def run_page_context(run: WorkflowRun) -> dict[str, Any]:
         "child_counts": {k: v for k, v in counts.items() if v and k != "total"},
         "child_total": counts.get("total", 0),
         "is_root": run.parent_id is None,
+        "queued_reason": flow.why_queued(store.database(), run),
+        "key_url": concurrency_key_url(run.workflow_name, run.concurrency_key)
+        if run.concurrency_key is not None
+        else "",
     }
+
+
+def concurrency_key_url(workflow_name: str, key: str) -> str:
+    """The per-key page: a key's active runs and the runs queued behind it."""
+    from django.utils.http import urlencode
+
+    query = urlencode({"workflow": workflow_name, "key": key})
+    return f"{reverse('admin:k2b_workflows_workflowrun_concurrency_key')}?{query}"
 
 
 def incident_answers(run: WorkflowRun, ledger: list[LedgerEntry]) -> list[LedgerEntry]:

@@ -22,7 +22,8 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from .admin_display import incident_answers, incident_dispatch
+from . import store
+from .admin_display import concurrency_key_url, incident_answers, incident_dispatch
 from .control import (
     EFFECT_CONFIRMED,
     RESOLVABLE_CODES,
@@ -40,6 +41,7 @@ from .exceptions import (
     UnknownWorkflow,
 )
 from .forms import DECISION_CHOICES, DryRunForm, ReasonForm, ResolutionForm
+from .kernel import flow
 from .models import TERMINAL_STATUSES, LedgerEntry, RunStatus, WorkflowRun
 from .redaction import redact
 
@@ -181,6 +183,12 @@ def resolve_incident_view(
     return TemplateResponse(request, "admin/k2b_workflows/resolve.html", context)
 
 
+def resolution_message(step: int | None, decision: str, evidence: str) -> str:
+    """The admin log's message for a resolution; ``manage.py workflowrun resolve`` writes it too."""
+    label = dict(DECISION_CHOICES)[decision].split(":")[0]
+    return f"Resolved step {step} ({label.lower()}): {evidence}"
+
+
 def _apply_resolution(
     model_admin: ModelAdmin, request: HttpRequest, run: WorkflowRun, form: ResolutionForm
 ) -> HttpResponse | None:
@@ -218,9 +226,7 @@ def _apply_resolution(
         return None
     label = dict(DECISION_CHOICES)[decision].split(":")[0]
     model_admin.log_change(
-        request,
-        resolved,
-        f"Resolved step {run.attention_step} ({label.lower()}): {data['evidence']}",
+        request, resolved, resolution_message(run.attention_step, decision, data["evidence"])
     )
     after = (
         "the run continues with the confirmed output"
@@ -387,3 +393,35 @@ def dry_run_view(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
         else [],
     )
     return TemplateResponse(request, "admin/k2b_workflows/dry_run.html", context)
+
+
+# Concurrency keys --------------------------------------------------------------------------
+
+
+def concurrency_key_view(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
+    """One concurrency key: who holds its slots, and who is queued behind it, in line order."""
+    if not can_view_runs(request):
+        raise PermissionDenied
+    workflow_name = request.GET.get("workflow", "")
+    key = request.GET.get("key", "")
+    if not workflow_name or not key:
+        raise Http404("a key page needs ?workflow=...&key=...")
+    view = flow.key_runs(store.database(), workflow_name, key)
+    with connection_for_runs().cursor() as cursor:
+        busiest = flow.busiest_keys(cursor, limit=20)
+    context = _admin_context(
+        model_admin,
+        request,
+        title=f"Concurrency key {key!r} of {workflow_name}",
+        key_view=view,
+        active=[(row, run_url(row["id"])) for row in view["active"]],
+        queued=[(row, run_url(row["id"])) for row in view["queued"]],
+        busiest=[(row, concurrency_key_url(row["workflow_name"], row["key"])) for row in busiest],
+    )
+    return TemplateResponse(request, "admin/k2b_workflows/concurrency_key.html", context)
+
+
+def connection_for_runs() -> Any:
+    from django.db import connections
+
+    return connections[store.database()]

@@ -13,9 +13,14 @@ class K2BWorkflowsConfig(AppConfig):
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
         from .redaction import install_log_filter
+        from .testdb import record_test_database
 
         # What the kernel logs is scrubbed like what it stores (secrets in URLs).
         install_log_filter()
+
+        # The test runner migrates each test database it creates: those, and
+        # only those, may be flushed past the append-only guards (testdb.py).
+        post_migrate.connect(record_test_database, sender=self, dispatch_uid="k2b_test_db")
 
         # Each installed app's ``workflows`` module defines its actions and
         # workflows, as ``admin.py`` modules register admin classes.

@@ -238,6 +238,38 @@ def check_runtime_role(app_configs: Any = None, databases: Any = None, **kwargs:
     ]
 
 
+@register(Tags.database)
+def check_replication(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list:
+    """Warn when the primary has only asynchronous standbys: a failover can repeat an effect.
+
+    The ledger's "dispatched" entry commits before an EXTERNAL call; a failover
+    that loses that commit leaves the kernel no trace of the call, and it calls
+    again. Silence with ``SILENCED_SYSTEM_CHECKS = ["k2b_workflows.W020"]`` once
+    that window is accepted (docs/high-availability.md).
+    """
+    alias = store.database()
+    if not databases or alias not in databases or connections[alias].vendor != "postgresql":
+        return []
+    from django.db import DatabaseError
+
+    from . import topology
+
+    try:
+        setup = topology.replication(alias)
+    except DatabaseError:
+        return []
+    if not setup.repeats_possible:
+        return []
+    return [
+        Warning(
+            f"database {alias!r}: {setup.describe()}",
+            hint="Set synchronous_standby_names on the primary (docs/high-availability.md), or "
+            "accept the window and silence this check.",
+            id=topology.ASYNC_STANDBY_CHECK,
+        )
+    ]
+
+
 # Tagged "database": it reads the schedule table (``check --database``, ``migrate``).
 # Warnings, not errors: an error would stop the very ``migrate`` that fixes it.
 @register(Tags.database)
@@ -267,7 +299,7 @@ def check_schedules(app_configs: Any = None, databases: Any = None, **kwargs: An
                     f"{label} is disabled: {row.disabled_reason}",
                     hint="delete it in the admin, or declare it again",
                     obj=row,
-                    id="k2b_workflows.W022",
+                    id="k2b_workflows.W032",
                 )
             )
             continue
@@ -277,14 +309,14 @@ def check_schedules(app_configs: Any = None, databases: Any = None, **kwargs: An
                     f"{label}: the @workflow decorator no longer declares it",
                     hint="`migrate` disables it (it fires nothing once disabled)",
                     obj=row,
-                    id="k2b_workflows.W022",
+                    id="k2b_workflows.W032",
                 )
             )
         try:
             row.spec()
         except InvalidSchedule as exc:
             problems.append(
-                Warning(f"{label}: {exc.field}: {exc}", obj=row, id="k2b_workflows.W020")
+                Warning(f"{label}: {exc.field}: {exc}", obj=row, id="k2b_workflows.W030")
             )
         try:
             get_workflow(row.workflow_name, row.workflow_version)
@@ -294,7 +326,7 @@ def check_schedules(app_configs: Any = None, databases: Any = None, **kwargs: An
                     f"{label}: workflow: {exc}",
                     hint="no worker can fire its ticks until that workflow (version) is deployed",
                     obj=row,
-                    id="k2b_workflows.W021",
+                    id="k2b_workflows.W031",
                 )
             )
     return problems

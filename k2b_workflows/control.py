@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 from django.core.exceptions import PermissionDenied
 from django.db import connections, transaction
 
-from . import signals, store, validation
+from . import signals, store, tracing, validation
 from .actions import to_json_value
 from .dedup import insert_values
 from .exceptions import (
@@ -23,10 +23,11 @@ from .exceptions import (
     ResolutionRefused,
     StepFailed,
 )
-from .kernel import children, clock, db, seals, waits, witness
+from .kernel import children, clock, db, flow, seals, waits, witness
 from .kernel import evidence as chain
 from .kernel.budgets import BudgetExceeded
 from .kernel.context import StepContext
+from .limits import Strategy
 from .models import (
     TERMINAL_STATUSES,
     BudgetAccount,
@@ -61,17 +62,25 @@ def start_workflow_run(
     principal: Any = None,
     parent: WorkflowRun | Any = None,
     version: int | None = None,
+    concurrency_key: str | None = None,
+    priority: int = 0,
+    run_after: Any = None,
     schedule_id: str | None = None,
     scheduled_for: Any = None,
 ) -> WorkflowRun:
     """Queue a run of workflow ``name``. The same ``idempotency_key`` returns the same run.
 
     The run is pinned to ``version`` (default: the newest registered here) for
-    its whole life. ``schedule_id`` and ``scheduled_for`` are set by schedule
-    passes (``kernel/schedules.py``) and the admin's "run now". Raises
-    ``UnknownWorkflow`` or ``InvalidInput`` before creating anything,
-    ``IdempotencyConflict`` when the key names a run started with another
-    input, and ``DatabaseNotMigrated`` when the app's tables are missing.
+    its whole life. ``concurrency_key`` (for a workflow declaring
+    ``concurrency=Concurrency(...)``) limits the active runs sharing it;
+    ``priority`` (0 to 1000, higher first, aged by ``PRIORITY_AGING_MS``) orders
+    claims; ``run_after`` (an aware datetime) delays the first claim.
+    ``schedule_id`` and ``scheduled_for`` are set by schedule passes
+    (``kernel/schedules.py``) and the admin's "run now".
+
+    Raises ``UnknownWorkflow`` or ``InvalidInput`` before creating anything,
+    ``IdempotencyConflict`` when the key names a run started with another input,
+    and ``DatabaseNotMigrated`` when the app's tables are missing.
     """
     validation.text(name, "the workflow name", max_length=200)
     validation.integer(version, "version", minimum=1, maximum=validation.MAX_INT, optional=True)
@@ -83,65 +92,149 @@ def start_workflow_run(
     if idempotency_key is not None:
         validation.text(idempotency_key, "idempotency_key", max_length=255)
     parent_id = None if parent is None else validation.run_id(parent, "parent")
+    now = clock.now()
+    flow_fields = flow.start_fields(
+        definition,
+        concurrency_key=concurrency_key,
+        priority=priority,
+        run_after=run_after,
+        now=now,
+    )
+    # Set on the run by _start with the flow fields: which schedule's tick started it.
+    flow_fields["schedule_id"] = schedule_id
+    flow_fields["scheduled_for"] = scheduled_for
     using = store.database()
+    if concurrency_key is not None:
+        # A keyed start may cancel holders or count them under the key's lock:
+        # that and the insert commit together.
+        with db.schema_required(), transaction.atomic(using=using):
+            return _start(
+                using,
+                name,
+                input,
+                definition,
+                idempotency_key,
+                principal,
+                parent_id,
+                now,
+                flow_fields,
+            )
     with db.schema_required():
-        parent_run = None
-        if parent_id is not None:
-            parent_run = WorkflowRun.objects.using(using).filter(pk=parent_id).first()
-            if parent_run is None:
-                raise InvalidInput(f"parent run {parent_id} does not exist")
-        run_id = uuid.uuid4()
-        now = clock.now()
-        run = WorkflowRun(
-            id=run_id,
-            workflow_name=name,
-            workflow_version=definition.version,
-            app_id=definition.app_id,
-            status=RunStatus.QUEUED,
-            input=input,
-            idempotency_key=idempotency_key,
-            principal=principal,
-            run_after=now,
-            created_at=now,
-            updated_at=now,
-            parent=parent_run,
-            root_id=(parent_run.root_id or parent_run.id) if parent_run else run_id,
-            schedule_id=schedule_id,
-            scheduled_for=scheduled_for,
-            **chain.initial_anchors(run_id),
+        return _start(
+            using, name, input, definition, idempotency_key, principal, parent_id, now, flow_fields
         )
-        run.start_seal = seals.start_seal(run)
-        budget = None
+
+
+def _start(
+    using: str,
+    name: str,
+    input: Any,
+    definition: Any,
+    idempotency_key: str | None,
+    principal: Any,
+    parent_id: Any,
+    now: Any,
+    flow_fields: dict[str, Any],
+) -> WorkflowRun:
+    parent_run = None
+    if parent_id is not None:
+        parent_run = WorkflowRun.objects.using(using).filter(pk=parent_id).first()
         if parent_run is None:
-            budget = BudgetAccount(
-                root_id=run_id,
-                effect_budget=definition.effect_budget,
-                max_ai_calls=definition.max_ai_calls,
-                max_steps=definition.max_steps,
+            raise InvalidInput(f"parent run {parent_id} does not exist")
+    run_id = uuid.uuid4()
+    run = WorkflowRun(
+        id=run_id,
+        workflow_name=name,
+        workflow_version=definition.version,
+        app_id=definition.app_id,
+        status=RunStatus.QUEUED,
+        input=input,
+        idempotency_key=idempotency_key,
+        principal=principal,
+        created_at=now,
+        updated_at=now,
+        timeout_at=definition.timeout_at(now),
+        parent=parent_run,
+        root_id=(parent_run.root_id or parent_run.id) if parent_run else run_id,
+        # The caller's W3C trace context: whichever worker runs it continues the trace.
+        trace_context=tracing.capture() if tracing.ENABLED else None,
+        **chain.initial_anchors(run_id),
+        **flow_fields,
+    )
+    run.start_seal = seals.start_seal(run)
+    key = flow_fields.get("concurrency_key")
+    if key is not None and definition.concurrency is not None:
+        if idempotency_key is not None:
+            # A repeated start must not cancel (or be refused by) the runs of its key.
+            existing = _existing_run(using, name, idempotency_key, input, principal)
+            if existing is not None:
+                return existing
+        strategy = definition.concurrency.strategy
+        if strategy == Strategy.CANCEL_NEWEST and not flow.has_room(using, definition, key):
+            run.status = RunStatus.CANCELED
+            run.error_code = store.CONCURRENCY_LIMITED
+            run.error_message = (
+                f"concurrency_key {key!r} already has {definition.concurrency.limit} "
+                "active run(s) (cancel_newest)"
             )
-        if not _insert_run(using, run, budget):
-            if idempotency_key is None:
-                raise AssertionError("run was not created")
-            # ON CONFLICT DO NOTHING without a target, then read by key: two
-            # concurrent starts with one key never raise a unique violation.
-            existing = WorkflowRun.objects.using(using).get(
-                workflow_name=name, idempotency_key=idempotency_key
-            )
-            if existing.principal != principal:
-                # Neither the run nor whose it is: the key names another principal's run.
-                raise IdempotencyConflict(
-                    f"idempotency_key {idempotency_key!r} of {name} is already used by "
-                    "another principal",
-                    None,
+            run.finished_at = now
+            # Born ended: sealed as every end is (kernel/seals.py).
+            run.end_seal = seals.end_seal(run_id, "canceled", store.CONCURRENCY_LIMITED, 0)
+        elif strategy == Strategy.CANCEL_IN_PROGRESS:
+            for holder in flow.holders_to_cancel(using, definition, key):
+                cancel_workflow_run(
+                    holder,
+                    f"canceled by a newer run with concurrency_key {key!r} (cancel_in_progress)",
                 )
-            if existing.input != input:
-                raise IdempotencyConflict(
-                    f"idempotency_key {idempotency_key!r} already started run {existing.id} "
-                    "with a different input",
-                    existing.id,
-                )
-            return existing
+    budget = None
+    if parent_run is None:
+        budget = BudgetAccount(
+            root_id=run_id,
+            effect_budget=definition.effect_budget,
+            max_ai_calls=definition.max_ai_calls,
+            max_steps=definition.max_steps,
+        )
+    if not _insert_run(using, run, budget):
+        if idempotency_key is None:
+            raise AssertionError("run was not created")
+        # ON CONFLICT DO NOTHING without a target, then read by key: two
+        # concurrent starts with one key never raise a unique violation.
+        existing = _existing_run(using, name, idempotency_key, input, principal)
+        assert existing is not None
+        return existing
+    if run.status == RunStatus.CANCELED:
+        transaction.on_commit(lambda: witness.ended(run_id, "canceled", 0, 0, None), using=using)
+    if key is not None:
+        # The insert's trigger admitted it to a slot, or not.
+        run.holds_slot = (
+            WorkflowRun.objects.using(using).filter(pk=run_id).values_list("holds_slot", flat=True)
+        )[0]
     return run
+
+
+def _existing_run(
+    using: str, name: str, idempotency_key: str, input: Any, principal: Any
+) -> WorkflowRun | None:
+    existing = (
+        WorkflowRun.objects.using(using)
+        .filter(workflow_name=name, idempotency_key=idempotency_key)
+        .first()
+    )
+    if existing is None:
+        return None
+    if existing.principal != principal:
+        # Neither the run nor whose it is: the key names another principal's run.
+        raise IdempotencyConflict(
+            f"idempotency_key {idempotency_key!r} of {name} is already used by another principal",
+            None,
+        )
+    if existing.input != input:
+        raise IdempotencyConflict(
+            f"idempotency_key {idempotency_key!r} already started run {existing.id} "
+            "with a different input",
+            existing.id,
+        )
+    return existing
 
 
 def _insert_run(using: str, run: WorkflowRun, budget: BudgetAccount | None) -> bool:
@@ -182,7 +275,15 @@ def cancel_workflow_run(run_id: Any, reason: str) -> WorkflowRun:
     if not isinstance(reason, str) or not reason.strip():
         raise InvalidInput("cancel_workflow_run() needs a reason")
     validation.long_text(reason, "the cancel reason")
-    run_id = validation.run_id(run_id)
+    return cancel_run(validation.run_id(run_id), reason)
+
+
+def cancel_run(
+    run_id: uuid.UUID, reason: str, *, code: str = store.CANCELED, overdue: bool = False
+) -> WorkflowRun:
+    """``cancel_workflow_run`` with its error code; with ``overdue``, only a run whose
+    ``timeout_at`` has passed and that is still queued, running or waiting, checked
+    under its lock (the timeout sweep, ``timeouts.py``)."""
     using = store.database()
 
     def cancel() -> WorkflowRun:
@@ -190,6 +291,13 @@ def cancel_workflow_run(run_id: Any, reason: str) -> WorkflowRun:
         if row is None:
             raise WorkflowRun.DoesNotExist(f"no run {run_id}")
         if row[0] in TERMINAL_STATUSES:
+            return WorkflowRun.objects.using(using).get(pk=run_id)
+        if overdue and not db.fetchall(
+            using,
+            """SELECT 1 FROM k2b_run WHERE id = %s AND timeout_at <= k2b_now()
+                  AND status IN ('queued', 'running', 'waiting')""",
+            [run_id],
+        ):
             return WorkflowRun.objects.using(using).get(pk=run_id)
         canceled = db.fetchall(
             using,
@@ -202,7 +310,7 @@ def cancel_workflow_run(run_id: Any, reason: str) -> WorkflowRun:
                 WHERE id IN (SELECT id FROM tree)
                   AND status NOT IN ('succeeded', 'failed', 'canceled')
                RETURNING id, workflow_name, generation""",
-            [run_id, store.CANCELED, reason],
+            [run_id, code, reason],
         )
         ids = [r[0] for r in canceled]
         db.execute(
@@ -211,7 +319,7 @@ def cancel_workflow_run(run_id: Any, reason: str) -> WorkflowRun:
                  FROM unnest(%s::uuid[], %s::text[]) AS s(id, seal) WHERE r.id = s.id""",
             [
                 ids,
-                seals.end_seals((i, "canceled", store.CANCELED, gen) for i, _, gen in canceled),
+                seals.end_seals((i, "canceled", code, gen) for i, _, gen in canceled),
             ],
         )
         for canceled_id, _, generation in canceled:
@@ -226,7 +334,7 @@ def cancel_workflow_run(run_id: Any, reason: str) -> WorkflowRun:
                 run_id=canceled_id,
                 workflow_name=workflow_name,
                 status="canceled",
-                error_code=store.CANCELED,
+                error_code=code,
             )
         db.execute(
             using,
@@ -259,7 +367,10 @@ def wake_workflow_runs_waiting_on(*, app_id: str, kind: str, key: str) -> int:
         if not isinstance(value, str) or not value:
             raise InvalidInput(f"{what} must be a non-empty string")
         validation.text(value, what, max_length=length)
-    return waits.wake(store.database(), app_id=app_id, kind=kind, key=key)
+    woken = waits.wake(store.database(), app_id=app_id, kind=kind, key=key)
+    if tracing.ENABLED:
+        tracing.woke(app_id=app_id, kind=kind, woken=woken)
+    return woken
 
 
 def notify_workflow_worker(app_id: str) -> None:
@@ -432,6 +543,8 @@ def resolve_effect(
                       run_after = k2b_now(), updated_at = k2b_now() WHERE id = %s""",
             [run_id],
         )
+    if tracing.ENABLED:
+        tracing.decided(run, decision, step)
     return WorkflowRun.objects.using(using).get(pk=run_id)
 
 
@@ -494,4 +607,6 @@ def retry_workflow_run(run_id: Any, *, actor: Any, reason: str = "") -> Workflow
                 WHERE id = %s""",
             [run_id],
         )
+    if tracing.ENABLED:
+        tracing.decided(run, "retry", run.attention_step)
     return WorkflowRun.objects.using(using).get(pk=run_id)

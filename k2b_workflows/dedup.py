@@ -29,6 +29,11 @@ def insert_once(
 ) -> tuple[M, bool]:
     """Insert ``model(key=key, **values)`` unless a row with ``key`` exists.
 
+    ``model`` needs a field named ``key`` under a unique constraint (the
+    demo's ``OutboxEmail``: ``key = models.CharField(max_length=200,
+    unique=True)``); ``values`` name its other fields, stored on insert and
+    compared with the row found otherwise. Fields left out are not compared.
+
     Returns ``(row, created)``. Raises ``DedupConflict`` when no row with that
     key exists afterwards (another key holds another unique constraint) or when
     the row under ``key`` has other values. Run it under READ COMMITTED: under

@@ -30,7 +30,7 @@ from .actions import (
     validate_result,
 )
 from .exceptions import InvalidInput, StepFailed, Suspend, UnknownWorkflow
-from .kernel import ai
+from .kernel import ai, hooks
 from .kernel.budgets import AI_CALLS, validate_cost
 from .kernel.context import StepContext
 from .models import WorkflowRun
@@ -112,6 +112,17 @@ class _DryExecution:
         self.next_seq += 1
         return True
 
+    def sleep(self, duration: Any = None, until: Any = None) -> None:
+        """A dry run does not wait: the timer is checked and passes at once (taking its
+        step number, as in execution)."""
+        from .kernel import timers
+
+        self.next_seq += 1
+        if duration is not None:
+            timers.check_duration(duration)
+        else:
+            timers.check_instant(until)
+
     def deprecate_patch(self, patch_id: str) -> None:
         """A new run journals no marker for a deprecated patch."""
 
@@ -147,7 +158,7 @@ class _DryExecution:
             self._error(f"step {seq} ({name}): cost() failed: {exc}")
         if action.defines("authorize"):
             try:
-                denial = action.authorize(ctx, input)
+                denial = hooks.call(action.authorize, ctx, input)
             except PermissionDenied as exc:
                 denial = Failed(str(exc) or "permission denied", store.FORBIDDEN)
             if isinstance(denial, Failed):
@@ -161,7 +172,7 @@ class _DryExecution:
         self.ai_calls = 0
         try:
             result = validate_result(
-                getattr(action, hook)(ctx, input), (Succeeded, Failed, Waiting), hook
+                hooks.call(getattr(action, hook), ctx, input), (Succeeded, Failed, Waiting), hook
             )
         except InvalidResult as exc:
             self._error(f"step {seq} ({name}): {exc}")

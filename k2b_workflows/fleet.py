@@ -28,7 +28,7 @@ from typing import Any
 from django.db import connections
 
 from . import metrics, store
-from .kernel import db
+from .kernel import db, flow
 from .workflows import registered_versions
 
 logger = logging.getLogger("k2b_workflows.fleet")
@@ -235,6 +235,8 @@ def status(using: str | None = None) -> dict[str, Any]:
                 GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"""
         )
         queued = cursor.fetchall()
+        busiest = flow.busiest_keys(cursor, limit=5)
+        behind, _ = flow.flow_counts(cursor)
     workers = live_workers(using)
     servable = {
         (c["name"], int(c["version"]), c["app_id"]) for w in workers for c in w["workflows"]
@@ -259,4 +261,6 @@ def status(using: str | None = None) -> dict[str, Any]:
         "open_incidents": counts.get("needs_attention", 0),
         "live_workers": workers,
         "unserved": unserved,
+        "queued_behind_keys": behind,
+        "busiest_keys": busiest,
     }

@@ -100,6 +100,11 @@ def _create() -> None:
             "Answers of reconcile() after a doubted external effect.",
             ["answer"],
         ),
+        rate_deferrals=Counter(
+            "k2b_rate_limit_deferrals",
+            "Steps deferred because their action's rate limit was full, by action.",
+            ["action"],
+        ),
         reconnects=Counter(
             "k2b_db_reconnects",
             "Database connections re-opened after an error, by component.",
@@ -168,6 +173,12 @@ def count_reconcile_answer(answer: str) -> None:
 
 
 @_never_raises
+def count_rate_deferral(action: str) -> None:
+    if (deferrals := _get("rate_deferrals")) is not None:
+        deferrals.labels(action=action).inc()
+
+
+@_never_raises
 def count_db_reconnect(component: str) -> None:
     """Count one database reconnection of ``component`` (the heartbeat, the listener, ...)."""
     if (reconnects := _get("reconnects")) is not None:
@@ -204,7 +215,7 @@ class DatabaseCollector:
         from prometheus_client.core import GaugeMetricFamily
 
         from . import fleet
-        from .kernel import db
+        from .kernel import db, flow
         from .kernel import schedules as schedule_passes
 
         up = GaugeMetricFamily("k2b_database_up", "1 when the last scrape could read the database.")
@@ -219,6 +230,7 @@ class DatabaseCollector:
             with conn.cursor() as cursor:
                 runs, depth, oldest, live = fleet.queue_counts(cursor)
                 late_schedules = schedule_passes.late_count(cursor)
+                behind, keys = flow.flow_counts(cursor)
         except Exception as exc:
             logger.warning("metrics: database query failed: %s", exc)
             up.add_metric([], 0)
@@ -250,6 +262,16 @@ class DatabaseCollector:
             "k2b_schedules_late",
             "Schedules whose next tick is overdue by more than SCHEDULE_MISSED_AFTER_MS.",
             value=late_schedules,
+        )
+        yield GaugeMetricFamily(
+            "k2b_queued_behind_key",
+            "Queued runs waiting for a slot of their concurrency key.",
+            value=behind,
+        )
+        yield GaugeMetricFamily(
+            "k2b_keys_with_queue",
+            "Concurrency keys with at least one run queued behind them.",
+            value=keys,
         )
 
 

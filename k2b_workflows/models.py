@@ -21,7 +21,20 @@ from django.db import models
 from django.utils import timezone
 
 from .actions import Effect
-from .triggers import GuardedFSM, GuardedProtect, Notify, append_only
+from .triggers import (
+    GuardedFSM,
+    GuardedProtect,
+    Notify,
+    NotifyEnded,
+    SlotAdmit,
+    SlotRelease,
+    append_only,
+)
+
+#: The channel a run's end is announced on, with the run's id as payload.
+ENDED_CHANNEL = NotifyEnded.channel
+#: The statuses ``wait_for_workflow_run`` returns for: the run will not move on its own.
+SETTLED_STATUSES = ("succeeded", "failed", "canceled", "needs_attention")
 
 
 class RunStatus(models.TextChoices):
@@ -59,6 +72,17 @@ RUN_TRANSITIONS = [
 _EFFECT_CHOICES = [(e.value, e.name.replace("_", " ").lower()) for e in Effect]
 
 
+class QueueOrder(models.Func):
+    """``k2b_queue_order(run_after, priority_credit_ms)``: where a queued run stands in line.
+
+    Its ``run_after`` moved earlier by its priority's credit, so that the claim
+    walks one index in this order (created by migration 0016; see ``kernel/flow.py``).
+    """
+
+    function = "k2b_queue_order"
+    output_field = models.DateTimeField()
+
+
 class WorkflowRun(models.Model):
     """One execution of a workflow: queued, claimed under a lease, parked, finished."""
 
@@ -91,6 +115,19 @@ class WorkflowRun(models.Model):
     #: The step whose effect an operator must resolve (``needs_attention`` only).
     attention_step = models.IntegerField(null=True, blank=True)
 
+    # Flow control (``kernel/flow.py``): a run's key, its workflow's limit when it
+    # started, whether it holds one of the key's slots, and its place in line.
+    # NULL, not "": runs without a key are not limited.
+    concurrency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    concurrency_limit = models.IntegerField(null=True, blank=True)
+    holds_slot = models.BooleanField(default=False)
+    priority = models.IntegerField(default=0)
+    #: ``priority`` x ``PRIORITY_AGING_MS`` when the run started: how much earlier
+    #: than its ``run_after`` it stands in line.
+    priority_credit_ms = models.BigIntegerField(default=0)
+    #: The rate limit key that last deferred the run ("" if none did).
+    deferred_by = models.CharField(max_length=500, blank=True, default="")
+
     # Tree of runs: children are normal runs created by a parent's step.
     # No index of its own: k2b_run_child_once (parent, parent_step, child_index)
     # serves every lookup by parent, and most runs have none.
@@ -115,11 +152,17 @@ class WorkflowRun(models.Model):
     wait_deadline = models.DateTimeField(null=True, blank=True)
     waiting_since = models.DateTimeField(null=True, blank=True)
     wait_step = models.IntegerField(null=True, blank=True)
+    #: The action of the step that parked at ``wait_step``: a parked step has no
+    #: journal entry, so this is what replay compares a changed workflow with.
+    wait_action = models.CharField(max_length=200, blank=True, default="")
     wait_signal_seq = models.BigIntegerField(default=0)
 
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
+    #: Its workflow's ``timeout`` after the start: not ended by then, it is canceled
+    #: with ``WORKFLOW_TIMEOUT`` (``timeouts.py``). None: no timeout.
+    timeout_at = models.DateTimeField(null=True, blank=True)
 
     #: The ``WorkflowSchedule.schedule_id`` that started the run, and the tick it
     #: ran for; NULL for runs started otherwise. A string, not a foreign key: a
@@ -135,6 +178,13 @@ class WorkflowRun(models.Model):
     #: started with, and how it ended (status, output, error code, generation).
     start_seal = models.CharField(max_length=100, blank=True, default="", editable=False)
     end_seal = models.CharField(max_length=100, blank=True, default="", editable=False)
+
+    #: The W3C trace context of the code that started the run (``traceparent``,
+    #: ``tracestate``) and of the newest attempt (``attempt``, ``attempt_generation``):
+    #: the run's spans join the caller's trace on whichever worker runs it, and an
+    #: attempt after a takeover links to the one that died (``tracing.py``). NULL
+    #: when nothing was tracing.
+    trace_context = models.JSONField(null=True, blank=True, editable=False)
 
     class Meta:
         db_table = "k2b_run"
@@ -160,10 +210,37 @@ class WorkflowRun(models.Model):
             ),
         ]
         indexes = [
+            # The claim's walk: claimable queued runs in line order (``kernel/flow.py``).
+            # A keyed run without a slot is not in it, so a backlog behind busy keys
+            # costs the claim nothing.
+            models.Index(
+                QueueOrder("run_after", "priority_credit_ms"),
+                condition=models.Q(status="queued")
+                & (models.Q(concurrency_key__isnull=True) | models.Q(holds_slot=True)),
+                name="k2b_run_queued",
+            ),
+            # When the next delayed run with a priority is due (its line order is earlier).
             models.Index(
                 fields=["run_after"],
-                condition=models.Q(status="queued"),
-                name="k2b_run_queued",
+                condition=models.Q(status="queued", priority_credit_ms__gt=0)
+                & (models.Q(concurrency_key__isnull=True) | models.Q(holds_slot=True)),
+                name="k2b_run_queued_priority",
+            ),
+            # Slot holders per key: what admission counts, under the key's lock.
+            models.Index(
+                fields=["workflow_name", "concurrency_key"],
+                condition=models.Q(holds_slot=True),
+                name="k2b_run_slots",
+            ),
+            # Runs waiting for a slot, per key, in line order: who admission takes next.
+            models.Index(
+                "workflow_name",
+                "concurrency_key",
+                QueueOrder("run_after", "priority_credit_ms"),
+                condition=models.Q(
+                    status="queued", holds_slot=False, concurrency_key__isnull=False
+                ),
+                name="k2b_run_behind_key",
             ),
             # Running runs, keyed by id and not by lease_expires_at: a step's fenced
             # write (``WHERE id = ... AND status = 'running'``) finds its row through
@@ -186,6 +263,22 @@ class WorkflowRun(models.Model):
                 name="k2b_run_deadline",
             ),
             models.Index(fields=["status", "created_at"], name="k2b_run_status"),
+            # The overview's throughput and error codes, and retention's oldest first:
+            # index-only over the window, whatever the size of the table.
+            models.Index(
+                fields=["finished_at"],
+                include=["status", "error_code"],
+                condition=models.Q(finished_at__isnull=False),
+                name="k2b_run_finished",
+            ),
+            # The timeout sweep's walk: only runs with a timeout that may still move.
+            models.Index(
+                fields=["timeout_at"],
+                condition=models.Q(
+                    timeout_at__isnull=False, status__in=["queued", "running", "waiting"]
+                ),
+                name="k2b_run_timeout",
+            ),
             # A schedule's runs, newest tick first (its admin page), and the ones
             # not ended yet (overlap). Partial: runs started otherwise have no entry,
             # so neither an enqueue nor a status change of theirs pays for them.
@@ -217,10 +310,40 @@ class WorkflowRun(models.Model):
                 operation=pgtrigger.Update,
                 condition=pgtrigger.Q(new__generation__lt=pgtrigger.F("old__generation")),
             ),
+            SlotRelease(
+                name="slot_release",
+                condition=pgtrigger.Q(old__holds_slot=True)
+                & pgtrigger.Q(new__status__in=[str(s) for s in TERMINAL_STATUSES]),
+            ),
+            SlotAdmit(
+                name="slot_admit_insert",
+                operation=pgtrigger.Insert,
+                condition=pgtrigger.Q(new__concurrency_key__isnull=False)
+                & pgtrigger.Q(new__status="queued"),
+            ),
+            SlotAdmit(
+                name="slot_admit_update",
+                operation=pgtrigger.Update,
+                condition=pgtrigger.Q(new__concurrency_key__isnull=False)
+                & pgtrigger.Q(new__holds_slot=False)
+                & (
+                    pgtrigger.Q(old__holds_slot=True)
+                    | (
+                        pgtrigger.Q(new__status="queued")
+                        & pgtrigger.Q(old__status__df=pgtrigger.F("new__status"))
+                    )
+                ),
+            ),
             Notify(
                 name="notify_queued_insert",
                 operation=pgtrigger.Insert,
                 condition=pgtrigger.Q(new__status="queued"),
+            ),
+            NotifyEnded(
+                name="notify_ended",
+                operation=pgtrigger.Update,
+                condition=pgtrigger.Q(new__status__in=SETTLED_STATUSES)
+                & pgtrigger.Q(old__status__df=pgtrigger.F("new__status")),
             ),
             Notify(
                 name="notify_queued_update",
@@ -564,6 +687,75 @@ class WorkerRecord(models.Model):
 
     def __str__(self) -> str:
         return self.worker_id
+
+
+class RateDispatch(models.Model):
+    """One admitted dispatch of a rate-limited action: what the sliding window counts.
+
+    Reserved in a committed transaction before the effect, stamped with the
+    database's clock just before ``run()`` (``kernel/flow.py``). Rows older than
+    the window are deleted by the next admission of their key.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    #: ``<action name>`` or ``<action name>:<rate_limit_key(input)>``.
+    limit_key = models.CharField(max_length=500)
+    #: When ``run()`` was about to be called; NULL while only reserved (it counts
+    #: as a call made now until it is stamped).
+    at = models.DateTimeField(null=True, blank=True)
+    reserved_at = models.DateTimeField()
+    #: The run's fence at the reservation: an unstamped one of an older life is void.
+    generation = models.BigIntegerField()
+    run = models.ForeignKey(
+        WorkflowRun,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,
+        related_name="+",
+    )
+    seq = models.IntegerField()
+
+    class Meta:
+        db_table = "k2b_rate_dispatch"
+        ordering = ["-at"]
+        verbose_name = "rate-limited dispatch"
+        indexes = [models.Index(fields=["limit_key", "at"], name="k2b_rate_dispatch_key_at")]
+
+    def __str__(self) -> str:
+        return f"{self.limit_key} at {self.at}"
+
+
+class OverviewMinute(models.Model):
+    """Runs started or finished in one minute that is over, per status and error code.
+
+    The admin's overview counts each minute from the runs table once, when it
+    has been over for a while, and reads it from here afterwards: the page's
+    cost is the last few minutes', however many runs the window holds. A row
+    of kind ``rolled`` marks a minute as counted (a minute with no runs has no
+    other row). Not evidence: the runtime role deletes rows older than two days.
+    """
+
+    class Kind(models.TextChoices):
+        STARTED = "started"
+        FINISHED = "finished"
+        ROLLED = "rolled"
+
+    minute = models.DateTimeField()
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    status = models.CharField(max_length=20, blank=True, default="")
+    error_code = models.CharField(max_length=100, blank=True, default="")
+    count = models.BigIntegerField()
+
+    class Meta:
+        db_table = "k2b_overview_minute"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["minute", "kind", "status", "error_code"], name="k2b_overview_minute_once"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.minute:%Y-%m-%d %H:%M} {self.kind} {self.status} {self.count}"
 
 
 # Schedules live in a module of their own; they are models of this app all the same.

@@ -5,6 +5,11 @@ installing the package, so it never changes a suite that did not ask)::
 
     pytest_plugins = ["k2b_workflows.pytest_plugin"]
 
+or with ``addopts = -p k2b_workflows.pytest_plugin`` in ``pytest.ini``. Tests
+marked ``django_db(transaction=True)`` need neither: the app's ``flush``
+command empties the append-only tables on the test database
+(``k2b_workflows.testdb``).
+
 Fixtures (each undoes itself at teardown, whatever the test did):
 
 ``k2b_clock``

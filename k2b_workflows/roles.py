@@ -23,9 +23,29 @@ _FORBIDDEN = ("UPDATE", "DELETE", "TRUNCATE")
 #: Tables whose rows the runtime role removes itself: workers purge the fleet
 #: rows of stopped or lost workers as they beat (``fleet.py``), and wait
 #: rendezvous nobody consumed in their housekeeping (``kernel/waits.py``).
-#: Neither holds evidence. And schedules an operator deletes in the admin, with
-#: their skipped-tick records (their runs stay). Nothing else.
-RUNTIME_DELETES = ("k2b_schedule", "k2b_schedule_skip", "k2b_wait", "k2b_worker")
+#: Rate-limited dispatches older than their window go with the next admission of
+#: their key (``kernel/flow.py``), and the admin's overview drops its per-minute
+#: counts older than two days (``overview.py``). None holds evidence. And schedules
+#: an operator deletes in the admin, with their skipped-tick records (their runs
+#: stay). Nothing else.
+RUNTIME_DELETES = (
+    "k2b_overview_minute",
+    "k2b_rate_dispatch",
+    "k2b_schedule",
+    "k2b_schedule_skip",
+    "k2b_wait",
+    "k2b_worker",
+)
+#: The kernel's SQL functions (migrations 0009 and 0016): statements and triggers
+#: call them as the runtime role.
+KERNEL_FUNCTIONS = (
+    ("k2b_now", ""),
+    ("k2b_queue_order", "timestamptz, bigint"),
+    ("k2b_flow_holders", "text, text"),
+    ("k2b_flow_admit", "text, text, integer"),
+    ("k2b_rate_admit", "text, integer, bigint, uuid, integer, bigint"),
+    ("k2b_rate_stamp", "bigint"),
+)
 
 
 def kernel_tables() -> list[str]:
@@ -88,9 +108,14 @@ def grant_statements(role: str, using: str) -> list[sql.Composed]:
         )
     # Every statement of the kernel reads the time through it. PUBLIC may execute
     # functions by default, but a hardened database revokes that default.
+    # The flow-control functions too: the slot triggers run them as the runtime role.
     statements.append(
-        sql.SQL("GRANT EXECUTE ON FUNCTION {}() TO {}").format(
-            sql.Identifier(schema, "k2b_now"), grantee
+        sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(
+            sql.SQL(", ").join(
+                sql.SQL("{}({})").format(sql.Identifier(schema, name), sql.SQL(args))
+                for name, args in KERNEL_FUNCTIONS
+            ),
+            grantee,
         )
     )
     return [s if isinstance(s, sql.Composed) else sql.Composed([s]) for s in statements]

@@ -23,7 +23,12 @@ from .models import WorkflowRun
 logger = logging.getLogger("k2b_workflows")
 
 run_needs_attention = Signal()
+"""Sent when a run stops for an operator: ``run_id``, ``workflow_name``, ``error_code``,
+``message``, ``step``. Page someone from a receiver."""
+
 run_finished = Signal()
+"""Sent when a run ends: ``run_id``, ``workflow_name``, ``status`` (succeeded, failed or
+canceled), ``error_code``."""
 
 
 def send_on_commit(signal: Signal, using: str, **kwargs: Any) -> None:

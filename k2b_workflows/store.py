@@ -73,6 +73,18 @@ key                            default     meaning
                                            is marked lost; None: three leases
 ``WORKER_PURGE_AFTER_MS``      604800000   rows of stopped or lost workers are deleted
                                            this long after their last heartbeat (7 days)
+``PRIORITY_AGING_MS``          60000       queueing this long counts as one level of
+                                           ``priority``: a run stands in line at
+                                           ``run_after - priority x PRIORITY_AGING_MS``
+                                           (taken when it starts), so a run of priority
+                                           0 waits at most ``p x PRIORITY_AGING_MS``
+                                           behind runs of priority ``p`` started later
+``RATE_LIMIT_MARGIN_MS``       100         a rate-limited dispatch occupies its window
+                                           for ``per`` plus this long: the window is
+                                           timed on PostgreSQL's clock as the dispatch
+                                           is admitted, and the provider sees the call
+                                           a commit later, a delay that varies from call
+                                           to call (0: windows of exactly ``per``)
 ``SCHEDULE_MAX_CATCH_UP``      100         ``catch_up="all"``: missed ticks one schedule
                                            pass starts per schedule, in order; the
                                            next pass goes on with the rest
@@ -134,6 +146,8 @@ WORKFLOW_AI_TASK_MAX_ATTEMPTS = 3
 WORKFLOW_MAX_RECONCILE_POLLS = 100
 WORKFLOW_WAKE_RETENTION_HOURS = 168
 WORKFLOW_WORKER_PURGE_AFTER_MS = 7 * 24 * 3600 * 1000
+WORKFLOW_PRIORITY_AGING_MS = 60_000
+WORKFLOW_RATE_LIMIT_MARGIN_MS = 100
 #: Missed ticks a schedule pass starts per schedule under ``catch_up="all"``.
 SCHEDULE_MAX_CATCH_UP = 100
 SCHEDULE_MISSED_AFTER_MS = 60_000
@@ -157,6 +171,12 @@ FAN_OUT_EXCEEDED = "FAN_OUT_EXCEEDED"
 EFFECT_OUTCOME_UNKNOWN = "EFFECT_OUTCOME_UNKNOWN"
 AI_TASK_FAILED = "AI_TASK_FAILED"
 CANCELED = "CANCELED"
+#: A run not ended within its workflow's ``timeout``: canceled (``timeouts.py``).
+WORKFLOW_TIMEOUT = "WORKFLOW_TIMEOUT"
+#: A ``cancel_newest`` start found its key's slots all taken.
+CONCURRENCY_LIMITED = "CONCURRENCY_LIMITED"
+#: ``rate_limit_key()`` raised or returned something that is not a key.
+INVALID_RATE_LIMIT_KEY = "INVALID_RATE_LIMIT_KEY"
 ACTION_FAILED = "ACTION_FAILED"
 
 DEFAULT_REDACT_KEYS: tuple[str, ...] = (
@@ -209,6 +229,8 @@ _DEFAULTS: dict[str, Any] = {
     "WORKER_HEARTBEAT_MS": None,
     "WORKER_LOST_AFTER_MS": None,
     "WORKER_PURGE_AFTER_MS": WORKFLOW_WORKER_PURGE_AFTER_MS,
+    "PRIORITY_AGING_MS": WORKFLOW_PRIORITY_AGING_MS,
+    "RATE_LIMIT_MARGIN_MS": WORKFLOW_RATE_LIMIT_MARGIN_MS,
     "SCHEDULE_MAX_CATCH_UP": SCHEDULE_MAX_CATCH_UP,
     "SCHEDULE_MISSED_AFTER_MS": SCHEDULE_MISSED_AFTER_MS,
     "SCHEDULE_PASS_INTERVAL_MS": SCHEDULE_PASS_INTERVAL_MS,
@@ -406,6 +428,14 @@ def worker_purge_after_ms() -> int:
 
 #: The LISTEN/NOTIFY channel. Fixed: the database triggers name it.
 CHANNEL = "k2b_workflows"
+
+
+def priority_aging_ms() -> int:
+    return int(_get("PRIORITY_AGING_MS"))
+
+
+def rate_limit_margin_ms() -> int:
+    return int(_get("RATE_LIMIT_MARGIN_MS"))
 
 
 def backoff_ms(failures: int) -> int:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import inspect
 import math
 import threading
 import time
@@ -42,7 +43,7 @@ from django.db.backends.signals import connection_created
 from django.test import override_settings
 
 from . import store
-from .kernel import ai, claim
+from .kernel import ai, claim, flow, hooks
 from .kernel import clock as kernel_clock
 from .kernel.execute import Execution
 from .kernel.leases import LeaseKeeper
@@ -87,7 +88,12 @@ def run_until_idle(
                 try:
                     stats[execution.execute()] += 1
                 except SimulatedCrash:
-                    _expire_lease(using, run_id, generation)
+                    # A dead process renews nothing: a renewal of the keeper's in
+                    # flight must not land after the expiry (seen on a loaded
+                    # machine: the run stayed "running" and run_until_idle returned).
+                    with keeper.paused():
+                        keeper.untrack(run_id)
+                        _expire_lease(using, run_id, generation)
                     stats["crashed"] += 1
                 stats["runs"] += 1
                 stats["steps"] += execution.steps_executed
@@ -133,7 +139,7 @@ def _next_retry_ms(using: str, worker: Worker) -> float | None:
     with connections[using].cursor() as cursor:
         cursor.execute(
             f"""SELECT EXTRACT(EPOCH FROM (min(run_after) - k2b_now())) * 1000 FROM k2b_run
-                 WHERE status = 'queued'
+                 WHERE status = 'queued' AND {flow.CLAIMABLE}
                    AND (workflow_name, workflow_version)
                        IN (SELECT * FROM unnest(%s::text[], %s::int[])) {app_filter}""",
             params,
@@ -194,6 +200,8 @@ def crash_after_effect(action: type, *, times: int = 1) -> Iterator[list[Any]]:
 
     def run(self: Any, ctx: Any, input: Any) -> Any:
         result = original(self, ctx, input)
+        if inspect.iscoroutine(result):  # an async def run(): its effect happens here
+            result = hooks.run_coroutine(result, ctx.canceled)
         if remaining[0] > 0:
             remaining[0] -= 1
             lost.append(result)

@@ -95,6 +95,24 @@ class Notify(PinnedTrigger):
         return f"PERFORM pg_catalog.pg_notify('{self.channel}', NEW.app_id); RETURN NULL;"
 
 
+class NotifyEnded(PinnedTrigger):
+    """``pg_notify`` the id of a run that just ended (or needs an operator).
+
+    In the trigger, not in the code that ends a run: every way a run ends (a
+    worker's batched end, a cancel, an operator's decision, a hand-written
+    ``UPDATE``) announces it, in the transaction that ends it and without a
+    statement of its own. A rolled-back end announces nothing; a waiter that
+    misses a notification (its connection was down) finds the end by polling
+    (``results.py``).
+    """
+
+    when = pgtrigger.After
+    channel = "k2b_run_ended"
+
+    def get_func(self, model: Any) -> str:
+        return f"PERFORM pg_catalog.pg_notify('{self.channel}', NEW.id::text); RETURN NULL;"
+
+
 class OwnerOnlyIgnore(PinnedTrigger):
     """Honour ``pgtrigger.ignore`` for the table's owner only (see ``OWNER_ONLY_IGNORE_SQL``).
 
@@ -141,3 +159,29 @@ def append_only(name: str) -> list[pgtrigger.Trigger]:
         GuardedProtect(name=name, operation=pgtrigger.Update | pgtrigger.Delete),
         RefuseTruncate(name=name.replace("append_only", "no_truncate")),
     ]
+
+
+class SlotRelease(PinnedTrigger):
+    """A run that ends gives its concurrency slot up, in the transaction that ends it.
+
+    On the row itself, so no path that ends a run (its last step, a failure, a
+    cancel, an operator's resolution, a hand-written ``UPDATE``) can keep it.
+    """
+
+    when = pgtrigger.Before
+    operation = pgtrigger.Update
+
+    def get_func(self, model: Any) -> str:
+        return "NEW.holds_slot := false; RETURN NEW;"
+
+
+class SlotAdmit(PinnedTrigger):
+    """A freed slot, or a keyed run newly queued without one: admit who is next for the key."""
+
+    when = pgtrigger.After
+
+    def get_func(self, model: Any) -> str:
+        return (
+            'PERFORM "public".k2b_flow_admit(NEW.workflow_name, NEW.concurrency_key, '
+            "NEW.concurrency_limit); RETURN NULL;"
+        )

@@ -42,11 +42,16 @@ def missing_code_reason(
     """Why no worker can continue a run of (``workflow_name``, ``version``); "" if one can.
 
     Without ``live`` the answer is about this process's registry; with the
-    pairs of the live workers it is about the fleet.
+    pairs of the live workers it is about the fleet. No pair at all means no
+    worker is running, and saying that a version is missing would send the
+    reader after a deploy problem that is not there.
     """
     if live is not None:
-        if (workflow_name, version) in set(live):
+        live = set(live)
+        if (workflow_name, version) in live:
             return ""
+        if not live:
+            return "no worker is running"
         return f"no live worker has code for version {version}"
     if (workflow_name, version) in registered_pairs():
         return ""

@@ -48,10 +48,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections, transaction
 from django.db.backends.signals import connection_created
 
-from . import fleet, metrics, store
+from . import fleet, metrics, store, timeouts
 from .exceptions import DatabaseNotMigrated, DatabaseUnavailable
 from .health import HealthFile
-from .kernel import ai, claim, db, waits, weather
+from .kernel import ai, claim, db, flow, waits, weather
 from .kernel import schedules as schedule_passes
 from .kernel.execute import Execution, Preloaded, preload, preload_statement, preloaded
 from .kernel.leases import LeaseKeeper
@@ -191,6 +191,7 @@ class Worker:
         self.start_up()
         if self.stopping.is_set():
             return
+        self._say_topology()
         names = self._workflows()
         logger.info(
             "worker %s: %d thread(s), apps %s, %d workflow version(s)%s",
@@ -278,6 +279,44 @@ class Worker:
             return
         if time.monotonic() - started > 1:
             self._notice("database reachable; starting")
+
+    def _say_topology(self) -> None:
+        """Say once which replication setup and which pooler problems this worker is on.
+
+        A primary with only asynchronous standbys is a warning (system check
+        ``k2b_workflows.W020``, which ``SILENCED_SYSTEM_CHECKS`` turns into an
+        info line): a failover there can repeat an effect dispatched in its last
+        moments. A failing probe is logged, never fatal: the worker runs on.
+        """
+        from django.conf import settings
+
+        from . import topology
+
+        try:
+            setup = topology.replication(self.using)
+            problems = topology.pooler_problems(
+                self.using, store.listen_database() if self.listen else None, store.lease_ms()
+            )
+        except Exception as exc:
+            logger.warning(
+                "worker %s: could not tell the database's topology: %s",
+                self.worker_id,
+                weather.describe(exc),
+            )
+            return
+        silenced = topology.ASYNC_STANDBY_CHECK in getattr(settings, "SILENCED_SYSTEM_CHECKS", [])
+        if setup.repeats_possible and not silenced:
+            logger.warning(
+                "worker %s: database %r: %s (%s)",
+                self.worker_id,
+                self.using,
+                setup.describe(),
+                topology.ASYNC_STANDBY_CHECK,
+            )
+        else:
+            logger.info("worker %s: database %r: %s", self.worker_id, self.using, setup.describe())
+        for problem in problems:
+            logger.warning("worker %s: %s", self.worker_id, problem)
 
     def _notice(self, line: str) -> None:
         logger.warning("worker %s: %s", self.worker_id, line)
@@ -703,8 +742,11 @@ class Worker:
             promoted = claim.promote_due_waits(self.using)
             ai.reap_expired(self.using)
             waits.purge_stale_rendezvous(self.using)
+            overdue = timeouts.overdue(self.using)
         if reaped:
             logger.warning("re-queued %d run(s) whose lease expired", reaped)
+        if overdue:
+            self.stats["timed_out"] += timeouts.cancel_overdue(self.using, overdue)
         self.stats["reaped"] += reaped
         self.stats["deadlines"] += promoted
 
@@ -756,7 +798,7 @@ class Worker:
                 f"""SELECT EXISTS (SELECT 1 FROM k2b_run
                      WHERE (workflow_name, workflow_version)
                            IN (SELECT * FROM unnest(%s::text[], %s::int[])) {app_filter}
-                        AND (status = 'queued'
+                        AND ((status = 'queued' AND {flow.CLAIMABLE})
                              OR (status = 'running'
                                  AND lease_expires_at < k2b_now())))""",
                 params,

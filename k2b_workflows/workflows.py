@@ -13,6 +13,7 @@ another version's code is exactly the silent divergence replay must not have.
 
 from __future__ import annotations
 
+import datetime as dt
 import inspect
 import warnings
 from collections.abc import Callable
@@ -21,6 +22,8 @@ from typing import Any, Protocol
 
 from . import validation
 from .exceptions import InvalidInput, UnknownWorkflow
+from .limits import Concurrency, check_concurrency
+from .retries import Retry, check_policy
 from .schedules import Schedule
 
 WorkflowFn = Callable[["RunHandle", Any], Any]
@@ -37,6 +40,16 @@ class WorkflowDefinition:
     effect_budget: dict[str, int] = field(default_factory=dict)
     max_ai_calls: int | None = None
     max_steps: int = DEFAULT_MAX_STEPS
+    #: How its steps are retried where their action has no policy (None: the settings).
+    retry: Retry | None = None
+    #: A run not ended this long after its start is canceled (``WORKFLOW_TIMEOUT``).
+    timeout: dt.timedelta | None = None
+
+    def timeout_at(self, started: dt.datetime) -> dt.datetime | None:
+        return None if self.timeout is None else started + self.timeout
+
+    #: At most ``concurrency.limit`` active runs per ``concurrency_key`` (None: no keys).
+    concurrency: Concurrency | None = None
     #: Written by ``migrate`` as the ``WorkflowSchedule`` whose id is the name.
     schedule: Schedule | None = None
 
@@ -77,6 +90,8 @@ class Engine(Protocol):
 
     def deprecate_patch(self, patch_id: str) -> None: ...
 
+    def sleep(self, duration: Any = None, until: Any = None) -> None: ...
+
 
 #: name -> version -> definition.
 _registry: dict[str, dict[int, WorkflowDefinition]] = {}
@@ -90,13 +105,21 @@ def workflow(
     effect_budget: dict[str, int] | None = None,
     max_ai_calls: int | None = None,
     max_steps: int = DEFAULT_MAX_STEPS,
+    retry: Retry | None = None,
+    timeout: dt.timedelta | None = None,
+    concurrency: Concurrency | None = None,
     schedule: Schedule | None = None,
 ) -> Callable[[WorkflowFn], WorkflowFn]:
     """Register ``fn(run, input)`` as the workflow ``name``.
 
     ``effect_budget`` and ``max_ai_calls`` bound the whole tree of runs started
     from a root of this workflow; ``max_steps`` bounds each run's steps and the
-    number of children the tree may create. ``schedule`` starts runs by itself
+    number of children the tree may create. ``retry`` (a ``Retry``) replaces
+    the settings' bound and backoff for its steps whose action has no policy.
+    ``timeout`` (a positive ``timedelta``): a run not ended that long after its
+    start is canceled with ``WORKFLOW_TIMEOUT`` (``timeouts.py``). ``concurrency``
+    bounds the active runs started with the same ``concurrency_key`` (see
+    docs/flow-control.md). ``schedule`` starts runs by itself
     (a ``Schedule``): ``migrate`` writes it as the schedule whose id is ``name``.
     """
     if not isinstance(name, str) or not name:
@@ -117,6 +140,13 @@ def workflow(
         raise InvalidInput(
             f"workflow {name!r}: schedule must be a Schedule(...), not {type(schedule).__name__}"
         )
+    check_policy(retry, "retry")
+    if timeout is not None:
+        if not isinstance(timeout, dt.timedelta):
+            raise InvalidInput(f"timeout must be a timedelta or None, not {timeout!r:.80}")
+        if timeout <= dt.timedelta(0):
+            raise InvalidInput(f"timeout must be a positive timedelta, not {timeout}")
+    check_concurrency(concurrency)
 
     def register(fn: WorkflowFn) -> WorkflowFn:
         if len(inspect.signature(fn).parameters) != 2:
@@ -142,6 +172,9 @@ def workflow(
             effect_budget=budget,
             max_ai_calls=max_ai_calls,
             max_steps=max_steps,
+            retry=retry,
+            timeout=timeout,
+            concurrency=concurrency,
             schedule=schedule,
         )
         fn.workflow_name = name  # type: ignore[attr-defined]
@@ -233,3 +266,20 @@ class RunHandle:
         none. Remove the call once no run that took the patch is left.
         """
         self._execution.deprecate_patch(patch_id)
+
+    def sleep(self, duration: dt.timedelta) -> None:
+        """Pause the run for ``duration`` (a positive ``timedelta``), durably.
+
+        The run parks with no worker thread held and is picked up again when
+        the time has passed, on any worker; the timer is a journaled step, so
+        a replay after it does not sleep again, and a crash during it changes
+        nothing (``kernel/timers.py``).
+        """
+        self._execution.sleep(duration=duration)
+
+    def sleep_until(self, when: dt.datetime) -> None:
+        """Pause the run until ``when`` (an aware ``datetime``), durably, as ``sleep``.
+
+        An instant already passed journals the step and returns at once.
+        """
+        self._execution.sleep(until=when)

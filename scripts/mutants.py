@@ -4,7 +4,8 @@ A guarantee is only tested if removing its guard fails a test. Each mutant
 below deletes or weakens one guard (a fence condition, the lease holder's
 checks, the chain and anchor comparisons, the seals, dedup, the idempotency
 conflict, the re-dispatch rule, the poll and attempt bounds, the pinned
-search_path, the witness). The tree is copied to a temporary directory
+search_path, the witness, the test-database flush, the deadline flag, the
+parked step's action). The tree is copied to a temporary directory
 first (the tracked files, as they are in the work tree), so the checkout
 is never left mutated.
 
@@ -165,6 +166,34 @@ MUTANTS = (
         '        elif record["ledger"] and head != record["head"]:',
         "        elif False:",
         ("tests/test_witness.py",),
+    ),
+    Mutant(
+        "flush-only-test-databases",
+        "k2b_workflows/testdb.py",
+        "    if not test_environment_active():\n        return False\n    name =",
+        "    return True\n    name =",
+        ("tests/test_fresh_project.py",),
+    ),
+    Mutant(
+        "flush-past-append-only",
+        "k2b_workflows/management/commands/flush.py",
+        "        with pgtrigger.ignore(*testdb.APPEND_ONLY_TRIGGERS, databases=[using]):",
+        "        if True:",
+        ("tests/test_fresh_project.py",),
+    ),
+    Mutant(
+        "deadline-passed-this-step",
+        "k2b_workflows/kernel/context.py",
+        "    return run.wait_deadline is not None and run.wait_step == step",
+        "    return run.wait_deadline is not None",
+        ("tests/test_step_clock.py",),
+    ),
+    Mutant(
+        "parked-action-compared",
+        "k2b_workflows/kernel/execute.py",
+        "        if seq != self.run.wait_step or not parked or parked == name:",
+        "        if True:",
+        ("tests/test_parked_change.py",),
     ),
 )
 

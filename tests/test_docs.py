@@ -19,6 +19,7 @@ the ```sh blocks are run as shown, unless ``NOT_RUN`` says why not, and every
 
 from __future__ import annotations
 
+import importlib
 import io
 import os
 import re
@@ -45,7 +46,12 @@ from .docs_helpers import EXAMPLES, ROOT, Block, block, blocks, examples, sectio
 
 #: Where an included block may come from: files the suite runs (tests/test_*.py are
 #: pytest modules themselves, e.g. the recipes of docs/testing.md).
-INCLUDED_FROM = ("docs/examples/", "example_project/demo/workflows.py", "tests/test_")
+INCLUDED_FROM = (
+    "docs/examples/",
+    "example_project/demo/workflows.py",
+    "example_project/demo/models.py",
+    "tests/test_",
+)
 
 #: (page, first line) of each inline block -> the test that evaluates it.
 INLINE = {
@@ -57,6 +63,9 @@ INLINE = {
         "test_the_settings_of_operations_md_are_the_defaults_and_pass_the_checks"
     ),
     ("docs/operations.md", "DATABASES = {"): "test_the_pgbouncer_settings_pass_the_checks",
+    ("docs/high-availability.md", "DATABASES = {"): (
+        "test_the_multi_host_settings_of_high_availability_md_are_the_tested_ones"
+    ),
     ("docs/performance.md", "DATABASES = {"): (
         "test_the_prepared_statements_setting_of_performance_md_reaches_psycopg"
     ),
@@ -70,6 +79,10 @@ INLINE = {
     ),
     ("docs/testing.md", 'pytest_plugins = ["k2b_workflows.pytest_plugin"]'): (
         "test_the_plugin_line_of_testing_md_loads_the_fixtures_it_lists"
+    ),
+    # Code, not configuration: a Django test module, run as shown in a fresh project.
+    ("docs/testing.md", "# orders/tests.py, run by manage.py test"): (
+        "test_fresh_project.test_djangos_testcase_and_transactiontestcase_pass_in_a_fresh_project"
     ),
     # Code, not configuration: two lines that need the page's context; run as shown
     # in tests/test_docs_examples.py.
@@ -89,14 +102,20 @@ MIRRORED = {
 #: ``manage.py`` lines of the ```sh blocks the suite does not run as shown, and why.
 NOT_RUN = {
     "runworkflows [--app APP ...] [--concurrency N] [--burst] [--no-listen] "
-    "[--no-schedules] [--health-file PATH] [--metrics-port PORT] [--wait-for-db SECONDS]": (
-        "a synopsis"
-    ),
+    "[--no-schedules] [--health-file PATH] [--metrics-port PORT] [--wait-for-db SECONDS] "
+    "[--log-format text|json]": ("a synopsis"),
     "runworkflows --concurrency 8": (
         "runs until SIGTERM: tests/test_worker_command.py starts and stops real workers"
     ),
     "migrate --database owner": "needs a second role; tests/test_roles.py migrates as the owner",
     "grantworkflows k2b_app --apply": "changes the server's roles; tests/test_roles.py applies it",
+    'workflowrun start shop.checkout --input {"sku": "TEA-01", "amount": 2900} --json': (
+        "its JSON's quotes do not survive the join and split of this test:"
+        " tests/test_workflowrun_command.py starts runs with JSON input"
+    ),
+    "workflowrun start shop.checkout --input - --json": (
+        "reads stdin: tests/test_workflowrun_command.py feeds stdin to resolve --output -"
+    ),
     "verifyworkflows --witness /var/log/k2b/witness.log": (
         "reads a production log; tests/test_witness.py runs it on witness files of its own"
     ),
@@ -136,7 +155,8 @@ def test_the_listed_blocks_exist_and_have_their_tests() -> None:
     for key, test in INLINE.items():
         assert key in shown, f"INLINE lists {key}, which no page shows any more"
         module, _, name = test.rpartition(".")
-        assert callable(getattr(test_docs_examples if module else sys.modules[__name__], name))
+        where = importlib.import_module(f"tests.{module}") if module else sys.modules[__name__]
+        assert callable(getattr(where, name))
     for key in MIRRORED:
         assert key in shown, f"MIRRORED lists {key}, which no page shows any more"
 
@@ -230,6 +250,25 @@ def test_the_pgbouncer_settings_pass_the_checks(monkeypatch: pytest.MonkeyPatch)
     assert [e.id for e in check_settings_with_databases({"default": {}}, k2b)] == [
         "k2b_workflows.E009"
     ]
+
+
+def test_the_multi_host_settings_of_high_availability_md_are_the_tested_ones() -> None:
+    """What the page shows reaches psycopg as the failover and partition tests pass it."""
+    from urllib.parse import unquote
+
+    from django.db.utils import ConnectionHandler
+
+    from tests.test_partition import CLIENT_TIMEOUTS
+
+    shown = evaluate("docs/high-availability.md", "DATABASES = {")["DATABASES"]
+    params = ConnectionHandler(shown)["default"].get_connection_params()
+    # Two hosts, the writable one kept (tests/test_failover.py's URL)...
+    assert params["host"] == "db-a.internal,db-b.internal"
+    assert params["target_session_attrs"] == "read-write"
+    # ...and the timeouts tests/test_partition.py measured.
+    tested = {key: unquote(value) for key, value in CLIENT_TIMEOUTS.items()}
+    assert {key: params[key] for key in tested} == tested
+    assert check_settings_with_databases(shown, {}) == []
 
 
 def test_the_prepared_statements_setting_of_performance_md_reaches_psycopg(
@@ -501,10 +540,16 @@ def test_a_dry_run_of_every_demo_workflow_is_ok(name: str) -> None:
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.slow
-def test_the_demo_settles_as_the_tutorial_says() -> None:
+def test_the_demo_settles_as_the_tutorial_says(tmp_path) -> None:
     out = io.StringIO()
-    call_command("demo", concurrency=2, timeout=120, stdout=out, stderr=out)
+    log = tmp_path / "demo.log"
+    call_command("demo", concurrency=2, timeout=120, log_file=log, stdout=out, stderr=out)
     text = out.getvalue()
+    # The event lines went to the log file it names, not between its progress lines.
+    assert f"The workers' log (every claim, step and ledger entry): {log}" in text
+    assert "claimed (generation" in log.read_text()
+    assert " INFO " not in text and "k2b_workflows.events" not in text, text
+    assert "Started 7 runs" in text
     runs = WorkflowRun.objects.filter(parent__isnull=True)
     by_status = {
         status: runs.filter(status=status).count()

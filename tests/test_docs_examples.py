@@ -9,6 +9,7 @@ test runs which module; tests/test_docs.py fails on a module nobody runs.
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import json
 import logging
@@ -48,6 +49,7 @@ from k2b_workflows.models import (
 from k2b_workflows.testing import (
     assert_effect_once,
     assert_run_status,
+    controlled_clock,
     crash_after_effect,
     fast_retries,
     run_until_idle,
@@ -60,6 +62,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 #: docs/examples module -> the tests that run it (tests/test_docs.py checks both ways).
 RUN_BY = {
+    "callers": [
+        "test_the_follow_up_sleeps_three_days_on_the_clock_and_sends_twice",
+        "test_an_unsubscribed_address_fails_at_once_despite_the_patient_policy",
+        "test_the_views_answer_with_the_result_of_the_run",
+    ],
+    "callers_views": ["test_the_views_answer_with_the_result_of_the_run"],
     "getting_started": [
         "test_the_getting_started_test_passes_and_the_card_is_charged_once",
         "test_a_crash_after_the_charge_is_reconciled_by_key",
@@ -77,6 +85,10 @@ RUN_BY = {
     ],
     "waits": ["test_the_approval_view_wakes_the_waiting_run", "test_the_wake_of_testing_md_runs"],
     "waits_wake": ["test_the_approval_view_wakes_the_waiting_run"],
+    "waits_deadline": [
+        "test_an_approval_nobody_gives_in_24_hours_expires_at_the_deadline",
+        "test_an_approval_given_before_the_deadline_is_not_expired",
+    ],
     "waits_polling": ["test_a_pending_payout_is_polled_until_the_bank_answers"],
     "fan_out": ["test_the_checkout_ships_each_item_in_a_child_run"],
     "budgets": ["test_the_report_budget_allows_100_emails_and_refuses_the_101st"],
@@ -98,9 +110,15 @@ RUN_BY = {
     "operators_signals": ["test_the_receiver_pages_with_a_link_to_the_resolution_form"],
     "logging_json": ["test_the_json_formatter_writes_one_object_per_line_with_the_run_fields"],
     "public_api": ["test_the_reference_imports_every_public_name"],
+    "flow_control": [
+        "test_one_sync_per_tenant_runs_at_a_time_and_paid_tenants_go_first",
+        "test_a_newer_deploy_cancels_the_one_in_progress",
+        "test_the_completion_counts_each_dispatch_against_its_api_key",
+    ],
     "tutorial": ["test_the_tutorial_approval_wakes_the_demo_checkout"],
     "schedules": ["test_the_nightly_report_fires_at_three_in_berlin_and_the_digest_hourly"],
     "schedules_tests": ["test_the_nightly_report_fires_at_three_in_berlin_and_the_digest_hourly"],
+    "tracing": ["test_the_tracing_example_puts_the_run_in_the_requests_trace"],
 }
 
 
@@ -327,6 +345,40 @@ def test_the_approval_view_wakes_the_waiting_run():
 
         views.approve(SimpleNamespace(user=user), 42)
         assert refreshed(run).status == "queued"
+        run_until_idle()
+        assert_run_status(run, "succeeded")
+        assert refreshed(run).output == {"approved_by": user.pk}
+
+
+def test_an_approval_nobody_gives_in_24_hours_expires_at_the_deadline():
+    with examples("waits_deadline") as (waits,), controlled_clock() as clock:
+        one_step("shop.expiring_approval", waits.WaitForApprovalOrExpire, app_id="shop")
+        clock.advance(days=2)
+        run = start_workflow_run("shop.expiring_approval", {"order": 7})
+        run_until_idle()
+        assert refreshed(run).status == "waiting"
+
+        clock.advance(hours=23)
+        run_until_idle()
+        assert refreshed(run).status == "waiting"
+
+        clock.advance(hours=1)
+        run_until_idle()
+        assert_run_status(run, "failed", error_code="APPROVAL_EXPIRED")
+        assert (
+            refreshed(run).error_message == f"nobody approved by {clock.now():%Y-%m-%d %H:%M} UTC"
+        )
+
+
+def test_an_approval_given_before_the_deadline_is_not_expired():
+    with examples("waits_deadline", "waits_wake") as (waits, views), controlled_clock() as clock:
+        one_step("shop.expiring_approval", waits.WaitForApprovalOrExpire, app_id="shop")
+        run = start_workflow_run("shop.expiring_approval", {"order": 8})
+        run_until_idle()
+        clock.advance(hours=23)
+        user = get_user_model().objects.create_user("late-manager")
+        views.approve(SimpleNamespace(user=user), 8)
+        clock.advance(hours=2)  # past the deadline, but the wake came first
         run_until_idle()
         assert_run_status(run, "succeeded")
         assert refreshed(run).output == {"approved_by": user.pk}
@@ -702,3 +754,152 @@ def test_a_dry_run_of_every_example_workflow_is_ok(module):
                 workflows._registry[definition.name] = versions
             assert report.ok, (definition.name, definition.version, report.errors, report.failed)
             assert report.steps
+
+
+# -- docs/callers.md -----------------------------------------------------------------------
+
+
+def test_the_follow_up_sleeps_three_days_on_the_clock_and_sends_twice():
+    from k2b_workflows.testing import controlled_clock
+
+    with examples("callers") as (callers,), controlled_clock() as clock:
+        callers.OUTBOX.clear()
+        run = start_workflow_run("reminders.follow_up", {"to": "ada@example.com"})
+        run_until_idle()
+        assert refreshed(run).status == "waiting"
+        sent = list(callers.OUTBOX)
+        assert sent == [(f"{run.pk}:0", "ada@example.com")]
+        clock.advance(days=3)
+        run_until_idle()
+        assert_run_status(run, "succeeded")
+        assert [to for _, to in callers.OUTBOX] == ["ada@example.com"] * 2
+        # The timeout of seven days was stamped at the start.
+        assert refreshed(run).timeout_at - refreshed(run).created_at == dt.timedelta(days=7)
+
+
+def test_an_unsubscribed_address_fails_at_once_despite_the_patient_policy():
+    with examples("callers") as (callers,):
+        callers.OUTBOX.clear()
+        run = start_workflow_run("reminders.remind_now", {"to": "bob@unsubscribed.example"})
+        run_until_idle()
+        assert_run_status(run, "failed", error_code="UNSUBSCRIBED")
+        assert callers.OUTBOX == []
+
+
+def test_the_views_answer_with_the_result_of_the_run():
+    import asyncio
+    import threading
+
+    from asgiref.sync import sync_to_async
+    from django.db import connections
+    from django.test import RequestFactory
+
+    with examples("callers", "callers_views") as (callers, views):
+        stop = threading.Event()
+
+        def worker() -> None:  # the worker process, in a thread for the test
+            while not stop.is_set():
+                run_until_idle()
+                stop.wait(0.02)
+            connections.close_all()
+
+        thread = threading.Thread(target=worker)
+        thread.start()
+        try:
+            factory = RequestFactory()
+            request = factory.post("/remind/", {"to": "ada@example.com", "key": "r-1"})
+            answer = json.loads(views.remind(request).content)
+            assert answer["status"] == "succeeded"
+            assert answer["output"] == {"message_id": f"{answer['run']}:0"}
+
+            request = factory.post("/remind/", {"to": "eve@example.com", "key": "r-2"})
+            response = asyncio.run(views.aremind(request))
+            assert json.loads(response.content)["status"] == "succeeded"
+            asyncio.run(sync_to_async(connections.close_all)())
+        finally:
+            stop.set()
+            thread.join(60)
+        assert [to for _, to in callers.OUTBOX] == ["ada@example.com", "eve@example.com"]
+
+
+# -- docs/flow-control.md ------------------------------------------------------------------
+
+
+def test_one_sync_per_tenant_runs_at_a_time_and_paid_tenants_go_first():
+
+    from k2b_workflows.testing import controlled_clock
+
+    with examples("flow_control") as (flow,), controlled_clock() as clock:
+        free = flow.sync_later(7, paid=False)
+        paid = flow.sync_later(7, paid=True)  # same tenant: queued behind the first
+        other = flow.sync_later(8, paid=True)
+        assert (free.holds_slot, paid.holds_slot, other.holds_slot) == (True, False, True)
+        # Not before five minutes from now (run_until_idle moves the clock there).
+        assert (refreshed(free).run_after - clock.now()).total_seconds() > 290
+        run_until_idle()
+        for run in (free, paid, other):
+            assert_run_status(run, "succeeded")
+        ends = {r.pk: r.finished_at for r in WorkflowRun.objects.all()}
+        assert ends[free.pk] <= ends[paid.pk]  # one at a time for tenant 7
+        assert refreshed(paid).priority == 5
+
+
+def test_a_newer_deploy_cancels_the_one_in_progress():
+    from tests.kernel_helpers import execute_exactly
+
+    with examples("flow_control") as (flow,):
+        first = flow.deploy_now("shop", "abc")
+        second = flow.deploy_now("shop", "def")
+        assert refreshed(first).status == "canceled"
+        assert execute_exactly(second.pk) == "succeeded"
+
+
+def test_the_completion_counts_each_dispatch_against_its_api_key():
+    from django.db import connection
+
+    with examples("flow_control"):
+        for key in ("k1", "k1", "k2"):
+            start_workflow_run("ai.answer", {"api_key_id": key, "prompt": "hi"})
+        run_until_idle()
+        assert {r.status for r in WorkflowRun.objects.all()} == {"succeeded"}
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT limit_key, count(*) FROM k2b_rate_dispatch GROUP BY 1 ORDER BY 1"
+            )
+            assert cursor.fetchall() == [("openai.complete:k1", 2), ("openai.complete:k2", 1)]
+
+
+def test_the_tracing_example_puts_the_run_in_the_requests_trace():
+    """In a process of its own (``tests/tracing_example.py``): a tracer provider is global."""
+    import os
+    import subprocess
+    import sys
+
+    from django.db import connection
+
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "K2B_TEST_DB_NAME": connection.settings_dict["NAME"],
+    }
+    done = subprocess.run(
+        [sys.executable, "tests/tracing_example.py"],
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    spans = json.loads(done.stdout.strip().splitlines()[-1])
+    (request,) = [s for s in spans if s["name"] == "POST /orders"]
+    runs = [s for s in spans if s["name"] == "k2b.run"]
+    steps = [s for s in spans if s["name"] == "k2b.step"]
+    assert {s["trace_id"] for s in spans} == {request["trace_id"]}
+    assert [r["parent"] for r in runs] == [request["span_id"]]
+    assert [s["attributes"]["k2b.action"] for s in steps] == [
+        "shop.create_order",
+        "shop.charge_card",
+    ]
+    assert {s["parent"] for s in steps} == {runs[0]["span_id"]}
+    assert runs[0]["attributes"]["k2b.outcome"] == "succeeded"

@@ -86,15 +86,25 @@ def test_the_kernel_runs_as_the_runtime_role(runtime):
 def test_the_runtime_role_reads_the_clock_where_functions_are_not_public(runtime):
     # A hardened database revokes PUBLIC's default EXECUTE on functions:
     # every kernel statement reads k2b_now(), so the grants must name it.
+    # The flow-control functions too: the slot triggers run them as the runtime role.
+    from k2b_workflows.roles import KERNEL_FUNCTIONS
+
+    functions = ", ".join(f"{name}({args})" for name, args in KERNEL_FUNCTIONS)
     with connection.cursor() as cursor:
-        cursor.execute("REVOKE EXECUTE ON FUNCTION k2b_now() FROM PUBLIC")
+        cursor.execute(f"REVOKE EXECUTE ON FUNCTION {functions} FROM PUBLIC")
     try:
-        run = start_workflow_run("test.pure", {"a": 1, "b": 2})
+        runs = [
+            start_workflow_run("test.pure", {"a": 1, "b": 2}),
+            start_workflow_run("flow.one_at_a_time", {"key": "g", "nap": 0}, concurrency_key="g"),
+            start_workflow_run("flow.one_at_a_time", {"key": "g", "nap": 0}, concurrency_key="g"),
+            start_workflow_run("flow.rated_per_key", {"api_key": "g"}),
+        ]
         run_until_idle(using=RUNTIME)
-        assert WorkflowRun.objects.get(pk=run.pk).status == "succeeded"
+        statuses = {WorkflowRun.objects.get(pk=run.pk).status for run in runs}
+        assert statuses == {"succeeded"}
     finally:
         with connection.cursor() as cursor:
-            cursor.execute("GRANT EXECUTE ON FUNCTION k2b_now() TO PUBLIC")
+            cursor.execute(f"GRANT EXECUTE ON FUNCTION {functions} TO PUBLIC")
 
 
 @pytest.fixture
@@ -205,10 +215,12 @@ def test_grantworkflows_prints_only_insert_and_select_on_the_evidence():
     assert not any("TRUNCATE" in line for line in lines)
     deletes = [line for line in lines if "DELETE" in line]
     assert deletes == [
-        'GRANT DELETE ON TABLE "k2b_schedule", "k2b_schedule_skip", "k2b_wait", "k2b_worker"'
-        ' TO "k2b_app";'
+        'GRANT DELETE ON TABLE "k2b_overview_minute", "k2b_rate_dispatch", "k2b_schedule", '
+        '"k2b_schedule_skip", "k2b_wait", "k2b_worker" TO "k2b_app";'
     ]
-    assert 'GRANT EXECUTE ON FUNCTION "public"."k2b_now"() TO "k2b_app";' in lines
+    functions = next(line for line in lines if "EXECUTE" in line)
+    assert functions.startswith('GRANT EXECUTE ON FUNCTION "public"."k2b_now"(), ')
+    assert '"public"."k2b_flow_admit"(text, text, integer)' in functions
 
 
 def test_grantworkflows_quotes_a_hostile_role_name_as_one_identifier():

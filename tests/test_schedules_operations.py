@@ -74,7 +74,7 @@ def database_warnings() -> list[checks.CheckMessage]:
     return [
         m
         for m in checks.run_checks(databases=["default"], tags=[checks.Tags.database])
-        if m.id in ("k2b_workflows.W020", "k2b_workflows.W021", "k2b_workflows.W022")
+        if m.id in ("k2b_workflows.W030", "k2b_workflows.W031", "k2b_workflows.W032")
     ]
 
 
@@ -95,11 +95,11 @@ def test_the_database_check_names_schedules_that_cannot_fire():
     found = {(m.id, m.msg.split(":")[0], m.msg.split(":")[1].strip()) for m in database_warnings()}
 
     assert found == {
-        ("k2b_workflows.W020", "schedule 'good'", "timezone"),
-        ("k2b_workflows.W021", "schedule 'gone'", "workflow"),
-        ("k2b_workflows.W021", "schedule 'pinned'", "workflow"),
+        ("k2b_workflows.W030", "schedule 'good'", "timezone"),
+        ("k2b_workflows.W031", "schedule 'gone'", "workflow"),
+        ("k2b_workflows.W031", "schedule 'pinned'", "workflow"),
         (
-            "k2b_workflows.W022",
+            "k2b_workflows.W032",
             "schedule 'old.decorated'",
             "the @workflow decorator no longer declares it",
         ),

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from tests.conftest import WorkerProcess, wait_for
+from tests.conftest import WorkerProcess, direct_connection_only, wait_for
 from tests.pgcluster import Cluster, django_script, manage
 
 pytestmark = [pytest.mark.crash, pytest.mark.slow]
@@ -536,6 +536,7 @@ def test_a_hand_back_is_not_skipped_for_the_lease_keepers_own_renewal(monkeypatc
 
 
 @pytest.mark.django_db(transaction=True)
+@direct_connection_only
 def test_runs_claimed_by_a_commit_that_lost_its_answer_are_handed_back_on_reconnect(start_worker):
     """The claim committed, its answer never came back: the worker finds the runs again."""
     import re
@@ -576,6 +577,7 @@ def test_runs_claimed_by_a_commit_that_lost_its_answer_are_handed_back_on_reconn
 
 
 @pytest.mark.django_db(transaction=True)
+@direct_connection_only
 def test_a_connection_lost_while_rolling_back_an_empty_claim_still_looks_for_orphans(
     monkeypatch, caplog
 ):

@@ -6,6 +6,7 @@ would test its own workflows.
 
 from __future__ import annotations
 
+# --8<-- [start:imports]
 import pytest
 
 from example_project.demo.models import OutboxEmail, Payment
@@ -25,7 +26,10 @@ from k2b_workflows.testing import (
 pytest_plugins = ["k2b_workflows.pytest_plugin"]
 
 ORDER = {"sku": "TEA-01", "items": ["teapot"], "amount_cents": 2_900, "customer": "a@example.com"}
-CHARGE_STEP = 2  # create order, approval, charge, ...
+# Steps are numbered from 0 in the order the workflow calls run.step:
+# 0 create the order, 1 wait for approval, 2 charge the card, ...
+CHARGE_STEP = 2
+# --8<-- [end:imports]
 
 
 # --8<-- [start:happy_path]

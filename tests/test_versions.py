@@ -100,15 +100,16 @@ def test_a_run_whose_version_has_no_code_here_is_named_as_such():
     assert missing_code_reason("ver.checkout", 1, live={("ver.checkout", 2)}) == (
         "no live worker has code for version 1"
     )
+    # With no live worker at all, that is what it says, not that a version is missing.
+    assert missing_code_reason("ver.checkout", 1, live=set()) == "no worker is running"
     # The admin and the command ask the fleet (the workers' heartbeats): none is live here.
     out = io.StringIO()
     call_command("workflowruns", stdout=out)
-    assert f"run {run.pk} (ver.checkout v9): no live worker has code for version 9" in (
-        out.getvalue()
-    )
+    assert f"run {run.pk} (ver.checkout v9): no worker is running" in out.getvalue()
     staff = make_user("vera", "view_workflowrun")
     html = client_for(staff).get(run_url(run)).content.decode()
-    assert "no live worker has code for version 9" in html
+    assert "no worker is running" in html
+    assert "no live worker has code" not in html
 
 
 # Patches -----------------------------------------------------------------------------------

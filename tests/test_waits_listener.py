@@ -33,12 +33,16 @@ def parked(key: str) -> WorkflowRun:
 
 
 def listen_backends() -> list[int]:
-    """Backend pids of connections to the test database whose last statement was LISTEN."""
+    """Backend pids of connections to the test database whose last statement was the
+    workers' LISTEN (not the start-up probe's, on a channel of its own: k2b_workflows.topology)."""
+    from k2b_workflows import store
+
     with connection.cursor() as cursor:
         cursor.execute(
             """SELECT pid FROM pg_stat_activity
                 WHERE datname = current_database() AND pid <> pg_backend_pid()
-                  AND query ILIKE 'LISTEN%%'"""
+                  AND query = %s""",
+            [f"LISTEN {store.CHANNEL}"],
         )
         return [row[0] for row in cursor.fetchall()]
 

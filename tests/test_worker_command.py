@@ -119,3 +119,19 @@ def test_a_worker_run_in_process_leaves_no_connection_behind():
             " WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
         assert cursor.fetchone()[0] is None  # no listener, keeper or pool thread still connected
+
+
+def test_log_format_with_logging_configured_says_it_is_ignored_and_adds_no_handler():
+    """A project whose LOGGING routes k2b_workflows keeps exactly what it configured."""
+    import io
+    import logging
+
+    from django.core.management import call_command
+
+    logger = logging.getLogger("k2b_workflows")
+    before = list(logger.handlers)
+    err = io.StringIO()
+    call_command("runworkflows", "--burst", "--log-format", "json", stderr=err)
+    ignored = "--log-format json ignored: LOGGING configures the k2b_workflows logger"
+    assert ignored in err.getvalue()
+    assert logger.handlers == before

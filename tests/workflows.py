@@ -345,9 +345,11 @@ def non_json_output_workflow(run, input):
 
 # The topic modules register their actions and workflows on import.
 from . import (  # noqa: E402
+    workflows_callers,  # noqa: F401
     workflows_edges,  # noqa: F401
     workflows_fanout,  # noqa: F401
     workflows_fence,  # noqa: F401
+    workflows_flow,  # noqa: F401
     workflows_integrity,  # noqa: F401
     workflows_kernel,  # noqa: F401
     workflows_misuse,  # noqa: F401
@@ -355,6 +357,8 @@ from . import (  # noqa: E402
     workflows_schedules,  # noqa: F401
     workflows_secrets,  # noqa: F401
     workflows_survive,  # noqa: F401
+    workflows_topology,  # noqa: F401
+    workflows_tracing,  # noqa: F401
     workflows_versions,  # noqa: F401
     workflows_waits,  # noqa: F401
 )

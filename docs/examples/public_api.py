@@ -7,6 +7,7 @@ The imports are grouped by purpose, as the page shows them, not sorted.
 # --8<-- [start:imports]
 from k2b_workflows import (
     Action, Effect, workflow,                                    # define
+    Concurrency, RateLimit,                                      # flow control
     succeeded, failed, waiting, ambiguous, unknown, Dependency,  # results
     start_workflow_run, cancel_workflow_run,                     # control
     wake_workflow_runs_waiting_on, notify_workflow_worker,
@@ -14,6 +15,9 @@ from k2b_workflows import (
     resolve_effect, EFFECT_CONFIRMED, EFFECT_ABSENT, retry_workflow_run,
     dry_run, DryRunReport, ai_provider,
     Schedule, schedule_workflow,                                 # schedules
+    wait_for_workflow_run, await_workflow_run,                   # results and async
+    astart_workflow_run, acancel_workflow_run, awake_workflow_runs_waiting_on,
+    Retry,                                                       # retry policies
     StepFailed, LeaseLost, RunCanceled, DatabaseNotMigrated,     # exceptions
     UnknownWorkflow, InvalidInput, IdempotencyConflict, ResolutionRefused, EvidenceChanged,
     NotRetryable, InvalidSchedule,

@@ -36,16 +36,20 @@ class Payment(models.Model):
         return f"payment {self.idempotency_key}"
 
 
+# --8<-- [start:outbox_model]
 class OutboxEmail(models.Model):
     """The simulated mail provider: deduplicated by message key."""
 
-    key = models.CharField(max_length=200, unique=True)
+    key = models.CharField(max_length=200, unique=True)  # insert_once's key
     to = models.CharField(max_length=200)
     subject = models.CharField(max_length=200)
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:
         return self.subject
+
+
+# --8<-- [end:outbox_model]
 
 
 class Shipment(models.Model):

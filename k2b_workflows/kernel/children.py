@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from .. import tracing
 from ..actions import Dependency
 from ..models import TERMINAL_STATUSES, RunStatus, WorkflowRun
 from . import budgets, clock, db, evidence, seals
@@ -41,6 +42,7 @@ def create(
     root_id = parent.root_id or parent.id
     budgets.reserve_children(using, root_id=root_id, count=len(missing))
     now = clock.now()
+    trace_context = tracing.child_context(parent.trace_context)
     new_ids = {i: uuid.uuid4() for i in missing}
     rows = [
         WorkflowRun(
@@ -58,6 +60,9 @@ def create(
             run_after=now,
             created_at=now,
             updated_at=now,
+            # The creating step's span: the children's spans nest under it.
+            trace_context=trace_context,
+            timeout_at=definition.timeout_at(now),
             **evidence.initial_anchors(new_ids[i]),
         )
         for i in missing

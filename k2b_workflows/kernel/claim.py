@@ -4,6 +4,12 @@ A claim is one set-based statement over ``FOR UPDATE SKIP LOCKED``: claimers
 never wait for each other and never claim the same run. Each claim raises
 ``generation``; that number is the fence every later write of the claimer
 checks under the run lock.
+
+Claims walk ``k2b_run_queued`` in line order (``kernel/flow.py``): a run's
+``run_after`` less its priority's credit, which for the runs of priority 0
+is ``run_after`` itself. The walk is bounded by ``k2b_now()`` (a due run's line
+order is never later than now) and reads none of the runs queued behind a
+busy concurrency key: they are not in the index until admitted.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from typing import Any
 from django.db import connections
 
 from .. import metrics, store
-from . import db
+from . import db, flow
 
 _CLAIM_SQL = """
 WITH claimed AS (
@@ -26,14 +32,16 @@ UPDATE k2b_run r
        updated_at = k2b_now()
  WHERE r.id IN (
         SELECT id FROM k2b_run
-         WHERE status = 'queued' AND run_after <= k2b_now()
+         WHERE status = 'queued' AND {claimable}
+           AND {line} <= k2b_now() AND run_after <= k2b_now()
            AND (workflow_name, workflow_version) IN (SELECT * FROM unnest(%s::text[], %s::int[]))
            {app_filter}
-         ORDER BY run_after
+         ORDER BY {line}
          LIMIT %s
            FOR UPDATE SKIP LOCKED)
-RETURNING r.id, r.generation, r.run_after)
-SELECT id, generation FROM claimed ORDER BY run_after
+RETURNING r.id, r.generation,
+          r.run_after - r.priority_credit_ms * interval '1 millisecond' AS line)
+SELECT id, generation FROM claimed ORDER BY line
 """
 
 #: Sent before the claim, in its transaction. The claim should walk the queued
@@ -86,7 +94,8 @@ def claim_statement(
         app_filter = "AND app_id = ANY(%s)"
         params.append(list(app_ids))
     params.append(limit)
-    return _CLAIM_SQL.format(app_filter=app_filter), params
+    sql = _CLAIM_SQL.format(app_filter=app_filter, claimable=flow.CLAIMABLE, line=flow.QUEUE_ORDER)
+    return sql, params
 
 
 _REAP_SQL = """
@@ -136,11 +145,28 @@ def promote_due_waits(using: str) -> int:
 
 
 def next_due_in_ms(using: str) -> float | None:
-    """Milliseconds until the next delayed run or deadline is due (None: nothing pending)."""
+    """Milliseconds until the next delayed run or deadline is due (None: nothing pending).
+
+    Three reads of two indexes, each stopping at its first row: a claimable run
+    due now; the next line order still to come of a run of priority 0 (due at
+    its line order; the walk skips only delayed runs with a priority); the next
+    ``run_after`` of a run with a priority, whose line order comes before it.
+    Runs queued behind a key are admitted by a transaction that notifies the
+    workers.
+    """
+    line = flow.QUEUE_ORDER
     with connections[using].cursor() as cursor:
         cursor.execute(
-            """SELECT EXTRACT(EPOCH FROM (LEAST(
-                   (SELECT min(run_after) FROM k2b_run WHERE status = 'queued'),
+            f"""SELECT EXTRACT(EPOCH FROM (LEAST(
+                   (SELECT k2b_now() FROM k2b_run
+                     WHERE status = 'queued' AND {flow.CLAIMABLE}
+                       AND {line} <= k2b_now() AND run_after <= k2b_now() LIMIT 1),
+                   (SELECT min({line}) FROM k2b_run
+                     WHERE status = 'queued' AND {flow.CLAIMABLE} AND {line} > k2b_now()
+                       AND priority_credit_ms = 0),
+                   (SELECT min(run_after) FROM k2b_run
+                     WHERE status = 'queued' AND priority_credit_ms > 0 AND {flow.CLAIMABLE}
+                       AND run_after > k2b_now()),
                    (SELECT min(wait_deadline) FROM k2b_run WHERE status = 'waiting'),
                    (SELECT min(lease_expires_at) FROM k2b_run WHERE status = 'running')
                ) - k2b_now())) * 1000"""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,7 +12,7 @@ from django.db import connections, transaction
 
 from .. import store
 from ..exceptions import InvalidInput, LeaseLost, RunCanceled
-from . import db
+from . import clock, db
 
 if TYPE_CHECKING:
     from ..actions import Result
@@ -35,7 +36,15 @@ def _holding() -> Iterator[None]:
 
 
 class StepContext:
-    """Identity of a run and step, and the kernel services an action may use."""
+    """Identity of a run and step, and the kernel services an action may use.
+
+    ``now()`` is the kernel's clock, the one its deadlines, backoff and leases
+    are measured on (``k2b_now()`` in SQL); a test's controlled clock moves it.
+    ``deadline_passed`` is True when this step parked on a wait with a deadline
+    and the run was re-queued because that deadline passed (rather than woken):
+    the step runs again with the same ``effect_key`` and may now give up,
+    escalate, or wait again.
+    """
 
     def __init__(self, execution: Execution, step: int, *, dry_run: bool = False) -> None:
         self._execution = execution
@@ -49,6 +58,9 @@ class StepContext:
         self.effect_key = f"{execution.run_id}:{step}"
         self.invocation_key: str | None = None
         self.dry_run = dry_run
+        #: The database's clock decided it when it re-queued the run (a wake clears
+        #: the deadline, a deadline leaves it): read from the row the claim loaded.
+        self.deadline_passed = not dry_run and _deadline_passed(execution, step)
         #: TRANSACTIONAL only: the open ``transaction.atomic`` the journal commits in.
         self.tx: transaction.Atomic | None = None
 
@@ -58,6 +70,15 @@ class StepContext:
     @property
     def using(self) -> str:
         return self._execution.using
+
+    def now(self) -> dt.datetime:
+        """The kernel's current time (aware, UTC): what ``k2b_now()`` reads, with no query.
+
+        Use it rather than ``timezone.now()`` to compare with a deadline: under
+        ``k2b_workflows.testing.controlled_clock()`` (the ``k2b_clock`` fixture)
+        it moves with the clock; in production it is ``timezone.now()``.
+        """
+        return clock.now()
 
     def heartbeat(self, tx: str | None = None) -> None:
         """Check that this execution still owns the run, and extend its lease.
@@ -119,3 +140,15 @@ class StepContext:
         from . import ai
 
         return ai.step_task(self, provider, request)
+
+
+def _deadline_passed(execution: Execution, step: int) -> bool:
+    """Whether ``step`` parked with a deadline and the run was queued again because it passed.
+
+    Every path from ``waiting`` back to ``queued`` but the deadline's clears
+    ``wait_deadline`` (a wake, a wake already recorded when parking), and the
+    next park of the run overwrites it: so a deadline still set on the claimed
+    row, on this step, is one the database found due.
+    """
+    run = execution.run
+    return run.wait_deadline is not None and run.wait_step == step

@@ -137,6 +137,9 @@ def run_changed(
     ``reason`` is the run's stored error text, already scrubbed of credentials.
     """
     metrics.count_run_transition(outcome)
+    trace = getattr(execution, "trace", None)
+    if trace is not None:
+        trace.event(f"k2b.run.{outcome}", {} if step is None else {"k2b.step": step})
     _log(
         logging.WARNING if outcome in ("needs_attention", "failed") else logging.INFO,
         execution,
@@ -151,6 +154,9 @@ def run_changed(
 
 def reconcile_answered(execution: Execution, seq: int, effect_key: str, answer: str) -> None:
     metrics.count_reconcile_answer(answer)
+    trace = getattr(execution, "trace", None)
+    if trace is not None:
+        trace.event("k2b.reconcile", {"k2b.step": seq, "k2b.reconcile.answer": answer})
     _log(
         logging.INFO,
         execution,

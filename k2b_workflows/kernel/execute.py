@@ -40,7 +40,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError, transaction
 from django.db.models import JSONField
 
-from .. import redaction, signals, store, validation
+from .. import redaction, signals, store, tracing, validation
 from ..actions import (
     Action,
     Ambiguous,
@@ -57,12 +57,27 @@ from ..actions import (
     validate_result,
 )
 from ..exceptions import InvalidInput, LeaseLost, RunCanceled, StepFailed, Suspend, UnknownWorkflow
+from ..limits import RateLimit
 from ..models import JournalEntry, LedgerEntry, WorkflowRun
 from ..workflows import ChildResult, RunHandle, WorkflowDefinition, get_workflow
-from . import budgets, clock, db, events, evidence, seals, waits, weather, witness
+from . import (
+    budgets,
+    clock,
+    db,
+    events,
+    evidence,
+    flow,
+    hooks,
+    retrying,
+    seals,
+    waits,
+    weather,
+    witness,
+)
 from .context import StepContext, _holding
 
 if TYPE_CHECKING:
+    from ..retries import Retry
     from .leases import LeaseKeeper
 
 logger = logging.getLogger("k2b_workflows")
@@ -279,6 +294,10 @@ class Execution:
         self.ledger_head: evidence.LedgerHead | None = None
         #: The run could not be released after a lost connection: the worker must.
         self.release_pending = False
+        #: This claim's ``k2b.run`` span (``tracing.py``); None when nothing traces.
+        self.trace: tracing.RunTrace | None = None
+        #: The retry policy of the step being executed (``retries.Retry``), if any.
+        self.retry_policy: Retry | None = None
 
     # -- entry point ---------------------------------------------------------
 
@@ -307,6 +326,8 @@ class Execution:
         events.run_claimed(self)
         if self.keeper:
             self.keeper.track(self.run_id, self.generation, self.canceled)
+        if tracing.ENABLED:
+            self.trace = tracing.run_started(self)
         try:
             # Before anything replays the journal or trusts the ledger (#9): a tampered,
             # truncated or wiped chain stops the run here, with nothing executed.
@@ -329,7 +350,7 @@ class Execution:
                     "UNKNOWN_WORKFLOW", f"no workflow {run.workflow_name!r} is registered"
                 )
                 return self.outcome
-            if run.consecutive_failures >= store.max_consecutive_failures():
+            if run.consecutive_failures >= retrying.claim_bound(self.definition):
                 self._exhausted(run.consecutive_failures, run.error_message)
             self._run_workflow()
         except Suspend:
@@ -353,6 +374,8 @@ class Execution:
         finally:
             if self.keeper:
                 self.keeper.untrack(self.run_id)
+            if self.trace is not None:
+                self.trace.end(self.outcome)
         return self.outcome
 
     def _verify_loaded(self, loaded: Preloaded) -> None:
@@ -453,6 +476,7 @@ class Execution:
         # else the step's own first transaction commits the deferred success: an
         # external step's dispatch, a transactional step's atomic block.
         self._check_shutdown()
+        self.retry_policy = None
         seq = self.next_seq
         self.next_seq += 1
         name = action.action_name()
@@ -465,6 +489,29 @@ class Execution:
         entry = self.journal.get(seq)
         if entry is not None:
             return self._replay(entry, name, input, input_hash)
+        self._check_parked_step(seq, name, input_hash)
+        if self.trace is not None:
+            return self.trace.step(
+                seq,
+                action,
+                input_hash,
+                lambda: self._executed(
+                    seq, action, name, input, input_hash, approval_ref, backup_ref
+                ),
+            )
+        return self._executed(seq, action, name, input, input_hash, approval_ref, backup_ref)
+
+    def _executed(
+        self,
+        seq: int,
+        action: Action,
+        name: str,
+        input: Any,
+        input_hash: str,
+        approval_ref: str | None,
+        backup_ref: str | None,
+    ) -> Any:
+        """A new step, its errors turned into the run's retry, failure or suspension."""
         try:
             return self._new_step(seq, action, name, input, input_hash, approval_ref, backup_ref)
         except (StepFailed, LeaseLost, RunCanceled, db.CommitOutcomeUnknown):
@@ -509,6 +556,10 @@ class Execution:
         ctx = StepContext(self, seq)
         started = clock.now()
         step = _Step(seq, action, name, input, input_hash, started, ctx)
+        self.retry_policy = retrying.policy_for(action, self.definition)
+        if self.run.consecutive_failures >= retrying.max_attempts(self.retry_policy):
+            # Crashes in this step counted at the claims: past its own bound.
+            self._exhausted(self.run.consecutive_failures, self.run.error_message)
         if seq >= self.definition.max_steps:
             return self._step_failed(
                 step,
@@ -524,12 +575,45 @@ class Execution:
             step.cost = budgets.validate_cost(action.cost(input)) if action.defines("cost") else {}
         except Exception as exc:
             self._retry_later(f"step {seq} ({name}): cost() raised {exc!r}")
+        if action.rate_limit is not None:
+            self._admit_dispatch(step, action.rate_limit)
         self.steps_executed += 1
         if effect.is_external:
             return self._external(step)
         if effect == Effect.TRANSACTIONAL:
             return self._transactional(step)
         return self._pure_or_idempotent(step)
+
+    def _admit_dispatch(self, step: _Step, limit: RateLimit) -> None:
+        """Count this dispatch against the action's rate limit, or defer the run (``flow.py``).
+
+        Its own commit, before the budget charge and the effect: a crash after
+        it counts a dispatch that may have happened, never one too few. A full
+        window re-queues the run for the instant it frees: no failure counted,
+        the thread freed, nothing charged yet.
+        """
+        try:
+            key = flow.limit_key(step.action, step.input)
+        except InvalidInput as exc:
+            self._fail_run(store.INVALID_RATE_LIMIT_KEY, f"step {step.seq} ({step.name}): {exc}")
+        self._flush_pending()
+
+        def admit() -> tuple[int | None, Any]:
+            self._fence(step.seq)
+            reserved, until = flow.admit_dispatch(
+                self.using, key, limit, self.run_id, step.seq, self.generation
+            )
+            if until is not None:
+                flow.defer(self.using, self.run_id, self.generation, until, key)
+            return reserved, until
+
+        reserved, until = db.run_in_transaction(admit, self.using)
+        if until is None:
+            step.rate_dispatch = reserved
+            return
+        self.outcome = "deferred"
+        events.run_changed(self, "deferred", step.seq, reason=f"rate limit of {key} full")
+        raise Suspend
 
     def _fence(self, step: int | None = None, *, reset_failures: bool = False) -> None:
         """Lock our run row in the current transaction and check we still own it."""
@@ -597,6 +681,31 @@ class Execution:
             "asked": {"action": name, "input_hash": input_hash},
             "workflow_version": self.definition.version,
         }
+        self._needs_attention(store.WORKFLOW_NONDETERMINISTIC, message, step=None, detail=detail)
+
+    def _check_parked_step(self, seq: int, name: str, input_hash: str) -> None:
+        """The run parked at ``seq`` on another action: the code changed under a parked run.
+
+        A parked step has no journal entry, so ``_replay`` has nothing to compare:
+        a step inserted at the parked position ran as a new step and moved the
+        waiting action one on, under another ``effect_key``. The run row keeps the
+        parked action's name (read by the claim: no query), and a mismatch is
+        the same incident as a journaled step that changed.
+        """
+        parked = self.run.wait_action
+        if seq != self.run.wait_step or not parked or parked == name:
+            return
+        detail = {
+            "kind": "nondeterminism",
+            "seq": seq,
+            "parked": {"action": parked},
+            "asked": {"action": name, "input_hash": input_hash},
+            "workflow_version": self.definition.version,
+        }
+        message = (
+            f"step {seq} was {parked!r} when the run parked there, now {name!r}: put the "
+            "change behind run.patched(...) or start a new version"
+        )
         self._needs_attention(store.WORKFLOW_NONDETERMINISTIC, message, step=None, detail=detail)
 
     def _code_error(self, exc: Exception) -> None:
@@ -673,6 +782,38 @@ class Execution:
             [self.run_id, seq] * 3,
         )
         return bool(rows[0][0])
+
+    # -- markers: steps of the kernel's own (timers) ----------------------------
+
+    def sleep(self, duration: Any = None, until: Any = None) -> None:
+        """``run.sleep`` / ``run.sleep_until``: a durable timer (``timers.py``)."""
+        from . import timers
+
+        timers.sleep(self, duration=duration, until=until)
+
+    def begin_marker(self) -> int:
+        """Take the next position for a kernel step, after the previous step's success."""
+        self._flush_pending()
+        self._check_shutdown()
+        self.retry_policy = None
+        seq = self.next_seq
+        self.next_seq += 1
+        return seq
+
+    def replay_marker(self, entry: JournalEntry, name: str, input: Any, input_hash: str) -> Any:
+        """A journaled kernel step: its output, or a nondeterminism incident."""
+        return self._replay(entry, name, input, input_hash)
+
+    def marker_step(
+        self, seq: int, action: Action, name: str, input: Any, input_hash: str
+    ) -> _Step:
+        return _Step(seq, action, name, input, input_hash, clock.now(), StepContext(self, seq))
+
+    def journal_marker(self, step: _Step, result: Succeeded) -> Any:
+        return self._journal_success(step, result)
+
+    def park_marker(self, seq: int, name: str, dependency: Any) -> None:
+        self._park(seq, name, dependency)
 
     # -- PURE and IDEMPOTENT -------------------------------------------------
 
@@ -949,7 +1090,12 @@ class Execution:
             # Still pending at the provider: poll again on a wake or at the deadline,
             # each poll a new ledger operation under the same effect key.
             dep = result.dependency
-            self._park(step.seq, dep, pending=(step, f"pending: waiting on {dep.kind}/{dep.key}"))
+            self._park(
+                step.seq,
+                step.name,
+                dep,
+                pending=(step, f"pending: waiting on {dep.kind}/{dep.key}"),
+            )
         if isinstance(result, Failed):
             # The provider says it did not happen. Still no automatic re-run: a
             # lookup can lag behind the provider's own writes, and the contract
@@ -991,7 +1137,7 @@ class Execution:
             self._late_evidence(step, f"failed result after losing the run: {result.message}")
             raise
         state.open_key = None
-        if result.retryable and may_retry:
+        if result.retryable and may_retry and retrying.retries(self.retry_policy, result.code):
             self._retry_later(f"step {step.seq} ({step.name}) failed: {result.message}")
         return self._step_failed(step, result.code or store.ACTION_FAILED, result.message)
 
@@ -1002,8 +1148,13 @@ class Execution:
         if self.keeper:
             external = hook == "run" and step.action.effect.is_external
             self.keeper.action_started(self.run_id, step.action.timeout, external=external)
+        if hook == "run" and step.rate_dispatch is not None:
+            flow.stamp_dispatch(self.using, step.rate_dispatch)
+            step.rate_dispatch = None
         try:
-            result = getattr(step.action, hook)(step.ctx, step.input)
+            result = hooks.call(
+                getattr(step.action, hook), step.ctx, step.input, _timeout_s(step.action)
+            )
         except StepFailed as exc:
             if step.action.effect.is_external:
                 raise  # after dispatch nothing proves the effect absent: outcome unknown
@@ -1021,7 +1172,9 @@ class Execution:
         if not step.action.defines("authorize"):
             return None
         try:
-            result = step.action.authorize(step.ctx, step.input)
+            result = hooks.call(
+                step.action.authorize, step.ctx, step.input, _timeout_s(step.action)
+            )
         except PermissionDenied as exc:
             return Failed(str(exc) or "permission denied", store.FORBIDDEN)
         if result is None or isinstance(result, Succeeded):
@@ -1059,8 +1212,8 @@ class Execution:
         if isinstance(result, Succeeded):
             return self._journal_success(step, result)
         if isinstance(result, Waiting):
-            self._park(step.seq, result.dependency)
-        if result.retryable:
+            self._park(step.seq, step.name, result.dependency)
+        if result.retryable and retrying.retries(self.retry_policy, result.code):
             self._retry_later(f"step {step.seq} ({step.name}) failed: {result.message}")
         return self._step_failed(step, result.code or store.ACTION_FAILED, result.message)
 
@@ -1620,9 +1773,9 @@ class Execution:
         """A retryable failure: count it, back off, or give up past the limit."""
         reason = redaction.scrub_error(reason)  # stored and logged: no credentials, bounded
         failures = self.run.consecutive_failures + 1
-        if failures >= store.max_consecutive_failures():
+        if failures >= retrying.max_attempts(self.retry_policy):
             self._exhausted(failures, reason)
-        delay = store.backoff_ms(failures)
+        delay = retrying.delay_ms(self.retry_policy, failures)
         logger.info("run %s: retry %s in %s ms: %s", self.run_id, failures, delay, reason)
         self._transition(
             """UPDATE k2b_run SET status = 'queued', consecutive_failures = %s,
@@ -1643,7 +1796,9 @@ class Execution:
             self._needs_attention(store.WORKFLOW_RETRY_EXHAUSTED, message, step=open_steps[0])
         self._fail_run(store.WORKFLOW_RETRY_EXHAUSTED, message)
 
-    def _park(self, seq: int, dependency: Any, pending: tuple[_Step, str] | None = None) -> None:
+    def _park(
+        self, seq: int, action: str, dependency: Any, pending: tuple[_Step, str] | None = None
+    ) -> None:
         """Park on ``dependency``; with ``pending``, also record the provider's "pending"."""
         parked: list[bool] = []
 
@@ -1658,6 +1813,7 @@ class Execution:
                     app_id=self.app_id,
                     step=seq,
                     dependency=dependency,
+                    action=action,
                     seen_kind=self.run.wait_kind,
                     seen_key=self.run.wait_key,
                     seen_seq=self.run.wait_signal_seq,
@@ -1666,6 +1822,8 @@ class Execution:
 
         db.run_in_transaction(write, self.using)
         self.outcome = "waiting" if parked[-1] else "rewoken"
+        if self.trace is not None:
+            self.trace.waiting(seq, dependency)
         events.run_changed(self, self.outcome, step=seq)
         raise Suspend
 
@@ -1716,7 +1874,9 @@ class Execution:
         if not wait:
             action_name = f"{CHILDREN_KIND}.create:{name}"
         entry = self.journal.get(seq)
-        if entry is not None:
+        if entry is None:
+            self._check_parked_step(seq, action_name, input_hash)
+        else:
             replayed = self._replay(entry, action_name, inputs, input_hash)
             return (
                 [r["run_id"] for r in replayed]
@@ -1781,6 +1941,7 @@ class Execution:
                 app_id=self.app_id,
                 step=seq,
                 dependency=children.dependency(self.run_id, seq),
+                action=action_name,
                 seen_kind=self.run.wait_kind,
                 seen_key=self.run.wait_key,
                 seen_seq=self.run.wait_signal_seq,
@@ -1811,6 +1972,11 @@ class _ChildrenAction(Action):
 class _PatchAction(Action):
     name = PATCH_KIND
     effect = Effect.PURE
+
+
+def _timeout_s(action: Action) -> float:
+    """The action's timeout in seconds, as the lease keeper counts it."""
+    return action.timeout if action.timeout is not None else store.action_timeout_ms() / 1000
 
 
 def _has_other_versions(name: str) -> bool:
@@ -1927,6 +2093,8 @@ class _Step:
     ctx: StepContext
     cost: dict[str, int] = field(default_factory=dict)
     refs: dict[str, Any] = field(default_factory=dict)
+    #: A reserved rate-limited dispatch, stamped just before ``run()`` (``flow.py``).
+    rate_dispatch: int | None = None
 
 
 def wake_parent(using: str, run: WorkflowRun) -> None:

@@ -59,6 +59,7 @@ def park(
     app_id: str,
     step: int,
     dependency: Dependency,
+    action: str,
     seen_kind: str,
     seen_key: str,
     seen_seq: int,
@@ -78,19 +79,21 @@ def park(
                 """UPDATE k2b_run SET status = 'queued', run_after = k2b_now(),
                           updated_at = k2b_now(),
                           wait_kind = %s, wait_key = %s, wait_signal_seq = %s, wait_step = %s,
+                          wait_action = %s,
                           wait_deadline = NULL, waiting_since = NULL, lease_expires_at = NULL,
                           consecutive_failures = 0
                     WHERE id = %s""",
-                [dependency.kind, dependency.key, current, step, run_id],
+                [dependency.kind, dependency.key, current, step, action, run_id],
             )
             return False
         cursor.execute(
             """UPDATE k2b_run SET status = 'waiting', updated_at = k2b_now(),
                       wait_kind = %s, wait_key = %s, wait_signal_seq = %s, wait_step = %s,
+                      wait_action = %s,
                       wait_deadline = %s, waiting_since = k2b_now(), lease_expires_at = NULL,
                       consecutive_failures = 0
                 WHERE id = %s""",
-            [dependency.kind, dependency.key, current, step, deadline, run_id],
+            [dependency.kind, dependency.key, current, step, action, deadline, run_id],
         )
     return True
 

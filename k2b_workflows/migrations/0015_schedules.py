@@ -15,7 +15,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("k2b_workflows", "0014_pinned_functions_and_run_seals"),
+        ("k2b_workflows", "0017_run_results_and_timeouts"),
     ]
 
     operations = [

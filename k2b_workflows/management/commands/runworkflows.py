@@ -13,7 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, connections
 
-from k2b_workflows import store
+from k2b_workflows import logformat, store
 from k2b_workflows.exceptions import DatabaseNotMigrated, DatabaseUnavailable
 from k2b_workflows.kernel import weather
 from k2b_workflows.management import arguments
@@ -83,6 +83,13 @@ class Command(BaseCommand):
             help="touch PATH after every healthy loop iteration (check: manage.py workerhealth)",
         )
         parser.add_argument(
+            "--log-format",
+            choices=logformat.FORMATS,
+            default=None,
+            help="form of the lines printed to stderr when LOGGING configures no handler for "
+            "k2b_workflows: text (default) or json, one object per line",
+        )
+        parser.add_argument(
             "--metrics-port",
             type=int,
             metavar="PORT",
@@ -100,10 +107,41 @@ class Command(BaseCommand):
         no_schedules: bool = False,
         health_file: str | None = None,
         metrics_port: int | None = None,
+        log_format: str | None = None,
         **options: Any,
     ) -> None:
         if wait_for_db is not None and wait_for_db < 0:
             raise CommandError("--wait-for-db must not be negative")
+        if log_format is not None and logformat.configured():
+            self.stderr.write(
+                f"--log-format {log_format} ignored: LOGGING configures the k2b_workflows logger"
+            )
+        log_handler = logformat.attach(log_format or "text")
+        try:
+            self._run(
+                apps,
+                concurrency,
+                burst,
+                no_listen,
+                wait_for_db,
+                health_file,
+                metrics_port,
+                no_schedules,
+            )
+        finally:
+            logformat.detach(log_handler)
+
+    def _run(
+        self,
+        apps: list[str] | None,
+        concurrency: int,
+        burst: bool,
+        no_listen: bool,
+        wait_for_db: float | None,
+        health_file: str | None,
+        metrics_port: int | None,
+        no_schedules: bool = False,
+    ) -> None:
         self._check_connections(concurrency)
         if metrics_port is not None:
             from k2b_workflows import metrics

@@ -74,6 +74,11 @@ class Command(BaseCommand):
             f"oldest waiting {_age(report['oldest_queued_age_s'])}"
         )
         out(f"open incidents: {report['open_incidents']}")
+        if report["busiest_keys"]:
+            out(f"queued behind concurrency keys: {report['queued_behind_keys']}; busiest keys:")
+            for k in report["busiest_keys"]:
+                name, key = k["workflow_name"], k["key"]
+                out(f"  {name} {key!r}  active {k['active']}  queued {k['queued']}")
         workers = report["live_workers"]
         out(f"live workers: {len(workers)}")
         for w in workers:

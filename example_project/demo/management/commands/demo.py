@@ -3,12 +3,17 @@ print what happened and where to look in the admin."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db.models import Count, Q
@@ -36,8 +41,31 @@ class Command(BaseCommand):
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--concurrency", type=int, default=4)
         parser.add_argument("--timeout", type=float, default=60.0)
+        parser.add_argument(
+            "--log-file",
+            type=Path,
+            default=Path(settings.BASE_DIR) / "demo.log",
+            help="where the workers' event lines go (default: demo.log beside manage.py)",
+        )
 
-    def handle(self, *args: Any, concurrency: int, timeout: float, **options: Any) -> None:
+    def handle(
+        self, *args: Any, concurrency: int, timeout: float, log_file: Path, **options: Any
+    ) -> None:
+        with _logging_to(log_file):
+            self._demo(concurrency, timeout)
+        self.stdout.write("")
+        self.stdout.write(
+            f"The workers' log (every claim, step and ledger entry): {log_file.resolve()}"
+        )
+        for line in (
+            "This demo connects as one database role, the tables' owner: the check that warns",
+            "about it (k2b_workflows.W003) is silenced in example_project/settings.py. In",
+            "production web and workers connect as a runtime role that cannot rewrite the",
+            "evidence (docs/security.md, 'Two database roles').",
+        ):
+            self.stdout.write(line)
+
+    def _demo(self, concurrency: int, timeout: float) -> None:
         batch = uuid.uuid4().hex[:6]
         self._last_settled = -1
         self._ensure_admin()
@@ -198,3 +226,25 @@ class Command(BaseCommand):
             "      the incident queue: resolve the bank payout with evidence"
         )
         w("Log in as admin / admin (created for this local demo).")
+
+
+@contextlib.contextmanager
+def _logging_to(path: Path) -> Iterator[None]:
+    """Send the kernel's log lines to ``path`` while the demo runs, not into its progress bar.
+
+    Each run logs a line per claim, step and ledger entry: a few hundred lines
+    that buried the demo's own output when they went to the terminal.
+    """
+    logger = logging.getLogger("k2b_workflows")
+    saved = (logger.handlers[:], logger.propagate, logger.level)
+    handler = logging.FileHandler(path, mode="w", encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger.handlers[:] = [handler]
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.handlers[:], logger.propagate, _ = saved
+        logger.setLevel(saved[2])
+        handler.close()

@@ -1,0 +1,338 @@
+"""Flow control: concurrency slots per key, priorities with aging, rate-limited dispatches.
+
+The failures this module is built around, each seen in a peer's queue:
+
+- **A leaked slot.** A slot held by a worker (or by an assignment record)
+  outlives the worker that crashed holding it, and the key's queue freezes
+  for good. Here a slot is a column of the run (``holds_slot``) and nothing
+  else: a takeover after SIGKILL re-queues the same run with its slot, and a
+  trigger on the row clears it in the very statement that ends the run
+  (success, failure, cancel, an operator's resolution, a hand-written
+  ``UPDATE``), then admits the key's next run in the same transaction. No
+  path has to remember to free it.
+- **Over-admission from a snapshot count.** Counting a key's active runs in
+  the snapshot of the claim (with ``SKIP LOCKED``) lets two claimers each see
+  one free slot and both take it. Here every admission counts the key's
+  holders under ``pg_advisory_xact_lock`` on the key, in a statement that
+  starts after the lock is granted (``k2b_flow_holders``), so it sees what the
+  previous holder of the lock committed. The claim itself never counts: a
+  keyed run without a slot is not in the claim's index at all.
+- **A rate limit per process.** A limit kept in a worker's memory is
+  multiplied by the number of workers. Here each dispatch of a rate-limited
+  action first commits a reservation in ``k2b_rate_dispatch`` under the key's
+  advisory lock, stamped with PostgreSQL's clock just before ``run()`` (until
+  then it counts as a call made now), and a full window defers the run to
+  the instant the window frees: re-queued, no thread held, no failure
+  counted, nothing charged (the budget is charged after admission, once per
+  step as always).
+- **Starvation of low priorities.** A strict priority order lets a steady
+  flood of important runs starve the rest. Here a run stands in line at
+  ``run_after - priority x PRIORITY_AGING_MS``: waiting that long counts as one
+  level, so a run of priority 0 waits at most ``p x PRIORITY_AGING_MS`` behind
+  runs of priority ``p`` started after it.
+
+The claim stays one index walk: ``k2b_run_queued`` holds the claimable queued
+runs (no key, or a slot) in line order, so runs that use none of this are
+claimed exactly as before, and a backlog behind busy keys is never read.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections, transaction
+
+from .. import metrics, store, validation
+from ..exceptions import InvalidInput
+
+if TYPE_CHECKING:
+    from ..actions import Action
+    from ..limits import RateLimit
+    from ..workflows import WorkflowDefinition
+
+logger = logging.getLogger(__name__)
+
+#: Highest ``priority`` (0 is the lowest and the default).
+MAX_PRIORITY = 1_000
+
+#: Where a queued run stands in line; the claim's index is on this expression.
+QUEUE_ORDER = "k2b_queue_order(run_after, priority_credit_ms)"
+
+#: Claimable: not keyed, or holding a slot. The same text as the index's condition.
+CLAIMABLE = "(concurrency_key IS NULL OR holds_slot)"
+
+_HOLDERS_SQL = """
+SELECT id, status FROM k2b_run
+ WHERE workflow_name = %s AND concurrency_key = %s AND holds_slot
+ ORDER BY created_at, id
+   FOR UPDATE
+"""
+
+_DEFER_SQL = """
+UPDATE k2b_run
+   SET status = 'queued', run_after = %s, lease_expires_at = NULL, claimed_by = '',
+       deferred_by = %s, updated_at = k2b_now()
+ WHERE id = %s AND generation = %s AND status = 'running'
+"""
+
+
+# -- starting a run ------------------------------------------------------------
+
+
+def start_fields(
+    definition: WorkflowDefinition,
+    *,
+    concurrency_key: Any,
+    priority: Any,
+    run_after: Any,
+    now: dt.datetime,
+) -> dict[str, Any]:
+    """The flow-control columns of a new run, or ``InvalidInput`` naming the argument."""
+    fields: dict[str, Any] = {"run_after": now}
+    if concurrency_key is not None:
+        validation.text(concurrency_key, "concurrency_key", max_length=255)
+        if definition.concurrency is None:
+            raise InvalidInput(
+                f"concurrency_key given, but workflow {definition.name!r} declares no "
+                "concurrency=Concurrency(...): the key would limit nothing"
+            )
+        fields["concurrency_key"] = concurrency_key
+        fields["concurrency_limit"] = definition.concurrency.limit
+    validation.integer(priority, "priority", minimum=0, maximum=MAX_PRIORITY)
+    fields["priority"] = priority
+    fields["priority_credit_ms"] = priority * store.priority_aging_ms()
+    if run_after is not None:
+        if not isinstance(run_after, dt.datetime):
+            raise InvalidInput(
+                f"run_after must be a timezone-aware datetime, not {type(run_after).__name__}"
+            )
+        if run_after.tzinfo is None or run_after.utcoffset() is None:
+            raise InvalidInput(
+                "run_after must be timezone-aware (a naive datetime is ambiguous): "
+                "use django.utils.timezone.now() + timedelta(...)"
+            )
+        fields["run_after"] = max(run_after, now)
+    return fields
+
+
+def has_room(using: str, definition: WorkflowDefinition, key: str) -> bool:
+    """``cancel_newest``: whether the key has a free slot, counted under its lock.
+
+    The lock is held until the start commits, so a concurrent start counts
+    after this one's run is in. Must run inside the start's transaction.
+    """
+    assert definition.concurrency is not None
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT k2b_flow_holders(%s, %s)", [definition.name, key])
+        return cursor.fetchone()[0] < definition.concurrency.limit
+
+
+def holders_to_cancel(using: str, definition: WorkflowDefinition, key: str) -> list[Any]:
+    """``cancel_in_progress``: the oldest holders of the key to cancel to make room for one.
+
+    Locks the holders' rows first and the key later (the cancel's trigger
+    takes it): the order in which a holder's own end takes them, so the two
+    never deadlock. Must run inside the start's transaction.
+    """
+    assert definition.concurrency is not None
+    with connections[using].cursor() as cursor:
+        cursor.execute(_HOLDERS_SQL, [definition.name, key])
+        holders = [row[0] for row in cursor.fetchall()]
+    return holders[: max(0, len(holders) - definition.concurrency.limit + 1)]
+
+
+# -- rate limits ---------------------------------------------------------------
+
+
+def limit_key(action: Action, input: Any) -> str:
+    """The key a step's dispatch counts under: the action's name, and its ``rate_limit_key``."""
+    name = action.action_name()
+    if not action.defines("rate_limit_key"):
+        return name
+    key = action.rate_limit_key(input)
+    if not isinstance(key, str):
+        raise InvalidInput(
+            f"{type(action).__name__}.rate_limit_key() must return a str, "
+            f"not {type(key).__name__} {key!r:.100}"
+        )
+    validation.text(key, f"{type(action).__name__}.rate_limit_key()", max_length=400)
+    return f"{name}:{key}"
+
+
+def admit_dispatch(
+    using: str, key: str, limit: RateLimit, run_id: Any, seq: int, generation: int
+) -> tuple[int | None, dt.datetime | None]:
+    """Reserve one dispatch under ``key`` in the current transaction.
+
+    Returns (the reservation's id, None), or (None, the instant the window
+    frees) when it is full and nothing was reserved. Each dispatch occupies
+    ``per`` plus ``RATE_LIMIT_MARGIN_MS`` (what may still pass between the stamp
+    and the provider seeing the call).
+    """
+    per_ms = limit.per_ms + store.rate_limit_margin_ms()
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            "SELECT dispatch_id, free_at FROM k2b_rate_admit(%s, %s, %s, %s, %s, %s)",
+            [key, limit.limit, per_ms, run_id, seq, generation],
+        )
+        dispatch_id, free_at = cursor.fetchone()
+    return dispatch_id, free_at
+
+
+def stamp_dispatch(using: str, dispatch_id: int) -> None:
+    """Time a reserved dispatch on the database's clock, just before ``run()`` is called.
+
+    The reservation committed a commit or two earlier (an IDEMPOTENT step's
+    charge, an EXTERNAL step's dispatch entry), a delay that varies from call
+    to call; until it is stamped it counts as a call made "now" at every
+    admission of its key. Outside a transaction the stamp commits without
+    waiting for the disk (``synchronous_commit = off``): one short round trip
+    more, not a flush. Inside one (a TRANSACTIONAL step's block) it commits
+    with the block.
+    """
+    conn = connections[using]
+    if conn.in_atomic_block:
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT k2b_rate_stamp(%s)", [dispatch_id])
+        return
+    with transaction.atomic(using=using), conn.cursor() as cursor:
+        cursor.execute("SET LOCAL synchronous_commit = off")
+        cursor.execute("SELECT k2b_rate_stamp(%s)", [dispatch_id])
+
+
+def defer(using: str, run_id: Any, generation: int, until: dt.datetime, key: str) -> bool:
+    """Queue our run again for ``until`` (a full rate limit): no failure, slot and priority kept."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(_DEFER_SQL, [until, key, run_id, generation])
+        deferred = cursor.rowcount == 1
+    if deferred:
+        metrics.count_rate_deferral(key.split(":", 1)[0])
+    return deferred
+
+
+# -- what operators see --------------------------------------------------------
+
+
+def why_queued(using: str, run: Any) -> dict[str, Any] | None:
+    """Why a queued run is not running yet: its key's holders, its line, rate limits.
+
+    None for a run that is not queued.
+    """
+    if run.status != "queued":
+        return None
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            f"""SELECT k2b_now(), {QUEUE_ORDER}, run_after > k2b_now()
+                  FROM k2b_run WHERE id = %s""",
+            [run.pk],
+        )
+        now, line, delayed = cursor.fetchone()
+        reason: dict[str, Any] = {
+            "priority": run.priority,
+            "line_at": line,
+            "delayed_until": run.run_after if delayed else None,
+            "behind_key": None,
+            "rate_limited": None,
+        }
+        if run.concurrency_key is not None:
+            cursor.execute(
+                """SELECT id, status FROM k2b_run
+                     WHERE workflow_name = %s AND concurrency_key = %s AND holds_slot
+                     ORDER BY created_at LIMIT 50""",
+                [run.workflow_name, run.concurrency_key],
+            )
+            holders = [{"id": r[0], "status": r[1]} for r in cursor.fetchall()]
+            cursor.execute(
+                f"""SELECT count(*) FROM k2b_run
+                     WHERE workflow_name = %s AND concurrency_key = %s AND status = 'queued'
+                       AND NOT holds_slot AND {QUEUE_ORDER} < %s""",
+                [run.workflow_name, run.concurrency_key, line],
+            )
+            ahead = cursor.fetchone()[0]
+            reason["behind_key"] = {
+                "key": run.concurrency_key,
+                "limit": run.concurrency_limit,
+                "holds_slot": run.holds_slot,
+                "holders": holders,
+                "ahead": ahead,
+            }
+        if delayed and run.deferred_by:
+            cursor.execute(
+                """SELECT count(*), max(at) FROM k2b_rate_dispatch WHERE limit_key = %s""",
+                [run.deferred_by],
+            )
+            recent, last = cursor.fetchone()
+            reason["rate_limited"] = {
+                "key": run.deferred_by,
+                "free_at": run.run_after,
+                "recent_dispatches": recent,
+                "last_dispatch": last,
+            }
+    reason["now"] = now
+    return reason
+
+
+def key_runs(using: str, workflow_name: str, key: str, limit: int = 200) -> dict[str, Any]:
+    """A key's active runs (slot holders) and the runs queued behind it, in line order."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            """SELECT id, status, priority, created_at, updated_at FROM k2b_run
+                WHERE workflow_name = %s AND concurrency_key = %s AND holds_slot
+                ORDER BY created_at""",
+            [workflow_name, key],
+        )
+        active = cursor.fetchall()
+        cursor.execute(
+            f"""SELECT id, status, priority, created_at, run_after FROM k2b_run
+                 WHERE workflow_name = %s AND concurrency_key = %s AND status = 'queued'
+                   AND NOT holds_slot
+                 ORDER BY {QUEUE_ORDER}, created_at LIMIT %s""",
+            [workflow_name, key, limit],
+        )
+        queued = cursor.fetchall()
+        cursor.execute(
+            """SELECT count(*) FROM k2b_run WHERE workflow_name = %s AND concurrency_key = %s
+                 AND status = 'queued' AND NOT holds_slot""",
+            [workflow_name, key],
+        )
+        behind = cursor.fetchone()[0]
+    columns = ("id", "status", "priority", "created_at")
+    return {
+        "workflow_name": workflow_name,
+        "key": key,
+        "active": [dict(zip(columns, r[:4], strict=True)) for r in active],
+        "queued": [dict(zip((*columns, "run_after"), r, strict=True)) for r in queued],
+        "queued_count": behind,
+    }
+
+
+def busiest_keys(cursor: Any, limit: int = 10) -> list[dict[str, Any]]:
+    """The keys with the most runs queued behind them, with their holders' count."""
+    cursor.execute(
+        """SELECT workflow_name, concurrency_key,
+                  count(*) FILTER (WHERE NOT holds_slot AND status = 'queued'),
+                  count(*) FILTER (WHERE holds_slot)
+             FROM k2b_run
+            WHERE concurrency_key IS NOT NULL
+              AND (holds_slot OR status = 'queued')
+            GROUP BY 1, 2
+            ORDER BY 3 DESC, 4 DESC, 1, 2
+            LIMIT %s""",
+        [limit],
+    )
+    return [
+        {"workflow_name": r[0], "key": r[1], "queued": int(r[2]), "active": int(r[3])}
+        for r in cursor.fetchall()
+    ]
+
+
+def flow_counts(cursor: Any) -> tuple[int, int]:
+    """(runs queued behind a key, keys with such runs): the metrics scrape's gauges."""
+    cursor.execute(
+        """SELECT count(*), count(DISTINCT (workflow_name, concurrency_key)) FROM k2b_run
+            WHERE status = 'queued' AND NOT holds_slot AND concurrency_key IS NOT NULL"""
+    )
+    behind, keys = cursor.fetchone()
+    return int(behind), int(keys)

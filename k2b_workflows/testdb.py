@@ -1,0 +1,78 @@
+"""Which databases Django's test runner created: the only ones ``flush`` may empty.
+
+The journal, the ledger and the budget charges are append-only: the database
+refuses ``UPDATE``, ``DELETE`` and ``TRUNCATE`` of them (``models.py``). Django
+empties every table with ``manage.py flush`` after each ``TransactionTestCase``
+(and each pytest-django test marked ``transaction=True``), and that flush
+failed on them in every project, with "k2b_journal is append-only, TRUNCATE is
+refused". A bypass that a production process could reach by accident would
+make the evidence deletable; one that no test could reach would make the
+documented test styles fail.
+
+So the bypass is narrow. A database is flushable only when both hold, in this
+process:
+
+- Django's test environment is set up (``setup_test_environment()``, which
+  Django's test runner and pytest-django call before creating test databases,
+  and which nothing in a production process calls), and
+- the connection's database ``NAME`` is one that the test runner migrated
+  after ``create_test_db()`` switched the connection to it (recorded here on
+  ``post_migrate`` while the test environment is set up), or a clone of one
+  made for ``manage.py test --parallel`` (``<name>_<n>``).
+
+Anything else is refused with a clear error before a statement is sent, and
+the database's own refusal (the triggers, the runtime role's missing
+privileges) stays as it was: a ``TRUNCATE`` from ``psql`` or any other code is
+refused exactly as before.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from django.db import connections
+
+#: The triggers a flush steps past: the row-level refusal of DELETE (a flush
+#: made of DELETEs) and the statement-level refusal of TRUNCATE.
+APPEND_ONLY_TRIGGERS = (
+    "k2b_workflows.JournalEntry:journal_append_only",
+    "k2b_workflows.LedgerEntry:ledger_append_only",
+    "k2b_workflows.BudgetCharge:charge_append_only",
+    "k2b_workflows.JournalEntry:journal_no_truncate",
+    "k2b_workflows.LedgerEntry:ledger_no_truncate",
+    "k2b_workflows.BudgetCharge:charge_no_truncate",
+)
+
+#: Database names the test runner created and migrated in this process.
+_created: set[str] = set()
+
+
+def test_environment_active() -> bool:
+    """True between Django's ``setup_test_environment()`` and its teardown.
+
+    Read from the state Django keeps for that teardown: should a future
+    Django keep it elsewhere, this answers False and flushes are refused
+    (the safe side), never the reverse.
+    """
+    try:
+        from django.test.utils import _TestState
+    except ImportError:  # pragma: no cover - a Django without it
+        return False
+    return hasattr(_TestState, "saved_data")
+
+
+def record_test_database(sender: Any, using: str = "default", **kwargs: Any) -> None:
+    """``post_migrate`` receiver: remember the database the test runner just migrated."""
+    if test_environment_active():
+        _created.add(str(connections[using].settings_dict["NAME"]))
+
+
+def created_by_test_runner(using: str) -> bool:
+    """Whether the database behind alias ``using`` is one the test runner created."""
+    if not test_environment_active():
+        return False
+    name = str(connections[using].settings_dict["NAME"])
+    return any(
+        name == created or re.fullmatch(re.escape(created) + r"_\d+", name) for created in _created
+    )
