@@ -177,6 +177,23 @@ class Bench:
             cursor.execute("CREATE TABLE bench_gate (key text PRIMARY KEY)")
             cursor.execute("CREATE TABLE bench_sample (key text PRIMARY KEY, started float8)")
             cursor.execute("CREATE TABLE bench_row (id bigserial PRIMARY KEY, effect_key text)")
+            if self.args.schedules:
+                # Schedules of the bench's own workflows, none due during the bench: every
+                # worker probes for due ticks (once a second) as it would in production.
+                cursor.execute(
+                    """INSERT INTO k2b_schedule
+                           (schedule_id, workflow_name, cron, every, timezone, input, catch_up,
+                            overlap, paused, source, enabled, disabled_reason, anchor,
+                            next_tick, next_fire_at, created_at, updated_at)
+                       SELECT 'bench-' || n, 'bench.steps.mix', '', interval '1 day', 'UTC',
+                              '{}', 'latest', 'skip', false, 'code', true, '', k2b_now(),
+                              k2b_now() + interval '1 day' + n * interval '1 second',
+                              k2b_now() + interval '1 day' + n * interval '1 second',
+                              k2b_now(), k2b_now()
+                         FROM generate_series(1, %s) n""",
+                    [self.args.schedules],
+                )
+                cursor.execute("ANALYZE k2b_schedule")
 
     def teardown(self) -> None:
         from django.db import connection
@@ -787,6 +804,12 @@ def main() -> None:
         "--memory-steps",
         type=int,
         help="PURE steps one worker runs while its RSS is sampled (100000; quick: none)",
+    )
+    parser.add_argument(
+        "--schedules",
+        type=int,
+        default=0,
+        help="schedules of the bench's workflows present (none due) while it runs (0)",
     )
     parser.add_argument(
         "--results-only",

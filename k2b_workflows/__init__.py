@@ -16,6 +16,7 @@ from .exceptions import (
     EvidenceChanged,
     IdempotencyConflict,
     InvalidInput,
+    InvalidSchedule,
     LeaseLost,
     NotRetryable,
     ResolutionRefused,
@@ -25,6 +26,7 @@ from .exceptions import (
 )
 from .limits import Concurrency, RateLimit
 from .retries import Retry
+from .schedules import Schedule
 from .workflows import workflow
 
 _LAZY = {
@@ -46,6 +48,7 @@ _LAZY = {
     "DryRunReport": "dryrun",
     "dry_run": "dryrun",
     "ai_provider": "kernel.ai",
+    "schedule_workflow": "scheduling",
 }
 
 if TYPE_CHECKING:
@@ -65,6 +68,7 @@ if TYPE_CHECKING:
     from .dryrun import DryRunReport, dry_run
     from .kernel.ai import ai_provider
     from .results import await_workflow_run, wait_for_workflow_run
+    from .scheduling import schedule_workflow
 
 
 def __getattr__(name: str) -> Any:
@@ -88,12 +92,14 @@ __all__ = [
     "EvidenceChanged",
     "IdempotencyConflict",
     "InvalidInput",
+    "InvalidSchedule",
     "LeaseLost",
     "NotRetryable",
     "RateLimit",
     "ResolutionRefused",
     "Retry",
     "RunCanceled",
+    "Schedule",
     "StepFailed",
     "UnknownWorkflow",
     "acancel_workflow_run",
@@ -110,6 +116,7 @@ __all__ = [
     "notify_workflow_worker",
     "resolve_effect",
     "retry_workflow_run",
+    "schedule_workflow",
     "start_workflow_run",
     "succeeded",
     "unknown",

@@ -740,3 +740,7 @@ class WorkerRecordAdmin(ReadOnlyMixin, admin.ModelAdmin):
             ((admin_views.run_url(r.pk), r.pk) for r in runs.only("id")[:50]),
         )
         return links or "—"
+
+
+# The Schedules page lives in a module of its own; importing it registers it.
+from . import admin_schedules  # noqa: E402, F401

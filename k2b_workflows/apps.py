@@ -1,3 +1,5 @@
+from typing import Any
+
 from django.apps import AppConfig
 from django.db.models.signals import post_migrate
 from django.utils.module_loading import autodiscover_modules
@@ -23,3 +25,12 @@ class K2BWorkflowsConfig(AppConfig):
         # Each installed app's ``workflows`` module defines its actions and
         # workflows, as ``admin.py`` modules register admin classes.
         autodiscover_modules("workflows")
+
+        # ``migrate`` writes the decorators' schedules (and disables removed ones).
+        post_migrate.connect(_sync_decorator_schedules, sender=self)
+
+
+def _sync_decorator_schedules(sender: Any, **kwargs: Any) -> None:
+    from .scheduling import post_migrate as sync
+
+    sync(sender, **kwargs)

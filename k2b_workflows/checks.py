@@ -102,6 +102,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
         "WORKER_HEARTBEAT_MS",
         "WORKER_LOST_AFTER_MS",
         "WORKER_PURGE_AFTER_MS",
+        "SCHEDULE_MAX_CATCH_UP",
+        "SCHEDULE_MISSED_AFTER_MS",
+        "SCHEDULE_PASS_INTERVAL_MS",
     ):
         value = configured.get(key)
         if value is not None and (
@@ -265,3 +268,65 @@ def check_replication(app_configs: Any = None, databases: Any = None, **kwargs: 
             id=topology.ASYNC_STANDBY_CHECK,
         )
     ]
+
+
+# Tagged "database": it reads the schedule table (``check --database``, ``migrate``).
+# Warnings, not errors: an error would stop the very ``migrate`` that fixes it.
+@register(Tags.database)
+def check_schedules(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list:
+    """Schedules that cannot fire as written: a bad spec, an unknown workflow or version,
+    a decorator's schedule that its decorator no longer declares."""
+    alias = store.database()
+    if not databases or alias not in databases or connections[alias].vendor != "postgresql":
+        return []
+    from django.db import DatabaseError
+
+    from .exceptions import InvalidSchedule, UnknownWorkflow
+    from .models import WorkflowSchedule
+    from .workflows import get_workflow, registered_workflows
+
+    try:
+        rows = list(WorkflowSchedule.objects.using(alias).all())
+    except DatabaseError:
+        return []  # not migrated yet
+    declared = {n for n, d in registered_workflows().items() if d.schedule is not None}
+    problems = []
+    for row in rows:
+        label = f"schedule {row.schedule_id!r}"
+        if not row.enabled:
+            problems.append(
+                Warning(
+                    f"{label} is disabled: {row.disabled_reason}",
+                    hint="delete it in the admin, or declare it again",
+                    obj=row,
+                    id="k2b_workflows.W032",
+                )
+            )
+            continue
+        if row.source == WorkflowSchedule.Source.DECORATOR and row.schedule_id not in declared:
+            problems.append(
+                Warning(
+                    f"{label}: the @workflow decorator no longer declares it",
+                    hint="`migrate` disables it (it fires nothing once disabled)",
+                    obj=row,
+                    id="k2b_workflows.W032",
+                )
+            )
+        try:
+            row.spec()
+        except InvalidSchedule as exc:
+            problems.append(
+                Warning(f"{label}: {exc.field}: {exc}", obj=row, id="k2b_workflows.W030")
+            )
+        try:
+            get_workflow(row.workflow_name, row.workflow_version)
+        except UnknownWorkflow as exc:
+            problems.append(
+                Warning(
+                    f"{label}: workflow: {exc}",
+                    hint="no worker can fire its ticks until that workflow (version) is deployed",
+                    obj=row,
+                    id="k2b_workflows.W031",
+                )
+            )
+    return problems

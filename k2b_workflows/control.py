@@ -65,6 +65,8 @@ def start_workflow_run(
     concurrency_key: str | None = None,
     priority: int = 0,
     run_after: Any = None,
+    schedule_id: str | None = None,
+    scheduled_for: Any = None,
 ) -> WorkflowRun:
     """Queue a run of workflow ``name``. The same ``idempotency_key`` returns the same run.
 
@@ -73,6 +75,8 @@ def start_workflow_run(
     ``concurrency=Concurrency(...)``) limits the active runs sharing it;
     ``priority`` (0 to 1000, higher first, aged by ``PRIORITY_AGING_MS``) orders
     claims; ``run_after`` (an aware datetime) delays the first claim.
+    ``schedule_id`` and ``scheduled_for`` are set by schedule passes
+    (``kernel/schedules.py``) and the admin's "run now".
 
     Raises ``UnknownWorkflow`` or ``InvalidInput`` before creating anything,
     ``IdempotencyConflict`` when the key names a run started with another input,
@@ -96,6 +100,9 @@ def start_workflow_run(
         run_after=run_after,
         now=now,
     )
+    # Set on the run by _start with the flow fields: which schedule's tick started it.
+    flow_fields["schedule_id"] = schedule_id
+    flow_fields["scheduled_for"] = scheduled_for
     using = store.database()
     if concurrency_key is not None:
         # A keyed start may cancel holders or count them under the key's lock:

@@ -17,6 +17,18 @@ class InvalidInput(WorkflowError, ValueError):
     """A value that must be JSON is not, or an argument is malformed."""
 
 
+class InvalidSchedule(InvalidInput):
+    """A schedule's spec is malformed; ``field`` names what is wrong (``cron``, ``every``, ...).
+
+    Raised where a schedule is defined (``Schedule(...)``, ``schedule_workflow``),
+    and turned into a form error on that field in the admin.
+    """
+
+    def __init__(self, message: str, *, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class IdempotencyConflict(InvalidInput):
     """An ``idempotency_key`` already names a run started with a different input,
     or by another principal.

@@ -110,6 +110,16 @@ def _create() -> None:
             "Database connections re-opened after an error, by component.",
             ["component"],
         ),
+        schedule_skips=Counter(
+            "k2b_schedule_ticks_skipped",
+            "Schedule ticks that started no run, by reason (overlap, buffer_full, catch_up).",
+            ["reason"],
+        ),
+        schedule_lag=Histogram(
+            "k2b_schedule_lag_seconds",
+            "Time from a tick's fire time to the pass that queued its run.",
+            buckets=LATENCY_BUCKETS,
+        ),
     )
 
 
@@ -175,6 +185,20 @@ def count_db_reconnect(component: str) -> None:
         reconnects.labels(component=component).inc()
 
 
+@_never_raises
+def count_schedule_skips(reason: str, n: int = 1) -> None:
+    """Count ``n`` ticks that started no run because of ``reason`` (overlap, catch_up, ...)."""
+    if n and (skips := _get("schedule_skips")) is not None:
+        skips.labels(reason=reason).inc(n)
+
+
+@_never_raises
+def observe_schedule_lag(seconds: float) -> None:
+    """A tick's run was queued ``seconds`` after the tick's fire time."""
+    if (lag := _get("schedule_lag")) is not None:
+        lag.observe(max(seconds, 0.0))
+
+
 class DatabaseCollector:
     """Gauges of the shared state, read from the database at scrape time.
 
@@ -192,6 +216,7 @@ class DatabaseCollector:
 
         from . import fleet
         from .kernel import db, flow
+        from .kernel import schedules as schedule_passes
 
         up = GaugeMetricFamily("k2b_database_up", "1 when the last scrape could read the database.")
         try:
@@ -204,6 +229,7 @@ class DatabaseCollector:
         try:
             with conn.cursor() as cursor:
                 runs, depth, oldest, live = fleet.queue_counts(cursor)
+                late_schedules = schedule_passes.late_count(cursor)
                 behind, keys = flow.flow_counts(cursor)
         except Exception as exc:
             logger.warning("metrics: database query failed: %s", exc)
@@ -232,6 +258,11 @@ class DatabaseCollector:
             value=runs.get("needs_attention", 0),
         )
         yield GaugeMetricFamily("k2b_live_workers", "Workers whose heartbeat is fresh.", value=live)
+        yield GaugeMetricFamily(
+            "k2b_schedules_late",
+            "Schedules whose next tick is overdue by more than SCHEDULE_MISSED_AFTER_MS.",
+            value=late_schedules,
+        )
         yield GaugeMetricFamily(
             "k2b_queued_behind_key",
             "Queued runs waiting for a slot of their concurrency key.",

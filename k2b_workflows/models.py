@@ -164,6 +164,12 @@ class WorkflowRun(models.Model):
     #: with ``WORKFLOW_TIMEOUT`` (``timeouts.py``). None: no timeout.
     timeout_at = models.DateTimeField(null=True, blank=True)
 
+    #: The ``WorkflowSchedule.schedule_id`` that started the run, and the tick it
+    #: ran for; NULL for runs started otherwise. A string, not a foreign key: a
+    #: deleted schedule leaves its runs (and their evidence) as they are.
+    schedule_id = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    scheduled_for = models.DateTimeField(null=True, blank=True)
+
     #: Keyed seals over (entry count, head) of the journal and the ledger, rewritten
     #: with every entry: a deleted tail no longer matches (``kernel/evidence.py``).
     journal_anchor = models.CharField(max_length=100, blank=True, default="", editable=False)
@@ -272,6 +278,22 @@ class WorkflowRun(models.Model):
                     timeout_at__isnull=False, status__in=["queued", "running", "waiting"]
                 ),
                 name="k2b_run_timeout",
+            ),
+            # A schedule's runs, newest tick first (its admin page), and the ones
+            # not ended yet (overlap). Partial: runs started otherwise have no entry,
+            # so neither an enqueue nor a status change of theirs pays for them.
+            models.Index(
+                fields=["schedule_id", "scheduled_for"],
+                condition=models.Q(schedule_id__isnull=False),
+                name="k2b_run_schedule",
+            ),
+            models.Index(
+                fields=["schedule_id"],
+                condition=models.Q(
+                    schedule_id__isnull=False,
+                    status__in=["queued", "running", "waiting", "needs_attention"],
+                ),
+                name="k2b_run_schedule_active",
             ),
         ]
         triggers = [
@@ -734,3 +756,7 @@ class OverviewMinute(models.Model):
 
     def __str__(self) -> str:
         return f"{self.minute:%Y-%m-%d %H:%M} {self.kind} {self.status} {self.count}"
+
+
+# Schedules live in a module of their own; they are models of this app all the same.
+from .schedule_models import WorkflowSchedule, WorkflowScheduleSkip  # noqa: E402, F401

@@ -25,8 +25,17 @@ _FORBIDDEN = ("UPDATE", "DELETE", "TRUNCATE")
 #: rendezvous nobody consumed in their housekeeping (``kernel/waits.py``).
 #: Rate-limited dispatches older than their window go with the next admission of
 #: their key (``kernel/flow.py``), and the admin's overview drops its per-minute
-#: counts older than two days (``overview.py``). None holds evidence. Nothing else.
-RUNTIME_DELETES = ("k2b_overview_minute", "k2b_rate_dispatch", "k2b_wait", "k2b_worker")
+#: counts older than two days (``overview.py``). None holds evidence. And schedules
+#: an operator deletes in the admin, with their skipped-tick records (their runs
+#: stay). Nothing else.
+RUNTIME_DELETES = (
+    "k2b_overview_minute",
+    "k2b_rate_dispatch",
+    "k2b_schedule",
+    "k2b_schedule_skip",
+    "k2b_wait",
+    "k2b_worker",
+)
 #: The kernel's SQL functions (migrations 0009 and 0016): statements and triggers
 #: call them as the runtime role.
 KERNEL_FUNCTIONS = (

@@ -85,6 +85,16 @@ key                            default     meaning
                                            is admitted, and the provider sees the call
                                            a commit later, a delay that varies from call
                                            to call (0: windows of exactly ``per``)
+``SCHEDULE_MAX_CATCH_UP``      100         ``catch_up="all"``: missed ticks one schedule
+                                           pass starts per schedule, in order; the
+                                           next pass goes on with the rest
+``SCHEDULE_MISSED_AFTER_MS``   60000       a tick a pass sees this long after it was due
+                                           (the fleet was down) is missed: its schedule's
+                                           ``catch_up`` decides; ``workflowstatus``
+                                           reports a schedule this late
+``SCHEDULE_PASS_INTERVAL_MS``  1000        how often a worker asks whether a tick is due
+                                           (one indexed read); it also wakes for the
+                                           next tick it learned of
 ``WITNESS_SINK``               None        dotted path to (or a) callable receiving each
                                            witness record (a dict) of a dispatch or a
                                            run's end; None: the ``k2b_workflows.witness``
@@ -106,6 +116,7 @@ the defaults in it: they are replaced, not extended).
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import hashlib
 import hmac
@@ -137,6 +148,10 @@ WORKFLOW_WAKE_RETENTION_HOURS = 168
 WORKFLOW_WORKER_PURGE_AFTER_MS = 7 * 24 * 3600 * 1000
 WORKFLOW_PRIORITY_AGING_MS = 60_000
 WORKFLOW_RATE_LIMIT_MARGIN_MS = 100
+#: Missed ticks a schedule pass starts per schedule under ``catch_up="all"``.
+SCHEDULE_MAX_CATCH_UP = 100
+SCHEDULE_MISSED_AFTER_MS = 60_000
+SCHEDULE_PASS_INTERVAL_MS = 1_000
 
 # Error codes written to ``WorkflowRun.error_code`` by the kernel.
 WORKFLOW_RETRY_EXHAUSTED = "WORKFLOW_RETRY_EXHAUSTED"
@@ -216,6 +231,9 @@ _DEFAULTS: dict[str, Any] = {
     "WORKER_PURGE_AFTER_MS": WORKFLOW_WORKER_PURGE_AFTER_MS,
     "PRIORITY_AGING_MS": WORKFLOW_PRIORITY_AGING_MS,
     "RATE_LIMIT_MARGIN_MS": WORKFLOW_RATE_LIMIT_MARGIN_MS,
+    "SCHEDULE_MAX_CATCH_UP": SCHEDULE_MAX_CATCH_UP,
+    "SCHEDULE_MISSED_AFTER_MS": SCHEDULE_MISSED_AFTER_MS,
+    "SCHEDULE_PASS_INTERVAL_MS": SCHEDULE_PASS_INTERVAL_MS,
     "WITNESS_SINK": None,
 }
 
@@ -278,6 +296,22 @@ def max_reconcile_polls() -> int:
 
 def wake_retention_hours() -> int:
     return int(_get("WAKE_RETENTION_HOURS"))
+
+
+def schedule_max_catch_up() -> int:
+    return int(_get("SCHEDULE_MAX_CATCH_UP"))
+
+
+def schedule_missed_after_ms() -> int:
+    return int(_get("SCHEDULE_MISSED_AFTER_MS"))
+
+
+def schedule_missed_after() -> dt.timedelta:
+    return dt.timedelta(milliseconds=schedule_missed_after_ms())
+
+
+def schedule_pass_interval_ms() -> int:
+    return int(_get("SCHEDULE_PASS_INTERVAL_MS"))
 
 
 def database() -> str:

@@ -6,6 +6,11 @@ until nothing of the selected apps is runnable. Delayed retries are waited
 for (they are part of "until idle"); waiting runs are not, unless their
 deadline passes within ``timeout``.
 
+Schedules' due ticks are fired on every round (their runs are then run like
+any other): under ``controlled_clock``, ``clock.advance(hours=1)`` followed by
+``run_until_idle()`` runs the hour's ticks as the schedule's ``catch_up``
+says. It never moves the clock to a future tick by itself.
+
 ``controlled_clock`` moves the kernel's clock forward, so that a test passes
 an hour of retry backoff, a day-long wait deadline or a lease expiry at once
 instead of sleeping through it (or shortening it until it no longer tests the
@@ -73,6 +78,8 @@ def run_until_idle(
                 raise TimeoutError(f"run_until_idle: still busy after {timeout} s ({dict(stats)})")
             worker._last_housekeeping = 0.0
             worker._housekeeping(0)
+            if scheduled := worker.fire_schedules(force=True):
+                stats["scheduled"] += scheduled
             runs, loaded, tasks = worker.claim(1)
             for run_id, generation in runs:
                 execution = Execution(

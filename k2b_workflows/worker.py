@@ -15,6 +15,10 @@ Threads:
 - a listener on its own autocommit psycopg connection (a pooled Django
   connection would keep listening for its next borrower) sets the wake-up;
 - the lease keeper renews leases and notices cancellations;
+- the main loop also runs schedule passes (``kernel/schedules.py``) unless
+  started with ``schedules=False``: it asks when the next tick fires at most
+  once per ``SCHEDULE_PASS_INTERVAL_MS``, wakes for it, and fires due ticks
+  in a transaction of their own, never inside a claim;
 - the heartbeat keeps this process's row in the fleet table fresh
   (``fleet.py``), and, with ``metrics_port``, an HTTP thread serves metrics.
 
@@ -48,6 +52,7 @@ from . import fleet, metrics, store, timeouts
 from .exceptions import DatabaseNotMigrated, DatabaseUnavailable
 from .health import HealthFile
 from .kernel import ai, claim, db, flow, waits, weather
+from .kernel import schedules as schedule_passes
 from .kernel.execute import Execution, Preloaded, preload, preload_statement, preloaded
 from .kernel.leases import LeaseKeeper
 from .prefetch import Prefetch
@@ -118,6 +123,7 @@ class Worker:
         notice_stream: TextIO | None = None,
         health_file: str | None = None,
         metrics_port: int | None = None,
+        schedules: bool = True,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -149,6 +155,10 @@ class Worker:
         self.notice_stream = notice_stream
         self.health = HealthFile(health_file) if health_file else None
         self.metrics_port = metrics_port
+        #: Run schedule passes (``runworkflows --no-schedules``: False).
+        self.schedules = schedules
+        #: ``time.monotonic()`` of the next "is a tick due?" probe.
+        self._next_schedule_check = 0.0
         self.heartbeat = fleet.Heartbeat(
             using=self.using,
             worker_id=self.worker_id,
@@ -509,6 +519,7 @@ class Worker:
         if self._orphans_possible:
             self._hand_back_orphans()
         self._housekeeping(poll)
+        self.fire_schedules()
         started = self._fill(pool)
         if self.health:
             self.health.touch()
@@ -532,6 +543,8 @@ class Worker:
             due = claim.next_due_in_ms(self.using)
             if due is not None:
                 timeout = min(timeout, max(due / 1000, 0.005))
+        if self.schedules:
+            timeout = min(timeout, max(self._next_schedule_check - time.monotonic(), 0.005))
         self.wake.wait(timeout)
         return False
 
@@ -736,6 +749,41 @@ class Worker:
             self.stats["timed_out"] += timeouts.cancel_overdue(self.using, overdue)
         self.stats["reaped"] += reaped
         self.stats["deadlines"] += promoted
+
+    def fire_schedules(self, *, force: bool = False) -> int:
+        """Fire the due ticks of this worker's workflows; returns the runs started.
+
+        Probes first (one indexed read), at most once per
+        ``SCHEDULE_PASS_INTERVAL_MS`` unless ``force``; the next probe is
+        brought forward to the next tick it learned of.
+        """
+        if not self.schedules:
+            return 0
+        now = time.monotonic()
+        if not force and now < self._next_schedule_check:
+            return 0
+        interval = store.schedule_pass_interval_ms() / 1000
+        self._next_schedule_check = now + interval
+        versions: dict[str, set[int]] = {}
+        for name, version in self._workflows():
+            versions.setdefault(name, set()).add(version)
+        if not versions:
+            return 0
+        from .scheduling import start_tick
+
+        started = 0
+        for _ in range(10):  # bounded: claims wait meanwhile; the next call goes on
+            due_in, buffered = schedule_passes.probe(self.using, sorted(versions))
+            if not buffered and (due_in is None or due_in > 0):
+                break
+            result = schedule_passes.run_pass(self.using, versions, start_tick, buffered=buffered)
+            started += result.started
+            self.stats["scheduled"] += result.started
+            if not result.rows:
+                break
+        if due_in is not None and due_in > 0:
+            self._next_schedule_check = min(self._next_schedule_check, now + due_in)
+        return started
 
     def _pending(self) -> bool:
         """For ``burst``: is anything of ours queued (even delayed) or claimable soon?"""

@@ -24,6 +24,7 @@ from . import validation
 from .exceptions import InvalidInput, UnknownWorkflow
 from .limits import Concurrency, check_concurrency
 from .retries import Retry, check_policy
+from .schedules import Schedule
 
 WorkflowFn = Callable[["RunHandle", Any], Any]
 
@@ -49,6 +50,8 @@ class WorkflowDefinition:
 
     #: At most ``concurrency.limit`` active runs per ``concurrency_key`` (None: no keys).
     concurrency: Concurrency | None = None
+    #: Written by ``migrate`` as the ``WorkflowSchedule`` whose id is the name.
+    schedule: Schedule | None = None
 
 
 @dataclass
@@ -105,6 +108,7 @@ def workflow(
     retry: Retry | None = None,
     timeout: dt.timedelta | None = None,
     concurrency: Concurrency | None = None,
+    schedule: Schedule | None = None,
 ) -> Callable[[WorkflowFn], WorkflowFn]:
     """Register ``fn(run, input)`` as the workflow ``name``.
 
@@ -113,9 +117,10 @@ def workflow(
     number of children the tree may create. ``retry`` (a ``Retry``) replaces
     the settings' bound and backoff for its steps whose action has no policy.
     ``timeout`` (a positive ``timedelta``): a run not ended that long after its
-    start is canceled with ``WORKFLOW_TIMEOUT`` (``timeouts.py``).
-    number of children the tree may create. ``concurrency`` bounds the active
-    runs started with the same ``concurrency_key`` (see docs/flow-control.md).
+    start is canceled with ``WORKFLOW_TIMEOUT`` (``timeouts.py``). ``concurrency``
+    bounds the active runs started with the same ``concurrency_key`` (see
+    docs/flow-control.md). ``schedule`` starts runs by itself
+    (a ``Schedule``): ``migrate`` writes it as the schedule whose id is ``name``.
     """
     if not isinstance(name, str) or not name:
         raise InvalidInput("workflow() takes a non-empty name")
@@ -131,6 +136,10 @@ def workflow(
     validation.integer(max_ai_calls, "max_ai_calls", maximum=validation.MAX_INT, optional=True)
     validation.integer(max_steps, "max_steps", minimum=1, maximum=validation.MAX_INT)
     validation.integer(version, "version", minimum=1, maximum=validation.MAX_INT)
+    if schedule is not None and not isinstance(schedule, Schedule):
+        raise InvalidInput(
+            f"workflow {name!r}: schedule must be a Schedule(...), not {type(schedule).__name__}"
+        )
     check_policy(retry, "retry")
     if timeout is not None:
         if not isinstance(timeout, dt.timedelta):
@@ -166,6 +175,7 @@ def workflow(
             retry=retry,
             timeout=timeout,
             concurrency=concurrency,
+            schedule=schedule,
         )
         fn.workflow_name = name  # type: ignore[attr-defined]
         return fn

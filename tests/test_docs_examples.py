@@ -116,6 +116,8 @@ RUN_BY = {
         "test_the_completion_counts_each_dispatch_against_its_api_key",
     ],
     "tutorial": ["test_the_tutorial_approval_wakes_the_demo_checkout"],
+    "schedules": ["test_the_nightly_report_fires_at_three_in_berlin_and_the_digest_hourly"],
+    "schedules_tests": ["test_the_nightly_report_fires_at_three_in_berlin_and_the_digest_hourly"],
     "tracing": ["test_the_tracing_example_puts_the_run_in_the_requests_trace"],
 }
 
@@ -669,6 +671,32 @@ def test_the_reference_imports_every_public_name():
     with examples("public_api") as (reference,):
         imported = {name for name in vars(reference) if not name.startswith("_")}
     assert set(k2b_workflows.__all__) <= imported, set(k2b_workflows.__all__) - imported
+
+
+# -- docs/schedules.md ---------------------------------------------------------------------
+
+
+def test_the_nightly_report_fires_at_three_in_berlin_and_the_digest_hourly():
+    import datetime as dt
+    from zoneinfo import ZoneInfo
+
+    from k2b_workflows.models import WorkflowSchedule
+    from k2b_workflows.scheduling import sync_decorator_schedules
+    from k2b_workflows.testing import controlled_clock
+
+    with examples("schedules", "schedules_tests") as (_, user_tests):
+        sync_decorator_schedules()  # what `migrate` does
+        nightly = WorkflowSchedule.objects.get(schedule_id="reports.nightly")
+        local = nightly.next_tick.astimezone(ZoneInfo("Europe/Berlin"))
+        assert (nightly.source, local.hour, local.minute) == ("decorator", 3, 0)
+        with controlled_clock() as clock:
+            clock.advance_to(nightly.next_fire_at + dt.timedelta(seconds=1))
+            run_until_idle()
+        (run,) = WorkflowRun.objects.filter(schedule_id="reports.nightly")
+        assert run.output == {"kind": "daily", "day": nightly.next_tick.date().isoformat()}
+        assert run.input == {"kind": "daily", "scheduled_for": nightly.next_tick.isoformat()}
+
+        user_tests.test_the_digest_goes_out_every_hour_and_catches_up_after_downtime()
 
 
 # -- docs/tutorial.md ----------------------------------------------------------------------

@@ -215,8 +215,8 @@ def test_grantworkflows_prints_only_insert_and_select_on_the_evidence():
     assert not any("TRUNCATE" in line for line in lines)
     deletes = [line for line in lines if "DELETE" in line]
     assert deletes == [
-        'GRANT DELETE ON TABLE "k2b_overview_minute", "k2b_rate_dispatch", "k2b_wait", '
-        '"k2b_worker" TO "k2b_app";'
+        'GRANT DELETE ON TABLE "k2b_overview_minute", "k2b_rate_dispatch", "k2b_schedule", '
+        '"k2b_schedule_skip", "k2b_wait", "k2b_worker" TO "k2b_app";'
     ]
     functions = next(line for line in lines if "EXECUTE" in line)
     assert functions.startswith('GRANT EXECUTE ON FUNCTION "public"."k2b_now"(), ')

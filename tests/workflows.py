@@ -354,6 +354,7 @@ from . import (  # noqa: E402
     workflows_kernel,  # noqa: F401
     workflows_misuse,  # noqa: F401
     workflows_polling,  # noqa: F401
+    workflows_schedules,  # noqa: F401
     workflows_secrets,  # noqa: F401
     workflows_survive,  # noqa: F401
     workflows_topology,  # noqa: F401

@@ -14,12 +14,13 @@ from k2b_workflows import (
     create_child_workflow_runs, count_child_workflow_runs,
     resolve_effect, EFFECT_CONFIRMED, EFFECT_ABSENT, retry_workflow_run,
     dry_run, DryRunReport, ai_provider,
+    Schedule, schedule_workflow,                                 # schedules
     wait_for_workflow_run, await_workflow_run,                   # results and async
     astart_workflow_run, acancel_workflow_run, awake_workflow_runs_waiting_on,
     Retry,                                                       # retry policies
     StepFailed, LeaseLost, RunCanceled, DatabaseNotMigrated,     # exceptions
     UnknownWorkflow, InvalidInput, IdempotencyConflict, ResolutionRefused, EvidenceChanged,
-    NotRetryable,
+    NotRetryable, InvalidSchedule,
 )
 from k2b_workflows.store import (
     WORKFLOW_RUN_LEASE_MS, WORKFLOW_RUN_MAX_CONSECUTIVE_FAILURES, WORKFLOW_RETRY_EXHAUSTED,
@@ -27,5 +28,6 @@ from k2b_workflows.store import (
 from k2b_workflows.testing import run_until_idle
 from k2b_workflows.dedup import insert_once, DedupConflict
 from k2b_workflows.models import WorkflowRun, JournalEntry, LedgerEntry, DedupRecord
+from k2b_workflows.models import WorkflowSchedule
 from k2b_workflows.signals import run_needs_attention, run_finished   # sent after commit
 # --8<-- [end:imports]

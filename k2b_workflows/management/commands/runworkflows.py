@@ -65,6 +65,11 @@ class Command(BaseCommand):
             "--no-listen", action="store_true", help="poll only; do not LISTEN for wake-ups"
         )
         parser.add_argument(
+            "--no-schedules",
+            action="store_true",
+            help="run no schedule passes (other workers fire the ticks)",
+        )
+        parser.add_argument(
             "--wait-for-db",
             type=arguments.number(-1.0, 31_536_000.0),
             default=None,
@@ -99,6 +104,7 @@ class Command(BaseCommand):
         burst: bool,
         no_listen: bool,
         wait_for_db: float | None,
+        no_schedules: bool = False,
         health_file: str | None = None,
         metrics_port: int | None = None,
         log_format: str | None = None,
@@ -112,7 +118,16 @@ class Command(BaseCommand):
             )
         log_handler = logformat.attach(log_format or "text")
         try:
-            self._run(apps, concurrency, burst, no_listen, wait_for_db, health_file, metrics_port)
+            self._run(
+                apps,
+                concurrency,
+                burst,
+                no_listen,
+                wait_for_db,
+                health_file,
+                metrics_port,
+                no_schedules,
+            )
         finally:
             logformat.detach(log_handler)
 
@@ -125,6 +140,7 @@ class Command(BaseCommand):
         wait_for_db: float | None,
         health_file: str | None,
         metrics_port: int | None,
+        no_schedules: bool = False,
     ) -> None:
         self._check_connections(concurrency)
         if metrics_port is not None:
@@ -146,6 +162,7 @@ class Command(BaseCommand):
             notice_stream=sys.stderr,
             health_file=health_file,
             metrics_port=metrics_port,
+            schedules=not no_schedules,
         )
         stops = 0
 

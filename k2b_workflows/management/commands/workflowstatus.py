@@ -3,6 +3,9 @@
 Exits 1 when some queued run has no live worker that can run it (its
 workflow, version and app are on no worker whose heartbeat is fresh): such
 runs wait forever, which no other signal shows until a customer does.
+Exits 1 as well when a schedule is late: its next tick is more than
+``SCHEDULE_MISSED_AFTER_MS`` overdue (no worker runs passes for it: all
+``--no-schedules``, none has its workflow, or the fleet is down).
 Exits 2 when the database cannot be read at all.
 """
 
@@ -15,7 +18,8 @@ from typing import Any
 from django.core.management.base import BaseCommand
 from django.db import DatabaseError
 
-from k2b_workflows import fleet
+from k2b_workflows import fleet, store
+from k2b_workflows.kernel import schedules
 
 
 def _age(seconds: float | None) -> str:
@@ -31,7 +35,7 @@ def _age(seconds: float | None) -> str:
 class Command(BaseCommand):
     help = (
         "Print runs per status, the oldest queued run, open incidents and live workers. "
-        "Exits 1 when queued runs have no live worker that can run them."
+        "Exits 1 when queued runs have no live worker that can run them, or a schedule is late."
     )
 
     def add_arguments(self, parser: Any) -> None:
@@ -43,6 +47,15 @@ class Command(BaseCommand):
         try:
             fleet.mark_lost()
             report = fleet.status()
+            report["late_schedules"] = [
+                {
+                    "schedule_id": schedule_id,
+                    "workflow": workflow,
+                    "due": due.isoformat(),
+                    "late_s": round(late, 1),
+                }
+                for schedule_id, workflow, due, late in schedules.late(store.database())
+            ]
         except DatabaseError as exc:
             self.stderr.write(f"cannot read the workflow tables: {exc}".strip())
             sys.exit(2)
@@ -50,7 +63,7 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(report, indent=2, sort_keys=True))
         else:
             self._print(report)
-        if report["unserved"]:
+        if report["unserved"] or report["late_schedules"]:
             sys.exit(1)
 
     def _print(self, report: dict[str, Any]) -> None:
@@ -73,6 +86,11 @@ class Command(BaseCommand):
                 f"  {w['worker_id']}  busy {w['in_flight']}/{w['concurrency']}  "
                 f"heartbeat {_age(w['heartbeat_age_s'])} ago  "
                 f"{len(w['workflows'])} workflow(s)"
+            )
+        for late in report["late_schedules"]:
+            self.stderr.write(
+                f"LATE SCHEDULE {late['schedule_id']} ({late['workflow']}): its tick of "
+                f"{late['due']} has not fired for {_age(late['late_s'])}"
             )
         for u in report["unserved"]:
             self.stderr.write(

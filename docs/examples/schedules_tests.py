@@ -1,0 +1,26 @@
+"""docs/schedules.md, "Testing a schedule": the controlled clock fires the ticks."""
+
+import datetime as dt
+
+from k2b_workflows.models import WorkflowRun
+from k2b_workflows.testing import controlled_clock, run_until_idle
+
+from .schedules import schedule_tenant_digest
+
+
+# --8<-- [start:test]
+def test_the_digest_goes_out_every_hour_and_catches_up_after_downtime():
+    with controlled_clock() as clock:
+        schedule = schedule_tenant_digest(42)
+        clock.advance(hours=1)
+        run_until_idle()  # fires the due tick, then runs its run
+        assert WorkflowRun.objects.filter(schedule_id="tenant-42-digest").count() == 1
+
+        clock.advance(hours=5)  # the fleet was down for five hours
+        run_until_idle()
+
+        runs = WorkflowRun.objects.filter(schedule_id="tenant-42-digest")
+        assert runs.filter(status="succeeded").count() == 6
+        ticks = sorted(runs.values_list("scheduled_for", flat=True))
+        assert ticks == [schedule.anchor + dt.timedelta(hours=h) for h in range(1, 7)]
+# --8<-- [end:test]

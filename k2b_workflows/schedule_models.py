@@ -1,0 +1,227 @@
+"""Schedules' rows: the spec and the state every worker's passes share, and skipped ticks.
+
+The failure these rows guard against: two writers of one schedule undoing each
+other. The passes (``kernel/schedules.py``) move the next tick on in raw SQL
+under a row lock; an operator's edit, loaded minutes before, must not write an
+old next tick back and fire a tick again. So ``WorkflowSchedule.save`` writes
+the passes' fields only when the spec changed (the ticks then start afresh
+after now) or the schedule was resumed, and reads now from the database.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.db import connections, models
+from django.utils import timezone
+
+from . import schedules, store
+from .schedules import Schedule
+
+#: ``timezone.now`` under a name a model's ``timezone`` field cannot shadow.
+_now = timezone.now
+
+
+class WorkflowSchedule(models.Model):
+    """A workflow that starts by itself: on a cron expression or every fixed interval.
+
+    The spec (``cron`` or ``every``, ``timezone``, ``input``, ``catch_up``,
+    ``overlap``, ``jitter``) is what ``Schedule`` validates; the rest is the
+    state the schedule passes of every worker share (``kernel/schedules.py``):
+    the next tick and when it fires, the last one fired, a tick buffered
+    behind a run still going. Save the row with ``paused`` set or cleared to
+    pause or resume it; a save that changes the spec starts the ticks afresh
+    after that moment (nothing before counts as missed).
+    """
+
+    class Source(models.TextChoices):
+        DECORATOR = "decorator"  # @workflow(schedule=...), written by migrate
+        CODE = "code"  # schedule_workflow(...)
+        ADMIN = "admin"
+
+    class CatchUp(models.TextChoices):
+        SKIP = "skip"
+        LATEST = "latest"
+        ALL = "all"
+
+    class Overlap(models.TextChoices):
+        SKIP = "skip"
+        ALLOW = "allow"
+        BUFFER_ONE = "buffer_one", "buffer one"
+
+    schedule_id = models.CharField(max_length=200, unique=True)
+    workflow_name = models.CharField(max_length=200)
+    #: None: the newest version registered in the worker that fires the tick.
+    workflow_version = models.PositiveIntegerField(null=True, blank=True)
+    cron = models.CharField(max_length=200, blank=True, default="")
+    every = models.DurationField(null=True, blank=True)
+    timezone = models.CharField(max_length=64, default="UTC")
+    input = models.JSONField(default=dict, blank=True)
+    catch_up = models.CharField(max_length=10, choices=CatchUp.choices, default=CatchUp.LATEST)
+    overlap = models.CharField(max_length=12, choices=Overlap.choices, default=Overlap.SKIP)
+    jitter = models.DurationField(null=True, blank=True)
+    paused = models.BooleanField(default=False)
+    source = models.CharField(max_length=10, choices=Source.choices, default=Source.CODE)
+    #: False for a decorator's schedule whose decorator no longer declares it:
+    #: kept (with its history) but never fired, until the decorator is back.
+    enabled = models.BooleanField(default=True)
+    disabled_reason = models.CharField(max_length=300, blank=True, default="")
+
+    # The state the passes share. Written by the passes and by the spec's saves.
+    #: ``every`` ticks are ``anchor + k * every``; set when the spec was last set.
+    anchor = models.DateTimeField(default=_now)
+    next_tick = models.DateTimeField(null=True, blank=True)
+    #: ``next_tick`` plus its jitter: a pass fires the tick once this has passed.
+    next_fire_at = models.DateTimeField(null=True, blank=True)
+    last_tick = models.DateTimeField(null=True, blank=True)
+    last_run_id = models.UUIDField(null=True, blank=True)
+    #: ``overlap="buffer_one"``: the tick that starts when the unfinished run ends.
+    buffered_tick = models.DateTimeField(null=True, blank=True)
+    #: The last resume: ticks up to it were missed, whatever their age.
+    resumed_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=_now)
+    updated_at = models.DateTimeField(default=_now)
+
+    #: Fields a pass writes; an edit of the spec leaves them to the pass.
+    STATE_FIELDS = (
+        "anchor",
+        "next_tick",
+        "next_fire_at",
+        "last_tick",
+        "last_run_id",
+        "buffered_tick",
+        "resumed_at",
+    )
+    SPEC_FIELDS = ("cron", "every", "timezone", "jitter")
+
+    class Meta:
+        db_table = "k2b_schedule"
+        ordering = ["schedule_id"]
+        permissions = [
+            ("pause_workflowschedule", "Can pause and resume a workflow schedule"),
+            ("run_workflowschedule", "Can run a workflow schedule now"),
+        ]
+        indexes = [
+            # What a pass and its "anything due?" probe read: the due rows, oldest
+            # first. Paused and disabled rows have no entry.
+            models.Index(
+                fields=["next_fire_at"],
+                condition=models.Q(enabled=True, paused=False),
+                name="k2b_schedule_due",
+            ),
+            models.Index(
+                fields=["buffered_tick"],
+                condition=models.Q(enabled=True, paused=False, buffered_tick__isnull=False),
+                name="k2b_schedule_buffered",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.schedule_id
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Validate the spec, and keep the passes' state consistent with what changed.
+
+        A new row or a changed spec: the ticks start after now (the database's
+        clock, ``k2b_now()``). A resume: the ticks missed while paused are left
+        to ``catch_up``. Otherwise the passes' fields are not written, so an
+        edit from a form loaded a while ago cannot rewind the next tick.
+        """
+        spec = self.spec()
+        self.cron, self.input = spec.cron or "", spec.input
+        loaded: dict[str, Any] = getattr(self, "_loaded", None) or {}
+        adding = self._state.adding or not loaded
+        using = kwargs.get("using") or self._state.db or store.database()
+        with connections[using].cursor() as cursor:
+            cursor.execute("SELECT k2b_now()")
+            now = cursor.fetchone()[0]
+        self.updated_at = now
+        changed = adding or any(
+            name in loaded and loaded[name] != getattr(self, name) for name in self.SPEC_FIELDS
+        )
+        resumed = not adding and (
+            (loaded.get("paused") and not self.paused)
+            or (loaded.get("enabled") is False and self.enabled)
+        )
+        if adding:
+            self.created_at = now
+        if changed:
+            self.anchor = now
+            self.next_tick = spec.next_tick(now, now)
+            self.next_fire_at = self.fire_at(self.next_tick)
+        if resumed:
+            self.resumed_at = now
+        written = {"updated_at"} | ({"resumed_at"} if resumed else set())
+        if changed:
+            written |= {"anchor", "next_tick", "next_fire_at"}
+        if not adding and kwargs.get("update_fields") is not None:
+            kwargs["update_fields"] = sorted(set(kwargs["update_fields"]) | written)
+        elif not adding:
+            keep = (
+                set()
+                if changed
+                else set(self.STATE_FIELDS) - ({"resumed_at"} if resumed else set())
+            )
+            kwargs["update_fields"] = [
+                f.name
+                for f in self._meta.concrete_fields
+                if not f.primary_key and f.name not in keep
+            ]
+        super().save(*args, **kwargs)
+        self._loaded = {
+            name: getattr(self, name) for name in (*self.SPEC_FIELDS, "paused", "enabled")
+        }
+
+    @classmethod
+    def from_db(cls, db: Any, field_names: Any, values: Any) -> WorkflowSchedule:
+        instance = super().from_db(db, field_names, values)
+        instance._loaded = {
+            name: getattr(instance, name)
+            for name in (*cls.SPEC_FIELDS, "paused", "enabled")
+            if name in field_names
+        }
+        return instance
+
+    def spec(self) -> Schedule:
+        """The row's spec as a validated ``Schedule`` (raises ``InvalidSchedule``)."""
+        return Schedule(
+            self.cron or None,
+            every=self.every,
+            timezone=self.timezone,
+            input=self.input,
+            catch_up=self.catch_up,
+            overlap=self.overlap,
+            jitter=self.jitter,
+        )
+
+    def fire_at(self, tick: dt.datetime) -> dt.datetime:
+        """When a pass fires ``tick``: the tick plus its jitter."""
+        return tick + schedules.jitter_for(self.schedule_id, tick, self.jitter)
+
+
+class WorkflowScheduleSkip(models.Model):
+    """Ticks of a schedule that started no run, and why: shown on its admin page.
+
+    One row per stretch of skipped ticks of one reason (a day of downtime is
+    one row, with its count), so recording them stays cheap.
+    """
+
+    class Reason(models.TextChoices):
+        CATCH_UP = "catch_up", "missed (catch_up)"
+        OVERLAP = "overlap", "previous run not ended (overlap)"
+        BUFFER_FULL = "buffer_full", "a tick was already buffered (buffer_one)"
+
+    schedule = models.ForeignKey(WorkflowSchedule, on_delete=models.CASCADE, related_name="skips")
+    first_tick = models.DateTimeField()
+    last_tick = models.DateTimeField()
+    count = models.PositiveIntegerField(default=1)
+    reason = models.CharField(max_length=20, choices=Reason.choices)
+    recorded_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        db_table = "k2b_schedule_skip"
+        ordering = ["-recorded_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.schedule_id}: {self.count} tick(s) skipped ({self.reason})"
