@@ -114,15 +114,15 @@ MUTANTS = (
     Mutant(
         "idempotency-conflict",
         "k2b_workflows/control.py",
-        "            if existing.input != input:",
-        "            if False:",
+        "    if existing.input != input:",
+        "    if False:",
         ("tests/test_control.py", "tests/test_docs_examples.py"),
     ),
     Mutant(
         "idempotency-principal",
         "k2b_workflows/control.py",
-        "            if existing.principal != principal:",
-        "            if False:",
+        "    if existing.principal != principal:",
+        "    if False:",
         ("tests/test_docs_examples.py",),
     ),
     Mutant(
@@ -142,16 +142,25 @@ MUTANTS = (
     Mutant(
         "attempt-bound",
         "k2b_workflows/kernel/execute.py",
-        "        if failures >= store.max_consecutive_failures():\n            self._exhausted",
+        "        if failures >= retrying.max_attempts(self.retry_policy):\n"
+        "            self._exhausted",
         "        if False:\n            self._exhausted",
         ("tests/test_retries.py::test_the_third_failure_in_a_row_fails_the_run_there_and_then",),
     ),
     Mutant(
         "attempt-bound-at-claim",
         "k2b_workflows/kernel/execute.py",
-        "            if run.consecutive_failures >= store.max_consecutive_failures():",
+        "            if run.consecutive_failures >= retrying.claim_bound(self.definition):",
         "            if False:",
         ("tests/test_retries.py::test_a_run_claimed_at_the_limit_fails_without_running_a_step",),
+        # The step's own bound, before its action runs, backs the claim's up.
+        also=(
+            (
+                "        if self.run.consecutive_failures"
+                " >= retrying.max_attempts(self.retry_policy):",
+                "        if False:",
+            ),
+        ),
     ),
     Mutant(
         "pinned-search-path",
