@@ -82,7 +82,7 @@ test: venv db
 # of their own (tests/pgbouncer.py), POOL_MODE=transaction (the documented
 # settings) or session.
 POOL_MODE ?= transaction
-POOLED_TESTS = tests/test_crash.py tests/test_waits.py tests/test_survive.py tests/test_hot_path.py
+POOLED_TESTS = tests/test_crash.py tests/test_waits.py tests/test_survive.py tests/hot_path
 test-pgbouncer: venv db
 	@$(WITH_DB) $(PY) -m tests.pgbouncer $(POOL_MODE) -- $(PY) -m pytest $(XDIST) $(POOLED_TESTS) $(PYTEST_ARGS)
 

@@ -59,7 +59,7 @@ MUTANTS = (
         "_FENCE_WHERE = \" AND generation = %s AND status = 'running'\"",
         "_FENCE_WHERE = \" AND %s IS NOT NULL AND status = 'running'\"",
         (
-            "tests/test_hot_path.py::test_the_one_statement_journal_write_refuses_a_stale_generation",
+            "tests/hot_path/test_journal_write.py::test_the_one_statement_journal_write_refuses_a_stale_generation",
         ),
     ),
     Mutant(

@@ -128,7 +128,7 @@ _HEAVY_MARKERS = ("slow", "crash", "browser")
 #: The three longest (35 to 55 s each on 2 cores), first of all. A renamed one only
 #: loses its place at the head of the queue.
 _LONGEST = (
-    "tests/test_hot_path.py::test_bench_quick_prints_one_json_line_with_the_numbers",
+    "tests/hot_path/test_bench_smoke.py::test_bench_quick_prints_one_json_line_with_the_numbers",
     "tests/test_soak.py::test_quick_soak_keeps_every_invariant",
     "tests/test_waits_stress.py::test_no_wake_is_lost_when_thousands_of_parks_and_wakes_race",
 )

@@ -1,0 +1,106 @@
+"""A claim and its preload: one transaction in two round trips, the raw preload
+reading what the ORM reads, and a claim that stops early in a large backlog."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+from k2b_workflows import start_workflow_run
+from k2b_workflows.kernel import claim
+from k2b_workflows.kernel.execute import preload
+from k2b_workflows.models import LedgerEntry, WorkflowRun
+from tests.hot_path.helpers import _round_trips, _run_table_counts
+from tests.kernel_helpers import fresh, journal
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_claim_and_its_preload_are_one_transaction_in_two_round_trips(prepares):
+    """ "BEGIN; claim", then "preload; COMMIT": where Django's transaction took four
+    (BEGIN, claim, preload, COMMIT). A claim that finds nothing rolls back."""
+    from k2b_workflows.worker import Worker
+
+    runs = [start_workflow_run("hot.three_pure", {"n": n}) for n in range(3)]
+    worker = Worker(app_ids=["hot"], concurrency=2, listen=False)
+    with _round_trips() as counted:
+        claimed, loaded, tasks = worker.claim(3, task_slots=0)
+    assert counted == [2]
+    assert sorted(str(run_id) for run_id, _ in claimed) == sorted(str(r.pk) for r in runs)
+    assert set(loaded) == {r.pk for r in runs} and tasks == []
+    assert {fresh(r).status for r in runs} == {"running"}
+    assert connection.connection.info.transaction_status == 0
+    with _round_trips() as counted:
+        assert worker.claim(3, task_slots=0) == ([], {}, [])
+    assert counted == [2]
+    assert connection.connection.info.transaction_status == 0
+
+
+def test_the_raw_preload_reads_what_the_orm_reads():
+    run = start_workflow_run("hot.external_then_pure", {"n": 0})
+    from tests.kernel_helpers import run_to_end
+
+    run_to_end()
+    loaded = preload("default", [run.pk])[run.pk]
+    assert loaded.run == fresh(run)
+    for field in WorkflowRun._meta.concrete_fields:
+        assert getattr(loaded.run, field.attname) == getattr(fresh(run), field.attname), field
+    orm_journal = journal(run)
+    orm_ledger = list(LedgerEntry.objects.filter(run=run, seq__isnull=False).order_by("id"))
+    assert orm_journal and orm_ledger
+    assert len(loaded.journal) == len(orm_journal) and len(loaded.ledger) == len(orm_ledger)
+    pairs = [*zip(loaded.journal, orm_journal, strict=True)]
+    pairs += zip(loaded.ledger, orm_ledger, strict=True)
+    for ours, theirs in pairs:
+        for field in type(theirs)._meta.concrete_fields:
+            assert getattr(ours, field.attname) == getattr(theirs, field.attname), field
+    assert len(loaded.journal) == len(orm_journal) and len(loaded.ledger) == len(orm_ledger)
+
+
+def test_a_claim_reads_a_few_rows_of_a_large_backlog_postgresql_has_not_analyzed(prepares):
+    """Right after a bulk enqueue, before any ANALYZE, PostgreSQL expects a handful of
+    queued runs: without the claim's plan setting it read all of them into a bitmap and
+    sorted them at every claim. The claim must walk the index and stop."""
+    from django.db import transaction
+
+    run = start_workflow_run("test.pure", {"a": 1, "b": 1})
+    with transaction.atomic(), connection.cursor() as cursor:
+        # Copies of one queued run (never executed), without 20,000 notifications.
+        cursor.execute("SET LOCAL session_replication_role = replica")
+        cursor.execute(
+            """INSERT INTO k2b_run
+               SELECT copy.*
+                 FROM k2b_run r, generate_series(1, 20000) n,
+                      jsonb_populate_record(NULL::k2b_run,
+                          to_jsonb(r) || jsonb_build_object('id', gen_random_uuid(), 'n', n)) copy
+                WHERE r.id = %s""",
+            [run.pk],
+        )
+    with transaction.atomic():
+        (before,) = _run_table_counts("tuples_fetched")
+        claimed = claim.claim_runs(
+            "default", worker_id="test", workflows=[("test.pure", 1)], app_ids=None, limit=4
+        )
+        assert len(claimed) == 4
+        assert _run_table_counts("tuples_fetched")[0] - before < 100
+        transaction.set_rollback(True)
+
+
+def test_a_runs_children_are_found_through_the_child_index_alone():
+    """Every index of ``k2b_run`` takes an entry at each enqueue and status change:
+    lookups by parent go through ``k2b_run_child_once`` (partial, children only),
+    and no index holds every run's ``parent_id`` (migration 0013)."""
+    from django.db import transaction
+
+    parent = start_workflow_run("test.pure", {"a": 1, "b": 1})
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """SELECT indexname FROM pg_indexes WHERE tablename = 'k2b_run'
+                AND indexdef LIKE '%%(parent_id)'"""
+        )
+        assert cursor.fetchall() == []
+        with transaction.atomic():
+            cursor.execute("SET LOCAL enable_seqscan = off")
+            cursor.execute("EXPLAIN SELECT id FROM k2b_run WHERE parent_id = %s", [parent.pk])
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "k2b_run_child_once" in plan, plan
