@@ -30,7 +30,7 @@ help:
 	@echo "make demo      set everything up and run the demo workflows with real workers"
 	@echo "make serve     run the example site (admin at http://127.0.0.1:8000/admin/)"
 	@echo "make screenshots  the docs' admin pictures (docs/images/), from the demo in headless Chromium"
-	@echo "make test      run the test suite on PostgreSQL in TEST_WORKERS=4 processes (PYTEST_ARGS='-k foo')"
+	@echo "make test      run the test suite on PostgreSQL in TEST_WORKERS=4 processes, with coverage (PYTEST_ARGS='-k foo')"
 	@echo "make test-fast the suite without crash, slow and browser tests (the inner loop)"
 	@echo "make test-pgbouncer the crash, waits, survive and hot-path tests through PgBouncer (POOL_MODE=session)"
 	@echo "make mutants   remove each named guard in a copy of the tree; fail if no test notices"
@@ -75,8 +75,14 @@ serve: venv db
 screenshots: venv db
 	@$(WITH_DB) $(PY) scripts/screenshots.py
 
+# Coverage of the package, worker subprocesses included ([tool.coverage.run] in
+# pyproject.toml). The whole suite must not fall below COVERAGE_FLOOR percent (93.6
+# when the floor was set: raise it as tests are added); a run narrowed with
+# PYTEST_ARGS only reports.
+COVERAGE_FLOOR ?= 93
+COVERAGE = --cov --cov-report=term $(if $(PYTEST_ARGS),,--cov-fail-under=$(COVERAGE_FLOOR))
 test: venv db
-	@$(WITH_DB) $(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+	@$(WITH_DB) $(PY) -m pytest $(XDIST) $(COVERAGE) $(PYTEST_ARGS)
 
 # The crash, waits, survive and hot-path tests with the database through a PgBouncer
 # of their own (tests/pgbouncer.py), POOL_MODE=transaction (the documented
@@ -133,7 +139,7 @@ docs-serve: venv
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8001
 
 clean:
-	rm -rf build dist *.egg-info .pytest_cache .ruff_cache test-artifacts staticfiles
+	rm -rf build dist *.egg-info .pytest_cache .ruff_cache test-artifacts staticfiles .coverage .coverage.*
 	find . -path ./.venv -prune -o -path ./.tox -prune -o -path ./.pgdata -prune -o \
 		-name __pycache__ -type d -exec rm -rf {} +
 
