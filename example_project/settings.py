@@ -113,7 +113,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Settings of k2b_workflows; every key is optional and falls back to the app's
 # default when left out.
-K2B_WORKFLOWS = {}
+K2B_WORKFLOWS: dict[str, object] = {}
 
 # The demo and `make serve` connect as one role that owns the tables: the check
 # that warns a role could rewrite the evidence (W003) would print at every

@@ -12,10 +12,11 @@ from __future__ import annotations
 import functools
 import json
 import uuid
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 from django.contrib import admin, messages
-from django.db.models import F, Prefetch, Q, QuerySet
+from django.db.models import F, Model, Prefetch, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
@@ -69,6 +70,15 @@ def pretty_json(value: Any) -> str:
     return format_html('<pre class="k2b-json">{}</pre>', text)
 
 
+def field_names(fieldsets: Sequence[tuple[str | None, Mapping[str, Any]]]) -> tuple[str, ...]:
+    """Every field the fieldsets show, in order, rows of several fields flattened."""
+    names: list[str] = []
+    for _, options in fieldsets:
+        for field in options["fields"]:
+            names.extend([field] if isinstance(field, str) else field)
+    return tuple(names)
+
+
 class ReadOnlyMixin:
     """Journal, ledger and runs are never added, edited or deleted from the admin.
 
@@ -84,13 +94,13 @@ class ReadOnlyMixin:
             return HttpResponseRedirect(request.path)
         return super().changelist_view(request, extra_context)  # type: ignore[misc]
 
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_add_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
 
@@ -107,7 +117,13 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
         "age",
     )
     list_display_links: tuple[str, ...] | None = ("short_id",)
-    list_filter: tuple[str, ...] = ("status", "app_id", "workflow_name", "error_code", "created_at")
+    list_filter: ClassVar[tuple[str, ...]] = (
+        "status",
+        "app_id",
+        "workflow_name",
+        "error_code",
+        "created_at",
+    )
     search_fields = ("=idempotency_key", "workflow_name")
     search_help_text = "Run id (full), idempotency key (exact) or workflow name."
     date_hierarchy = None
@@ -170,7 +186,7 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
             {"fields": ("wait_kind", "wait_key", "wait_deadline", "waiting_since", "wait_step")},
         ),
     )
-    readonly_fields = tuple(f for _, options in fieldsets for f in options["fields"])
+    readonly_fields = field_names(fieldsets)
 
     class Media:
         css = {"all": ["k2b_workflows/admin.css"]}
@@ -327,7 +343,9 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     # Views ---------------------------------------------------------------------------------
 
-    def _operation_view(self, request, object_id, *, operation):
+    def _operation_view(
+        self, request: HttpRequest, object_id: str, *, operation: str
+    ) -> HttpResponse:
         return admin_views.run_operation_view(self, request, object_id, operation)
 
     def get_urls(self) -> list:
@@ -402,7 +420,7 @@ class IncidentAdmin(WorkflowRunAdmin):
     change_list_template = "admin/k2b_workflows/incident/change_list.html"
     ordering = ("updated_at", "created_at")
 
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_view_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         # An operator who may resolve, or see runs, may see the queue.
         return (
             super().has_view_permission(request, obj)
@@ -561,13 +579,15 @@ class _EntryAdmin(ReadOnlyMixin, admin.ModelAdmin):
         queryset = super().get_queryset(request).select_related("run")
         return queryset.defer("run__input", "run__output", "run__principal", *self.list_defer)
 
-    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+    def get_fields(self, request: HttpRequest, obj: Model | None = None) -> Any:
         return [
             f"{name}_shown" if name in self.redacted_fields else name
             for name in super().get_fields(request, obj)
         ]
 
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+    def get_readonly_fields(
+        self, request: HttpRequest, obj: Model | None = None
+    ) -> tuple[str, ...]:
         return (*super().get_readonly_fields(request, obj), *self._shown_names())
 
     def _shown_names(self) -> tuple[str, ...]:

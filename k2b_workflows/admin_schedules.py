@@ -14,7 +14,8 @@ its spec belongs to the code, and ``migrate`` would write it back.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, cast
 
 from django import forms
 from django.contrib import admin, messages
@@ -90,7 +91,8 @@ class ScheduleForm(forms.ModelForm):
         }
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         if self.errors or "cron" not in self.fields:
             return data  # a decorator's schedule: its spec is read-only here
         try:
@@ -99,8 +101,9 @@ class ScheduleForm(forms.ModelForm):
                 every=data.get("every"),
                 timezone=data.get("timezone") or "UTC",
                 input=data.get("input") if data.get("input") is not None else {},
-                catch_up=data.get("catch_up"),
-                overlap=data.get("overlap"),
+                # Choice fields' values, which Schedule checks again.
+                catch_up=cast(str, data.get("catch_up")),
+                overlap=cast(str, data.get("overlap")),
                 jitter=data.get("jitter"),
             )
         except InvalidSchedule as exc:
@@ -261,7 +264,7 @@ class WorkflowScheduleAdmin(admin.ModelAdmin):
         return readonly
 
     def save_model(
-        self, request: HttpRequest, obj: WorkflowSchedule, form: Any, change: bool
+        self, request: HttpRequest, obj: WorkflowSchedule, form: forms.ModelForm, change: bool
     ) -> None:
         if not change:
             obj.source = WorkflowSchedule.Source.ADMIN
@@ -275,7 +278,9 @@ class WorkflowScheduleAdmin(admin.ModelAdmin):
     def has_run_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(RUN_PERMISSION)
 
-    def _set_paused(self, request: HttpRequest, rows: Any, paused: bool) -> int:
+    def _set_paused(
+        self, request: HttpRequest, rows: Iterable[WorkflowSchedule], paused: bool
+    ) -> int:
         changed = 0
         for row in rows:
             if row.paused == paused:

@@ -47,15 +47,16 @@ from .redaction import redact
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin
+    from django.db.backends.base.base import BaseDatabaseWrapper
 
 RESOLVE_PERMISSION = "k2b_workflows.resolve_effect"
-DECISION_LABELS = {
+DECISION_LABELS: dict[str, str] = {
     LedgerEntry.Kind.RESOLVED_CONFIRMED: "effect confirmed",
     LedgerEntry.Kind.RESOLVED_ABSENT: "effect absent",
 }
 
 
-def run_id_or_404(object_id: Any) -> uuid.UUID:
+def run_id_or_404(object_id: str) -> uuid.UUID:
     """The run id in an admin URL, or 404: a malformed id never reaches the database."""
     try:
         return uuid.UUID(str(object_id))
@@ -69,7 +70,7 @@ def can_view_runs(request: HttpRequest) -> bool:
     )
 
 
-def run_url(run: WorkflowRun | Any) -> str:
+def run_url(run: WorkflowRun | uuid.UUID | str) -> str:
     run_id = run.pk if isinstance(run, WorkflowRun) else run
     return reverse("admin:k2b_workflows_workflowrun_change", args=[run_id])
 
@@ -87,7 +88,7 @@ def _admin_context(model_admin: ModelAdmin, request: HttpRequest, **extra: Any) 
 # Resolution -------------------------------------------------------------------------------
 
 
-def _last_resolution(run_id: Any) -> LedgerEntry | None:
+def _last_resolution(run_id: uuid.UUID) -> LedgerEntry | None:
     return (
         LedgerEntry.objects.filter(
             run_id=run_id,
@@ -98,7 +99,7 @@ def _last_resolution(run_id: Any) -> LedgerEntry | None:
     )
 
 
-def _refusal_message(run_id: Any) -> str:
+def _refusal_message(run_id: uuid.UUID) -> str:
     """Why a decision was not applied, naming the operator who decided first, if one did."""
     run = WorkflowRun.objects.get(pk=run_id)
     last = _last_resolution(run_id)
@@ -421,7 +422,7 @@ def concurrency_key_view(model_admin: ModelAdmin, request: HttpRequest) -> HttpR
     return TemplateResponse(request, "admin/k2b_workflows/concurrency_key.html", context)
 
 
-def connection_for_runs() -> Any:
+def connection_for_runs() -> BaseDatabaseWrapper:
     from django.db import connections
 
     return connections[store.database()]

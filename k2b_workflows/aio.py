@@ -12,6 +12,7 @@ Django's own async ORM methods), so the loop keeps serving other requests.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -27,7 +28,7 @@ async def astart_workflow_run(
     *,
     idempotency_key: str | None = None,
     principal: Any = None,
-    parent: WorkflowRun | Any = None,
+    parent: WorkflowRun | uuid.UUID | str | None = None,
     version: int | None = None,
 ) -> WorkflowRun:
     """``start_workflow_run`` for async code."""
@@ -41,7 +42,7 @@ async def astart_workflow_run(
     )
 
 
-async def acancel_workflow_run(run_id: Any, reason: str) -> WorkflowRun:
+async def acancel_workflow_run(run_id: uuid.UUID | str, reason: str) -> WorkflowRun:
     """``cancel_workflow_run`` for async code."""
     return await sync_to_async(control.cancel_workflow_run)(run_id, reason)
 

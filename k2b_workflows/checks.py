@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from django.apps import apps
+from django.apps import AppConfig, apps
 from django.conf import settings
-from django.core.checks import Error, Tags, Warning, register
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import connections
 
 from . import store
@@ -18,8 +19,10 @@ if TYPE_CHECKING:
 # Not tagged "database": Django runs those only with ``check --database``, and
 # the vendor is known without connecting.
 @register(Tags.compatibility)
-def check_database(app_configs: Any = None, **kwargs: Any) -> list:
-    errors = []
+def check_database(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: object
+) -> list[CheckMessage]:
+    errors: list[CheckMessage] = []
     alias = store.database()
     if alias not in connections.databases:
         return [
@@ -41,8 +44,10 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list:
 
 
 @register(Tags.compatibility)
-def check_pgtrigger(app_configs: Any = None, **kwargs: Any) -> list:
-    errors = []
+def check_pgtrigger(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: object
+) -> list[CheckMessage]:
+    errors: list[CheckMessage] = []
     if not apps.is_installed("pgtrigger"):
         errors.append(
             Error(
@@ -74,8 +79,10 @@ def check_pgtrigger(app_configs: Any = None, **kwargs: Any) -> list:
 
 
 @register(Tags.compatibility)
-def check_settings(app_configs: Any = None, **kwargs: Any) -> list:
-    errors = []
+def check_settings(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: object
+) -> list[CheckMessage]:
+    errors: list[CheckMessage] = []
     configured = getattr(settings, "K2B_WORKFLOWS", {})
     if not isinstance(configured, dict):
         return [Error("K2B_WORKFLOWS must be a dict", id="k2b_workflows.E006")]
@@ -169,7 +176,9 @@ def _concrete_actions() -> list[type[Action]]:
 
 
 @register(Tags.compatibility)
-def check_actions(app_configs: Any = None, **kwargs: Any) -> list:
+def check_actions(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: object
+) -> list[CheckMessage]:
     """Actions whose defaults would surprise after a crash, a rename or a dry run.
 
     A missing ``effect`` is refused when the class is created (``Action``);
@@ -180,7 +189,7 @@ def check_actions(app_configs: Any = None, **kwargs: Any) -> list:
     """
     from .actions import Effect
 
-    warnings = []
+    warnings: list[CheckMessage] = []
     for cls in _concrete_actions():
         label = f"{cls.__module__}.{cls.__qualname__}"
         if cls.effect != Effect.PURE and not cls.defines("plan"):
@@ -211,7 +220,11 @@ def check_actions(app_configs: Any = None, **kwargs: Any) -> list:
 # Tagged "database": it connects, so Django runs it with ``check --database`` and
 # before ``migrate``; a migrate on the owner's alias (OWNER_DATABASE) skips it.
 @register(Tags.database)
-def check_runtime_role(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list:
+def check_runtime_role(
+    app_configs: Sequence[AppConfig] | None = None,
+    databases: Sequence[str] | None = None,
+    **kwargs: object,
+) -> list[CheckMessage]:
     """Warn when web and workers connect as a role that could rewrite the evidence."""
     alias = store.database()
     if not databases or alias not in databases or connections[alias].vendor != "postgresql":
@@ -239,7 +252,11 @@ def check_runtime_role(app_configs: Any = None, databases: Any = None, **kwargs:
 
 
 @register(Tags.database)
-def check_replication(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list:
+def check_replication(
+    app_configs: Sequence[AppConfig] | None = None,
+    databases: Sequence[str] | None = None,
+    **kwargs: object,
+) -> list[CheckMessage]:
     """Warn when the primary has only asynchronous standbys: a failover can repeat an effect.
 
     The ledger's "dispatched" entry commits before an EXTERNAL call; a failover
@@ -273,7 +290,11 @@ def check_replication(app_configs: Any = None, databases: Any = None, **kwargs: 
 # Tagged "database": it reads the schedule table (``check --database``, ``migrate``).
 # Warnings, not errors: an error would stop the very ``migrate`` that fixes it.
 @register(Tags.database)
-def check_schedules(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list:
+def check_schedules(
+    app_configs: Sequence[AppConfig] | None = None,
+    databases: Sequence[str] | None = None,
+    **kwargs: object,
+) -> list[CheckMessage]:
     """Schedules that cannot fire as written: a bad spec, an unknown workflow or version,
     a decorator's schedule that its decorator no longer declares."""
     alias = store.database()
@@ -290,7 +311,7 @@ def check_schedules(app_configs: Any = None, databases: Any = None, **kwargs: An
     except DatabaseError:
         return []  # not migrated yet
     declared = {n for n, d in registered_workflows().items() if d.schedule is not None}
-    problems = []
+    problems: list[CheckMessage] = []
     for row in rows:
         label = f"schedule {row.schedule_id!r}"
         if not row.enabled:

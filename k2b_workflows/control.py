@@ -6,6 +6,7 @@ does is visible (or wakes a worker) unless that transaction commits.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from typing import TYPE_CHECKING, Any, cast
 
@@ -39,6 +40,8 @@ from .models import (
 from .workflows import RunHandle, get_workflow
 
 if TYPE_CHECKING:
+    import datetime as dt
+
     from .dryrun import _DryExecution
 
 EFFECT_CONFIRMED = "effect_confirmed"
@@ -60,7 +63,7 @@ def start_workflow_run(
     *,
     idempotency_key: str | None = None,
     principal: Any = None,
-    parent: WorkflowRun | Any = None,
+    parent: WorkflowRun | uuid.UUID | str | None = None,
     version: int | None = None,
     concurrency_key: str | None = None,
     priority: int = 0,
@@ -132,8 +135,8 @@ def _start(
     definition: Any,
     idempotency_key: str | None,
     principal: Any,
-    parent_id: Any,
-    now: Any,
+    parent_id: uuid.UUID | None,
+    now: dt.datetime,
     flow_fields: dict[str, Any],
 ) -> WorkflowRun:
     parent_run = None
@@ -265,7 +268,7 @@ def _insert_run(using: str, run: WorkflowRun, budget: BudgetAccount | None) -> b
     return created
 
 
-def cancel_workflow_run(run_id: Any, reason: str) -> WorkflowRun:
+def cancel_workflow_run(run_id: uuid.UUID | str, reason: str) -> WorkflowRun:
     """Cancel a run and its whole subtree of children, with their AI tasks.
 
     Running actions and providers see ``ctx.canceled`` / their abort event;
@@ -324,7 +327,7 @@ def cancel_run(
         )
         for canceled_id, _, generation in canceled:
             transaction.on_commit(
-                lambda i=canceled_id, g=generation: witness.ended(i, "canceled", g, 0, None),
+                functools.partial(witness.ended, canceled_id, "canceled", generation, 0, None),
                 using=using,
             )
         for canceled_id, workflow_name, _ in canceled:
@@ -414,13 +417,13 @@ def create_child_workflow_runs(
     return [runs[uuid.UUID(str(i))] for i in ids]
 
 
-def count_child_workflow_runs(run_id: Any) -> dict[str, int]:
+def count_child_workflow_runs(run_id: uuid.UUID | str) -> dict[str, int]:
     """``{"queued": n, "running": n, "succeeded": n, ..., "total": n}`` in one query."""
     return children.count(store.database(), validation.run_id(run_id))
 
 
 def resolve_effect(
-    run_id: Any,
+    run_id: uuid.UUID | str,
     decision: str,
     *,
     evidence: str,
@@ -564,7 +567,7 @@ def retry_refusal(run: WorkflowRun) -> str:
     return ""
 
 
-def retry_workflow_run(run_id: Any, *, actor: Any, reason: str = "") -> WorkflowRun:
+def retry_workflow_run(run_id: uuid.UUID | str, *, actor: Any, reason: str = "") -> WorkflowRun:
     """An operator's "retry now": a run that exhausted its retries, or a code incident.
 
     Code incidents (``RETRYABLE_INCIDENT_CODES``) are retried once a fix or a

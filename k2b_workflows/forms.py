@@ -127,7 +127,8 @@ class ResolutionForm(forms.Form):
         return evidence
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         hidden = ("seen_ledger_id", "step")
         if any(name in self.errors or data.get(name) is None for name in hidden):
             for name in hidden:
@@ -186,7 +187,9 @@ class DryRunForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["workflow"].choices = [(name, name) for name in sorted(registered_workflows())]
+        workflow = self.fields["workflow"]
+        assert isinstance(workflow, forms.ChoiceField)
+        workflow.choices = [(name, name) for name in sorted(registered_workflows())]
 
     def clean_input(self) -> Any:
         return _parse_json(self.cleaned_data["input"], "The input")

@@ -9,6 +9,7 @@ transitions of the run lifecycle.
 from __future__ import annotations
 
 import uuid
+from typing import ClassVar
 
 import pgtrigger
 
@@ -631,8 +632,8 @@ class DedupRecord(models.Model):
         return self.key
 
 
-class IncidentManager(models.Manager):
-    def get_queryset(self) -> models.QuerySet:
+class IncidentManager(models.Manager["Incident"]):
+    def get_queryset(self) -> models.QuerySet[Incident]:
         return super().get_queryset().filter(status=RunStatus.NEEDS_ATTENTION)
 
 
@@ -643,7 +644,11 @@ class Incident(WorkflowRun):
     with its own changelist, next to the list of all runs.
     """
 
-    objects = IncidentManager()
+    objects: ClassVar[IncidentManager] = IncidentManager()
+
+    #: The ledger entries of the step in doubt, prefetched by the incident queue's
+    #: admin (``to_attr``): an annotation only, no field.
+    entries: list[LedgerEntry]
 
     class Meta:
         proxy = True

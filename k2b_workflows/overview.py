@@ -214,7 +214,7 @@ def read(window: str = "hour", using: str | None = None) -> Overview:
             started[minute] += n
     finished_series = [0] * minutes
     failed_series = [0] * minutes
-    finished = dict.fromkeys(FINISHED, 0)
+    finished: dict[str, int] = dict.fromkeys(FINISHED, 0)
     failing: dict[str, int] = {}
     failing_from = minutes - int(FAILING_WINDOW.total_seconds() // 60)
     for bucket, status, code, n in finished_rows:

@@ -213,7 +213,9 @@ def _poll_s() -> float:
     return max(store.poll_interval_ms(), 10) / 1000
 
 
-def wait_for_workflow_run(run_id: Any, timeout: float | dt.timedelta | None = None) -> WorkflowRun:
+def wait_for_workflow_run(
+    run_id: uuid.UUID | str, timeout: float | dt.timedelta | None = None
+) -> WorkflowRun:
     """Block until the run is succeeded, failed, canceled or needs_attention; return it.
 
     Woken by the run's end notification, within milliseconds; polls every
@@ -247,7 +249,7 @@ def wait_for_workflow_run(run_id: Any, timeout: float | dt.timedelta | None = No
 
 
 async def await_workflow_run(
-    run_id: Any, timeout: float | dt.timedelta | None = None
+    run_id: uuid.UUID | str, timeout: float | dt.timedelta | None = None
 ) -> WorkflowRun:
     """``wait_for_workflow_run`` for async code: the event loop is never blocked.
 

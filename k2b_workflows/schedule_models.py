@@ -11,6 +11,7 @@ after now) or the schedule was resumed, and reads now from the database.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Collection
 from typing import Any
 
 from django.db import connections, models
@@ -174,7 +175,9 @@ class WorkflowSchedule(models.Model):
         }
 
     @classmethod
-    def from_db(cls, db: Any, field_names: Any, values: Any) -> WorkflowSchedule:
+    def from_db(
+        cls, db: str | None, field_names: Collection[str], values: Collection[Any]
+    ) -> WorkflowSchedule:
         instance = super().from_db(db, field_names, values)
         instance._loaded = {
             name: getattr(instance, name)

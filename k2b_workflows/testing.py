@@ -33,10 +33,11 @@ import inspect
 import math
 import threading
 import time
+import uuid
 import weakref
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connections
 from django.db.backends.signals import connection_created
@@ -48,6 +49,9 @@ from .kernel import clock as kernel_clock
 from .kernel.execute import Execution
 from .kernel.leases import LeaseKeeper
 from .worker import Worker
+
+if TYPE_CHECKING:
+    from .models import WorkflowRun
 
 
 def run_until_idle(
@@ -169,7 +173,7 @@ class SimulatedCrash(BaseException):
     """
 
 
-def _expire_lease(using: str, run_id: Any, generation: int) -> None:
+def _expire_lease(using: str, run_id: uuid.UUID, generation: int) -> None:
     """What the dead process leaves behind: its lease runs out, nothing else changes."""
     with connections[using].cursor() as cursor:
         cursor.execute(
@@ -361,11 +365,17 @@ def controlled_clock() -> Iterator[WorkflowClock]:
         kernel_clock.forget(list(active._django))
 
 
-def describe_run(run_or_id: Any) -> str:
+def _run_id(run_or_id: WorkflowRun | uuid.UUID | str) -> uuid.UUID:
+    """The id of a run given as itself or its id. Django takes the id as text as well,
+    which django-stubs' lookups do not describe: hence the cast."""
+    return cast(uuid.UUID, getattr(run_or_id, "pk", run_or_id))
+
+
+def describe_run(run_or_id: WorkflowRun | uuid.UUID | str) -> str:
     """The run's status, error, journal and ledger as text, for a failing assertion."""
     from .models import JournalEntry, LedgerEntry, WorkflowRun
 
-    run_id = getattr(run_or_id, "pk", run_or_id)
+    run_id = _run_id(run_or_id)
     run = WorkflowRun.objects.filter(pk=run_id).first()
     if run is None:
         return f"run {run_id}: no such run"
@@ -378,26 +388,28 @@ def describe_run(run_or_id: Any) -> str:
     for entry in JournalEntry.objects.filter(run_id=run.pk).order_by("seq"):
         lines.append(f"  step {entry.seq} {entry.action_name}: {entry.state}")
     lines.append("ledger:")
-    for entry in LedgerEntry.objects.filter(run_id=run.pk).order_by("id"):
-        step = "-" if entry.seq is None else entry.seq
-        message = f" ({entry.message})" if entry.message else ""
+    for noted in LedgerEntry.objects.filter(run_id=run.pk).order_by("id"):
+        step = "-" if noted.seq is None else noted.seq
+        message = f" ({noted.message})" if noted.message else ""
         lines.append(
-            f"  step {step} {entry.kind} {entry.action_name} gen {entry.generation}{message}"
+            f"  step {step} {noted.kind} {noted.action_name} gen {noted.generation}{message}"
         )
     return "\n".join(lines)
 
 
-def assert_run_status(run_or_id: Any, status: str, *, error_code: str | None = None) -> None:
+def assert_run_status(
+    run_or_id: WorkflowRun | uuid.UUID | str, status: str, *, error_code: str | None = None
+) -> None:
     """Fail unless the run is in ``status`` (and has ``error_code``), showing what it did."""
     from .models import WorkflowRun
 
-    run = WorkflowRun.objects.get(pk=getattr(run_or_id, "pk", run_or_id))
+    run = WorkflowRun.objects.get(pk=_run_id(run_or_id))
     if run.status != status or (error_code is not None and run.error_code != error_code):
         wanted = status + (f" with {error_code}" if error_code else "")
         raise AssertionError(f"expected {wanted}\n{describe_run(run)}")
 
 
-def assert_effect_once(run_or_id: Any, step: int) -> None:
+def assert_effect_once(run_or_id: WorkflowRun | uuid.UUID | str, step: int) -> None:
     """Fail unless the EXTERNAL (or stronger) step ``step`` was dispatched exactly once
     and its outcome is settled (succeeded, reconciled or confirmed by an operator).
 
@@ -408,7 +420,7 @@ def assert_effect_once(run_or_id: Any, step: int) -> None:
     """
     from .models import JournalEntry, LedgerEntry
 
-    run_id = getattr(run_or_id, "pk", run_or_id)
+    run_id = _run_id(run_or_id)
     dispatched = LedgerEntry.objects.filter(
         run_id=run_id, seq=step, kind=LedgerEntry.Kind.DISPATCHED
     ).count()

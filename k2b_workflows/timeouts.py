@@ -22,7 +22,7 @@ Counted from the start (``created_at``), on the kernel's clock: under
 from __future__ import annotations
 
 import logging
-from typing import Any
+import uuid
 
 from . import store
 from .kernel import db
@@ -38,14 +38,14 @@ SELECT id FROM k2b_run
 """
 
 
-def overdue(using: str, *, batch: int = 100) -> list[Any]:
+def overdue(using: str, *, batch: int = 100) -> list[uuid.UUID]:
     """Ids of up to ``batch`` runs past their timeout. One statement: the worker's
     housekeeping reads it inside its own transaction, so an idle worker pays no
     commit for it."""
     return [row[0] for row in db.fetchall(using, _OVERDUE_SQL, [batch])]
 
 
-def cancel_overdue(using: str | None = None, run_ids: list[Any] | None = None) -> int:
+def cancel_overdue(using: str | None = None, run_ids: list[uuid.UUID] | None = None) -> int:
     """Cancel the runs past their timeout (``run_ids`` as ``overdue`` found them);
     each is checked again under its lock. Returns how many were canceled."""
     from .control import cancel_run

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -71,7 +72,7 @@ UPDATE k2b_run SET trace_context = COALESCE(trace_context, '{}'::jsonb) || %s::j
 class Attempt(Protocol):
     """What a trace reads of the kernel's execution of one claim (``kernel/execute.py``)."""
 
-    run_id: Any
+    run_id: uuid.UUID
     run: WorkflowRun
     generation: int
     using: str

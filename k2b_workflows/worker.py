@@ -144,7 +144,7 @@ class Worker:
         #: Claimed (and preloaded) runs no thread has started yet: at most
         #: ``prefetch.current`` beyond the free threads. Their leases are renewed
         #: by the keeper; on stop they are handed back at once.
-        self._ready: deque[tuple[Any, int, Preloaded | None]] = deque()
+        self._ready: deque[tuple[uuid.UUID, int, Preloaded | None]] = deque()
         self.prefetch = Prefetch(store.claim_prefetch(), concurrency)
         self._lock = threading.Lock()
         self._last_housekeeping = 0.0
@@ -168,10 +168,10 @@ class Worker:
         )
         #: Runs claimed by this process and not yet finished, whether waiting in
         #: ``_ready`` or executing: run id -> generation.
-        self._claimed: dict[Any, int] = {}
+        self._claimed: dict[uuid.UUID, int] = {}
         #: Claimed runs a pool thread could not execute or release (no connection):
         #: the main loop hands them back with its own connection.
-        self._hand_back: dict[Any, int] = {}
+        self._hand_back: dict[uuid.UUID, int] = {}
         #: No claims before this ``time.monotonic()``: connections are short.
         self._claims_paused_until = 0.0
         self._shortage = weather.Backoff(first=0.2, cap=5.0)
@@ -641,7 +641,7 @@ class Worker:
 
     def claim(
         self, limit: int, *, task_slots: int | None = None
-    ) -> tuple[list[tuple[Any, int]], dict[Any, Preloaded], list]:
+    ) -> tuple[list[tuple[uuid.UUID, int]], dict[uuid.UUID, Preloaded], list]:
         """Claim runs, read their state, and claim AI tasks for the slots left: one commit.
 
         ``task_slots``: how many AI tasks may be claimed at most (default: ``limit``),
@@ -835,7 +835,7 @@ class Worker:
             self.wake.set()  # the loop may top the queue up
             self._execute_run(run_id, generation, loaded)
 
-    def _execute_run(self, run_id: Any, generation: int, loaded: Preloaded | None) -> None:
+    def _execute_run(self, run_id: uuid.UUID, generation: int, loaded: Preloaded | None) -> None:
         started = time.monotonic()
         try:
             if not self._connected(run_id, generation):
@@ -867,7 +867,7 @@ class Worker:
                 self.prefetch.ran(time.monotonic() - started)
             keep_or_close_connection(self.using)
 
-    def _connected(self, run_id: Any, generation: int) -> bool:
+    def _connected(self, run_id: uuid.UUID, generation: int) -> bool:
         """Make sure this thread has a connection before the run's first step.
 
         With connections short (``max_connections``, a role's connection limit,
@@ -899,7 +899,7 @@ class Worker:
             self._shortage.reset()
         return True
 
-    def _give_back(self, run_id: Any, generation: int) -> None:
+    def _give_back(self, run_id: uuid.UUID, generation: int) -> None:
         with self._lock:
             self._hand_back[run_id] = generation
             self.stats["handed_back"] += 1

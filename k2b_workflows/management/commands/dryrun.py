@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from k2b_workflows.dryrun import DryRunReport, dry_run
 from k2b_workflows.exceptions import InvalidInput, UnknownWorkflow
@@ -63,7 +63,7 @@ def render(report: DryRunReport) -> list[str]:
 class Command(BaseCommand):
     help = "Dry-run a workflow: plan() for every effect, costs against the budget, nothing written."
 
-    def add_arguments(self, parser: Any) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name", help="the workflow's registered name")
         parser.add_argument("--input", default="{}", help="the workflow input as JSON")
         parser.add_argument(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
 from k2b_workflows import roles, store
@@ -17,7 +17,7 @@ class Command(BaseCommand):
         "Run as the owner of the tables."
     )
 
-    def add_arguments(self, parser: Any) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("role", help="the runtime role (must exist; create it yourself)")
         parser.add_argument("--apply", action="store_true", help="run the statements")
         parser.add_argument(
@@ -26,7 +26,9 @@ class Command(BaseCommand):
             help="alias connected as the owner (default: OWNER_DATABASE, else DATABASE)",
         )
 
-    def handle(self, *args: Any, role: str, apply: bool, database: str | None, **options: Any):
+    def handle(
+        self, *args: Any, role: str, apply: bool, database: str | None, **options: Any
+    ) -> None:
         using = database or store.owner_database()
         try:
             if apply:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandParser
 
 from k2b_workflows import fleet
 from k2b_workflows.kernel import clock
@@ -27,7 +27,7 @@ class Command(BaseCommand):
         "rows of stopped or lost workers whose last heartbeat is as old."
     )
 
-    def add_arguments(self, parser: Any) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--older-than-days",
             type=arguments.number(0, MAX_DAYS),

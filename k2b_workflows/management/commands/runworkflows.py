@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 
 from k2b_workflows import logformat, store
@@ -45,7 +45,7 @@ class Command(BaseCommand):
         " hands back and exits at once."
     )
 
-    def add_arguments(self, parser: Any) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--app",
             action="append",

@@ -11,9 +11,10 @@ Reads only: a read-only auditor role can run it.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from k2b_workflows import store
@@ -31,7 +32,7 @@ class Command(BaseCommand):
         "print each broken run (id, what, why) and exit non-zero if there is one."
     )
 
-    def add_arguments(self, parser: Any) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--batch",
             type=integer(1, MAX_BATCH),
@@ -91,14 +92,14 @@ class Command(BaseCommand):
             if not page:
                 break
             ids = [run.pk for run in page]
-            journals: dict[Any, list[JournalEntry]] = {pk: [] for pk in ids}
-            ledgers: dict[Any, list[LedgerEntry]] = {pk: [] for pk in ids}
+            journals: dict[uuid.UUID, list[JournalEntry]] = {pk: [] for pk in ids}
+            ledgers: dict[uuid.UUID, list[LedgerEntry]] = {pk: [] for pk in ids}
             for entry in (
                 JournalEntry.objects.using(using).filter(run_id__in=ids).order_by("run_id", "seq")
             ):
                 journals[entry.run_id].append(entry)
-            for entry in LedgerEntry.objects.using(using).filter(run_id__in=ids).order_by("id"):
-                ledgers[entry.run_id].append(entry)
+            for noted in LedgerEntry.objects.using(using).filter(run_id__in=ids).order_by("id"):
+                ledgers[noted.run_id].append(noted)
             for run in page:
                 problem = audit.check(run, journals[run.pk], ledgers[run.pk])
                 if problem is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from k2b_workflows.health import age_s
 from k2b_workflows.management.arguments import number
@@ -21,7 +21,7 @@ class Command(BaseCommand):
     # healthy and waiting for it, and the probe reads a file, not the database.
     requires_system_checks: list[str] = []
 
-    def add_arguments(self, parser: Any) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("path", help="the file given to runworkflows --health-file")
         parser.add_argument(
             "--max-age",

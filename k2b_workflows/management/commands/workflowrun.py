@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
 from k2b_workflows import control, store, validation
@@ -47,6 +47,9 @@ from k2b_workflows.kernel import db
 from k2b_workflows.management import arguments
 from k2b_workflows.models import JournalEntry, LedgerEntry, WorkflowRun
 from k2b_workflows.redaction import redact, redact_text
+
+if TYPE_CHECKING:
+    from django.contrib.auth.base_user import AbstractBaseUser
 
 OK, REFUSED, BAD_INPUT, NOT_FOUND, PERMISSION_DENIED, NOT_MIGRATED = range(6)
 
@@ -101,7 +104,7 @@ def _json_option(text: str, option: str) -> Any:
         raise Failure(BAD_INPUT, "invalid", str(exc)) from None
 
 
-def _actor(username: str, *permissions: str, any_of: tuple[str, ...] = ()) -> Any:
+def _actor(username: str, *permissions: str, any_of: tuple[str, ...] = ()) -> AbstractBaseUser:
     """The Django user named ``username``, holding every permission and one of ``any_of``.
 
     The control functions check their own permission again; this adds what the
@@ -130,7 +133,7 @@ def _actor(username: str, *permissions: str, any_of: tuple[str, ...] = ()) -> An
     return user
 
 
-def _log_change(actor: Any, run: WorkflowRun, message: str) -> None:
+def _log_change(actor: AbstractBaseUser, run: WorkflowRun, message: str) -> None:
     """The admin's log entry for a change of ``run``: what ``ModelAdmin.log_change`` writes."""
     from django.contrib.admin.models import CHANGE, LogEntry
 
@@ -202,7 +205,7 @@ class Command(BaseCommand):
         "found, 4 permission denied, 5 database not migrated."
     )
 
-    def add_arguments(self, parser: Any) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 
         def verb(name: str, help: str) -> Any:

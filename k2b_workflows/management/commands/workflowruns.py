@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from k2b_workflows import store
@@ -54,7 +54,7 @@ class Command(BaseCommand):
         "kind, key, deadline and since when."
     )
 
-    def add_arguments(self, parser: Any) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--status",
             action="append",
@@ -112,10 +112,10 @@ class Command(BaseCommand):
         if limit:
             runs = runs[:limit]
         now = clock.now()
-        runs = list(runs)
+        listed = list(runs)
         # A queued run pinned to a version no live worker has would wait silently.
         live = live_pairs(store.database())
-        notes = [(r, run_code_note(r, live=live)) for r in runs if r.status == RunStatus.QUEUED]
+        notes = [(r, run_code_note(r, live=live)) for r in listed if r.status == RunStatus.QUEUED]
         if waiting:
             headers = [
                 "RUN",
@@ -140,7 +140,7 @@ class Command(BaseCommand):
                     _when(r.waiting_since),
                     _ago(r.waiting_since, now),
                 ]
-                for r in runs
+                for r in listed
             ]
         else:
             headers = [
@@ -168,7 +168,7 @@ class Command(BaseCommand):
                     _when(r.created_at),
                     _when(r.updated_at),
                 ]
-                for r in runs
+                for r in listed
             ]
         if not rows:
             self.stdout.write("no waiting runs" if waiting else "no runs")

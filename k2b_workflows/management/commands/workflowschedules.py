@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from k2b_workflows import store
@@ -48,7 +48,7 @@ def next_ticks(row: WorkflowSchedule, count: int) -> list[Any]:
 class Command(BaseCommand):
     help = "List the workflow schedules with their state, last tick and next ticks."
 
-    def add_arguments(self, parser: Any) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--next",
             type=arguments.integer(0, 100),

@@ -15,7 +15,7 @@ import json
 import sys
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandParser
 from django.db import DatabaseError
 
 from k2b_workflows import fleet, store
@@ -38,7 +38,7 @@ class Command(BaseCommand):
         "Exits 1 when queued runs have no live worker that can run them, or a schedule is late."
     )
 
-    def add_arguments(self, parser: Any) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--json", action="store_true", help="print one JSON object")
 
     def handle(self, *args: Any, **options: Any) -> None:
