@@ -346,7 +346,7 @@ def cancel_run(
         chain.append_ledger(using, run_id=run_id, kind=LedgerEntry.Kind.CANCELED, message=reason)
         run = WorkflowRun.objects.using(using).get(pk=run_id)
         if run.parent_id:
-            from .kernel.execute import wake_parent
+            from .kernel.children import wake_parent
 
             wake_parent(using, run)
         return run

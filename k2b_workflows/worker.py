@@ -53,8 +53,9 @@ from .exceptions import DatabaseNotMigrated, DatabaseUnavailable
 from .health import HealthFile
 from .kernel import ai, claim, db, flow, waits, weather
 from .kernel import schedules as schedule_passes
-from .kernel.execute import Execution, Preloaded, preload, preload_statement, preloaded
+from .kernel.execute import Execution
 from .kernel.leases import LeaseKeeper
+from .kernel.load import Preloaded, preload, preload_statement, preloaded
 from .prefetch import Prefetch
 from .workflows import registered_versions
 

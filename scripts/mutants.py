@@ -127,24 +127,24 @@ MUTANTS = (
     ),
     Mutant(
         "re-dispatch",
-        "k2b_workflows/kernel/execute.py",
+        "k2b_workflows/kernel/effects.py",
         "        if state.open_key:\n            # Dispatched before",
         "        if False:\n            # Dispatched before",
         ("tests/test_testing_recipes.py", "tests/test_retries.py"),
     ),
     Mutant(
         "reconcile-poll-bound",
-        "k2b_workflows/kernel/execute.py",
+        "k2b_workflows/kernel/effects.py",
         "if isinstance(result, Waiting) and state.polls >= store.max_reconcile_polls():",
         "if False:",
         ("tests/test_misuse_runs.py",),
     ),
     Mutant(
         "attempt-bound",
-        "k2b_workflows/kernel/execute.py",
-        "        if failures >= retrying.max_attempts(self.retry_policy):\n"
-        "            self._exhausted",
-        "        if False:\n            self._exhausted",
+        "k2b_workflows/kernel/ending.py",
+        "        if failures >= retrying.max_attempts(policy):\n"
+        "            self.exhausted",
+        "        if False:\n            self.exhausted",
         ("tests/test_retries.py::test_the_third_failure_in_a_row_fails_the_run_there_and_then",),
     ),
     Mutant(

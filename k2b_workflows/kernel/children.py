@@ -8,9 +8,11 @@ from typing import Any
 from .. import tracing
 from ..actions import Dependency
 from ..models import TERMINAL_STATUSES, RunStatus, WorkflowRun
-from . import budgets, clock, db, evidence, seals
+from . import budgets, clock, db, evidence, seals, waits
 
 KIND = "k2b.children"
+#: The app of a child's parent: where the wake of its children step goes.
+PARENT_APP_SQL = "SELECT app_id FROM k2b_run WHERE id = %s"
 
 
 def dependency(parent_id: Any, step: int) -> Dependency:
@@ -130,3 +132,11 @@ def count(using: str, run_id: Any) -> dict[str, int]:
         counts[status] = n
     counts["total"] = sum(counts[s] for s in RunStatus.values)
     return counts
+
+
+def wake_parent(using: str, run: WorkflowRun) -> None:
+    """A child ended: wake its parent's children step (inside the child's transaction)."""
+    rows = db.fetchall(using, PARENT_APP_SQL, [run.parent_id])
+    if rows:
+        dep = dependency(run.parent_id, run.parent_step)
+        waits.wake(using, app_id=rows[0][0], kind=dep.kind, key=dep.key)

@@ -22,7 +22,7 @@ from .. import metrics
 
 if TYPE_CHECKING:
     from ..models import JournalEntry
-    from .execute import Execution
+    from .journal import Claim
 
 logger = logging.getLogger("k2b_workflows.events")
 
@@ -30,7 +30,7 @@ logger = logging.getLogger("k2b_workflows.events")
 _DOUBT = {"outcome_unknown", "reconcile_unknown", "late_result"}
 
 
-def _extra(execution: Execution, step: int | None, effect_key: str = "", **more: Any) -> dict:
+def _extra(execution: Claim, step: int | None, effect_key: str = "", **more: Any) -> dict:
     run = getattr(execution, "run", None)
     return {
         "run_id": str(execution.run_id),
@@ -44,7 +44,7 @@ def _extra(execution: Execution, step: int | None, effect_key: str = "", **more:
 
 def _log(
     level: int,
-    execution: Execution,
+    execution: Claim,
     step: int | None,
     message: str,
     *args: Any,
@@ -56,7 +56,7 @@ def _log(
         logger.log(level, message, *args, extra=_extra(execution, step, effect_key, **more))
 
 
-def run_claimed(execution: Execution, worker_id: str = "") -> None:
+def run_claimed(execution: Claim, worker_id: str = "") -> None:
     _log(
         logging.INFO,
         execution,
@@ -69,7 +69,7 @@ def run_claimed(execution: Execution, worker_id: str = "") -> None:
     )
 
 
-def step_journaled(execution: Execution, entry: JournalEntry) -> None:
+def step_journaled(execution: Claim, entry: JournalEntry) -> None:
     """A journal entry committed: the step succeeded or failed for good."""
     seconds = None
     if entry.started_at and entry.created_at:
@@ -92,7 +92,7 @@ def step_journaled(execution: Execution, entry: JournalEntry) -> None:
 
 
 def ledger_written(
-    execution: Execution,
+    execution: Claim,
     using: str,
     *,
     seq: int,
@@ -129,9 +129,7 @@ def ledger_written(
         transaction.on_commit(told, using=using)
 
 
-def run_changed(
-    execution: Execution, outcome: str, step: int | None = None, reason: str = ""
-) -> None:
+def run_changed(execution: Claim, outcome: str, step: int | None = None, reason: str = "") -> None:
     """The run's status changed (committed): succeeded, failed, waiting, retry, ...
 
     ``reason`` is the run's stored error text, already scrubbed of credentials.
@@ -152,7 +150,7 @@ def run_changed(
     )
 
 
-def reconcile_answered(execution: Execution, seq: int, effect_key: str, answer: str) -> None:
+def reconcile_answered(execution: Claim, seq: int, effect_key: str, answer: str) -> None:
     metrics.count_reconcile_answer(answer)
     trace = getattr(execution, "trace", None)
     if trace is not None:
