@@ -37,11 +37,12 @@ from ..actions import (
     Waiting,
     validate_result,
 )
-from ..exceptions import LeaseLost, RunCanceled, StepFailed, Suspend
+from ..exceptions import InvalidInput, LeaseLost, RunCanceled, StepFailed, Suspend
+from ..limits import RateLimit
 from ..models import JournalEntry, LedgerEntry
 from . import budgets, db, events, evidence, flow, hooks, retrying, weather, witness
 from .context import _holding as holds_run_lock
-from .ending import RunEnding
+from .ending import Outcome, RunEnding
 from .journal import Batch, Claim, EffectState, RunJournal, Step
 
 logger = logging.getLogger(__name__)
@@ -80,6 +81,36 @@ class EffectPath:
 
     def run(self, step: Step) -> Any:
         raise NotImplementedError
+
+    def admit(self, step: Step, limit: RateLimit) -> None:
+        """Count this dispatch against the action's rate limit, or defer the run (``flow.py``).
+
+        Its own commit, before the budget charge and the effect: a crash after
+        it counts a dispatch that may have happened, never one too few. A full
+        window re-queues the run for the instant it frees: no failure counted,
+        the thread freed, nothing charged yet.
+        """
+        try:
+            key = flow.limit_key(step.action, step.input)
+        except InvalidInput as exc:
+            self.ending.fail(store.INVALID_RATE_LIMIT_KEY, f"step {step.seq} ({step.name}): {exc}")
+        self.journal.flush_pending()
+        generation = self.claim.generation
+
+        def admit() -> tuple[int | None, Any]:
+            self.journal.fence(step.seq)
+            reserved, until = flow.admit_dispatch(
+                self.using, key, limit, self.run_id, step.seq, generation
+            )
+            if until is not None:
+                flow.defer(self.using, self.run_id, generation, until, key)
+            return reserved, until
+
+        reserved, until = db.run_in_transaction(admit, self.using)
+        if until is None:
+            step.rate_dispatch = reserved
+            return
+        self.ending.ended(Outcome.DEFERRED, step=step.seq, reason=f"rate limit of {key} full")
 
     def call(self, step: Step, hook: str, allowed: tuple[type, ...]) -> Any:
         """Call an action hook with the lease kept alive, and validate what it returns."""

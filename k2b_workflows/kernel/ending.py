@@ -102,7 +102,7 @@ class RunEnding:
         self.run_id = claim.run_id
         self.generation = claim.generation
 
-    def _ended(self, outcome: Outcome, *, step: int | None = None, reason: str = "") -> NoReturn:
+    def ended(self, outcome: Outcome, *, step: int | None = None, reason: str = "") -> NoReturn:
         """Tell the committed end, and leave the workflow code."""
         events.run_changed(self.claim, outcome, step, reason=reason)
         self.claim.outcome = outcome
@@ -161,7 +161,7 @@ class RunEnding:
         )
         self.journal.pending_committed(pending)
         self._witness_end(Outcome.SUCCEEDED)
-        self._ended(Outcome.SUCCEEDED)
+        self.ended(Outcome.SUCCEEDED)
 
     def end_as_written(self, output: Any, pending: Pending | None) -> bool:
         """The run's end in one round trip: ``BEGIN; <end>; COMMIT``, the end verifying
@@ -353,7 +353,7 @@ class RunEnding:
             journal.journaled(entry)
         if outcome in seals.SEALED_STATUSES:
             self._witness_end(outcome)
-        self._ended(outcome, reason=reason)
+        self.ended(outcome, reason=reason)
 
     def chains_problem(self, loaded: dict[Any, Preloaded]) -> str | None:
         """What breaks this run's chains in a fresh read of it (``preload``), or None."""
@@ -476,11 +476,11 @@ class RunEnding:
         outcome = Outcome.WAITING if parked[-1] else Outcome.REWOKEN
         if self.claim.trace is not None:
             self.claim.trace.waiting(seq, dependency)
-        self._ended(outcome, step=seq)
+        self.ended(outcome, step=seq)
 
     def parked(self, seq: int, parked: bool) -> NoReturn:
         """A park written by the caller's own transaction (a children step) committed."""
-        self._ended(Outcome.WAITING if parked else Outcome.REWOKEN, step=seq)
+        self.ended(Outcome.WAITING if parked else Outcome.REWOKEN, step=seq)
 
     def lost_connection(self, exc: BaseException) -> NoReturn:
         """The connection died under a step (a restart, a failover, a terminated backend).

@@ -31,19 +31,16 @@ import contextlib
 import copy
 import logging
 import threading
-import traceback
 import uuid
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from django.db import DatabaseError, transaction
 
-from .. import redaction, store, tracing, validation
+from .. import store, tracing, validation
 from ..actions import Action, Effect, Succeeded, as_action, missing_ref, to_json_value
 from ..exceptions import InvalidInput, LeaseLost, RunCanceled, StepFailed, Suspend, UnknownWorkflow
-from ..limits import RateLimit
 from ..models import JournalEntry, WorkflowRun
 from ..workflows import (
-    ChildResult,
     RunHandle,
     WorkflowDefinition,
     get_workflow,
@@ -51,16 +48,15 @@ from ..workflows import (
 )
 from . import (
     budgets,
-    children,
     clock,
     db,
+    divergence,
     effects,
     events,
     evidence,
-    flow,
+    fanout,
     retrying,
     seals,
-    waits,
     weather,
 )
 from .claim import release
@@ -75,11 +71,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-CHILDREN_KIND = children.KIND
-#: Journal entries named ``k2b.patch:<id>`` record that a run took a patch.
-PATCH_KIND = "k2b.patch"
-#: A workflow's traceback is kept for the operator up to this length (its end).
-MAX_TRACEBACK_CHARS = 6000
+PATCH_KIND = divergence.PATCH_KIND
 
 #: Whether step ``seq`` left a trace outside the journal and ledger before this claim.
 STARTED_BEFORE_SQL = """
@@ -368,10 +360,11 @@ class Execution:
             step.cost = budgets.validate_cost(action.cost(input)) if action.defines("cost") else {}
         except Exception as exc:
             self.ending.retry_later(f"step {seq} ({name}): cost() raised {exc!r}")
+        path = self._path(effect)
         if action.rate_limit is not None:
-            self._admit_dispatch(step, action.rate_limit)
+            path.admit(step, action.rate_limit)
         self.steps_executed += 1
-        return self._path(effect).run(step)
+        return path.run(step)
 
     def _path(self, effect: Effect) -> effects.EffectPath:
         """The path of a new step of ``effect``'s class, one per class and claim."""
@@ -380,37 +373,6 @@ class Execution:
         if path is None:
             path = self._paths[kind] = kind(self, self.journal, self.ending)
         return path
-
-    def _admit_dispatch(self, step: Step, limit: RateLimit) -> None:
-        """Count this dispatch against the action's rate limit, or defer the run (``flow.py``).
-
-        Its own commit, before the budget charge and the effect: a crash after
-        it counts a dispatch that may have happened, never one too few. A full
-        window re-queues the run for the instant it frees: no failure counted,
-        the thread freed, nothing charged yet.
-        """
-        try:
-            key = flow.limit_key(step.action, step.input)
-        except InvalidInput as exc:
-            self.ending.fail(store.INVALID_RATE_LIMIT_KEY, f"step {step.seq} ({step.name}): {exc}")
-        self.journal.flush_pending()
-
-        def admit() -> tuple[int | None, Any]:
-            self.journal.fence(step.seq)
-            reserved, until = flow.admit_dispatch(
-                self.using, key, limit, self.run_id, step.seq, self.generation
-            )
-            if until is not None:
-                flow.defer(self.using, self.run_id, self.generation, until, key)
-            return reserved, until
-
-        reserved, until = db.run_in_transaction(admit, self.using)
-        if until is None:
-            step.rate_dispatch = reserved
-            return
-        self.outcome = Outcome.DEFERRED
-        events.run_changed(self, self.outcome, step.seq, reason=f"rate limit of {key} full")
-        raise Suspend
 
     def _check_shutdown(self) -> None:
         """The worker is shutting down: hand the run back before its next step."""
@@ -433,33 +395,11 @@ class Execution:
         """The code asks for another step than the journal holds: stop before any effect.
 
         Raises ``Suspend`` (not an Exception) so that a workflow's ``except
-        Exception`` cannot swallow it. Both sides are kept for the run page, as
-        names and hashes only: never the inputs themselves.
+        Exception`` cannot swallow it.
         """
-        seq = entry.seq
-        if entry.action_name != name:
-            message = f"step {seq} was {entry.action_name!r} when journaled, now {name!r}"
-        else:
-            message = f"step {seq} ({name}) was journaled with another input (hash differs)"
-        marker = f"{PATCH_KIND}:"
-        if entry.action_name.startswith(marker) and not name.startswith(marker):
-            patch_id = entry.action_name[len(marker) :]
-            message += (
-                f"; the run took patch {patch_id!r} here: keep run.patched({patch_id!r}) or"
-                f" run.deprecate_patch({patch_id!r}) at this point"
-            )
-        detail = {
-            "kind": "nondeterminism",
-            "seq": seq,
-            "journaled": {
-                "action": entry.action_name,
-                "effect": entry.effect,
-                "state": entry.state,
-                "input_hash": entry.input_hash,
-            },
-            "asked": {"action": name, "input_hash": input_hash},
-            "workflow_version": self.definition.version,
-        }
+        message, detail = divergence.journaled_step_changed(
+            entry, name, input_hash, self.definition.version
+        )
         self.ending.needs_attention(
             store.WORKFLOW_NONDETERMINISTIC, message, step=None, detail=detail
         )
@@ -476,37 +416,16 @@ class Execution:
         parked = self.run.wait_action
         if seq != self.run.wait_step or not parked or parked == name:
             return
-        detail = {
-            "kind": "nondeterminism",
-            "seq": seq,
-            "parked": {"action": parked},
-            "asked": {"action": name, "input_hash": input_hash},
-            "workflow_version": self.definition.version,
-        }
-        message = (
-            f"step {seq} was {parked!r} when the run parked there, now {name!r}: put the "
-            "change behind run.patched(...) or start a new version"
+        message, detail = divergence.parked_step_changed(
+            seq, parked, name, input_hash, self.definition.version
         )
         self.ending.needs_attention(
             store.WORKFLOW_NONDETERMINISTIC, message, step=None, detail=detail
         )
 
     def _code_error(self, exc: Exception) -> NoReturn:
-        # Credentials in URLs and key=value pairs are removed, as from every stored text.
-        text = redaction.redact_text("".join(traceback.format_exception(exc)))
-        if len(text) > MAX_TRACEBACK_CHARS:
-            text = "… (truncated)\n" + text[-MAX_TRACEBACK_CHARS:]
-        self.ending.needs_attention(
-            store.WORKFLOW_CODE_ERROR,
-            f"workflow code raised {type(exc).__name__}: {exc}"[:1000],
-            step=None,
-            detail={
-                "kind": "code_error",
-                "exception": type(exc).__name__,
-                "traceback": text,
-                "workflow_version": self.definition.version,
-            },
-        )
+        message, detail = divergence.code_error(exc, self.definition.version)
+        self.ending.needs_attention(store.WORKFLOW_CODE_ERROR, message, step=None, detail=detail)
 
     # -- run.patched -----------------------------------------------------------
 
@@ -600,108 +519,33 @@ class Execution:
         self._check_shutdown()
         seq = self.next_seq
         self.next_seq += 1
-        action_name = f"{CHILDREN_KIND}:{name}"
+        action_name = fanout.action_name(name, wait=wait)
         try:
             inputs = validation.child_inputs(inputs, f"inputs of children step {seq}")
         except (InvalidInput, TypeError) as exc:
             self.ending.fail(store.INVALID_STEP_INPUT, str(exc))
         input_hash = evidence.hash_value(inputs)
-        if not wait:
-            action_name = f"{CHILDREN_KIND}.create:{name}"
         entry = self.journal.get(seq)
         if entry is None:
             self._check_parked_step(seq, action_name, input_hash)
         else:
-            replayed = self._replay(entry, action_name, inputs, input_hash)
-            return (
-                [r["run_id"] for r in replayed]
-                if not wait
-                else [ChildResult(**r) for r in replayed]
-            )
+            output = self._replay(entry, action_name, inputs, input_hash)
+            return fanout.replayed(output, wait=wait)
         step = Step(
             seq,
-            _ChildrenAction(),
+            _CHILDREN_ACTION,
             action_name,
             inputs,
             input_hash,
             clock.now(),
             StepContext(self, seq),
         )
-        if seq >= self.definition.max_steps:  # a children call is a step of the loop budget too
-            self.journal.step_failed(
-                step,
-                store.MAX_STEPS_EXCEEDED,
-                f"step {seq} is past max_steps={self.definition.max_steps}",
-            )
-        if len(inputs) > store.max_children_per_step():
-            self.journal.step_failed(
-                step,
-                store.FAN_OUT_EXCEEDED,
-                f"{len(inputs)} children asked, at most {store.max_children_per_step()} per step",
-            )
-        results: list[dict] = []
-        failure: list[tuple[str, str]] = []
-        tampered: list[str] = []
-
-        def write() -> None:
-            self.journal.fence(seq)
-            try:
-                ids = children.create(
-                    self.using, parent=self.run, step=seq, name=name, inputs=inputs
-                )
-            except budgets.BudgetExceeded as exc:
-                failure.append((store.MAX_STEPS_EXCEEDED, str(exc)))
-                return
-            except UnknownWorkflow as exc:
-                failure.append(("UNKNOWN_WORKFLOW", str(exc)))
-                return
-            try:
-                rows = children.results(self.using, self.run_id, seq)
-            except seals.SealBroken as exc:
-                tampered.append(str(exc))
-                return
-            if not wait or all(r["done"] for r in rows):
-                output = (
-                    [children.public(r) for r in rows]
-                    if wait
-                    else [{"run_id": str(i)} for i in ids]
-                )
-                entry = self.journal.new_entry(
-                    step, JournalEntry.State.SUCCEEDED, Succeeded(output)
-                )
-                evidence.append_journal(entry, self.journal.last_hash, self.using)
-                results.append({"entry": entry})
-                return
-            parked = waits.park(
-                self.using,
-                run_id=self.run_id,
-                app_id=self.app_id,
-                step=seq,
-                dependency=children.dependency(self.run_id, seq),
-                action=action_name,
-                seen_kind=self.run.wait_kind,
-                seen_key=self.run.wait_key,
-                seen_seq=self.run.wait_signal_seq,
-            )
-            results.append({"parked": parked})
-
-        db.run_in_transaction(write, self.using)
-        if tampered:
-            self.ending.chain_broken(tampered[0])
-        if failure:
-            self.journal.step_failed(step, *failure[0])
-        last = results[-1]
-        if "entry" in last:
-            self.journal.journaled(last["entry"])
-            if not wait:
-                return [r["run_id"] for r in last["entry"].output]
-            return [ChildResult(**r) for r in last["entry"].output]
-        self.ending.parked(seq, last["parked"])
+        return fanout.ChildrenStep(self, self.journal, self.ending).run(
+            step, name, wait=wait, max_steps=self.definition.max_steps
+        )
 
 
-class _ChildrenAction(Action):
-    name = CHILDREN_KIND
-    effect = Effect.PURE
+_CHILDREN_ACTION = fanout.ChildrenAction()
 
 
 class _PatchAction(Action):
