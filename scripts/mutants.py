@@ -60,6 +60,8 @@ MUTANTS = (
         "_FENCE_WHERE = \" AND %s IS NOT NULL AND status = 'running'\"",
         (
             "tests/test_hot_path.py::test_the_one_statement_journal_write_refuses_a_stale_generation",
+            "tests/test_fence.py::"
+            "test_a_transactional_step_taken_away_while_its_action_runs_commits_nothing",
         ),
     ),
     Mutant(

@@ -283,11 +283,11 @@ class Transactional(EffectPath):
         prev = journal.last_hash
         with db.atomic(self.using) as block, holds_run_lock():
             step.ctx.tx = block
-            if pending is None:
-                journal.fence(step.seq)
-            else:
+            # No fence yet: the statement that journals the step fences the run, and
+            # nothing of the block commits unless it passes.
+            if pending is not None:
                 # The previous step's deferred success (PURE or IDEMPOTENT: no ledger
-                # entry, see ``carries_pending``) in the statement that fences: it
+                # entry, see ``carries_pending``) in a statement that fences: it
                 # commits with this step, or rolls back with it and stays deferred.
                 evidence.append_journal_fenced(
                     pending.entry, prev, self.using, lease_ms=store.lease_ms()
@@ -307,8 +307,8 @@ class Transactional(EffectPath):
                 raise _Rollback(exc) from None
             if not isinstance(result, Succeeded):
                 raise _Rollback(result)
-            # The action may have run for long: fence again, extending the lease, in
-            # the statement that journals the step, and COMMIT with it.
+            # The fence, extending the lease, in the statement that journals the step,
+            # and COMMIT with it: a takeover while the action ran refuses it here.
             entry = journal.new_entry(step, JournalEntry.State.SUCCEEDED, result)
             if db.ends_in_atomic(self.using):
                 sql, params = evidence.fenced_journal_statement(

@@ -3,9 +3,10 @@
 One file answers "what happens after a crash in a step of class X":
 
 - PURE: nothing happens before ``run()``; an exception is a retryable failure.
-- TRANSACTIONAL: ``run()`` executes inside the atomic block (``ctx.tx``) that
-  fenced the run row and commits the journal entry; an exception or a crash
-  rolls both back, and the journal tells on replay whether it committed.
+- TRANSACTIONAL: ``run()`` executes inside the atomic block (``ctx.tx``) whose
+  last statement fences the run row and journals the step, then commits; a
+  takeover, an exception or a crash rolls both back, and the journal tells on
+  replay whether it committed.
 - IDEMPOTENT: the cost is charged and committed first; after an exception or a
   crash the step runs again with the same ``effect_key``.
 - EXTERNAL, IRREVERSIBLE, SNAPSHOT_RESTORE: a "dispatched" ledger entry with
