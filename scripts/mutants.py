@@ -144,8 +144,7 @@ MUTANTS = (
     Mutant(
         "attempt-bound",
         "k2b_workflows/kernel/ending.py",
-        "        if failures >= retrying.max_attempts(policy):\n"
-        "            self.exhausted",
+        "        if failures >= retrying.max_attempts(policy):\n            self.exhausted",
         "        if False:\n            self.exhausted",
         ("tests/test_retries.py::test_the_third_failure_in_a_row_fails_the_run_there_and_then",),
     ),
