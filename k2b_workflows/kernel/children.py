@@ -15,7 +15,7 @@ KIND = "k2b.children"
 PARENT_APP_SQL = "SELECT app_id FROM k2b_run WHERE id = %s"
 
 
-def dependency(parent_id: Any, step: int) -> Dependency:
+def dependency(parent_id: uuid.UUID, step: int) -> Dependency:
     """What a parent waits on while its children of one step run."""
     return Dependency(KIND, f"{parent_id}:{step}")
 
@@ -76,7 +76,7 @@ def create(
     return [existing[i] for i in range(len(inputs))]
 
 
-def results(using: str, parent_id: Any, step: int) -> list[dict[str, Any]]:
+def results(using: str, parent_id: uuid.UUID, step: int) -> list[dict[str, Any]]:
     """The children of one parent step, in input order, with whether each has ended.
 
     A child that has ended is checked against its end seal before its parent may
@@ -121,7 +121,7 @@ def public(row: dict[str, Any]) -> dict[str, Any]:
     return {k: row[k] for k in ("status", "output", "error_code", "run_id")}
 
 
-def count(using: str, run_id: Any) -> dict[str, int]:
+def count(using: str, run_id: uuid.UUID) -> dict[str, int]:
     """Children of ``run_id`` per status, every status present, in one query."""
     counts = {status: 0 for status in RunStatus.values}
     for status, n in db.fetchall(

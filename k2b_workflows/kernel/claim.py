@@ -14,6 +14,7 @@ busy concurrency key: they are not in the index until admitted.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -209,7 +210,7 @@ def renew_leases(conn: Any, held: dict[Any, int], lease: int) -> tuple[set, dict
     return renewed, states
 
 
-def release(using: str, run_id: Any, generation: int) -> bool:
+def release(using: str, run_id: uuid.UUID, generation: int) -> bool:
     """Hand a run we still own back to the queue, without counting a failure."""
     with connections[using].cursor() as cursor:
         cursor.execute(

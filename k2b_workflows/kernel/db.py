@@ -12,6 +12,7 @@ import json
 import logging
 import random
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -122,7 +123,7 @@ RETURNING id
 
 def fence(
     using: str,
-    run_id: Any,
+    run_id: uuid.UUID,
     generation: int,
     lease_ms: int,
     step: int | None = None,
@@ -145,7 +146,7 @@ def fence(
     raise lease_lost(using, run_id, generation)
 
 
-def lease_lost(using: str, run_id: Any, generation: int) -> Exception:
+def lease_lost(using: str, run_id: uuid.UUID, generation: int) -> Exception:
     """The error for a fence that matched no row: ``RunCanceled`` or ``LeaseLost``."""
     with connections[using].cursor() as cursor:
         cursor.execute("SELECT status, generation FROM k2b_run WHERE id = %s", [run_id])
@@ -196,7 +197,7 @@ def check_migrated(using: str) -> None:
         raise DatabaseNotMigrated(f"{MIGRATE_HINT} (not applied: {missing})")
 
 
-def lock_run(using: str, run_id: Any) -> tuple[str, int, int | None] | None:
+def lock_run(using: str, run_id: uuid.UUID) -> tuple[str, int, int | None] | None:
     """``SELECT ... FOR UPDATE`` the run row; returns (status, generation, attention_step)."""
     with connections[using].cursor() as cursor:
         cursor.execute(

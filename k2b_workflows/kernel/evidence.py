@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -179,13 +180,13 @@ def ledger_hash(prev_hash: str, entry: LedgerEntry, key: bytes | None) -> str:
     return _entry_hash(prev_hash, entry, _LEDGER_FIELDS, key)
 
 
-def anchor(run_id: Any, chain: str, count: int, head: str, key_id: str, key: bytes) -> str:
+def anchor(run_id: uuid.UUID, chain: str, count: int, head: str, key_id: str, key: bytes) -> str:
     """The run row's seal over one chain: which run, which chain, how many entries, which head."""
     mac = _hmac_hex(key, _canonical([str(run_id), chain, count, head]))
     return f"{key_id}:{mac}"
 
 
-def initial_anchors(run_id: Any) -> dict[str, str]:
+def initial_anchors(run_id: uuid.UUID) -> dict[str, str]:
     """Anchors of a new run's empty chains: a run whose chains were wiped is not a new run."""
     key_id, key = signing_key()
     return {
@@ -194,7 +195,7 @@ def initial_anchors(run_id: Any) -> dict[str, str]:
     }
 
 
-def _seal(using: str, run_id: Any, chain: str, count: int, head: str) -> None:
+def _seal(using: str, run_id: uuid.UUID, chain: str, count: int, head: str) -> None:
     key_id, key = signing_key()
     with connections[using].cursor() as cursor:
         cursor.execute(
@@ -529,7 +530,7 @@ class WrittenChains:
     """What a run's end checks in ``AS_WRITTEN_CHECK``: the chains as one execution
     verified and wrote them (see ``Execution._written_chains``)."""
 
-    run_id: Any
+    run_id: uuid.UUID
     journal_anchor: str
     journal_versions: list[str]
     ledger_anchor: str
@@ -547,7 +548,7 @@ class WrittenChains:
 
 
 def current_anchor(
-    run_id: Any, chain: str, count: int, head: str | None, loaded: tuple[int, str]
+    run_id: uuid.UUID, chain: str, count: int, head: str | None, loaded: tuple[int, str]
 ) -> str:
     """The anchor a run row holds over ``chain`` for an execution that loaded ``loaded``
     (entry count, anchor) and has seen the chain reach ``count`` entries ending at
@@ -723,7 +724,7 @@ def verify_run(
     )
 
 
-def verify_chains(run_id: Any, using: str) -> ChainBreak | None:
+def verify_chains(run_id: uuid.UUID, using: str) -> ChainBreak | None:
     """Re-read the run's row, journal and ledger from the database and check them.
 
     Returns the first break, or None when everything is intact. The reads share

@@ -25,6 +25,7 @@ children's results check them.
 from __future__ import annotations
 
 import hmac
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -63,7 +64,9 @@ def _start_text(run: WorkflowRun) -> str:
     )
 
 
-def _end_text(run_id: Any, status: str, output_text: str, error_code: str, generation: int) -> str:
+def _end_text(
+    run_id: uuid.UUID, status: str, output_text: str, error_code: str, generation: int
+) -> str:
     head = evidence._canonical(["end", str(run_id), status, error_code or "", int(generation)])
     return f"{head}\n{output_text}"
 
@@ -75,7 +78,7 @@ def start_seal(run: WorkflowRun) -> str:
 
 
 def end_seal(
-    run_id: Any, status: str, error_code: str, generation: int, output_text: str = "null"
+    run_id: uuid.UUID, status: str, error_code: str, generation: int, output_text: str = "null"
 ) -> str:
     """The seal of a run's end; ``output_text`` is the canonical JSON of its output."""
     key_id, key = evidence.signing_key()

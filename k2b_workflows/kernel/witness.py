@@ -74,7 +74,7 @@ def _tell(record: dict[str, Any]) -> None:
 
 
 def dispatched(
-    run_id: Any, seq: int, generation: int, ledger_count: int, ledger_head: str | None
+    run_id: uuid.UUID, seq: int, generation: int, ledger_count: int, ledger_head: str | None
 ) -> None:
     """A "dispatched" entry committed; the provider is about to be called."""
     _tell(
@@ -90,7 +90,7 @@ def dispatched(
 
 
 def ended(
-    run_id: Any, status: str, generation: int, ledger_count: int, ledger_head: str | None
+    run_id: uuid.UUID, status: str, generation: int, ledger_count: int, ledger_head: str | None
 ) -> None:
     """The run's end (or its hand-over to an operator) committed."""
     _tell(
