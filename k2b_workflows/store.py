@@ -1,4 +1,4 @@
-"""Settings access and the constants the kernel exports.
+"""Settings access: every key of ``K2B_WORKFLOWS``, its default and its reader.
 
 Every key of the ``K2B_WORKFLOWS`` setting is read here, once, through a small
 function, so the defaults are documented in one place and tests can change a
@@ -128,6 +128,8 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.utils.crypto import salted_hmac
 
+from . import codes
+
 #: Default lease of a claimed run, in milliseconds.
 WORKFLOW_RUN_LEASE_MS = 30_000
 #: Default number of consecutive failures (retryable failures or crashes) tolerated.
@@ -153,31 +155,27 @@ SCHEDULE_MAX_CATCH_UP = 100
 SCHEDULE_MISSED_AFTER_MS = 60_000
 SCHEDULE_PASS_INTERVAL_MS = 1_000
 
-# Error codes written to ``WorkflowRun.error_code`` by the kernel.
-WORKFLOW_RETRY_EXHAUSTED = "WORKFLOW_RETRY_EXHAUSTED"
-EFFECT_BUDGET_EXCEEDED = "EFFECT_BUDGET_EXCEEDED"
-INVALID_ACTION_RESULT = "INVALID_ACTION_RESULT"
-INVALID_STEP_INPUT = "INVALID_STEP_INPUT"
-INVALID_WORKFLOW_OUTPUT = "INVALID_WORKFLOW_OUTPUT"
-WORKFLOW_NONDETERMINISTIC = "WORKFLOW_NONDETERMINISTIC"
-#: The workflow function itself raised (not a step): a bug that waits for a fix.
-WORKFLOW_CODE_ERROR = "WORKFLOW_CODE_ERROR"
-INTEGRITY_CHAIN_BROKEN = "INTEGRITY_CHAIN_BROKEN"
-FORBIDDEN = "FORBIDDEN"
-APPROVAL_REQUIRED = "APPROVAL_REQUIRED"
-BACKUP_REQUIRED = "BACKUP_REQUIRED"
-MAX_STEPS_EXCEEDED = "MAX_STEPS_EXCEEDED"
-FAN_OUT_EXCEEDED = "FAN_OUT_EXCEEDED"
-EFFECT_OUTCOME_UNKNOWN = "EFFECT_OUTCOME_UNKNOWN"
-AI_TASK_FAILED = "AI_TASK_FAILED"
-CANCELED = "CANCELED"
-#: A run not ended within its workflow's ``timeout``: canceled (``timeouts.py``).
-WORKFLOW_TIMEOUT = "WORKFLOW_TIMEOUT"
-#: A ``cancel_newest`` start found its key's slots all taken.
-CONCURRENCY_LIMITED = "CONCURRENCY_LIMITED"
-#: ``rate_limit_key()`` raised or returned something that is not a key.
-INVALID_RATE_LIMIT_KEY = "INVALID_RATE_LIMIT_KEY"
-ACTION_FAILED = "ACTION_FAILED"
+# The error codes live in ``codes.py``; the names stay importable from here.
+WORKFLOW_RETRY_EXHAUSTED = codes.WORKFLOW_RETRY_EXHAUSTED
+EFFECT_BUDGET_EXCEEDED = codes.EFFECT_BUDGET_EXCEEDED
+INVALID_ACTION_RESULT = codes.INVALID_ACTION_RESULT
+INVALID_STEP_INPUT = codes.INVALID_STEP_INPUT
+INVALID_WORKFLOW_OUTPUT = codes.INVALID_WORKFLOW_OUTPUT
+WORKFLOW_NONDETERMINISTIC = codes.WORKFLOW_NONDETERMINISTIC
+WORKFLOW_CODE_ERROR = codes.WORKFLOW_CODE_ERROR
+INTEGRITY_CHAIN_BROKEN = codes.INTEGRITY_CHAIN_BROKEN
+FORBIDDEN = codes.FORBIDDEN
+APPROVAL_REQUIRED = codes.APPROVAL_REQUIRED
+BACKUP_REQUIRED = codes.BACKUP_REQUIRED
+MAX_STEPS_EXCEEDED = codes.MAX_STEPS_EXCEEDED
+FAN_OUT_EXCEEDED = codes.FAN_OUT_EXCEEDED
+EFFECT_OUTCOME_UNKNOWN = codes.EFFECT_OUTCOME_UNKNOWN
+AI_TASK_FAILED = codes.AI_TASK_FAILED
+CANCELED = codes.CANCELED
+WORKFLOW_TIMEOUT = codes.WORKFLOW_TIMEOUT
+CONCURRENCY_LIMITED = codes.CONCURRENCY_LIMITED
+INVALID_RATE_LIMIT_KEY = codes.INVALID_RATE_LIMIT_KEY
+ACTION_FAILED = codes.ACTION_FAILED
 
 DEFAULT_REDACT_KEYS: tuple[str, ...] = (
     "password",
