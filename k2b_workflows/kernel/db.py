@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -27,6 +28,28 @@ logger = logging.getLogger("k2b_workflows")
 T = TypeVar("T")
 
 RETRYABLE_SQLSTATES = frozenset({"40001", "40P01", "55P03", "57014"})
+
+
+_held = threading.local()
+
+
+def holds_run_lock() -> bool:
+    """True while this thread is inside a transaction that locked its run row.
+
+    A heartbeat from another connection would then wait for this thread's own
+    lock: ``ctx.heartbeat()`` refuses instead of hanging.
+    """
+    return getattr(_held, "depth", 0) > 0
+
+
+@contextmanager
+def _holding() -> Iterator[None]:
+    """Mark this thread as holding its run's lock for the block (nested blocks count)."""
+    _held.depth = getattr(_held, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _held.depth -= 1
 
 
 class CommitOutcomeUnknown(Exception):

@@ -14,7 +14,7 @@ Logger: ``k2b_workflows.events`` (INFO for progress, WARNING for doubt).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django.db import transaction
 
@@ -22,7 +22,14 @@ from .. import metrics
 
 if TYPE_CHECKING:
     from ..models import JournalEntry
-    from .execute import Execution
+
+
+class Execution(Protocol):
+    """What these functions read of the execution they tell about (its run, when loaded)."""
+
+    run_id: Any
+    generation: int
+
 
 logger = logging.getLogger("k2b_workflows.events")
 
