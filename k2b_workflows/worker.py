@@ -204,7 +204,7 @@ class Worker:
         self._watch_connections()
         metrics.prepare()
         if self.metrics_port is not None:
-            port = metrics.serve(self.metrics_port, using=self.using)
+            port = fleet.serve(self.metrics_port, using=self.using)
             logger.info("worker %s: metrics on port %d", self.worker_id, port)
         self.heartbeat.start()
         self.keeper.start()
