@@ -37,7 +37,7 @@ from .kernel import db, flow
 from .kernel import schedules as schedule_passes
 from .workflows import registered_versions
 
-logger = logging.getLogger("k2b_workflows.fleet")
+logger = logging.getLogger(__name__)
 
 _REGISTER_SQL = """
 INSERT INTO k2b_worker (worker_id, host, pid, started_at, heartbeat_at, stopped_at, state,

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 if TYPE_CHECKING:
     from .fleet import DatabaseCollector, metrics_view, serve
 
-logger = logging.getLogger("k2b_workflows")
+logger = logging.getLogger(__name__)
 
 AVAILABLE = importlib.util.find_spec("prometheus_client") is not None
 

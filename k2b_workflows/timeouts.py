@@ -27,7 +27,7 @@ from typing import Any
 from . import codes, store
 from .kernel import db
 
-logger = logging.getLogger("k2b_workflows")
+logger = logging.getLogger(__name__)
 
 _OVERDUE_SQL = """
 SELECT id FROM k2b_run

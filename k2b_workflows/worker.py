@@ -58,7 +58,10 @@ from .kernel.leases import LeaseKeeper
 from .prefetch import Prefetch
 from .workflows import registered_versions
 
-logger = logging.getLogger("k2b_workflows")
+logger = logging.getLogger(__name__)
+#: The start and stop lines go to the package's logger by name: docs/operations.md
+#: shows them as ``k2b_workflows: worker ...``, and supervisors' log filters match it.
+lifecycle = logging.getLogger("k2b_workflows")
 
 
 class Listener(threading.Thread):
@@ -193,7 +196,7 @@ class Worker:
             return
         self._say_topology()
         names = self._workflows()
-        logger.info(
+        lifecycle.info(
             "worker %s: %d thread(s), apps %s, %d workflow version(s)%s",
             self.worker_id,
             self.concurrency,
@@ -232,7 +235,7 @@ class Worker:
             if not connections[self.using].in_atomic_block:  # e.g. call_command in a test
                 weather.close_quietly(self.using)
             connection_created.disconnect(self._connection_created)
-        logger.info("worker %s stopped: %s", self.worker_id, dict(self.stats))
+        lifecycle.info("worker %s stopped: %s", self.worker_id, dict(self.stats))
 
     # -- start-up --------------------------------------------------------------
 

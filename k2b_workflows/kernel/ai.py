@@ -24,7 +24,7 @@ from .db import _holding
 if TYPE_CHECKING:
     from ..actions import StepContext
 
-logger = logging.getLogger("k2b_workflows")
+logger = logging.getLogger(__name__)
 
 KIND = "k2b.ai_task"
 

@@ -23,7 +23,7 @@ from django.db import DatabaseError, OperationalError, ProgrammingError, connect
 from ..exceptions import DatabaseNotMigrated, LeaseLost, RunCanceled
 from . import clock, pipeline
 
-logger = logging.getLogger("k2b_workflows")
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 

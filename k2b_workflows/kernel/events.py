@@ -31,6 +31,7 @@ class Execution(Protocol):
     generation: int
 
 
+#: Named, not ``__name__``: docs/operations.md tells operators to configure this name.
 logger = logging.getLogger("k2b_workflows.events")
 
 #: Ledger kinds that leave an effect in doubt: logged as warnings.

@@ -38,6 +38,7 @@ from typing import Any
 from .. import store
 from . import db, evidence
 
+#: Named, not ``__name__``: the ``WITNESS_SINK`` setting and the docs name it.
 logger = logging.getLogger("k2b_workflows.witness")
 
 MARK = "k2b-witness"
