@@ -131,9 +131,9 @@ def _create() -> None:
 def prepare() -> None:
     """Import ``prometheus_client`` and create the metrics now, not at the first step.
 
-    A worker calls this before it claims: the import takes a pool thread tens
-    of milliseconds, with the import lock and the GIL held, in the middle of
-    its first run.
+    A worker calls this before it claims: otherwise a pool thread pays for the
+    import, with the import lock and the GIL held, in the middle of its first
+    run (docs/performance.md).
     """
     if AVAILABLE:
         _get("steps")

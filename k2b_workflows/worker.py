@@ -962,7 +962,7 @@ def keep_or_close_connection(using: str) -> None:
     Django's default ``CONN_MAX_AGE = 0`` means "one connection per request";
     a worker thread is not a request, and reconnecting for every run costs a
     backend start, the session setup and a commit, and delays every wake-up
-    by several milliseconds. A positive ``CONN_MAX_AGE`` is still honoured.
+    by as much. A positive ``CONN_MAX_AGE`` is still honoured.
     """
     conn = connections[using]
     if conn.connection is None:

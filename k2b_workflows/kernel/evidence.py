@@ -59,9 +59,9 @@ def _keyed(key: bytes) -> hmac.HMAC:
 
 
 def _hmac_hex(key: bytes, text: str) -> str:
-    # Not ``hmac.digest()``: its one-shot C path releases the GIL around a hash
-    # of a microsecond, and in a worker whose other threads are busy getting it
-    # back costs tens (measured: 19 µs a call against 1 µs alone). A copy of
+    # Not ``hmac.digest()``: its one-shot C path releases the GIL around a tiny
+    # hash, and in a worker whose other threads are busy, getting the GIL back
+    # costs many times the hash (docs/performance.md has the figures). A copy of
     # the keyed state keeps the GIL and skips the keying. A run makes about
     # fifteen of these.
     h = _keyed(key).copy()
