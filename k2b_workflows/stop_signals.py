@@ -24,7 +24,7 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 
-logger = logging.getLogger("k2b_workflows")
+logger = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: How often the watcher looks at signals caught by the fallback handler.

@@ -59,7 +59,10 @@ from .kernel.load import Preloaded, preload, preload_statement, preloaded
 from .prefetch import Prefetch
 from .workflows import registered_versions
 
-logger = logging.getLogger("k2b_workflows")
+logger = logging.getLogger(__name__)
+#: The start and stop lines go to the package's logger by name: docs/operations.md
+#: shows them as ``k2b_workflows: worker ...``, and supervisors' log filters match it.
+lifecycle = logging.getLogger("k2b_workflows")
 
 
 class Listener(threading.Thread):
@@ -194,7 +197,7 @@ class Worker:
             return
         self._say_topology()
         names = self._workflows()
-        logger.info(
+        lifecycle.info(
             "worker %s: %d thread(s), apps %s, %d workflow version(s)%s",
             self.worker_id,
             self.concurrency,
@@ -205,7 +208,7 @@ class Worker:
         self._watch_connections()
         metrics.prepare()
         if self.metrics_port is not None:
-            port = metrics.serve(self.metrics_port, using=self.using)
+            port = fleet.serve(self.metrics_port, using=self.using)
             logger.info("worker %s: metrics on port %d", self.worker_id, port)
         self.heartbeat.start()
         self.keeper.start()
@@ -233,7 +236,7 @@ class Worker:
             if not connections[self.using].in_atomic_block:  # e.g. call_command in a test
                 weather.close_quietly(self.using)
             connection_created.disconnect(self._connection_created)
-        logger.info("worker %s stopped: %s", self.worker_id, dict(self.stats))
+        lifecycle.info("worker %s stopped: %s", self.worker_id, dict(self.stats))
 
     # -- start-up --------------------------------------------------------------
 
@@ -960,7 +963,7 @@ def keep_or_close_connection(using: str) -> None:
     Django's default ``CONN_MAX_AGE = 0`` means "one connection per request";
     a worker thread is not a request, and reconnecting for every run costs a
     backend start, the session setup and a commit, and delays every wake-up
-    by several milliseconds. A positive ``CONN_MAX_AGE`` is still honoured.
+    by as much. A positive ``CONN_MAX_AGE`` is still honoured.
     """
     conn = connections[using]
     if conn.connection is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -23,11 +24,33 @@ from django.db import DatabaseError, OperationalError, ProgrammingError, connect
 from ..exceptions import DatabaseNotMigrated, LeaseLost, RunCanceled
 from . import clock, pipeline
 
-logger = logging.getLogger("k2b_workflows")
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 RETRYABLE_SQLSTATES = frozenset({"40001", "40P01", "55P03", "57014"})
+
+
+_held = threading.local()
+
+
+def holds_run_lock() -> bool:
+    """True while this thread is inside a transaction that locked its run row.
+
+    A heartbeat from another connection would then wait for this thread's own
+    lock: ``ctx.heartbeat()`` refuses instead of hanging.
+    """
+    return getattr(_held, "depth", 0) > 0
+
+
+@contextmanager
+def holding_run_lock() -> Iterator[None]:
+    """Mark this thread as holding its run's lock for the block (nested blocks count)."""
+    _held.depth = getattr(_held, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _held.depth -= 1
 
 
 class CommitOutcomeUnknown(Exception):

@@ -41,7 +41,6 @@ from ..exceptions import InvalidInput, LeaseLost, RunCanceled, StepFailed, Suspe
 from ..limits import RateLimit
 from ..models import JournalEntry, LedgerEntry
 from . import budgets, db, events, evidence, flow, hooks, retrying, weather, witness
-from .context import _holding as holds_run_lock
 from .ending import Outcome, RunEnding
 from .journal import Batch, Claim, EffectState, RunJournal, Step
 
@@ -281,7 +280,7 @@ class Transactional(EffectPath):
         journal = self.journal
         pending = journal.pending
         prev = journal.last_hash
-        with db.atomic(self.using) as block, holds_run_lock():
+        with db.atomic(self.using) as block, db.holding_run_lock():
             step.ctx.tx = block
             # No fence yet: the statement that journals the step fences the run, and
             # nothing of the block commits unless it passes.

@@ -14,7 +14,8 @@ Logger: ``k2b_workflows.events`` (INFO for progress, WARNING for doubt).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+import uuid
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django.db import transaction
 
@@ -22,15 +23,23 @@ from .. import metrics
 
 if TYPE_CHECKING:
     from ..models import JournalEntry
-    from .journal import Claim
 
+
+class Execution(Protocol):
+    """What these functions read of the execution they tell about (its run, when loaded)."""
+
+    run_id: uuid.UUID
+    generation: int
+
+
+#: Named, not ``__name__``: docs/operations.md tells operators to configure this name.
 logger = logging.getLogger("k2b_workflows.events")
 
 #: Ledger kinds that leave an effect in doubt: logged as warnings.
 _DOUBT = {"outcome_unknown", "reconcile_unknown", "late_result"}
 
 
-def _extra(execution: Claim, step: int | None, effect_key: str = "", **more: Any) -> dict:
+def _extra(execution: Execution, step: int | None, effect_key: str = "", **more: Any) -> dict:
     run = getattr(execution, "run", None)
     return {
         "run_id": str(execution.run_id),
@@ -44,7 +53,7 @@ def _extra(execution: Claim, step: int | None, effect_key: str = "", **more: Any
 
 def _log(
     level: int,
-    execution: Claim,
+    execution: Execution,
     step: int | None,
     message: str,
     *args: Any,
@@ -56,7 +65,7 @@ def _log(
         logger.log(level, message, *args, extra=_extra(execution, step, effect_key, **more))
 
 
-def run_claimed(execution: Claim, worker_id: str = "") -> None:
+def run_claimed(execution: Execution, worker_id: str = "") -> None:
     _log(
         logging.INFO,
         execution,
@@ -69,7 +78,7 @@ def run_claimed(execution: Claim, worker_id: str = "") -> None:
     )
 
 
-def step_journaled(execution: Claim, entry: JournalEntry) -> None:
+def step_journaled(execution: Execution, entry: JournalEntry) -> None:
     """A journal entry committed: the step succeeded or failed for good."""
     seconds = None
     if entry.started_at and entry.created_at:
@@ -92,7 +101,7 @@ def step_journaled(execution: Claim, entry: JournalEntry) -> None:
 
 
 def ledger_written(
-    execution: Claim,
+    execution: Execution,
     using: str,
     *,
     seq: int,
@@ -129,7 +138,9 @@ def ledger_written(
         transaction.on_commit(told, using=using)
 
 
-def run_changed(execution: Claim, outcome: str, step: int | None = None, reason: str = "") -> None:
+def run_changed(
+    execution: Execution, outcome: str, step: int | None = None, reason: str = ""
+) -> None:
     """The run's status changed (committed): succeeded, failed, waiting, retry, ...
 
     ``reason`` is the run's stored error text, already scrubbed of credentials.
@@ -150,7 +161,7 @@ def run_changed(execution: Claim, outcome: str, step: int | None = None, reason:
     )
 
 
-def reconcile_answered(execution: Claim, seq: int, effect_key: str, answer: str) -> None:
+def reconcile_answered(execution: Execution, seq: int, effect_key: str, answer: str) -> None:
     metrics.count_reconcile_answer(answer)
     trace = getattr(execution, "trace", None)
     if trace is not None:

@@ -6,7 +6,7 @@ truncates evidence and recomputes the hashes, so the run replays the edited
 output or re-runs an effect that already happened, and the audit trail lies.
 
 - Every hash is an HMAC-SHA256 under a key kept outside the database
-  (``store.evidence_keys()``): without the key nobody recomputes a chain, and
+  (``keys.evidence_keys()``): without the key nobody recomputes a chain, and
   nobody recovers a small input, principal or idempotency key by brute force.
 - Each run's journal and ledger are chains:
   ``entry_hash = HMAC(key, prev_hash ‖ canonical(entry))``; the entry records
@@ -37,11 +37,12 @@ from typing import Any, TypeVar
 
 from django.db import connections, models, transaction
 
-from .. import store, validation
+from .. import validation
 from ..actions import canonical_json
 from ..models import JournalEntry, LedgerEntry, WorkflowRun
 from . import clock, db
 from .db import lease_lost
+from .keys import evidence_keys
 
 GENESIS = "0" * 64
 
@@ -60,9 +61,9 @@ def _keyed(key: bytes) -> hmac.HMAC:
 
 
 def _hmac_hex(key: bytes, text: str) -> str:
-    # Not ``hmac.digest()``: its one-shot C path releases the GIL around a hash
-    # of a microsecond, and in a worker whose other threads are busy getting it
-    # back costs tens (measured: 19 µs a call against 1 µs alone). A copy of
+    # Not ``hmac.digest()``: its one-shot C path releases the GIL around a tiny
+    # hash, and in a worker whose other threads are busy, getting the GIL back
+    # costs many times the hash (docs/performance.md has the figures). A copy of
     # the keyed state keeps the GIL and skips the keying. A run makes about
     # fifteen of these.
     h = _keyed(key).copy()
@@ -72,7 +73,7 @@ def _hmac_hex(key: bytes, text: str) -> str:
 
 def signing_key() -> tuple[str, bytes]:
     """The (key id, key) new evidence is made with."""
-    return store.evidence_keys()[0]
+    return evidence_keys()[0]
 
 
 def hash_value(value: Any) -> str:
@@ -94,7 +95,7 @@ def same_input(stored: str, value: Any, current: str) -> bool:
     if hmac.compare_digest(stored, current):
         return True
     text = canonical_json(value)
-    candidates = [_hmac_hex(key, text) for _, key in store.evidence_keys()[1:]]
+    candidates = [_hmac_hex(key, text) for _, key in evidence_keys()[1:]]
     candidates.append(sha256_hex(text))
     return any(hmac.compare_digest(stored, c) for c in candidates)
 
@@ -718,7 +719,7 @@ def verify_run(
 
     Pure: the caller reads the rows (the claim's preload, a ``verifyworkflows`` batch).
     """
-    keys = dict(store.evidence_keys())
+    keys = dict(evidence_keys())
     return _verify_chain(run, "journal", journal, keys) or _verify_chain(
         run, "ledger", ledger, keys
     )

@@ -28,7 +28,7 @@ from .. import metrics, store
 from . import clock, db, weather
 from .claim import renew_leases
 
-logger = logging.getLogger("k2b_workflows")
+logger = logging.getLogger(__name__)
 
 CHECK_INTERVAL_S = 0.25
 

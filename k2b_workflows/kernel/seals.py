@@ -16,7 +16,7 @@ that passed ``verifyworkflows``.
   cleared when the run is queued again. The generation makes an old seal
   useless on a later life of the run (generation never decreases).
 
-Both are ``"<key id>:<mac>"`` under the evidence keys (``store.evidence_keys()``),
+Both are ``"<key id>:<mac>"`` under the evidence keys (``keys.evidence_keys()``),
 which live outside the database: a role that can write the row cannot make
 a seal that verifies. ``verifyworkflows``, the admin and a parent reading its
 children's results check them.
@@ -29,9 +29,9 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from .. import store
 from ..models import WorkflowRun
 from . import evidence
+from .keys import evidence_keys
 
 #: Statuses whose row carries an end seal: the run ended, or waits for an operator.
 SEALED_STATUSES = frozenset({"succeeded", "failed", "canceled", "needs_attention"})
@@ -105,7 +105,7 @@ def _matches(sealed: str, text: str, keys: dict[str, bytes]) -> str | None:
 
 def start_problem(run: WorkflowRun, keys: dict[str, bytes] | None = None) -> str | None:
     """Why the run's start fields cannot be trusted, or None."""
-    keys = keys if keys is not None else dict(store.evidence_keys())
+    keys = keys if keys is not None else dict(evidence_keys())
     why = _matches(run.start_seal, _start_text(run), keys)
     if why is None:
         return None
@@ -119,7 +119,7 @@ def end_problem(run: WorkflowRun, keys: dict[str, bytes] | None = None) -> str |
     """Why the run's recorded end (status, output, error code) cannot be trusted, or None."""
     if run.status not in SEALED_STATUSES:
         return None
-    keys = keys if keys is not None else dict(store.evidence_keys())
+    keys = keys if keys is not None else dict(evidence_keys())
     text = _end_text(
         run.pk, run.status, evidence._canonical(run.output), run.error_code, run.generation
     )
@@ -135,5 +135,5 @@ def end_problem(run: WorkflowRun, keys: dict[str, bytes] | None = None) -> str |
 
 def problem(run: WorkflowRun, keys: dict[str, bytes] | None = None) -> str | None:
     """The first problem with either seal of ``run``, or None."""
-    keys = keys if keys is not None else dict(store.evidence_keys())
+    keys = keys if keys is not None else dict(evidence_keys())
     return start_problem(run, keys) or end_problem(run, keys)
