@@ -58,10 +58,11 @@ from . import (
     fanout,
     retrying,
     seals,
+    timers,
     weather,
 )
 from .claim import release
-from .context import StepContext
+from .context import KernelStepContext
 from .ending import Outcome, RunEnding
 from .journal import RunJournal, Step
 from .load import Preloaded, preload
@@ -339,7 +340,7 @@ class Execution:
         approval_ref: str | None,
         backup_ref: str | None,
     ) -> Any:
-        ctx = StepContext(self, seq)
+        ctx = KernelStepContext(self, seq)
         started = clock.now()
         step = Step(seq, action, name, input, input_hash, started, ctx)
         self.retry_policy = retrying.policy_for(action, self.definition)
@@ -456,7 +457,7 @@ class Execution:
             None,
             evidence.hash_value(None),
             clock.now(),
-            StepContext(self, seq),
+            KernelStepContext(self, seq),
         )
         self.journal.journal_success(step, Succeeded(True, summary=f"took patch {patch_id}"))
         return True
@@ -484,8 +485,6 @@ class Execution:
 
     def sleep(self, duration: Any = None, until: Any = None) -> None:
         """``run.sleep`` / ``run.sleep_until``: a durable timer (``timers.py``)."""
-        from . import timers
-
         timers.sleep(self, duration=duration, until=until)
 
     def begin_marker(self) -> int:
@@ -502,7 +501,7 @@ class Execution:
         return self._replay(entry, name, input, input_hash)
 
     def marker_step(self, seq: int, action: Action, name: str, input: Any, input_hash: str) -> Step:
-        return Step(seq, action, name, input, input_hash, clock.now(), StepContext(self, seq))
+        return Step(seq, action, name, input, input_hash, clock.now(), KernelStepContext(self, seq))
 
     def journal_marker(self, step: Step, result: Succeeded) -> Any:
         return self.journal.journal_success(step, result)
@@ -539,7 +538,7 @@ class Execution:
             inputs,
             input_hash,
             clock.now(),
-            StepContext(self, seq),
+            KernelStepContext(self, seq),
         )
         return fanout.ChildrenStep(self, self.journal, self.ending).run(
             step, name, wait=wait, max_steps=self.definition.max_steps

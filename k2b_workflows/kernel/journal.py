@@ -30,7 +30,7 @@ from . import budgets, clock, db, events, evidence
 if TYPE_CHECKING:
     from ..retries import Retry
     from ..tracing import RunTrace
-    from .context import StepContext
+    from .context import KernelStepContext
     from .leases import LeaseKeeper
     from .load import Preloaded
 
@@ -90,7 +90,7 @@ class Step:
     input: Any
     input_hash: str
     started: dt.datetime
-    ctx: StepContext
+    ctx: KernelStepContext
     cost: dict[str, int] = field(default_factory=dict)
     refs: dict[str, Any] = field(default_factory=dict)
     #: A reserved rate-limited dispatch, stamped just before ``run()`` (``flow.py``).
