@@ -15,7 +15,7 @@ import pgtrigger
 import pytest
 from django.db import connection, transaction
 
-from k2b_workflows import start_workflow_run, store, succeeded
+from k2b_workflows import Dependency, start_workflow_run, store, succeeded
 from k2b_workflows.exceptions import LeaseLost, Suspend
 from k2b_workflows.kernel import evidence, seals
 from k2b_workflows.kernel.ending import Outcome
@@ -273,6 +273,45 @@ def test_exhausted_without_an_open_step_fails_the_run():
     )
 
 
+def test_park_records_the_providers_pending_answer_and_parks_the_run():
+    run, first = _started()
+    dispatch = new_step(first, 0, UnitExternal, invocation=1)
+    first.journal.ledger_event(dispatch, DISPATCHED, fenced=True)
+    requeue_expired(run)
+    execution = claimed_execution(run)
+    step = new_step(execution, 0, UnitExternal, invocation=1)
+    with pytest.raises(Suspend):
+        execution.ending.park(
+            0,
+            step.name,
+            Dependency(kind="provider", key="order-1"),
+            pending=(step, "pending: waiting on provider/order-1"),
+        )
+    assert execution.outcome == Outcome.WAITING
+    row = fresh(run)
+    assert (row.status, row.wait_kind, row.wait_key, row.wait_step, row.wait_action) == (
+        "waiting",
+        "provider",
+        "order-1",
+        0,
+        "units.external",
+    )
+    assert ledger_kinds(run) == ["dispatched", "pending"]
+    assert LedgerEntry.objects.get(run=run, kind="pending").generation == execution.generation
+    assert evidence.verify_chains(run.pk, "default") is None
+
+
+def test_a_park_after_a_takeover_writes_nothing():
+    run, execution = _started()
+    step = new_step(execution, 0, UnitExternal, invocation=1)
+    new_generation = take_over(run)
+    with pytest.raises(LeaseLost):
+        execution.ending.park(0, step.name, Dependency(kind="provider", key="order-1"), (step, "p"))
+    row = fresh(run)
+    assert (row.status, row.generation, row.wait_kind) == ("running", new_generation, "")
+    assert ledger_kinds(run) == []
+
+
 # -- after a takeover ----------------------------------------------------------
 
 _ENDS = {
@@ -320,12 +359,15 @@ def test_an_external_success_lost_with_the_end_is_kept_as_late_evidence(end):
 # -- as written, as read ---------------------------------------------------------
 
 
-def test_the_end_as_written_refuses_chains_someone_else_wrote_to_and_the_read_ends_it():
+@pytest.mark.parametrize("deferred", [True, False], ids=["with_success", "alone"])
+def test_the_end_as_written_refuses_chains_someone_else_wrote_to_and_the_read_ends_it(deferred):
     """A ledger entry this execution did not append (a fenced-out worker's late
     result): chains still sound, but not as written. Nothing is written until the
-    end that reads and verifies them."""
+    end that reads and verifies them. Alone, the end's statement matches no row
+    rather than failing: that too is a refusal."""
     run, execution = _started()
-    _pending_success(execution, 0)
+    if deferred:
+        _pending_success(execution, 0)
     with transaction.atomic():
         evidence.append_ledger(
             "default", run_id=run.pk, seq=0, kind="late_result", message="a note"
@@ -333,13 +375,13 @@ def test_the_end_as_written_refuses_chains_someone_else_wrote_to_and_the_read_en
     pending = execution.journal.pending
 
     assert execution.ending.end_as_written({"n": 1}, pending) is False
-    assert fresh(run).status == "running"
+    assert (fresh(run).status, fresh(run).end_seal) == ("running", "")
     assert journal(run) == []
 
     assert execution.ending.end_as_read({"n": 1}, pending) is True
     row = _sealed_end(run)
     assert (row.status, row.output) == ("succeeded", {"n": 1})
-    assert [(e.seq, e.state) for e in journal(run)] == [(0, "succeeded")]
+    assert [(e.seq, e.state) for e in journal(run)] == ([(0, "succeeded")] if deferred else [])
     assert evidence.verify_chains(run.pk, "default") is None
 
 

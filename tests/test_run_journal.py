@@ -269,6 +269,15 @@ def test_a_step_failure_is_journaled_after_the_deferred_success_and_raised():
     assert j.pending is None and j.get(1).state == "failed"
     assert j.last_hash == journal(run)[1].entry_hash
     assert fresh(run).consecutive_failures == 0
+    # With nothing deferred before it, the failure's own fence resets the count: a
+    # journaled failure is a completed step.
+    WorkflowRun.objects.filter(pk=run.pk).update(consecutive_failures=3)
+    execution.run.consecutive_failures = 3
+    with pytest.raises(StepFailed):
+        j.step_failed(new_step(execution, 2, UnitPure), "REFUSED", "again")
+    assert [e.seq for e in journal(run)] == [0, 1, 2]
+    assert fresh(run).consecutive_failures == 0
+    assert execution.run.consecutive_failures == 0
     assert evidence.verify_chains(run.pk, "default") is None
 
 
