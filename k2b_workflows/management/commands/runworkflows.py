@@ -9,6 +9,7 @@ import sys
 import time
 from typing import Any
 
+from django.core.checks import Tags
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, connections
@@ -41,6 +42,10 @@ SELECT current_setting('max_connections')::int,
 
 
 class Command(BaseCommand):
+    # A worker serves no URL, template or admin page: their checks (which import
+    # the URLconf and every model admin's views) are for the web processes. The
+    # app's own checks (compatibility) and the models' still stop a broken start.
+    requires_system_checks = [Tags.compatibility, Tags.models]
     help = (
         "Claim and execute workflow runs. SIGTERM/SIGINT stop gracefully (steps in flight"
         " finish within SHUTDOWN_GRACE_MS, then their runs are handed back); a second one"
