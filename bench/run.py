@@ -889,6 +889,18 @@ class Bench:
                 f"RSS {m['rss_start_mb']} MiB early in the run, {m['rss_end_mb']} MiB at its "
                 f"end (at most {m['rss_max_mb']} MiB)."
             )
+        if "drain" in r:
+            d = r["drain"]
+            self.say()
+            self.say(
+                f"Drains of {d['runs']} 3-step PURE runs by one `runworkflows --burst "
+                f"--concurrency 2`, exec to exit (start-up included), beside pgbench with 2 "
+                f"clients ({d['pgbench_tps']} tps): --processes 1 "
+                f"{d['processes_1']['steps_per_s']:.0f} steps/s "
+                f"({d['processes_1']['ratio_to_pgbench']} of pgbench), --processes 2 "
+                f"{d['processes_2']['steps_per_s']:.0f} steps/s "
+                f"({d['processes_2']['ratio_to_pgbench']})."
+            )
         if "claim_ms" in r:
             c = r["claim_ms"]
             self.say()
