@@ -127,9 +127,9 @@ def _create() -> None:
 def prepare() -> None:
     """Import ``prometheus_client`` and create the metrics now, not at the first step.
 
-    A worker's main loop calls this right after its first claim: done by a
-    pool thread at its first step, the import takes tens of milliseconds
-    in the middle of a run; done before the first claim, it delays it.
+    A worker calls this before it claims: the import takes a pool thread tens
+    of milliseconds, with the import lock and the GIL held, in the middle of
+    its first run.
     """
     if AVAILABLE:
         _get("steps")

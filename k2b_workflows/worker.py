@@ -207,6 +207,7 @@ class Worker:
             " (burst)" if self.burst else "",
         )
         self._watch_connections()
+        metrics.prepare()
         if self.metrics_port is not None:
             port = metrics.serve(self.metrics_port, using=self.using)
             logger.info("worker %s: metrics on port %d", self.worker_id, port)
@@ -515,7 +516,6 @@ class Worker:
     def _loop(self, pool: ThreadPoolExecutor) -> None:
         poll = store.poll_interval_ms() / 1000
         backoff = weather.Backoff()
-        prepared = False
         while not self.stopping.is_set():
             try:
                 if self._iteration(pool, poll):
@@ -523,11 +523,6 @@ class Worker:
                 backoff.reset()
             except Exception as exc:
                 self._weather("claim loop", exc, backoff)
-            if not prepared:
-                # After the first claim, not before it: the import of prometheus_client
-                # overlaps the first runs' round trips instead of delaying them.
-                prepared = True
-                metrics.prepare()
 
     def _iteration(self, pool: ThreadPoolExecutor, poll: float) -> bool:
         """One pass of the loop; True when a burst worker is done."""
