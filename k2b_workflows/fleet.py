@@ -52,6 +52,12 @@ UPDATE k2b_worker SET state = 'lost'
  WHERE state = 'alive' AND heartbeat_at < k2b_now() - %s * interval '1 millisecond'
 """
 
+_DEREGISTER_SQL = """
+UPDATE k2b_worker SET state = 'stopped', stopped_at = k2b_now(), heartbeat_at = k2b_now(),
+       in_flight = 0
+ WHERE worker_id = %s
+"""
+
 _PURGE_SQL = """
 DELETE FROM k2b_worker
  WHERE state IN ('stopped', 'lost') AND heartbeat_at < k2b_now() - %s * interval '1 millisecond'
@@ -95,12 +101,17 @@ class Heartbeat(threading.Thread):
         self.beats = 0
         self.failures = 0
         self._conn: Any = None
+        #: Set when the thread marked the row stopped itself, on its own connection.
+        self.deregistered = False
 
     def run(self) -> None:
         interval = store.worker_heartbeat_ms() / 1000
         while not self.stopping.is_set():
             self.beat()
             self.stopping.wait(interval)
+        # On the connection the beats used, when it is still open: no new one to say goodbye.
+        if self._conn is not None and self._deregister(self._conn):
+            self.deregistered = True
         self._close()
 
     def beat(self) -> bool:
@@ -145,22 +156,27 @@ class Heartbeat(threading.Thread):
         self.stopping.set()
         if self.is_alive():
             self.join(timeout=10)
+        if self.deregistered:
+            return
         try:
             conn = db.autocommit_connection(self.using)
         except Exception as exc:
             logger.warning("could not deregister %s: %s", self.worker_id, exc)
             return
         try:
-            conn.execute(
-                """UPDATE k2b_worker SET state = 'stopped', stopped_at = k2b_now(),
-                          heartbeat_at = k2b_now(), in_flight = 0 WHERE worker_id = %s""",
-                [self.worker_id],
-            )
-        except Exception as exc:
-            logger.warning("could not deregister %s: %s", self.worker_id, exc)
+            self._deregister(conn, warn=True)
         finally:
             with contextlib.suppress(Exception):
                 conn.close()
+
+    def _deregister(self, conn: Any, warn: bool = False) -> bool:
+        try:
+            conn.execute(_DEREGISTER_SQL, [self.worker_id])
+        except Exception as exc:
+            if warn:
+                logger.warning("could not deregister %s: %s", self.worker_id, exc)
+            return False
+        return True
 
     def _close(self) -> None:
         if self._conn is not None:

@@ -68,6 +68,9 @@ lifecycle = logging.getLogger("k2b_workflows")
 class Listener(threading.Thread):
     """LISTENs on the workers' channel and sets ``wake`` for notifications of our apps."""
 
+    #: How long one wait for notifications lasts: the longest ``stop()`` waits for the thread.
+    WAIT_S = 0.1
+
     def __init__(self, using: str, app_ids: Sequence[str] | None, wake: threading.Event) -> None:
         super().__init__(name="k2b-listener", daemon=True)
         self.using = using
@@ -89,7 +92,7 @@ class Listener(threading.Thread):
                 # Anything committed while we were not listening is found by polling.
                 self.wake.set()
                 while not self.stopping.is_set():
-                    for note in conn.notifies(timeout=0.5):
+                    for note in conn.notifies(timeout=self.WAIT_S):
                         if not self.app_ids or note.payload in self.app_ids:
                             self.received += 1
                             self.wake.set()
@@ -188,6 +191,8 @@ class Worker:
         #: Pool threads still inside a step when the worker returned (shutdown grace ran
         #: out): the process must exit without joining them (``os._exit``).
         self.abandoned = 0
+        #: The LISTEN thread, once started (``_start_listener``).
+        self._listener: Listener | None = None
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -212,10 +217,8 @@ class Worker:
             logger.info("worker %s: metrics on port %d", self.worker_id, port)
         self.heartbeat.start()
         self.keeper.start()
-        listener = None
-        if self.listen:
-            listener = Listener(store.listen_database(), self.app_ids, self.wake)
-            listener.start()
+        if not self.burst:
+            self._start_listener()
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="k2b-worker")
         try:
             self._connect_threads(pool)
@@ -225,11 +228,13 @@ class Worker:
             # what is still running when the grace period ends is handed back.
             self.stopping.set()
             self._shut_down(pool)
+            listener = self._listener
             if listener:
-                listener.stop()
-                listener.join(timeout=5)
+                listener.stop()  # joined below, after the others' stops overlapped its wait
             self.keeper.stop()
             self.heartbeat.stop()
+            if listener:
+                listener.join(timeout=5)
             if self.health:
                 self.health.remove()
             self._print_status(final=True)
@@ -237,6 +242,13 @@ class Worker:
                 weather.close_quietly(self.using)
             connection_created.disconnect(self._connection_created)
         lifecycle.info("worker %s stopped: %s", self.worker_id, dict(self.stats))
+
+    def _start_listener(self) -> None:
+        """LISTEN from now on. A burst worker starts listening only once it first waits:
+        one that finds nothing to do exits without opening that connection."""
+        if self.listen and self._listener is None:
+            self._listener = Listener(store.listen_database(), self.app_ids, self.wake)
+            self._listener.start()
 
     # -- start-up --------------------------------------------------------------
 
@@ -549,6 +561,7 @@ class Worker:
                 timeout = min(timeout, max(due / 1000, 0.005))
         if self.schedules:
             timeout = min(timeout, max(self._next_schedule_check - time.monotonic(), 0.005))
+        self._start_listener()
         self.wake.wait(timeout)
         return False
 

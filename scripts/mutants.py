@@ -205,6 +205,46 @@ MUTANTS = (
         "        if True:",
         ("tests/test_parked_change.py",),
     ),
+    Mutant(
+        "supervisor-config-stops-group",
+        "k2b_workflows/supervisor.py",
+        "        if code in (EXIT_CONFIG, EXIT_UNAVAILABLE):",
+        "        if False:",
+        (
+            "tests/test_processes.py::"
+            "test_a_configuration_error_in_the_workers_stops_the_group_without_restarting_them",
+        ),
+    ),
+    Mutant(
+        "supervisor-forwards-stop",
+        "k2b_workflows/supervisor.py",
+        'back now")\n        self._signal_children(signal.SIGTERM)',
+        'back now")',
+        (
+            "tests/test_processes.py::"
+            "test_sigterm_of_the_supervisor_hands_every_run_back_and_exits_zero_after_its_children",
+        ),
+    ),
+    Mutant(
+        "supervisor-restarts-a-dead-child",
+        "k2b_workflows/supervisor.py",
+        "        slot.restart_at = time.monotonic() + delay",
+        "        slot.done = True",
+        (
+            "tests/test_processes.py::"
+            "test_a_sigkilled_worker_process_is_restarted_and_no_run_is_lost_or_its_effect_repeated",
+        ),
+    ),
+    Mutant(
+        "supervisor-no-orphans",
+        "k2b_workflows/supervisor.py",
+        "        set_parent_death_signal(signal.SIGTERM)\n",
+        "",
+        (
+            "tests/test_processes.py::test_sigkill_of_the_supervisor_takes_every_worker_process_with_it",
+        ),
+        also=(("        ParentWatch(self._pid).start()\n", ""),),
+    ),
 )
 
 
