@@ -34,7 +34,7 @@ help:
 	@echo "make test-fast the suite without crash, slow and browser tests (the inner loop)"
 	@echo "make test-pgbouncer the crash, waits, survive and hot-path tests through PgBouncer (POOL_MODE=session)"
 	@echo "make mutants   remove each named guard in a copy of the tree; fail if no test notices"
-	@echo "make lint      ruff check, ruff format --check, mypy, and no missing migration"
+	@echo "make lint      ruff check, ruff format --check, mypy, the import layers, no missing migration"
 	@echo "make format    ruff format and ruff check --fix"
 	@echo "make bench     run bench/run.py (full; bench-quick: under a minute)"
 	@echo "make bench-overview time the admin's overview on 1,000,000 runs"
@@ -108,6 +108,7 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 	@# django-stubs' plugin loads tests.settings, which wants a DATABASE_URL; mypy never connects.
 	DATABASE_URL="$${DATABASE_URL:-postgres://localhost/unused}" $(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 	@$(WITH_DB) $(PY) manage.py makemigrations --check --dry-run
 
 format: venv

@@ -34,6 +34,18 @@ so that ratios hold even when the machine is shared and absolute numbers are not
   to the root's budget); the lag is the parent's end minus the last child's end.
 - **Processes**: the PURE workload drained by 1, 2, 4 worker processes at once,
   4 threads each (``--process-threads``).
+- **Start-up**: seconds from the ``exec`` of ``manage.py runworkflows --burst``
+  to its first claim (the first step's ``started_at`` of the one queued run:
+  the same host's clock), and from the ``exec`` to the exit of a ``--burst``
+  with nothing to do; medians of ``--startup-repeats``. The project's bytecode
+  is compiled first (``compileall``), as an installed package's is: with
+  ``PYTHONDONTWRITEBYTECODE`` an editable checkout compiles every module at
+  every start.
+- **Drain** (``--drain``, and in the full run): ``--drain-runs`` (1,500) 3-step
+  PURE runs drained by one ``runworkflows --burst --processes N --concurrency
+  2`` for N = 1 and 2, timed from ``exec`` to exit (start-up included), beside
+  pgbench with 2 clients, in ``--rounds`` rounds (medians); ``ratio_to_pgbench``
+  is steps/s over pgbench's tps within each round.
 - **Memory** (full run only): one worker drains 100,000 PURE steps (3-step
   runs, enqueued at once and not analyzed: a backlog as it arrives) while its
   RSS is sampled; early in the run and at the end.
@@ -452,6 +464,97 @@ class Bench:
         seconds = self.span(name)
         return {"steps_per_s": round(runs * self.args.steps / seconds, 1)}
 
+    # -- start-up and drains with --processes ------------------------------------
+
+    def compile_bytecode(self) -> None:
+        """Compile the project's modules, as ``pip install`` does for a package."""
+        import compileall
+
+        for folder in ("k2b_workflows", "example_project", "bench"):
+            compileall.compile_dir(str(ROOT / folder), quiet=1)
+
+    def startup(self, repeats: int) -> dict[str, float]:
+        """Median seconds from exec to the first claim, and to the exit of an empty burst."""
+        from django.db import connection
+
+        name = "bench.steps.pure"
+        first: list[float] = []
+        empty: list[float] = []
+        for _ in range(repeats):
+            self.retire(name)
+            self.enqueue(name, 1, {"steps": 1})
+            connection.close()
+            exec_at = time.time()
+            proc = self.worker("--burst", "--concurrency", str(self.args.threads))
+            out, _ = proc.communicate(timeout=300)
+            if proc.returncode != 0:
+                raise RuntimeError(f"worker failed:\n{out}")
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    """SELECT EXTRACT(EPOCH FROM min(j.started_at))
+                         FROM k2b_journal j JOIN k2b_run r ON r.id = j.run_id
+                        WHERE r.workflow_name = %s""",
+                    [name],
+                )
+                first.append(float(cursor.fetchone()[0]) - exec_at)
+            connection.close()
+            exec_at = time.time()
+            proc = self.worker("--burst", "--concurrency", str(self.args.threads))
+            out, _ = proc.communicate(timeout=300)
+            if proc.returncode != 0:
+                raise RuntimeError(f"worker failed:\n{out}")
+            empty.append(time.time() - exec_at)
+        return {
+            "first_claim_s": round(statistics.median(first), 3),
+            "first_claim_min_s": round(min(first), 3),
+            "empty_burst_s": round(statistics.median(empty), 3),
+            "empty_burst_min_s": round(min(empty), 3),
+            "repeats": repeats,
+        }
+
+    def drain(self, processes: int, runs: int, threads: int = 2) -> float:
+        """Steps/s of ``runs`` 3-step PURE runs drained by one ``--burst --processes``
+        command, from its exec to its exit."""
+        from django.db import connection
+
+        name = "bench.steps.pure"
+        self.retire(name)
+        ids = self.enqueue(name, runs, {"steps": 3})
+        connection.close()
+        t0 = time.monotonic()
+        proc = self.worker("--burst", "--processes", str(processes), "--concurrency", str(threads))
+        out, _ = proc.communicate(timeout=1800)
+        wall = time.monotonic() - t0
+        if proc.returncode != 0:
+            raise RuntimeError(f"worker failed:\n{out}")
+        self.check_done(f"drain with {processes} process(es)", ids)
+        return round(runs * 3 / wall, 1)
+
+    def drains(self) -> dict[str, Any]:
+        """pgbench c=2, then 1 and 2 processes, ``--rounds`` times; medians and ratios."""
+        rounds = []
+        for _ in range(self.args.rounds):
+            tps = self.pgbench(2, self.args.pgbench_seconds)
+            rates = {n: self.drain(n, self.args.drain_runs) for n in (1, 2)}
+            rounds.append((tps, rates))
+            self.say(f"drain round: pgbench {tps} tps, steps/s {rates}")
+        out: dict[str, Any] = {
+            "runs": self.args.drain_runs,
+            "concurrency": 2,
+            "pgbench_tps": round(statistics.median(t for t, _ in rounds if t), 1)
+            if any(t for t, _ in rounds)
+            else None,
+        }
+        for n in (1, 2):
+            each = [rates[n] for _, rates in rounds]
+            ratios = [rates[n] / t for t, rates in rounds if t]
+            out[f"processes_{n}"] = {
+                "steps_per_s": statistics.median(each),
+                "rounds": each,
+                "ratio_to_pgbench": round(statistics.median(ratios), 3) if ratios else None,
+            }
+        return out
+
     # -- memory over a long run ----------------------------------------------------
 
     def memory(self, steps: int) -> dict[str, Any]:
@@ -665,6 +768,18 @@ class Bench:
             self.say("- Other processes may share this machine: compare ratios, not absolutes.")
             self.say()
 
+            self.compile_bytecode()
+            result["load_average"] = [round(x, 2) for x in os.getloadavg()]
+            result["startup"] = self.startup(args.startup_repeats)
+            self.say(
+                f"Start-up (median of {args.startup_repeats}): exec -> first claim "
+                f"{result['startup']['first_claim_s']} s; exec -> exit of an empty --burst "
+                f"{result['startup']['empty_burst_s']} s."
+            )
+            if args.drain:
+                result["drain"] = self.drains()
+                result["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+                return result
             if args.results_only:
                 waited = self.result_latency()
                 self.say(
@@ -701,6 +816,7 @@ class Bench:
             if args.memory_steps:
                 result["memory"] = self.memory(args.memory_steps)
             if not args.quick:
+                result["drain"] = self.drains()
                 small = self.claim_latency(10_000)
                 large = self.claim_latency(1_000_000)
                 result["claim_ms"] = {"10k": small, "1M": large, "ratio": round(large / small, 2)}
@@ -773,6 +889,18 @@ class Bench:
                 f"RSS {m['rss_start_mb']} MiB early in the run, {m['rss_end_mb']} MiB at its "
                 f"end (at most {m['rss_max_mb']} MiB)."
             )
+        if "drain" in r:
+            d = r["drain"]
+            self.say()
+            self.say(
+                f"Drains of {d['runs']} 3-step PURE runs by one `runworkflows --burst "
+                f"--concurrency 2`, exec to exit (start-up included), beside pgbench with 2 "
+                f"clients ({d['pgbench_tps']} tps): --processes 1 "
+                f"{d['processes_1']['steps_per_s']:.0f} steps/s "
+                f"({d['processes_1']['ratio_to_pgbench']} of pgbench), --processes 2 "
+                f"{d['processes_2']['steps_per_s']:.0f} steps/s "
+                f"({d['processes_2']['ratio_to_pgbench']})."
+            )
         if "claim_ms" in r:
             c = r["claim_ms"]
             self.say()
@@ -812,6 +940,16 @@ def main() -> None:
         help="schedules of the bench's workflows present (none due) while it runs (0)",
     )
     parser.add_argument(
+        "--startup-repeats", type=int, default=5, help="start-ups timed, median reported (5)"
+    )
+    parser.add_argument(
+        "--drain",
+        action="store_true",
+        help="only the start-up and the drains: --drain-runs 3-step PURE runs by --processes 1"
+        " and 2 (--concurrency 2), start-up included, beside pgbench with 2 clients",
+    )
+    parser.add_argument("--drain-runs", type=int, default=1500, help="runs of each drain (1500)")
+    parser.add_argument(
         "--results-only",
         action="store_true",
         help="only the result latency (wait_for_workflow_run), with --wakes waits",
@@ -835,7 +973,7 @@ def main() -> None:
         sys.exit("DATABASE_URL is not set (make bench sets it)")
     bench = Bench(url, args)
     result = bench.main()
-    if not quick and not args.results_only:
+    if not quick and not args.results_only and not args.drain:
         RESULTS.write_text("\n".join(bench.lines) + "\n")
         print(f"written to {RESULTS.relative_to(ROOT)}")
     print(json.dumps(result, sort_keys=True))

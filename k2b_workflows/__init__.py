@@ -10,7 +10,17 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .actions import Action, Dependency, Effect, ambiguous, failed, succeeded, unknown, waiting
+from .actions import (
+    Action,
+    Dependency,
+    Effect,
+    StepContext,
+    ambiguous,
+    failed,
+    succeeded,
+    unknown,
+    waiting,
+)
 from .exceptions import (
     DatabaseNotMigrated,
     EvidenceChanged,
@@ -100,6 +110,7 @@ __all__ = [
     "Retry",
     "RunCanceled",
     "Schedule",
+    "StepContext",
     "StepFailed",
     "UnknownWorkflow",
     "acancel_workflow_run",

@@ -14,15 +14,19 @@ import inspect
 import json
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from . import validation
+from . import codes, validation
 from .exceptions import HookNotDefined, InvalidInput
 from .limits import RateLimit, check_rate_limit
 from .retries import Retry, action_declared, check_policy
 
 if TYPE_CHECKING:
-    from .kernel.context import StepContext
+    import threading
+    import uuid
+    from contextlib import AbstractContextManager
+
+    from django.db import transaction
 
 
 class Effect(enum.StrEnum):
@@ -238,6 +242,70 @@ def validate_result(result: Any, allowed: tuple[type[Result], ...], hook: str) -
     return result
 
 
+# -- the step context --------------------------------------------------------
+
+
+class StepContext(Protocol):
+    """``ctx``: what every hook of an action receives, the kernel's side of a step.
+
+    Declared here, implemented by the kernel (``kernel/context.py``) and by dry
+    runs: an action depends on this protocol, never on the kernel, so the
+    definitions import nothing above them.
+
+    ``effect_key`` is stable for the step across retries, crashes, new
+    generations, deadline re-runs and an operator's "effect absent" retry, and
+    different for every other step: pass it to the provider or to your own
+    dedup table. ``invocation_key`` (EXTERNAL and stronger) names this
+    dispatch: the ``effect_key`` plus the attempt. ``generation`` is the fence
+    this execution holds. ``tx`` is set for TRANSACTIONAL steps only: the open
+    ``transaction.atomic`` the journal commits in (``ctx.tx.using`` is its
+    alias). ``principal`` is the JSON given as ``principal=`` to
+    ``start_workflow_run``. ``canceled`` is set when the run is canceled or
+    the lease is lost. ``deadline_passed`` is True when this step parked on a
+    wait with a deadline and runs again because the deadline passed (rather
+    than being woken).
+    """
+
+    run_id: uuid.UUID
+    root_run_id: uuid.UUID
+    app_id: str
+    step: int
+    effect_key: str
+    invocation_key: str | None
+    generation: int
+    principal: Any
+    canceled: threading.Event
+    tx: transaction.Atomic | None
+    deadline_passed: bool
+    dry_run: bool
+
+    @property
+    def using(self) -> str:
+        """The database alias the run lives on."""
+        ...
+
+    def now(self) -> dt.datetime:
+        """The kernel's current time (aware, UTC): what ``k2b_now()`` reads, with no query."""
+        ...
+
+    def heartbeat(self, tx: str | None = None) -> None:
+        """Check that this execution still owns the run, and extend its lease.
+
+        With ``tx`` (an alias inside an open ``transaction.atomic``): lock the
+        run row until that block commits. Without: renew from a separate
+        connection. Raises ``LeaseLost`` or ``RunCanceled``.
+        """
+        ...
+
+    def fenced(self, using: str = "default") -> AbstractContextManager[None]:
+        """``transaction.atomic`` + ``heartbeat(tx)``: commits only while the run is ours."""
+        ...
+
+    def ai_task(self, provider: str, request: Any) -> Result:
+        """Succeeded once the durable AI task is done, failed if it failed, else waiting on it."""
+        ...
+
+
 # -- actions ---------------------------------------------------------------
 
 
@@ -394,13 +462,11 @@ def missing_ref(
     action: Action, approval_ref: str | None, backup_ref: str | None
 ) -> tuple[str, str] | None:
     """(code, message) when an IRREVERSIBLE or SNAPSHOT_RESTORE step lacks its pinned ref."""
-    from . import store
-
     name = action.action_name()
     if action.effect == Effect.IRREVERSIBLE and not approval_ref:
-        return store.APPROVAL_REQUIRED, f"{name} is IRREVERSIBLE: the step must pin approval_ref"
+        return codes.APPROVAL_REQUIRED, f"{name} is IRREVERSIBLE: the step must pin approval_ref"
     if action.effect == Effect.SNAPSHOT_RESTORE and not backup_ref:
-        return store.BACKUP_REQUIRED, f"{name} is SNAPSHOT_RESTORE: the step must pin backup_ref"
+        return codes.BACKUP_REQUIRED, f"{name} is SNAPSHOT_RESTORE: the step must pin backup_ref"
     return None
 
 

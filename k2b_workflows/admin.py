@@ -13,7 +13,7 @@ import functools
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.contrib import admin, messages
 from django.db.models import F, Model, Prefetch, Q, QuerySet
@@ -23,21 +23,23 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
-from . import admin_overview, admin_views, store
-from .admin_display import (
-    format_duration,
-    incident_answers,
-    incident_dispatch,
-    incident_divergence,
-    incident_guide,
-    incident_traceback,
-    run_page_context,
-)
-from .kernel import audit, clock
+from . import store
+from .kernel import clock
 from .kernel.evidence import hash_value
+from .lazy import LazyModule
 from .models import Incident, JournalEntry, LedgerEntry, RunStatus, WorkerRecord, WorkflowRun
 from .redaction import redact, redact_text, shorten
-from .versions import live_pairs, run_code_note
+
+if TYPE_CHECKING:
+    from . import admin_display, admin_overview, admin_views, versions
+    from .kernel import audit
+else:
+    # Only requests use these: a worker process imports this module and never them.
+    admin_display = LazyModule("k2b_workflows.admin_display")
+    admin_overview = LazyModule("k2b_workflows.admin_overview")
+    admin_views = LazyModule("k2b_workflows.admin_views")
+    versions = LazyModule("k2b_workflows.versions")
+    audit = LazyModule("k2b_workflows.kernel.audit")
 
 HASH_PREVIEW = 8
 
@@ -219,7 +221,7 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.display(description="code")
     def code_column(self, run: WorkflowRun) -> str:
-        note = run_code_note(run, live=live_pairs())
+        note = versions.run_code_note(run, live=versions.live_pairs())
         if note:
             return format_html('<strong class="k2b-no-code">{}</strong>', note)
         return "registered" if run.status not in ("succeeded", "failed", "canceled") else "—"
@@ -286,7 +288,7 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
             reverse("admin:k2b_workflows_workerrecord_change", args=[worker.pk]),
             worker.worker_id,
             worker_state_badge(worker),
-            format_duration(clock.now() - worker.heartbeat_at),
+            admin_display.format_duration(clock.now() - worker.heartbeat_at),
         )
 
     @admin.display(description="root")
@@ -391,13 +393,13 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
             raise Http404(f"no run {object_id}")
         extra = dict(extra_context or {})
         if run is not None:
-            extra.update(run_page_context(run))
-            guide = incident_guide(run)
+            extra.update(admin_display.run_page_context(run))
+            guide = admin_display.incident_guide(run)
             extra.update(
                 status_badge=status_badge(run.status),
                 incident=guide,
-                divergence=incident_divergence(run),
-                code_traceback=incident_traceback(run),
+                divergence=admin_display.incident_divergence(run),
+                code_traceback=admin_display.incident_traceback(run),
                 can_resolve=guide is not None
                 and "resolve" in guide.actions
                 and self.has_resolve_permission(request),
@@ -448,7 +450,7 @@ class IncidentAdmin(WorkflowRunAdmin):
 
     @admin.display(description="step", ordering="attention_step")
     def step(self, run: Incident) -> str:
-        dispatch = incident_dispatch(run, run.entries)
+        dispatch = admin_display.incident_dispatch(run, run.entries)
         if dispatch is None:
             return str(run.attention_step)
         return format_html(
@@ -460,7 +462,7 @@ class IncidentAdmin(WorkflowRunAdmin):
 
     @admin.display(description="answers so far")
     def answers(self, run: Incident) -> str:
-        answers = incident_answers(run, run.entries)
+        answers = admin_display.incident_answers(run, run.entries)
         if not answers:
             return format_html("<span>{}</span>", run.error_code or "—")
         return format_html(
@@ -474,7 +476,7 @@ class IncidentAdmin(WorkflowRunAdmin):
 
     @admin.display(description="evidence")
     def evidence_hashes(self, run: Incident) -> str:
-        dispatch = incident_dispatch(run, run.entries)
+        dispatch = admin_display.incident_dispatch(run, run.entries)
         if dispatch is None:
             return "—"
         rows = (
@@ -506,7 +508,7 @@ class IncidentAdmin(WorkflowRunAdmin):
 
     def incident_links(self, request: HttpRequest, run: WorkflowRun) -> str:
         """The actions that apply to this incident's code, and only those (see IncidentGuide)."""
-        guide = incident_guide(run)
+        guide = admin_display.incident_guide(run)
         links = []
         for action in guide.actions if guide else ():
             if action == "resolve" and self.has_resolve_permission(request):
@@ -728,12 +730,12 @@ class WorkerRecordAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.display(description="last heartbeat", ordering="-heartbeat_at")
     def heartbeat_age(self, worker: WorkerRecord) -> str:
-        return f"{format_duration(clock.now() - worker.heartbeat_at)} ago"
+        return f"{admin_display.format_duration(clock.now() - worker.heartbeat_at)} ago"
 
     @admin.display(description="up", ordering="started_at")
     def uptime(self, worker: WorkerRecord) -> str:
         end = worker.heartbeat_at if worker.state != WorkerRecord.State.ALIVE else clock.now()
-        return format_duration(end - worker.started_at)
+        return admin_display.format_duration(end - worker.started_at)
 
     @admin.display(description="apps")
     def apps_column(self, worker: WorkerRecord) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 from django.urls import reverse
 
-from . import store
+from . import codes, store
 from .control import RESOLVABLE_CODES, count_child_workflow_runs
 from .kernel import clock, flow
 from .models import (
@@ -326,8 +326,8 @@ _EFFECT_GUIDE = IncidentGuide(
 )
 
 INCIDENT_GUIDES: dict[str, IncidentGuide] = {
-    store.EFFECT_OUTCOME_UNKNOWN: _EFFECT_GUIDE,
-    store.WORKFLOW_RETRY_EXHAUSTED: IncidentGuide(
+    codes.EFFECT_OUTCOME_UNKNOWN: _EFFECT_GUIDE,
+    codes.WORKFLOW_RETRY_EXHAUSTED: IncidentGuide(
         title="Retries ran out while an effect is in doubt",
         explain=(
             "The run failed too many times in a row while an external effect of the step "
@@ -337,7 +337,7 @@ INCIDENT_GUIDES: dict[str, IncidentGuide] = {
         ),
         actions=("resolve", "cancel"),
     ),
-    store.WORKFLOW_NONDETERMINISTIC: IncidentGuide(
+    codes.WORKFLOW_NONDETERMINISTIC: IncidentGuide(
         title="The workflow code no longer matches the journal",
         explain=(
             "On replay the workflow asked for another step than the one journaled at this "
@@ -348,7 +348,7 @@ INCIDENT_GUIDES: dict[str, IncidentGuide] = {
         ),
         actions=("retry", "cancel"),
     ),
-    store.WORKFLOW_CODE_ERROR: IncidentGuide(
+    codes.WORKFLOW_CODE_ERROR: IncidentGuide(
         title="The workflow code raised an exception",
         explain=(
             "The workflow function itself raised (not one of its steps): a bug, which the "
@@ -358,7 +358,7 @@ INCIDENT_GUIDES: dict[str, IncidentGuide] = {
         ),
         actions=("retry", "cancel"),
     ),
-    store.INTEGRITY_CHAIN_BROKEN: IncidentGuide(
+    codes.INTEGRITY_CHAIN_BROKEN: IncidentGuide(
         title="The evidence chain of this run is broken",
         explain=(
             "A journal or ledger row of this run no longer matches its hash chain: it was "
@@ -401,13 +401,13 @@ class Divergence:
 
 def incident_divergence(run: WorkflowRun) -> Divergence | None:
     detail = run.error_detail or {}
-    if run.error_code != store.WORKFLOW_NONDETERMINISTIC or detail.get("kind") != "nondeterminism":
+    if run.error_code != codes.WORKFLOW_NONDETERMINISTIC or detail.get("kind") != "nondeterminism":
         return None
     return Divergence(detail["seq"], detail.get("journaled", {}), detail.get("asked", {}))
 
 
 def incident_traceback(run: WorkflowRun) -> str:
     detail = run.error_detail or {}
-    if run.error_code != store.WORKFLOW_CODE_ERROR:
+    if run.error_code != codes.WORKFLOW_CODE_ERROR:
         return ""
     return str(detail.get("traceback", ""))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from django import forms
 from django.contrib import admin, messages
@@ -30,14 +30,20 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_POST
 
-from . import admin_views
 from .exceptions import InvalidInput, InvalidSchedule, UnknownWorkflow
 from .kernel import clock
 from .kernel import schedules as passes
+from .lazy import LazyModule
 from .models import WorkflowRun, WorkflowSchedule, WorkflowScheduleSkip
 from .schedules import Schedule, zone
-from .scheduling import run_schedule_now
 from .workflows import get_workflow
+
+if TYPE_CHECKING:
+    from . import admin_views, scheduling
+else:
+    # Only requests use these (see lazy.py).
+    admin_views = LazyModule("k2b_workflows.admin_views")
+    scheduling = LazyModule("k2b_workflows.scheduling")
 
 PAUSE_PERMISSION = "k2b_workflows.pause_workflowschedule"
 RUN_PERMISSION = "k2b_workflows.run_workflowschedule"
@@ -308,7 +314,7 @@ class WorkflowScheduleAdmin(admin.ModelAdmin):
 
     def _run_now(self, request: HttpRequest, row: WorkflowSchedule) -> None:
         try:
-            run = run_schedule_now(row)
+            run = scheduling.run_schedule_now(row)
         except (InvalidInput, UnknownWorkflow) as exc:
             self.message_user(request, f"{row.schedule_id}: {exc}", messages.ERROR)
             return

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 from django.core.exceptions import PermissionDenied
 from django.db import connections, transaction
 
-from . import signals, store, tracing, validation
+from . import codes, signals, store, tracing, validation
 from .actions import to_json_value
 from .dedup import insert_values
 from .exceptions import (
@@ -27,7 +27,7 @@ from .exceptions import (
 from .kernel import children, clock, db, flow, seals, waits, witness
 from .kernel import evidence as chain
 from .kernel.budgets import BudgetExceeded
-from .kernel.context import StepContext
+from .kernel.context import KernelStepContext
 from .limits import Strategy
 from .models import (
     TERMINAL_STATUSES,
@@ -47,13 +47,13 @@ if TYPE_CHECKING:
 EFFECT_CONFIRMED = "effect_confirmed"
 EFFECT_ABSENT = "effect_absent"
 RESOLUTION_DECISIONS = (EFFECT_CONFIRMED, EFFECT_ABSENT)
-RESOLVABLE_CODES = (store.EFFECT_OUTCOME_UNKNOWN, store.WORKFLOW_RETRY_EXHAUSTED)
+RESOLVABLE_CODES = (codes.EFFECT_OUTCOME_UNKNOWN, codes.WORKFLOW_RETRY_EXHAUSTED)
 #: Incidents an operator ends with "retry": the cause is the code or the stored
 #: evidence, so a retry after a fix (a deploy, a patch, restored rows) replays anew.
 RETRYABLE_INCIDENT_CODES = (
-    store.WORKFLOW_NONDETERMINISTIC,
-    store.WORKFLOW_CODE_ERROR,
-    store.INTEGRITY_CHAIN_BROKEN,
+    codes.WORKFLOW_NONDETERMINISTIC,
+    codes.WORKFLOW_CODE_ERROR,
+    codes.INTEGRITY_CHAIN_BROKEN,
 )
 
 
@@ -175,14 +175,14 @@ def _start(
         strategy = definition.concurrency.strategy
         if strategy == Strategy.CANCEL_NEWEST and not flow.has_room(using, definition, key):
             run.status = RunStatus.CANCELED
-            run.error_code = store.CONCURRENCY_LIMITED
+            run.error_code = codes.CONCURRENCY_LIMITED
             run.error_message = (
                 f"concurrency_key {key!r} already has {definition.concurrency.limit} "
                 "active run(s) (cancel_newest)"
             )
             run.finished_at = now
             # Born ended: sealed as every end is (kernel/seals.py).
-            run.end_seal = seals.end_seal(run_id, "canceled", store.CONCURRENCY_LIMITED, 0)
+            run.end_seal = seals.end_seal(run_id, "canceled", codes.CONCURRENCY_LIMITED, 0)
         elif strategy == Strategy.CANCEL_IN_PROGRESS:
             for holder in flow.holders_to_cancel(using, definition, key):
                 cancel_workflow_run(
@@ -282,7 +282,7 @@ def cancel_workflow_run(run_id: uuid.UUID | str, reason: str) -> WorkflowRun:
 
 
 def cancel_run(
-    run_id: uuid.UUID, reason: str, *, code: str = store.CANCELED, overdue: bool = False
+    run_id: uuid.UUID, reason: str, *, code: str = codes.CANCELED, overdue: bool = False
 ) -> WorkflowRun:
     """``cancel_workflow_run`` with its error code; with ``overdue``, only a run whose
     ``timeout_at`` has passed and that is still queued, running or waiting, checked
@@ -349,7 +349,7 @@ def cancel_run(
         chain.append_ledger(using, run_id=run_id, kind=LedgerEntry.Kind.CANCELED, message=reason)
         run = WorkflowRun.objects.using(using).get(pk=run_id)
         if run.parent_id:
-            from .kernel.execute import wake_parent
+            from .kernel.children import wake_parent
 
             wake_parent(using, run)
         return run
@@ -382,10 +382,10 @@ def notify_workflow_worker(app_id: str) -> None:
 
 
 def create_child_workflow_runs(
-    ctx_or_run: StepContext | RunHandle, name: str, inputs: list[Any]
+    ctx_or_run: KernelStepContext | RunHandle, name: str, inputs: list[Any]
 ) -> list[WorkflowRun]:
     """Create child runs of the current step without waiting for them (idempotently)."""
-    if isinstance(ctx_or_run, StepContext) and ctx_or_run.dry_run:
+    if isinstance(ctx_or_run, KernelStepContext) and ctx_or_run.dry_run:
         # A dry run executes the children dry and returns unsaved runs: nothing a worker sees.
         dry = cast("_DryExecution", ctx_or_run._execution)
         return dry.planned_children(ctx_or_run.step, name, inputs)
@@ -393,14 +393,14 @@ def create_child_workflow_runs(
         ids = ctx_or_run._execution.children(name, inputs, wait=False)
         if getattr(ctx_or_run._execution, "dry_run", False):
             return ids
-    elif isinstance(ctx_or_run, StepContext):
+    elif isinstance(ctx_or_run, KernelStepContext):
         ctx = ctx_or_run
         validation.text(name, "the child workflow name", max_length=200)
         inputs = validation.child_inputs(inputs, "child inputs")
         # StepFailed fails the calling step with this code, before anything is created.
         if len(inputs) > store.max_children_per_step():
             raise StepFailed(
-                store.FAN_OUT_EXCEEDED,
+                codes.FAN_OUT_EXCEEDED,
                 f"{len(inputs)} children asked, at most {store.max_children_per_step()} per step",
             )
         try:
@@ -410,7 +410,7 @@ def create_child_workflow_runs(
                     ctx.using, parent=parent, step=ctx.step, name=name, inputs=inputs
                 )
         except BudgetExceeded as exc:
-            raise StepFailed(store.MAX_STEPS_EXCEEDED, str(exc)) from None
+            raise StepFailed(codes.MAX_STEPS_EXCEEDED, str(exc)) from None
     else:
         raise InvalidInput("create_child_workflow_runs() takes a step's ctx or a workflow's run")
     runs = WorkflowRun.objects.using(store.database()).in_bulk([str(i) for i in ids])
@@ -559,7 +559,7 @@ def retry_refusal(run: WorkflowRun) -> str:
         return f"needs attention with {run.error_code or 'no code'}: decide on the effect instead"
     if run.status != RunStatus.FAILED:
         return f"{run.status}, not failed"
-    if run.error_code != store.WORKFLOW_RETRY_EXHAUSTED:
+    if run.error_code != codes.WORKFLOW_RETRY_EXHAUSTED:
         return (
             f"failed with {run.error_code}, a journaled outcome that a retry would replay;"
             " only runs that exhausted their retries can be retried"

@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 from django.core.exceptions import PermissionDenied
 
-from . import store, validation
+from . import codes, store, validation
 from .actions import (
     Effect,
     Failed,
@@ -32,7 +32,7 @@ from .actions import (
 from .exceptions import InvalidInput, StepFailed, Suspend, UnknownWorkflow
 from .kernel import ai, hooks
 from .kernel.budgets import AI_CALLS, validate_cost
-from .kernel.context import StepContext
+from .kernel.context import KernelStepContext
 from .models import WorkflowRun
 from .workflows import DEFAULT_MAX_STEPS, ChildResult, get_workflow
 
@@ -151,7 +151,7 @@ class _DryExecution:
         refused = missing_ref(action, approval_ref, backup_ref)
         if refused is not None:
             self._refused(seq, name, effect, *refused)
-        ctx = StepContext(self, seq, dry_run=True)  # type: ignore[arg-type]
+        ctx = KernelStepContext(self, seq, dry_run=True)  # type: ignore[arg-type]
         try:
             cost = validate_cost(action.cost(input)) if action.defines("cost") else {}
         except Exception as exc:
@@ -160,9 +160,9 @@ class _DryExecution:
             try:
                 denial = hooks.call(action.authorize, ctx, input)
             except PermissionDenied as exc:
-                denial = Failed(str(exc) or "permission denied", store.FORBIDDEN)
+                denial = Failed(str(exc) or "permission denied", codes.FORBIDDEN)
             if isinstance(denial, Failed):
-                self._refused(seq, name, effect, denial.code or store.FORBIDDEN, denial.message)
+                self._refused(seq, name, effect, denial.code or codes.FORBIDDEN, denial.message)
         if effect == Effect.PURE:
             hook = "run"
         elif action.defines("plan"):
@@ -181,7 +181,7 @@ class _DryExecution:
         except Exception as exc:
             self._error(f"step {seq} ({name}): {hook}() raised {type(exc).__name__}: {exc}")
         if isinstance(result, Failed):
-            self._refused(seq, name, effect, result.code or store.ACTION_FAILED, result.message)
+            self._refused(seq, name, effect, result.code or codes.ACTION_FAILED, result.message)
         if isinstance(result, Waiting):
             self._error(f"step {seq} ({name}): {hook}() returned waiting; a plan must succeed")
         assert isinstance(result, Succeeded)
@@ -213,7 +213,7 @@ class _DryExecution:
             self._error(f"the dry run stopped after {MAX_DRY_RUN_STEPS} steps")
         if seq >= self.max_steps:
             self._refused(
-                seq, name, effect, store.MAX_STEPS_EXCEEDED, f"step {seq} is past max_steps"
+                seq, name, effect, codes.MAX_STEPS_EXCEEDED, f"step {seq} is past max_steps"
             )
 
     def _count(self, cost: dict[str, int]) -> None:
@@ -261,12 +261,12 @@ class _DryExecution:
         if self.depth >= MAX_DEPTH:
             self._error(f"children nested deeper than {MAX_DEPTH} levels")
         if len(inputs) > store.max_children_per_step():
-            raise StepFailed(store.FAN_OUT_EXCEEDED, f"{len(inputs)} children in one step")
+            raise StepFailed(codes.FAN_OUT_EXCEEDED, f"{len(inputs)} children in one step")
         # As in execution, the root's max_steps also bounds the children of the tree.
         self.report.children += len(inputs)
         if self.report.children > self.report.max_children:
             raise StepFailed(
-                store.MAX_STEPS_EXCEEDED,
+                codes.MAX_STEPS_EXCEEDED,
                 f"{self.report.children} children in the tree, over max_steps="
                 f"{self.report.max_children} of the root",
             )

@@ -15,6 +15,11 @@ Two kinds of numbers:
   (``metrics_view``; with ``PROMETHEUS_MULTIPROC_DIR`` set it also merges
   the counters of every process of a multiprocess server).
 
+This module holds the counters only: the kernel counts through it, so it sits
+below the kernel. The collector, the HTTP server and the view read the kernel's
+tables and so live above it, in ``fleet.py``; ``DatabaseCollector``, ``serve``
+and ``metrics_view`` stay importable from here, resolved on first access.
+
 Database reconnects are counted by whoever reconnects:
 ``count_db_reconnect(component)``, e.g. ``"heartbeat"``, ``"listener"``,
 ``"lease_keeper"``, ``"loop"``.
@@ -25,14 +30,14 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
-import os
 import threading
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from . import store
+if TYPE_CHECKING:
+    from .fleet import DatabaseCollector, metrics_view, serve
 
-logger = logging.getLogger("k2b_workflows")
+logger = logging.getLogger(__name__)
 
 AVAILABLE = importlib.util.find_spec("prometheus_client") is not None
 
@@ -42,7 +47,6 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 _metrics: dict[str, Any] = {}
 # Pool threads count their first steps at the same moment: one creates the metrics.
 _create_lock = threading.Lock()
-_collectors: list[DatabaseCollector] = []
 
 F = TypeVar("F", bound=Callable[..., None])
 
@@ -127,9 +131,9 @@ def _create() -> None:
 def prepare() -> None:
     """Import ``prometheus_client`` and create the metrics now, not at the first step.
 
-    A worker calls this before it claims: the import takes a pool thread tens
-    of milliseconds, with the import lock and the GIL held, in the middle of
-    its first run.
+    A worker calls this before it claims: otherwise a pool thread pays for the
+    import, with the import lock and the GIL held, in the middle of its first
+    run (docs/performance.md).
     """
     if AVAILABLE:
         _get("steps")
@@ -199,123 +203,32 @@ def observe_schedule_lag(seconds: float) -> None:
         lag.observe(max(seconds, 0.0))
 
 
-class DatabaseCollector:
-    """Gauges of the shared state, read from the database at scrape time.
+#: Names that moved up to ``fleet.py`` with the code that reads the database.
+_MOVED_TO_FLEET = frozenset({"DatabaseCollector", "serve", "metrics_view"})
 
-    Reads on a connection of its own, opened and closed per scrape: a scrape
-    must not borrow (or leave a transaction open on) a worker thread's
-    connection. A scrape during a database outage reports
-    ``k2b_database_up 0`` instead of failing.
-    """
 
-    def __init__(self, using: str | None = None) -> None:
-        self.using = using or store.database()
-
-    def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import GaugeMetricFamily
-
+def __getattr__(name: str) -> Any:
+    """``metrics.metrics_view`` and friends, as documented: resolved from ``fleet`` when asked."""
+    if name in _MOVED_TO_FLEET:
         from . import fleet
-        from .kernel import db, flow
-        from .kernel import schedules as schedule_passes
 
-        up = GaugeMetricFamily("k2b_database_up", "1 when the last scrape could read the database.")
-        try:
-            conn = db.autocommit_connection(self.using)
-        except Exception as exc:
-            logger.warning("metrics: database unreachable: %s", exc)
-            up.add_metric([], 0)
-            yield up
-            return
-        try:
-            with conn.cursor() as cursor:
-                runs, depth, oldest, live = fleet.queue_counts(cursor)
-                late_schedules = schedule_passes.late_count(cursor)
-                behind, keys = flow.flow_counts(cursor)
-        except Exception as exc:
-            logger.warning("metrics: database query failed: %s", exc)
-            up.add_metric([], 0)
-            yield up
-            return
-        finally:
-            conn.close()
-        up.add_metric([], 1)
-        yield up
-        from .models import RunStatus
-
-        by_status = GaugeMetricFamily("k2b_runs", "Runs by status.", labels=["status"])
-        for status in RunStatus.values:
-            by_status.add_metric([status], runs.get(status, 0))
-        yield by_status
-        yield GaugeMetricFamily("k2b_queue_depth", "Queued runs that are due now.", value=depth)
-        yield GaugeMetricFamily(
-            "k2b_oldest_queued_age_seconds",
-            "How long the oldest due queued run has waited (0: none).",
-            value=max(oldest or 0.0, 0.0),
-        )
-        yield GaugeMetricFamily(
-            "k2b_open_incidents",
-            "Runs in needs_attention (an operator must decide).",
-            value=runs.get("needs_attention", 0),
-        )
-        yield GaugeMetricFamily("k2b_live_workers", "Workers whose heartbeat is fresh.", value=live)
-        yield GaugeMetricFamily(
-            "k2b_schedules_late",
-            "Schedules whose next tick is overdue by more than SCHEDULE_MISSED_AFTER_MS.",
-            value=late_schedules,
-        )
-        yield GaugeMetricFamily(
-            "k2b_queued_behind_key",
-            "Queued runs waiting for a slot of their concurrency key.",
-            value=behind,
-        )
-        yield GaugeMetricFamily(
-            "k2b_keys_with_queue",
-            "Concurrency keys with at least one run queued behind them.",
-            value=keys,
-        )
+        return getattr(fleet, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def serve(port: int, addr: str = "0.0.0.0", using: str | None = None) -> int:
-    """Serve this process's metrics and the database gauges over HTTP; returns the port.
-
-    ``port=0`` picks a free port (the worker logs it).
-    """
-    if not AVAILABLE:
-        raise RuntimeError(
-            "--metrics-port needs prometheus_client: pip install 'k2b-workflows[metrics]'"
-        )
-    from prometheus_client import REGISTRY, start_http_server
-
-    _get("steps")  # create the counters so that a first scrape lists them at 0
-    with _create_lock:
-        if not _collectors:
-            _collectors.append(DatabaseCollector(using))
-            REGISTRY.register(_collectors[0])
-    server, _thread = start_http_server(port, addr=addr, registry=REGISTRY)
-    return int(server.server_port)
-
-
-def metrics_view(request: Any) -> Any:
-    """A Django view with the database gauges (and, in multiprocess mode, every process's counters).
-
-    Route it yourself and protect it like any internal endpoint::
-
-        path("metrics", k2b_workflows.metrics.metrics_view)
-    """
-    from django.http import HttpResponse
-
-    if not AVAILABLE:
-        return HttpResponse(
-            "prometheus_client is not installed: pip install 'k2b-workflows[metrics]'\n",
-            status=501,
-            content_type="text/plain",
-        )
-    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-
-    registry = CollectorRegistry()
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        from prometheus_client import multiprocess
-
-        multiprocess.MultiProcessCollector(registry)
-    registry.register(DatabaseCollector())
-    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+__all__ = [
+    "AVAILABLE",
+    "LATENCY_BUCKETS",
+    "DatabaseCollector",
+    "count_db_reconnect",
+    "count_lease_takeovers",
+    "count_rate_deferral",
+    "count_reconcile_answer",
+    "count_run_transition",
+    "count_schedule_skips",
+    "count_step",
+    "metrics_view",
+    "observe_schedule_lag",
+    "prepare",
+    "serve",
+]

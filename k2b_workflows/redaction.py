@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -218,8 +219,9 @@ def scrub_error(text: Any) -> str:
 class ScrubFilter(logging.Filter):
     """A logging filter that scrubs the message and the traceback of each record.
 
-    Installed on the ``k2b_workflows`` logger: a traceback's last line repeats
-    the exception text, which may hold the very URL its message was scrubbed of.
+    Applied to every record of the package's loggers as it is made
+    (``install_log_filter``): a traceback's last line repeats the exception
+    text, which may hold the very URL its message was scrubbed of.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -236,7 +238,42 @@ class ScrubFilter(logging.Filter):
         return True
 
 
+#: Loggers of the package whose records are left as they are: the per-step events
+#: carry texts scrubbed before they were stored, and a witness record is compared
+#: byte for byte with the database by ``verifyworkflows --witness``.
+UNSCRUBBED_LOGGERS = frozenset({"k2b_workflows.events", "k2b_workflows.witness"})
+
+_installed = False
+_install_lock = threading.Lock()
+
+
+def _ours(name: str) -> bool:
+    return (name == "k2b_workflows" or name.startswith("k2b_workflows.")) and (
+        name not in UNSCRUBBED_LOGGERS
+    )
+
+
 def install_log_filter() -> None:
-    logger = logging.getLogger("k2b_workflows")
-    if not any(isinstance(f, ScrubFilter) for f in logger.filters):
-        logger.addFilter(ScrubFilter())
+    """Scrub what the package's loggers log, whichever module's logger made the record.
+
+    Every module logs on a logger of its own (``k2b_workflows.<module>``). A
+    filter added to the ``k2b_workflows`` logger would not see their records:
+    logging consults a logger's filters only for records logged on it, not for
+    those its children pass up. So the scrub runs where a record is made, in
+    the record factory (the previous factory is kept and called first).
+    """
+    global _installed
+    with _install_lock:
+        if _installed:
+            return
+        previous = logging.getLogRecordFactory()
+        scrub = ScrubFilter()
+
+        def make_record(*args: Any, **kwargs: Any) -> logging.LogRecord:
+            record = previous(*args, **kwargs)
+            if _ours(record.name):
+                scrub.filter(record)
+            return record
+
+        logging.setLogRecordFactory(make_record)
+        _installed = True

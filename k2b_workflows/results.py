@@ -36,7 +36,7 @@ from .exceptions import InvalidInput
 from .kernel import db, weather
 from .models import ENDED_CHANNEL, SETTLED_STATUSES, WorkflowRun
 
-logger = logging.getLogger("k2b_workflows")
+logger = logging.getLogger(__name__)
 
 #: The listener closes its connection after this long without a waiter.
 IDLE_CLOSE_S = 30.0

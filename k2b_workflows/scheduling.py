@@ -25,7 +25,7 @@ from .models import WorkflowRun, WorkflowSchedule
 from .schedules import SCHEDULED_FOR, Schedule, iso
 from .workflows import get_workflow, registered_workflows
 
-logger = logging.getLogger("k2b_workflows")
+logger = logging.getLogger(__name__)
 
 #: Why ``migrate`` disabled a decorator's schedule.
 REMOVED_FROM_DECORATOR = "the @workflow decorator no longer declares this schedule"

@@ -20,7 +20,7 @@ from django.dispatch import Signal
 
 from .models import WorkflowRun
 
-logger = logging.getLogger("k2b_workflows")
+logger = logging.getLogger(__name__)
 
 run_needs_attention = Signal()
 """Sent when a run stops for an operator: ``run_id``, ``workflow_name``, ``error_code``,

@@ -24,11 +24,12 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 
-logger = logging.getLogger("k2b_workflows")
+logger = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-#: How often the watcher looks at signals caught by the fallback handler.
-_POLL_S = 0.1
+#: How often the watcher looks at signals caught by the fallback handler; also the
+#: longest the end of ``stop_signals`` waits for the watcher to notice it is done.
+_POLL_S = 0.05
 
 
 class _Watcher(threading.Thread):

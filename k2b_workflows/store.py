@@ -1,4 +1,4 @@
-"""Settings access and the constants the kernel exports.
+"""Settings access: every key of ``K2B_WORKFLOWS``, its default and its reader.
 
 Every key of the ``K2B_WORKFLOWS`` setting is read here, once, through a small
 function, so the defaults are documented in one place and tests can change a
@@ -117,16 +117,12 @@ the defaults in it: they are replaced, not extended).
 from __future__ import annotations
 
 import datetime as dt
-import functools
-import hashlib
-import hmac
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.core.signals import setting_changed
-from django.dispatch import receiver
-from django.utils.crypto import salted_hmac
+
+from . import codes
 
 #: Default lease of a claimed run, in milliseconds.
 WORKFLOW_RUN_LEASE_MS = 30_000
@@ -153,31 +149,27 @@ SCHEDULE_MAX_CATCH_UP = 100
 SCHEDULE_MISSED_AFTER_MS = 60_000
 SCHEDULE_PASS_INTERVAL_MS = 1_000
 
-# Error codes written to ``WorkflowRun.error_code`` by the kernel.
-WORKFLOW_RETRY_EXHAUSTED = "WORKFLOW_RETRY_EXHAUSTED"
-EFFECT_BUDGET_EXCEEDED = "EFFECT_BUDGET_EXCEEDED"
-INVALID_ACTION_RESULT = "INVALID_ACTION_RESULT"
-INVALID_STEP_INPUT = "INVALID_STEP_INPUT"
-INVALID_WORKFLOW_OUTPUT = "INVALID_WORKFLOW_OUTPUT"
-WORKFLOW_NONDETERMINISTIC = "WORKFLOW_NONDETERMINISTIC"
-#: The workflow function itself raised (not a step): a bug that waits for a fix.
-WORKFLOW_CODE_ERROR = "WORKFLOW_CODE_ERROR"
-INTEGRITY_CHAIN_BROKEN = "INTEGRITY_CHAIN_BROKEN"
-FORBIDDEN = "FORBIDDEN"
-APPROVAL_REQUIRED = "APPROVAL_REQUIRED"
-BACKUP_REQUIRED = "BACKUP_REQUIRED"
-MAX_STEPS_EXCEEDED = "MAX_STEPS_EXCEEDED"
-FAN_OUT_EXCEEDED = "FAN_OUT_EXCEEDED"
-EFFECT_OUTCOME_UNKNOWN = "EFFECT_OUTCOME_UNKNOWN"
-AI_TASK_FAILED = "AI_TASK_FAILED"
-CANCELED = "CANCELED"
-#: A run not ended within its workflow's ``timeout``: canceled (``timeouts.py``).
-WORKFLOW_TIMEOUT = "WORKFLOW_TIMEOUT"
-#: A ``cancel_newest`` start found its key's slots all taken.
-CONCURRENCY_LIMITED = "CONCURRENCY_LIMITED"
-#: ``rate_limit_key()`` raised or returned something that is not a key.
-INVALID_RATE_LIMIT_KEY = "INVALID_RATE_LIMIT_KEY"
-ACTION_FAILED = "ACTION_FAILED"
+# The error codes live in ``codes.py``; the names stay importable from here.
+WORKFLOW_RETRY_EXHAUSTED = codes.WORKFLOW_RETRY_EXHAUSTED
+EFFECT_BUDGET_EXCEEDED = codes.EFFECT_BUDGET_EXCEEDED
+INVALID_ACTION_RESULT = codes.INVALID_ACTION_RESULT
+INVALID_STEP_INPUT = codes.INVALID_STEP_INPUT
+INVALID_WORKFLOW_OUTPUT = codes.INVALID_WORKFLOW_OUTPUT
+WORKFLOW_NONDETERMINISTIC = codes.WORKFLOW_NONDETERMINISTIC
+WORKFLOW_CODE_ERROR = codes.WORKFLOW_CODE_ERROR
+INTEGRITY_CHAIN_BROKEN = codes.INTEGRITY_CHAIN_BROKEN
+FORBIDDEN = codes.FORBIDDEN
+APPROVAL_REQUIRED = codes.APPROVAL_REQUIRED
+BACKUP_REQUIRED = codes.BACKUP_REQUIRED
+MAX_STEPS_EXCEEDED = codes.MAX_STEPS_EXCEEDED
+FAN_OUT_EXCEEDED = codes.FAN_OUT_EXCEEDED
+EFFECT_OUTCOME_UNKNOWN = codes.EFFECT_OUTCOME_UNKNOWN
+AI_TASK_FAILED = codes.AI_TASK_FAILED
+CANCELED = codes.CANCELED
+WORKFLOW_TIMEOUT = codes.WORKFLOW_TIMEOUT
+CONCURRENCY_LIMITED = codes.CONCURRENCY_LIMITED
+INVALID_RATE_LIMIT_KEY = codes.INVALID_RATE_LIMIT_KEY
+ACTION_FAILED = codes.ACTION_FAILED
 
 DEFAULT_REDACT_KEYS: tuple[str, ...] = (
     "password",
@@ -335,52 +327,12 @@ def witness_sink() -> Any:
     return sink
 
 
-_KEY_SALT = "k2b_workflows.evidence"
+def evidence_key_secrets() -> Any:
+    """The ``EVIDENCE_KEYS`` setting as given (None: derive from ``SECRET_KEY``).
 
-
-@functools.lru_cache(maxsize=32)
-def _derive(secret: str | bytes) -> tuple[str, bytes]:
-    """(key id, key) for one secret, derived the way ``django.core.signing`` derives its keys.
-
-    The secret itself is never used as a key: another use of ``SECRET_KEY`` (sessions,
-    password reset tokens) cannot produce an evidence hash, nor the other way round.
+    The keys themselves are derived, checked and cached in ``kernel/keys.py``.
     """
-    key = salted_hmac(_KEY_SALT, "evidence key", secret=secret, algorithm="sha256").digest()
-    key_id = hmac.new(key, b"key id", hashlib.sha256).hexdigest()[:8]
-    return key_id, key
-
-
-_evidence_keys: tuple[tuple[str, bytes], ...] | None = None
-
-
-@receiver(setting_changed)
-def _forget_evidence_keys(*, setting: str, **kwargs: Any) -> None:
-    global _evidence_keys
-    if setting in ("K2B_WORKFLOWS", "SECRET_KEY", "SECRET_KEY_FALLBACKS"):
-        _evidence_keys = None
-
-
-def evidence_keys() -> tuple[tuple[str, bytes], ...]:
-    """The evidence keys, newest first, as (key id, key): the first one signs.
-
-    Read from the settings once (every step hashes several times), and again
-    after a change of the settings they come from (``setting_changed``, as in tests).
-    """
-    global _evidence_keys
-    if _evidence_keys is None:
-        _evidence_keys = tuple(_read_evidence_keys())
-    return _evidence_keys
-
-
-def _read_evidence_keys() -> list[tuple[str, bytes]]:
-    secrets = _get("EVIDENCE_KEYS")
-    if secrets is None:
-        secrets = [settings.SECRET_KEY, *getattr(settings, "SECRET_KEY_FALLBACKS", [])]
-    if isinstance(secrets, (str, bytes)) or not secrets or not all(secrets):
-        raise ImproperlyConfigured(
-            "K2B_WORKFLOWS['EVIDENCE_KEYS'] must be a non-empty list of non-empty secrets"
-        )
-    return [_derive(secret) for secret in secrets]
+    return _get("EVIDENCE_KEYS")
 
 
 def redact_keys() -> tuple[str, ...]:

@@ -24,10 +24,10 @@ from __future__ import annotations
 import logging
 import uuid
 
-from . import store
+from . import codes, store
 from .kernel import db
 
-logger = logging.getLogger("k2b_workflows")
+logger = logging.getLogger(__name__)
 
 _OVERDUE_SQL = """
 SELECT id FROM k2b_run
@@ -56,10 +56,10 @@ def cancel_overdue(using: str | None = None, run_ids: list[uuid.UUID] | None = N
         run = cancel_run(
             run_id,
             "the workflow's timeout passed before the run ended",
-            code=store.WORKFLOW_TIMEOUT,
+            code=codes.WORKFLOW_TIMEOUT,
             overdue=True,
         )
-        if run.status == "canceled" and run.error_code == store.WORKFLOW_TIMEOUT:
+        if run.status == "canceled" and run.error_code == codes.WORKFLOW_TIMEOUT:
             canceled += 1
             logger.warning("run %s: timed out (%s); canceled", run_id, run.workflow_name)
     return canceled

@@ -9,6 +9,10 @@ Without ``live=`` they answer for *this process's* registry; given the
 (name, version) pairs of the live workers (``live_pairs()``, from the
 heartbeats in ``k2b_worker``) they answer for the fleet, which is what the
 admin and ``manage.py workflowruns`` show.
+
+The registry of versions is a definition (``workflows.py``); which runs lack
+code is a question about the runs and the fleet, so this module sits above the
+models and ``fleet.py``, beside the other operators' reads.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 
 from django.db.models import Q, QuerySet
 
+from .fleet import live_workers
 from .models import TERMINAL_STATUSES, WorkflowRun
 from .workflows import registered_versions
 
@@ -31,8 +36,6 @@ def registered_pairs() -> set[Pair]:
 
 def live_pairs(using: str | None = None) -> set[Pair]:
     """The (name, version) pairs some live worker can claim, from the workers' heartbeats."""
-    from .fleet import live_workers
-
     return {(c["name"], int(c["version"])) for w in live_workers(using) for c in w["workflows"]}
 
 

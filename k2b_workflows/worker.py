@@ -53,16 +53,23 @@ from .exceptions import DatabaseNotMigrated, DatabaseUnavailable
 from .health import HealthFile
 from .kernel import ai, claim, db, flow, waits, weather
 from .kernel import schedules as schedule_passes
-from .kernel.execute import Execution, Preloaded, preload, preload_statement, preloaded
+from .kernel.execute import Execution
 from .kernel.leases import LeaseKeeper
+from .kernel.load import Preloaded, preload, preload_statement, preloaded
 from .prefetch import Prefetch
 from .workflows import registered_versions
 
-logger = logging.getLogger("k2b_workflows")
+logger = logging.getLogger(__name__)
+#: The start and stop lines go to the package's logger by name: docs/operations.md
+#: shows them as ``k2b_workflows: worker ...``, and supervisors' log filters match it.
+lifecycle = logging.getLogger("k2b_workflows")
 
 
 class Listener(threading.Thread):
     """LISTENs on the workers' channel and sets ``wake`` for notifications of our apps."""
+
+    #: How long one wait for notifications lasts: the longest ``stop()`` waits for the thread.
+    WAIT_S = 0.1
 
     def __init__(self, using: str, app_ids: Sequence[str] | None, wake: threading.Event) -> None:
         super().__init__(name="k2b-listener", daemon=True)
@@ -85,7 +92,7 @@ class Listener(threading.Thread):
                 # Anything committed while we were not listening is found by polling.
                 self.wake.set()
                 while not self.stopping.is_set():
-                    for note in conn.notifies(timeout=0.5):
+                    for note in conn.notifies(timeout=self.WAIT_S):
                         if not self.app_ids or note.payload in self.app_ids:
                             self.received += 1
                             self.wake.set()
@@ -184,6 +191,8 @@ class Worker:
         #: Pool threads still inside a step when the worker returned (shutdown grace ran
         #: out): the process must exit without joining them (``os._exit``).
         self.abandoned = 0
+        #: The LISTEN thread, once started (``_start_listener``).
+        self._listener: Listener | None = None
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -193,7 +202,7 @@ class Worker:
             return
         self._say_topology()
         names = self._workflows()
-        logger.info(
+        lifecycle.info(
             "worker %s: %d thread(s), apps %s, %d workflow version(s)%s",
             self.worker_id,
             self.concurrency,
@@ -204,14 +213,12 @@ class Worker:
         self._watch_connections()
         metrics.prepare()
         if self.metrics_port is not None:
-            port = metrics.serve(self.metrics_port, using=self.using)
+            port = fleet.serve(self.metrics_port, using=self.using)
             logger.info("worker %s: metrics on port %d", self.worker_id, port)
         self.heartbeat.start()
         self.keeper.start()
-        listener = None
-        if self.listen:
-            listener = Listener(store.listen_database(), self.app_ids, self.wake)
-            listener.start()
+        if not self.burst:
+            self._start_listener()
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="k2b-worker")
         try:
             self._connect_threads(pool)
@@ -221,18 +228,27 @@ class Worker:
             # what is still running when the grace period ends is handed back.
             self.stopping.set()
             self._shut_down(pool)
+            listener = self._listener
             if listener:
-                listener.stop()
-                listener.join(timeout=5)
+                listener.stop()  # joined below, after the others' stops overlapped its wait
             self.keeper.stop()
             self.heartbeat.stop()
+            if listener:
+                listener.join(timeout=5)
             if self.health:
                 self.health.remove()
             self._print_status(final=True)
             if not connections[self.using].in_atomic_block:  # e.g. call_command in a test
                 weather.close_quietly(self.using)
             connection_created.disconnect(self._connection_created)
-        logger.info("worker %s stopped: %s", self.worker_id, dict(self.stats))
+        lifecycle.info("worker %s stopped: %s", self.worker_id, dict(self.stats))
+
+    def _start_listener(self) -> None:
+        """LISTEN from now on. A burst worker starts listening only once it first waits:
+        one that finds nothing to do exits without opening that connection."""
+        if self.listen and self._listener is None:
+            self._listener = Listener(store.listen_database(), self.app_ids, self.wake)
+            self._listener.start()
 
     # -- start-up --------------------------------------------------------------
 
@@ -545,6 +561,7 @@ class Worker:
                 timeout = min(timeout, max(due / 1000, 0.005))
         if self.schedules:
             timeout = min(timeout, max(self._next_schedule_check - time.monotonic(), 0.005))
+        self._start_listener()
         self.wake.wait(timeout)
         return False
 
@@ -959,7 +976,7 @@ def keep_or_close_connection(using: str) -> None:
     Django's default ``CONN_MAX_AGE = 0`` means "one connection per request";
     a worker thread is not a request, and reconnecting for every run costs a
     backend start, the session setup and a commit, and delays every wake-up
-    by several milliseconds. A positive ``CONN_MAX_AGE`` is still honoured.
+    by as much. A positive ``CONN_MAX_AGE`` is still honoured.
     """
     conn = connections[using]
     if conn.connection is None:

@@ -59,7 +59,10 @@ MUTANTS = (
         "_FENCE_WHERE = \" AND generation = %s AND status = 'running'\"",
         "_FENCE_WHERE = \" AND %s IS NOT NULL AND status = 'running'\"",
         (
-            "tests/hot_path/test_journal_write.py::test_the_one_statement_journal_write_refuses_a_stale_generation",
+            "tests/hot_path/test_journal_write.py::"
+            "test_the_one_statement_journal_write_refuses_a_stale_generation",
+            "tests/test_fence.py::"
+            "test_a_transactional_step_taken_away_while_its_action_runs_commits_nothing",
         ),
     ),
     Mutant(
@@ -127,24 +130,23 @@ MUTANTS = (
     ),
     Mutant(
         "re-dispatch",
-        "k2b_workflows/kernel/execute.py",
+        "k2b_workflows/kernel/effects.py",
         "        if state.open_key:\n            # Dispatched before",
         "        if False:\n            # Dispatched before",
         ("tests/test_testing_recipes.py", "tests/test_retries.py"),
     ),
     Mutant(
         "reconcile-poll-bound",
-        "k2b_workflows/kernel/execute.py",
+        "k2b_workflows/kernel/effects.py",
         "if isinstance(result, Waiting) and state.polls >= store.max_reconcile_polls():",
         "if False:",
         ("tests/test_misuse_runs.py",),
     ),
     Mutant(
         "attempt-bound",
-        "k2b_workflows/kernel/execute.py",
-        "        if failures >= retrying.max_attempts(self.retry_policy):\n"
-        "            self._exhausted",
-        "        if False:\n            self._exhausted",
+        "k2b_workflows/kernel/ending.py",
+        "        if failures >= retrying.max_attempts(policy):\n            self.exhausted",
+        "        if False:\n            self.exhausted",
         ("tests/test_retries.py::test_the_third_failure_in_a_row_fails_the_run_there_and_then",),
     ),
     Mutant(
@@ -203,6 +205,46 @@ MUTANTS = (
         "        if seq != self.run.wait_step or not parked or parked == name:",
         "        if True:",
         ("tests/test_parked_change.py",),
+    ),
+    Mutant(
+        "supervisor-config-stops-group",
+        "k2b_workflows/supervisor.py",
+        "        if code in (EXIT_CONFIG, EXIT_UNAVAILABLE):",
+        "        if False:",
+        (
+            "tests/test_processes.py::"
+            "test_a_configuration_error_in_the_workers_stops_the_group_without_restarting_them",
+        ),
+    ),
+    Mutant(
+        "supervisor-forwards-stop",
+        "k2b_workflows/supervisor.py",
+        'back now")\n        self._signal_children(signal.SIGTERM)',
+        'back now")',
+        (
+            "tests/test_processes.py::"
+            "test_sigterm_of_the_supervisor_hands_every_run_back_and_exits_zero_after_its_children",
+        ),
+    ),
+    Mutant(
+        "supervisor-restarts-a-dead-child",
+        "k2b_workflows/supervisor.py",
+        "        slot.restart_at = time.monotonic() + delay",
+        "        slot.done = True",
+        (
+            "tests/test_processes.py::"
+            "test_a_sigkilled_worker_process_is_restarted_and_no_run_is_lost_or_its_effect_repeated",
+        ),
+    ),
+    Mutant(
+        "supervisor-no-orphans",
+        "k2b_workflows/supervisor.py",
+        "        set_parent_death_signal(signal.SIGTERM)\n",
+        "",
+        (
+            "tests/test_processes.py::test_sigkill_of_the_supervisor_takes_every_worker_process_with_it",
+        ),
+        also=(("        ParentWatch(self._pid).start()\n", ""),),
     ),
 )
 

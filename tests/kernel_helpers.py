@@ -7,8 +7,13 @@ from typing import Any
 
 from django.db import connection
 
-from k2b_workflows.kernel import claim, evidence
+from k2b_workflows.actions import Action, as_action
+from k2b_workflows.kernel import claim, clock, evidence
+from k2b_workflows.kernel.context import StepContext
+from k2b_workflows.kernel.ending import RunEnding
 from k2b_workflows.kernel.execute import Execution
+from k2b_workflows.kernel.journal import RunJournal, Step
+from k2b_workflows.kernel.load import preload
 from k2b_workflows.models import JournalEntry, LedgerEntry, WorkflowRun
 from k2b_workflows.testing import run_until_idle
 
@@ -120,3 +125,71 @@ def assert_closed_as_never_sent(run: WorkflowRun) -> None:
         ("succeeded", "2"),
     ]
     assert "run() was not called" in ledger[1].message
+
+
+def claim_for(run: WorkflowRun, worker_id: str = "test") -> int:
+    """Claim ``run`` (it must be due) as a worker would; returns the claim's generation."""
+    claimed = claim.claim_runs(
+        "default",
+        worker_id=worker_id,
+        workflows=[(run.workflow_name, run.workflow_version)],
+        app_ids=None,
+        limit=1,
+    )
+    assert claimed and claimed[0][0] == run.pk, f"run {run.pk} was not claimable"
+    return claimed[0][1]
+
+
+def claimed_execution(run: WorkflowRun) -> Execution:
+    """Claim ``run`` and set its ``Execution`` up as ``Execution.execute`` does once loaded
+    (row, journal, ending), without running the workflow: a layer's tests call it."""
+    generation = claim_for(run)
+    loaded = preload("default", [run.pk])[run.pk]
+    execution = Execution(run.pk, generation, preloaded=loaded)
+    execution.run = loaded.run
+    execution.root_id = loaded.run.root_id or loaded.run.id
+    execution.app_id = loaded.run.app_id
+    execution.principal = loaded.run.principal
+    execution.journal = RunJournal(execution, loaded)
+    execution.ending = RunEnding(execution, execution.journal)
+    return execution
+
+
+def requeue_expired(run: WorkflowRun) -> None:
+    """What a crashed worker's run goes through: its lease expires, the reaper queues
+    it again (a consecutive failure), and it is due at once."""
+    expire_lease(run)
+    assert claim.reap_expired("default") == 1
+    make_due(run)
+
+
+def take_over(run: WorkflowRun) -> int:
+    """``requeue_expired``, then another worker claims the run (the generation goes up).
+    Returns the new holder's generation."""
+    requeue_expired(run)
+    return claim_for(run, worker_id="new-holder")
+
+
+def new_step(
+    execution: Execution,
+    seq: int,
+    action: type[Action],
+    input: Any = None,
+    *,
+    invocation: int | None = None,
+) -> Step:
+    """Step ``seq`` of ``action`` as ``Execution`` builds a new one; ``invocation``: the
+    number of its effect's invocation, as the EXTERNAL path keys a dispatch."""
+    input = {} if input is None else input
+    step = Step(
+        seq,
+        as_action(action),
+        action.action_name(),
+        input,
+        evidence.hash_value(input),
+        clock.now(),
+        StepContext(execution, seq),
+    )
+    if invocation is not None:
+        step.ctx.invocation_key = f"{step.ctx.effect_key}:{invocation}"
+    return step

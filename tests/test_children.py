@@ -247,7 +247,7 @@ def test_cancel_racing_a_finishing_child_is_retried_not_lost():
     from django.db import connections, transaction
 
     from k2b_workflows.kernel import db
-    from k2b_workflows.kernel.execute import wake_parent
+    from k2b_workflows.kernel.children import wake_parent
 
     parent = start_workflow_run("fanout.parent", {"items": [{"value": 1}]})
     execute_exactly(parent.id)

@@ -101,9 +101,9 @@ MIRRORED = {
 
 #: ``manage.py`` lines of the ```sh blocks the suite does not run as shown, and why.
 NOT_RUN = {
-    "runworkflows [--app APP ...] [--concurrency N] [--burst] [--no-listen] "
-    "[--no-schedules] [--health-file PATH] [--metrics-port PORT] [--wait-for-db SECONDS] "
-    "[--log-format text|json]": ("a synopsis"),
+    "runworkflows [--app APP ...] [--processes N|auto] [--concurrency N] [--burst] "
+    "[--no-listen] [--no-schedules] [--health-file PATH] [--metrics-port PORT] "
+    "[--wait-for-db SECONDS] [--log-format text|json]": ("a synopsis"),
     "runworkflows --concurrency 8": (
         "runs until SIGTERM: tests/test_worker_command.py starts and stops real workers"
     ),

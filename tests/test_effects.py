@@ -63,14 +63,16 @@ def test_transactional_exception_rolls_back_the_row_with_the_journal_entry_and_r
     assert [(e.seq, e.state, e.output) for e in entries] == [(0, "succeeded", {"attempt": 2})]
 
 
-def test_transactional_ctx_tx_is_the_kernels_atomic_block_holding_the_run_lock():
+def test_transactional_ctx_tx_is_the_kernels_atomic_block_fenced_when_it_journals():
+    """The run row is locked by the statement that journals the step, after ``run()``:
+    while the action runs, the lease keeper, a cancel or a wake do not wait on it."""
     run = start_workflow_run("kernel.tx_probe", {"key": "probe"})
     run_to_end()
     facts = DomainRow.objects.get(key="probe:1").value
     assert facts["using"] == "default"
     assert facts["atomic"] is True
     assert facts["is_atomic_block"] is True
-    assert facts["run_row_locked"] is True, "the kernel fences the run row before run()"
+    assert facts["run_row_locked"] is False, "the fence goes with the journal statement"
     assert fresh(run).status == "succeeded"
 
 

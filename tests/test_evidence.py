@@ -246,7 +246,7 @@ def test_the_ends_light_read_hashes_every_entry_as_the_models_do(resolved_run):
     instances: each must hash the same (an operator's resolution included: actor id,
     evidence, detail), or every success would stop as a broken chain."""
     from k2b_workflows.kernel import db
-    from k2b_workflows.kernel.execute import chains_read, chains_sql
+    from k2b_workflows.kernel.load import chains_read, chains_sql
 
     rows = db.fetch_statement("default", chains_sql(), [resolved_run.pk])
     light = chains_read("default", rows)[resolved_run.pk]
@@ -367,16 +367,16 @@ def test_a_run_claimed_after_a_key_rotation_still_ends_in_one_round_trip(monkeyp
     """The ledger of a PURE run keeps the anchor its start sealed with the old key: the
     end checks it against the anchor read at the claim, not one sealed anew with the
     new key, which would send every such run through the read of its chains."""
-    from k2b_workflows.kernel.execute import Execution
+    from k2b_workflows.kernel.ending import RunEnding
 
     ends = []
-    as_written = Execution._end_as_written
+    as_written = RunEnding.end_as_written
 
     def spy(self, *args):
         ends.append(as_written(self, *args))
         return ends[-1]
 
-    monkeypatch.setattr(Execution, "_end_as_written", spy)
+    monkeypatch.setattr(RunEnding, "end_as_written", spy)
     with override_settings(K2B_WORKFLOWS={"EVIDENCE_KEYS": ["old secret"]}):
         run = start_workflow_run("kernel.tamper", {"key": "k1"})
         run_to_end()

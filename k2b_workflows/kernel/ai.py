@@ -15,16 +15,16 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
 
-from .. import redaction, store
+from .. import codes, redaction, store
 from ..actions import Dependency, Result, canonical_json, failed, succeeded, to_json_value, waiting
 from ..exceptions import InvalidInput
 from . import budgets, db, waits
-from .context import _holding
+from .db import holding_run_lock
 
 if TYPE_CHECKING:
-    from .context import StepContext
+    from ..actions import StepContext
 
-logger = logging.getLogger("k2b_workflows")
+logger = logging.getLogger(__name__)
 
 KIND = "k2b.ai_task"
 
@@ -59,9 +59,9 @@ def step_task(ctx: StepContext, provider: str, request: Any) -> Result:
         request = to_json_value(request, "the AI request")
     except InvalidInput as exc:
         # Produced inside the run: a clean step failure, not an exception from run().
-        return failed(str(exc), code=store.AI_TASK_FAILED)
+        return failed(str(exc), code=codes.AI_TASK_FAILED)
     using = ctx.using
-    with transaction.atomic(using=using), _holding():
+    with transaction.atomic(using=using), holding_run_lock():
         db.fence(using, ctx.run_id, ctx.generation, store.lease_ms())
         rows = db.fetchall(
             using,
@@ -74,7 +74,7 @@ def step_task(ctx: StepContext, provider: str, request: Any) -> Result:
                     using, root_id=ctx.root_run_id, run_id=ctx.run_id, seq=ctx.step
                 )
             except budgets.BudgetExceeded as exc:
-                return failed(str(exc), code=store.EFFECT_BUDGET_EXCEEDED)
+                return failed(str(exc), code=codes.EFFECT_BUDGET_EXCEEDED)
             db.execute(
                 using,
                 """INSERT INTO k2b_ai_task (id, run_id, seq, app_id, effect_key, provider, request,
@@ -95,9 +95,9 @@ def step_task(ctx: StepContext, provider: str, request: Any) -> Result:
     if status == "succeeded":
         return succeeded(db.from_json(result))
     if status == "failed":
-        return failed(error or "the AI task failed", code=store.AI_TASK_FAILED)
+        return failed(error or "the AI task failed", code=codes.AI_TASK_FAILED)
     if status == "canceled":
-        return failed("the AI task was canceled", code=store.CANCELED)
+        return failed("the AI task was canceled", code=codes.CANCELED)
     return waiting(Dependency(KIND, ctx.effect_key))
 
 

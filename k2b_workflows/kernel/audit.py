@@ -5,7 +5,7 @@ entries in separate statements sees a live run between two commits and
 reports a break that is not there, and a check that takes a lock to avoid
 that cannot be run by a read-only auditor. One statement is one snapshot:
 the run row (anchors, seals) and every entry come from the same moment,
-without a lock (``execute.preload`` is that statement).
+without a lock (``load.preload`` is that statement).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ..models import JournalEntry, LedgerEntry, WorkflowRun
 from . import evidence, seals
-from .execute import preload
+from .load import preload
 
 
 @dataclass(frozen=True)

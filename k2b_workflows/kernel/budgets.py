@@ -8,6 +8,7 @@ retried, resumed or re-woken step finds its charge and pays nothing again.
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 from django.db import connections
@@ -44,7 +45,9 @@ def validate_cost(cost: Any) -> dict[str, int]:
     return {k: v for k, v in cost.items() if v}
 
 
-def charge(using: str, *, root_id: Any, run_id: Any, seq: int, cost: dict[str, int]) -> bool:
+def charge(
+    using: str, *, root_id: uuid.UUID, run_id: uuid.UUID, seq: int, cost: dict[str, int]
+) -> bool:
     """Charge ``cost`` for one step, inside the caller's transaction.
 
     Returns False when this step was already charged (nothing is paid twice).
@@ -85,7 +88,7 @@ def charge(using: str, *, root_id: Any, run_id: Any, seq: int, cost: dict[str, i
     return True
 
 
-def charge_ai_call(using: str, *, root_id: Any, run_id: Any, seq: int) -> None:
+def charge_ai_call(using: str, *, root_id: uuid.UUID, run_id: uuid.UUID, seq: int) -> None:
     """One ``max_ai_calls`` unit for the AI task this step creates (called once, at creation)."""
     with connections[using].cursor() as cursor:
         cursor.execute(
@@ -110,7 +113,7 @@ def charge_ai_call(using: str, *, root_id: Any, run_id: Any, seq: int) -> None:
             )
 
 
-def reserve_children(using: str, *, root_id: Any, count: int) -> None:
+def reserve_children(using: str, *, root_id: uuid.UUID, count: int) -> None:
     """Count ``count`` new child runs against the root's ``max_steps``."""
     if not count:
         return

@@ -8,12 +8,14 @@ from typing import Any
 from .. import tracing
 from ..actions import Dependency
 from ..models import TERMINAL_STATUSES, RunStatus, WorkflowRun
-from . import budgets, clock, db, evidence, seals
+from . import budgets, clock, db, evidence, seals, waits
 
 KIND = "k2b.children"
+#: The app of a child's parent: where the wake of its children step goes.
+PARENT_APP_SQL = "SELECT app_id FROM k2b_run WHERE id = %s"
 
 
-def dependency(parent_id: Any, step: int) -> Dependency:
+def dependency(parent_id: uuid.UUID, step: int) -> Dependency:
     """What a parent waits on while its children of one step run."""
     return Dependency(KIND, f"{parent_id}:{step}")
 
@@ -74,7 +76,7 @@ def create(
     return [existing[i] for i in range(len(inputs))]
 
 
-def results(using: str, parent_id: Any, step: int) -> list[dict[str, Any]]:
+def results(using: str, parent_id: uuid.UUID, step: int) -> list[dict[str, Any]]:
     """The children of one parent step, in input order, with whether each has ended.
 
     A child that has ended is checked against its end seal before its parent may
@@ -119,7 +121,7 @@ def public(row: dict[str, Any]) -> dict[str, Any]:
     return {k: row[k] for k in ("status", "output", "error_code", "run_id")}
 
 
-def count(using: str, run_id: Any) -> dict[str, int]:
+def count(using: str, run_id: uuid.UUID) -> dict[str, int]:
     """Children of ``run_id`` per status, every status present, in one query."""
     counts = {status: 0 for status in RunStatus.values}
     for status, n in db.fetchall(
@@ -130,3 +132,13 @@ def count(using: str, run_id: Any) -> dict[str, int]:
         counts[status] = n
     counts["total"] = sum(counts[s] for s in RunStatus.values)
     return counts
+
+
+def wake_parent(using: str, run: WorkflowRun) -> None:
+    """A child ended: wake its parent's children step (inside the child's transaction)."""
+    if run.parent_id is None or run.parent_step is None:
+        return  # not a child
+    rows = db.fetchall(using, PARENT_APP_SQL, [run.parent_id])
+    if rows:
+        dep = dependency(run.parent_id, run.parent_step)
+        waits.wake(using, app_id=rows[0][0], kind=dep.kind, key=dep.key)

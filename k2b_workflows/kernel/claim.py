@@ -14,6 +14,7 @@ busy concurrency key: they are not in the index until admitted.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,7 +50,7 @@ SELECT id, generation FROM claimed ORDER BY line
 #: does so only if its statistics say many runs are queued. Right after a bulk
 #: enqueue into a table it has not analyzed since, it expects a handful and
 #: reads every queued run into a bitmap, then sorts them, at every claim
-#: (measured: 17-22 ms with 33,000 queued, 0.6 ms with this setting).
+#: (docs/performance.md, "Scaling out", has the figures).
 CLAIM_PLAN = "SET LOCAL enable_bitmapscan = off"
 
 
@@ -209,7 +210,7 @@ def renew_leases(conn: Any, held: dict[Any, int], lease: int) -> tuple[set, dict
     return renewed, states
 
 
-def release(using: str, run_id: Any, generation: int) -> bool:
+def release(using: str, run_id: uuid.UUID, generation: int) -> bool:
     """Hand a run we still own back to the queue, without counting a failure."""
     with connections[using].cursor() as cursor:
         cursor.execute(

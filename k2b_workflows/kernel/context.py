@@ -1,4 +1,9 @@
-"""``ctx``: what every action hook receives, and the fence it can take."""
+"""``ctx``: what every action hook receives, and the fence it can take.
+
+``KernelStepContext`` is the kernel's implementation of the ``StepContext``
+protocol that ``actions.py`` declares: actions are written against the
+protocol, so the definitions never import the kernel.
+"""
 
 from __future__ import annotations
 
@@ -6,36 +11,38 @@ import datetime as dt
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django.db import connections, transaction
 
 from .. import store
 from ..exceptions import InvalidInput, LeaseLost, RunCanceled
-from . import clock, db
+from . import ai, clock, db
+
+# Where the run lock is tracked; importable from here for the kernel's older callers.
+from .db import holding_run_lock
+from .db import holds_run_lock as holds_run_lock
 
 if TYPE_CHECKING:
     from ..actions import Result
-    from .execute import Execution
-
-_held = threading.local()
-
-
-def holds_run_lock() -> bool:
-    """True while this thread is inside a transaction that locked its run row."""
-    return getattr(_held, "depth", 0) > 0
+    from ..actions import StepContext as StepContextProtocol
+    from ..models import WorkflowRun
 
 
-@contextmanager
-def _holding() -> Iterator[None]:
-    _held.depth = getattr(_held, "depth", 0) + 1
-    try:
-        yield
-    finally:
-        _held.depth -= 1
+class ExecutionState(Protocol):
+    """What a step context reads from the execution that makes it (a real one or a dry run)."""
+
+    run_id: Any
+    root_id: Any
+    app_id: str
+    generation: int
+    principal: Any
+    canceled: threading.Event
+    using: str
+    run: WorkflowRun
 
 
-class StepContext:
+class KernelStepContext:
     """Identity of a run and step, and the kernel services an action may use.
 
     ``now()`` is the kernel's clock, the one its deadlines, backoff and leases
@@ -46,7 +53,7 @@ class StepContext:
     escalate, or wait again.
     """
 
-    def __init__(self, execution: Execution, step: int, *, dry_run: bool = False) -> None:
+    def __init__(self, execution: ExecutionState, step: int, *, dry_run: bool = False) -> None:
         self._execution = execution
         self.run_id = execution.run_id
         self.root_run_id = execution.root_id
@@ -129,7 +136,7 @@ class StepContext:
 
         Writes inside the block commit only if this execution still owns the run.
         """
-        with transaction.atomic(using=using), _holding():
+        with transaction.atomic(using=using), holding_run_lock():
             self.heartbeat(tx=using)
             yield
 
@@ -137,12 +144,10 @@ class StepContext:
         """Succeeded once the durable AI task is done, failed if it failed, else waiting on it."""
         if self.dry_run:  # a dry run creates no task and calls no provider
             return self._execution.ai_task(provider, request)  # type: ignore[attr-defined]
-        from . import ai
-
         return ai.step_task(self, provider, request)
 
 
-def _deadline_passed(execution: Execution, step: int) -> bool:
+def _deadline_passed(execution: ExecutionState, step: int) -> bool:
     """Whether ``step`` parked with a deadline and the run was queued again because it passed.
 
     Every path from ``waiting`` back to ``queued`` but the deadline's clears
@@ -152,3 +157,13 @@ def _deadline_passed(execution: Execution, step: int) -> bool:
     """
     run = execution.run
     return run.wait_deadline is not None and run.wait_step == step
+
+
+if TYPE_CHECKING:
+
+    def _implements_the_protocol(ctx: KernelStepContext) -> StepContextProtocol:
+        return ctx  # mypy checks here that the kernel's context is what actions are promised
+
+
+#: The name the kernel's context had before the protocol took it; kept for existing imports.
+StepContext = KernelStepContext

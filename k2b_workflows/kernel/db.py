@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import logging
 import random
+import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -22,11 +24,33 @@ from django.db import DatabaseError, OperationalError, ProgrammingError, connect
 from ..exceptions import DatabaseNotMigrated, LeaseLost, RunCanceled
 from . import clock, pipeline
 
-logger = logging.getLogger("k2b_workflows")
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 RETRYABLE_SQLSTATES = frozenset({"40001", "40P01", "55P03", "57014"})
+
+
+_held = threading.local()
+
+
+def holds_run_lock() -> bool:
+    """True while this thread is inside a transaction that locked its run row.
+
+    A heartbeat from another connection would then wait for this thread's own
+    lock: ``ctx.heartbeat()`` refuses instead of hanging.
+    """
+    return getattr(_held, "depth", 0) > 0
+
+
+@contextmanager
+def holding_run_lock() -> Iterator[None]:
+    """Mark this thread as holding its run's lock for the block (nested blocks count)."""
+    _held.depth = getattr(_held, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _held.depth -= 1
 
 
 class CommitOutcomeUnknown(Exception):
@@ -122,7 +146,7 @@ RETURNING id
 
 def fence(
     using: str,
-    run_id: Any,
+    run_id: uuid.UUID,
     generation: int,
     lease_ms: int,
     step: int | None = None,
@@ -145,7 +169,7 @@ def fence(
     raise lease_lost(using, run_id, generation)
 
 
-def lease_lost(using: str, run_id: Any, generation: int) -> Exception:
+def lease_lost(using: str, run_id: uuid.UUID, generation: int) -> Exception:
     """The error for a fence that matched no row: ``RunCanceled`` or ``LeaseLost``."""
     with connections[using].cursor() as cursor:
         cursor.execute("SELECT status, generation FROM k2b_run WHERE id = %s", [run_id])
@@ -196,7 +220,7 @@ def check_migrated(using: str) -> None:
         raise DatabaseNotMigrated(f"{MIGRATE_HINT} (not applied: {missing})")
 
 
-def lock_run(using: str, run_id: Any) -> tuple[str, int, int | None] | None:
+def lock_run(using: str, run_id: uuid.UUID) -> tuple[str, int, int | None] | None:
     """``SELECT ... FOR UPDATE`` the run row; returns (status, generation, attention_step)."""
     with connections[using].cursor() as cursor:
         cursor.execute(

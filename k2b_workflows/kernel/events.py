@@ -14,7 +14,8 @@ Logger: ``k2b_workflows.events`` (INFO for progress, WARNING for doubt).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+import uuid
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django.db import transaction
 
@@ -22,8 +23,16 @@ from .. import metrics
 
 if TYPE_CHECKING:
     from ..models import JournalEntry
-    from .execute import Execution
 
+
+class Execution(Protocol):
+    """What these functions read of the execution they tell about (its run, when loaded)."""
+
+    run_id: uuid.UUID
+    generation: int
+
+
+#: Named, not ``__name__``: docs/operations.md tells operators to configure this name.
 logger = logging.getLogger("k2b_workflows.events")
 
 #: Ledger kinds that leave an effect in doubt: logged as warnings.

@@ -6,7 +6,7 @@ truncates evidence and recomputes the hashes, so the run replays the edited
 output or re-runs an effect that already happened, and the audit trail lies.
 
 - Every hash is an HMAC-SHA256 under a key kept outside the database
-  (``store.evidence_keys()``): without the key nobody recomputes a chain, and
+  (``keys.evidence_keys()``): without the key nobody recomputes a chain, and
   nobody recovers a small input, principal or idempotency key by brute force.
 - Each run's journal and ledger are chains:
   ``entry_hash = HMAC(key, prev_hash ‖ canonical(entry))``; the entry records
@@ -30,21 +30,23 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from django.db import connections, models, transaction
 
-from .. import store, validation
+from .. import validation
 from ..actions import canonical_json
 from ..models import JournalEntry, LedgerEntry, WorkflowRun
 from . import clock, db
 from .db import lease_lost
+from .keys import evidence_keys
 
 GENESIS = "0" * 64
 
-E = TypeVar("E", JournalEntry, LedgerEntry)
+E = TypeVar("E", bound=JournalEntry | LedgerEntry)
 
 
 def sha256_hex(text: str) -> str:
@@ -59,9 +61,9 @@ def _keyed(key: bytes) -> hmac.HMAC:
 
 
 def _hmac_hex(key: bytes, text: str) -> str:
-    # Not ``hmac.digest()``: its one-shot C path releases the GIL around a hash
-    # of a microsecond, and in a worker whose other threads are busy getting it
-    # back costs tens (measured: 19 µs a call against 1 µs alone). A copy of
+    # Not ``hmac.digest()``: its one-shot C path releases the GIL around a tiny
+    # hash, and in a worker whose other threads are busy, getting the GIL back
+    # costs many times the hash (docs/performance.md has the figures). A copy of
     # the keyed state keeps the GIL and skips the keying. A run makes about
     # fifteen of these.
     h = _keyed(key).copy()
@@ -71,7 +73,7 @@ def _hmac_hex(key: bytes, text: str) -> str:
 
 def signing_key() -> tuple[str, bytes]:
     """The (key id, key) new evidence is made with."""
-    return store.evidence_keys()[0]
+    return evidence_keys()[0]
 
 
 def hash_value(value: Any) -> str:
@@ -93,7 +95,7 @@ def same_input(stored: str, value: Any, current: str) -> bool:
     if hmac.compare_digest(stored, current):
         return True
     text = canonical_json(value)
-    candidates = [_hmac_hex(key, text) for _, key in store.evidence_keys()[1:]]
+    candidates = [_hmac_hex(key, text) for _, key in evidence_keys()[1:]]
     candidates.append(sha256_hex(text))
     return any(hmac.compare_digest(stored, c) for c in candidates)
 
@@ -179,13 +181,13 @@ def ledger_hash(prev_hash: str, entry: LedgerEntry, key: bytes | None) -> str:
     return _entry_hash(prev_hash, entry, _LEDGER_FIELDS, key)
 
 
-def anchor(run_id: Any, chain: str, count: int, head: str, key_id: str, key: bytes) -> str:
+def anchor(run_id: uuid.UUID, chain: str, count: int, head: str, key_id: str, key: bytes) -> str:
     """The run row's seal over one chain: which run, which chain, how many entries, which head."""
     mac = _hmac_hex(key, _canonical([str(run_id), chain, count, head]))
     return f"{key_id}:{mac}"
 
 
-def initial_anchors(run_id: Any) -> dict[str, str]:
+def initial_anchors(run_id: uuid.UUID) -> dict[str, str]:
     """Anchors of a new run's empty chains: a run whose chains were wiped is not a new run."""
     key_id, key = signing_key()
     return {
@@ -194,7 +196,7 @@ def initial_anchors(run_id: Any) -> dict[str, str]:
     }
 
 
-def _seal(using: str, run_id: Any, chain: str, count: int, head: str) -> None:
+def _seal(using: str, run_id: uuid.UUID, chain: str, count: int, head: str) -> None:
     key_id, key = signing_key()
     with connections[using].cursor() as cursor:
         cursor.execute(
@@ -529,7 +531,7 @@ class WrittenChains:
     """What a run's end checks in ``AS_WRITTEN_CHECK``: the chains as one execution
     verified and wrote them (see ``Execution._written_chains``)."""
 
-    run_id: Any
+    run_id: uuid.UUID
     journal_anchor: str
     journal_versions: list[str]
     ledger_anchor: str
@@ -547,7 +549,7 @@ class WrittenChains:
 
 
 def current_anchor(
-    run_id: Any, chain: str, count: int, head: str | None, loaded: tuple[int, str]
+    run_id: uuid.UUID, chain: str, count: int, head: str | None, loaded: tuple[int, str]
 ) -> str:
     """The anchor a run row holds over ``chain`` for an execution that loaded ``loaded``
     (entry count, anchor) and has seen the chain reach ``count`` entries ending at
@@ -717,13 +719,13 @@ def verify_run(
 
     Pure: the caller reads the rows (the claim's preload, a ``verifyworkflows`` batch).
     """
-    keys = dict(store.evidence_keys())
+    keys = dict(evidence_keys())
     return _verify_chain(run, "journal", journal, keys) or _verify_chain(
         run, "ledger", ledger, keys
     )
 
 
-def verify_chains(run_id: Any, using: str) -> ChainBreak | None:
+def verify_chains(run_id: uuid.UUID, using: str) -> ChainBreak | None:
     """Re-read the run's row, journal and ledger from the database and check them.
 
     Returns the first break, or None when everything is intact. The reads share

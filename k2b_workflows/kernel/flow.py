@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
@@ -162,7 +163,7 @@ def limit_key(action: Action, input: Any) -> str:
 
 
 def admit_dispatch(
-    using: str, key: str, limit: RateLimit, run_id: Any, seq: int, generation: int
+    using: str, key: str, limit: RateLimit, run_id: uuid.UUID, seq: int, generation: int
 ) -> tuple[int | None, dt.datetime | None]:
     """Reserve one dispatch under ``key`` in the current transaction.
 
@@ -202,7 +203,7 @@ def stamp_dispatch(using: str, dispatch_id: int) -> None:
         cursor.execute("SELECT k2b_rate_stamp(%s)", [dispatch_id])
 
 
-def defer(using: str, run_id: Any, generation: int, until: dt.datetime, key: str) -> bool:
+def defer(using: str, run_id: uuid.UUID, generation: int, until: dt.datetime, key: str) -> bool:
     """Queue our run again for ``until`` (a full rate limit): no failure, slot and priority kept."""
     with connections[using].cursor() as cursor:
         cursor.execute(_DEFER_SQL, [until, key, run_id, generation])

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +28,7 @@ from .. import metrics, store
 from . import clock, db, weather
 from .claim import renew_leases
 
-logger = logging.getLogger("k2b_workflows")
+logger = logging.getLogger(__name__)
 
 CHECK_INTERVAL_S = 0.25
 
@@ -57,15 +58,17 @@ class LeaseKeeper:
 
     # -- bookkeeping, called by executing threads --
 
-    def track(self, run_id: Any, generation: int, event: threading.Event) -> None:
+    def track(self, run_id: uuid.UUID, generation: int, event: threading.Event) -> None:
         with self._lock:
             self._runs[run_id] = _Held(generation, event)
 
-    def untrack(self, run_id: Any) -> None:
+    def untrack(self, run_id: uuid.UUID) -> None:
         with self._lock:
             self._runs.pop(run_id, None)
 
-    def action_started(self, run_id: Any, timeout_s: float | None, external: bool = False) -> None:
+    def action_started(
+        self, run_id: uuid.UUID, timeout_s: float | None, external: bool = False
+    ) -> None:
         timeout = timeout_s if timeout_s is not None else store.action_timeout_ms() / 1000
         with self._lock:
             if run_id in self._runs:
@@ -76,7 +79,7 @@ class LeaseKeeper:
                 self._runs[run_id].action_started = now
                 self._runs[run_id].external = external
 
-    def action_finished(self, run_id: Any) -> None:
+    def action_finished(self, run_id: uuid.UUID) -> None:
         with self._lock:
             if run_id in self._runs:
                 self._runs[run_id].action_deadline = None

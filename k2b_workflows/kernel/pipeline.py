@@ -3,13 +3,13 @@
 The kernel's transactions are short runs of statements sent together ("BEGIN;
 fence; append; COMMIT"). Through psycopg's ``Connection.pipeline()`` and its
 cursors, each statement pays a cursor's bookkeeping and a poll and a send of
-its own: a five-statement transaction took about 470 µs of the worker's CPU,
+its own, which adds up to most of a short transaction's CPU in the worker,
 and a worker process is bound by its GIL. Here the statements are queued in
 libpq at once, followed by one sync, and their results read back in one
-pass: about 100 µs. psycopg still does the rest: its adapters dump the
-parameters and load the rows (the connection's own, Django's loaders
-included), its error classes are raised, and its ``wait`` blocks without
-holding the GIL.
+pass (docs/performance.md has the before and after). psycopg still does
+the rest: its adapters dump the parameters and load the rows (the
+connection's own, Django's loaders included), its error classes are raised,
+and its ``wait`` blocks without holding the GIL.
 
 Used on connections that prepare statements (``prepare_threshold`` set, as for
 psycopg's own prepared statements): each statement with parameters is

@@ -51,7 +51,7 @@ from ..models import WorkflowScheduleSkip
 from ..schedules import SCHEDULED_FOR, CatchUp, Overlap, Schedule, idempotency_key, iso, jitter_for
 from . import db
 
-logger = logging.getLogger("k2b_workflows")
+logger = logging.getLogger(__name__)
 
 #: Rows one pass locks; a pass that finds more due runs again at once.
 ROWS_PER_PASS = 100

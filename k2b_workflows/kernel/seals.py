@@ -16,7 +16,7 @@ that passed ``verifyworkflows``.
   cleared when the run is queued again. The generation makes an old seal
   useless on a later life of the run (generation never decreases).
 
-Both are ``"<key id>:<mac>"`` under the evidence keys (``store.evidence_keys()``),
+Both are ``"<key id>:<mac>"`` under the evidence keys (``keys.evidence_keys()``),
 which live outside the database: a role that can write the row cannot make
 a seal that verifies. ``verifyworkflows``, the admin and a parent reading its
 children's results check them.
@@ -25,12 +25,13 @@ children's results check them.
 from __future__ import annotations
 
 import hmac
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from .. import store
 from ..models import WorkflowRun
 from . import evidence
+from .keys import evidence_keys
 
 #: Statuses whose row carries an end seal: the run ended, or waits for an operator.
 SEALED_STATUSES = frozenset({"succeeded", "failed", "canceled", "needs_attention"})
@@ -63,7 +64,9 @@ def _start_text(run: WorkflowRun) -> str:
     )
 
 
-def _end_text(run_id: Any, status: str, output_text: str, error_code: str, generation: int) -> str:
+def _end_text(
+    run_id: uuid.UUID, status: str, output_text: str, error_code: str, generation: int
+) -> str:
     head = evidence._canonical(["end", str(run_id), status, error_code or "", int(generation)])
     return f"{head}\n{output_text}"
 
@@ -75,7 +78,7 @@ def start_seal(run: WorkflowRun) -> str:
 
 
 def end_seal(
-    run_id: Any, status: str, error_code: str, generation: int, output_text: str = "null"
+    run_id: uuid.UUID, status: str, error_code: str, generation: int, output_text: str = "null"
 ) -> str:
     """The seal of a run's end; ``output_text`` is the canonical JSON of its output."""
     key_id, key = evidence.signing_key()
@@ -102,7 +105,7 @@ def _matches(sealed: str, text: str, keys: dict[str, bytes]) -> str | None:
 
 def start_problem(run: WorkflowRun, keys: dict[str, bytes] | None = None) -> str | None:
     """Why the run's start fields cannot be trusted, or None."""
-    keys = keys if keys is not None else dict(store.evidence_keys())
+    keys = keys if keys is not None else dict(evidence_keys())
     why = _matches(run.start_seal, _start_text(run), keys)
     if why is None:
         return None
@@ -116,7 +119,7 @@ def end_problem(run: WorkflowRun, keys: dict[str, bytes] | None = None) -> str |
     """Why the run's recorded end (status, output, error code) cannot be trusted, or None."""
     if run.status not in SEALED_STATUSES:
         return None
-    keys = keys if keys is not None else dict(store.evidence_keys())
+    keys = keys if keys is not None else dict(evidence_keys())
     text = _end_text(
         run.pk, run.status, evidence._canonical(run.output), run.error_code, run.generation
     )
@@ -132,5 +135,5 @@ def end_problem(run: WorkflowRun, keys: dict[str, bytes] | None = None) -> str |
 
 def problem(run: WorkflowRun, keys: dict[str, bytes] | None = None) -> str | None:
     """The first problem with either seal of ``run``, or None."""
-    keys = keys if keys is not None else dict(store.evidence_keys())
+    keys = keys if keys is not None else dict(evidence_keys())
     return start_problem(run, keys) or end_problem(run, keys)

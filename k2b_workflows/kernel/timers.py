@@ -20,7 +20,8 @@ Time is the kernel's (``clock.now()`` and the deadline compared by
 from __future__ import annotations
 
 import datetime as dt
-from typing import TYPE_CHECKING, Any
+import uuid
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from django.utils import timezone
 
@@ -29,7 +30,30 @@ from ..exceptions import InvalidInput
 from . import clock, evidence
 
 if TYPE_CHECKING:
-    from .execute import Execution
+    from ..models import JournalEntry, WorkflowRun
+    from .journal import RunJournal, Step
+
+
+class Execution(Protocol):
+    """What a timer asks of the execution it is a step of (``execute.Execution``): a
+    protocol, so that the kernel's steps never import the executor."""
+
+    run_id: uuid.UUID
+    run: WorkflowRun
+    journal: RunJournal
+
+    def begin_marker(self) -> int: ...
+
+    def replay_marker(self, entry: JournalEntry, name: str, input: Any, input_hash: str) -> Any: ...
+
+    def marker_step(
+        self, seq: int, action: Action, name: str, input: Any, input_hash: str
+    ) -> Step: ...
+
+    def journal_marker(self, step: Step, result: Succeeded) -> Any: ...
+
+    def park_marker(self, seq: int, name: str, dependency: Any) -> NoReturn: ...
+
 
 #: The wait kind of a timer, and the journal's action name for it.
 TIMER_KIND = "k2b.timer"

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from typing import Any
+import uuid
 
 from django.db import connections, transaction
 from django.utils import timezone
@@ -55,7 +55,7 @@ def deadline_at(dependency: Dependency) -> dt.datetime | None:
 def park(
     using: str,
     *,
-    run_id: Any,
+    run_id: uuid.UUID,
     app_id: str,
     step: int,
     dependency: Dependency,

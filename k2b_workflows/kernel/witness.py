@@ -37,7 +37,9 @@ from typing import Any
 
 from .. import store
 from . import db, evidence
+from .keys import evidence_keys
 
+#: Named, not ``__name__``: the ``WITNESS_SINK`` setting and the docs name it.
 logger = logging.getLogger("k2b_workflows.witness")
 
 MARK = "k2b-witness"
@@ -74,7 +76,7 @@ def _tell(record: dict[str, Any]) -> None:
 
 
 def dispatched(
-    run_id: Any, seq: int, generation: int, ledger_count: int, ledger_head: str | None
+    run_id: uuid.UUID, seq: int, generation: int, ledger_count: int, ledger_head: str | None
 ) -> None:
     """A "dispatched" entry committed; the provider is about to be called."""
     _tell(
@@ -90,7 +92,7 @@ def dispatched(
 
 
 def ended(
-    run_id: Any, status: str, generation: int, ledger_count: int, ledger_head: str | None
+    run_id: uuid.UUID, status: str, generation: int, ledger_count: int, ledger_head: str | None
 ) -> None:
     """The run's end (or its hand-over to an operator) committed."""
     _tell(
@@ -152,7 +154,7 @@ def parse(lines: Iterable[str]) -> Iterator[dict[str, Any] | str]:
 def _authentic(record: dict[str, Any]) -> bool:
     mac = record.get("mac")
     return isinstance(mac, str) and any(
-        hmac.compare_digest(mac, m) for m in _mac(record, store.evidence_keys())
+        hmac.compare_digest(mac, m) for m in _mac(record, evidence_keys())
     )
 
 

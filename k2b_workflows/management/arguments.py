@@ -102,3 +102,22 @@ def writable_file(path: str) -> str:
     if os.path.isdir(path):
         raise argparse.ArgumentTypeError(f"{printable(path)!r} is a directory")
     return path
+
+
+def processes(maximum: int) -> Callable[[str], int]:
+    """``auto`` (this machine's cores) or a whole number of processes in ``[1, maximum]``."""
+
+    def parse(text: str) -> int:
+        if text == "auto":
+            return max(1, min(os.cpu_count() or 1, maximum))
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if not 1 <= value <= maximum:
+            raise argparse.ArgumentTypeError(
+                f"must be auto or a whole number from 1 to {maximum}, not {printable(text)[:40]!r}"
+            )
+        return value
+
+    return parse

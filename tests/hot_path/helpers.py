@@ -10,7 +10,8 @@ from psycopg import pq
 
 from k2b_workflows import start_workflow_run
 from k2b_workflows.kernel import claim
-from k2b_workflows.kernel.execute import Execution, preload
+from k2b_workflows.kernel.execute import Execution
+from k2b_workflows.kernel.load import preload
 from k2b_workflows.models import JournalEntry, WorkflowRun
 
 TIMEOUT = 90

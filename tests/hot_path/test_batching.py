@@ -9,6 +9,7 @@ from django.db import connection
 
 from k2b_workflows import start_workflow_run, wake_workflow_runs_waiting_on
 from k2b_workflows.kernel import evidence
+from k2b_workflows.kernel.ending import RunEnding
 from k2b_workflows.kernel.execute import Execution
 from tests.hot_path.helpers import _claim, _ledger
 from tests.hot_path.workflows import committed_hooks
@@ -122,7 +123,7 @@ def test_a_run_ends_as_written_after_a_wake_and_as_read_after_someone_else_wrote
     ends: list[tuple[str, bool]] = []
 
     def spying(name: str):
-        original = getattr(Execution, name)
+        original = getattr(RunEnding, name)
 
         def spy(self, *args):
             result = original(self, *args)
@@ -131,8 +132,8 @@ def test_a_run_ends_as_written_after_a_wake_and_as_read_after_someone_else_wrote
 
         return spy
 
-    for name in ("_end_as_written", "_end_as_read"):
-        monkeypatch.setattr(Execution, name, spying(name))
+    for name in ("end_as_written", "end_as_read"):
+        monkeypatch.setattr(RunEnding, name, spying(name))
     resumed = start_workflow_run("kernel.tamper", {"key": "later"})
     run_to_end()
     assert fresh(resumed).status == "waiting"
@@ -141,13 +142,13 @@ def test_a_run_ends_as_written_after_a_wake_and_as_read_after_someone_else_wrote
     wake_workflow_runs_waiting_on(app_id="tests", kind="signal", key="later")
     run_to_end()
     assert fresh(resumed).status == "succeeded"
-    assert ends == [("_end_as_written", True)]
+    assert ends == [("end_as_written", True)]
     ends.clear()
     noted = start_workflow_run("hot.two_noted", {"n": 0})
     assert Execution(noted.pk, _claim(noted)).execute() == "succeeded"
     # Refused, having written nothing; then the read, whose batched writes the stale
     # ledger head refuses too, and the end one statement at a time.
-    assert ends == [("_end_as_written", False), ("_end_as_read", False)]
+    assert ends == [("end_as_written", False), ("end_as_read", False)]
     assert fresh(noted).output == {"n": 2}
     assert evidence.verify_chains(resumed.pk, "default") is None
     assert evidence.verify_chains(noted.pk, "default") is None

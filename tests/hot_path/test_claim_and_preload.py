@@ -8,7 +8,7 @@ from django.db import connection
 
 from k2b_workflows import start_workflow_run
 from k2b_workflows.kernel import claim
-from k2b_workflows.kernel.execute import preload
+from k2b_workflows.kernel.load import preload
 from k2b_workflows.models import LedgerEntry, WorkflowRun
 from tests.hot_path.helpers import _round_trips, _run_table_counts
 from tests.kernel_helpers import fresh, journal

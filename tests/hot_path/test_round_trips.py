@@ -40,13 +40,13 @@ def test_an_external_dispatch_is_one_round_trip_carrying_the_previous_steps_succ
 
 
 def test_a_transactional_steps_journal_entry_goes_with_its_commit(prepares):
-    """BEGIN, the fence, the action's write, then the journal entry and COMMIT in one
-    round trip; the step's ``on_commit`` hooks still run, once, after its commit. Where
-    the kernel prepares its statements, BEGIN goes with the fence."""
+    """BEGIN, the action's write, then the fence with the journal entry and COMMIT in
+    one round trip; the step's ``on_commit`` hooks still run, once, after its commit.
+    No fence of its own before ``run()``: the journal statement's is the step's."""
     committed_hooks.clear()
     run, counted = _counted_run("hot.two_transactional", {"n": 0}, warm=True)
-    # Two steps of three round trips (four: BEGIN alone), and the end's one.
-    assert counted == (7 if prepares else 9)
+    # Two steps of three round trips, prepared or not, and the end's one.
+    assert counted == 7
     assert committed_hooks[-2:] == [f"{run.pk}:0", f"{run.pk}:1"]
     assert len(committed_hooks) == 4  # the warm-up run's two, then these
     assert fresh(run).output == {"n": 2}

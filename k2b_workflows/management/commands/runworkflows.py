@@ -9,6 +9,7 @@ import sys
 import time
 from typing import Any
 
+from django.core.checks import Tags
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
@@ -23,6 +24,8 @@ from k2b_workflows.worker import Worker, default_status_stream
 #: Threads of one process. Past a few hundred, a process spends its time
 #: switching threads and holding connections; scale out with more processes.
 MAX_CONCURRENCY = 256
+#: Worker processes of one supervisor: more than the cores of any machine it runs on.
+MAX_PROCESSES = 256
 #: Connections a worker holds besides its threads': the claiming loop, LISTEN,
 #: and the lease keeper.
 EXTRA_CONNECTIONS = 3
@@ -39,6 +42,10 @@ SELECT current_setting('max_connections')::int,
 
 
 class Command(BaseCommand):
+    # A worker serves no URL, template or admin page: their checks (which import
+    # the URLconf and every model admin's views) are for the web processes. The
+    # app's own checks (compatibility) and the models' still stop a broken start.
+    requires_system_checks = [Tags.compatibility, Tags.models]
     help = (
         "Claim and execute workflow runs. SIGTERM/SIGINT stop gracefully (steps in flight"
         " finish within SHUTDOWN_GRACE_MS, then their runs are handed back); a second one"
@@ -59,6 +66,14 @@ class Command(BaseCommand):
             type=arguments.integer(1, MAX_CONCURRENCY),
             default=4,
             help=f"threads executing runs (default 4, at most {MAX_CONCURRENCY})",
+        )
+        parser.add_argument(
+            "--processes",
+            type=arguments.processes(MAX_PROCESSES),
+            default=1,
+            metavar="N",
+            help="worker processes forked from this one, each with --concurrency threads "
+            "(auto: one per core; default 1: this process is the worker)",
         )
         parser.add_argument("--burst", action="store_true", help="exit when nothing is left to run")
         parser.add_argument(
@@ -108,6 +123,7 @@ class Command(BaseCommand):
         health_file: str | None = None,
         metrics_port: int | None = None,
         log_format: str | None = None,
+        processes: int = 1,
         **options: Any,
     ) -> None:
         if wait_for_db is not None and wait_for_db < 0:
@@ -118,6 +134,19 @@ class Command(BaseCommand):
             )
         log_handler = logformat.attach(log_format or "text")
         try:
+            if processes > 1:
+                self._supervise(
+                    processes,
+                    apps,
+                    concurrency,
+                    burst,
+                    no_listen,
+                    wait_for_db,
+                    health_file,
+                    metrics_port,
+                    no_schedules,
+                )
+                return
             self._run(
                 apps,
                 concurrency,
@@ -143,16 +172,98 @@ class Command(BaseCommand):
         no_schedules: bool = False,
     ) -> None:
         self._check_connections(concurrency)
-        if metrics_port is not None:
-            from k2b_workflows import metrics
+        self._check_metrics_port(metrics_port)
+        worker = self._worker(
+            apps,
+            concurrency,
+            burst,
+            no_listen,
+            wait_for_db,
+            health_file,
+            metrics_port,
+            no_schedules,
+        )
+        try:
+            self._work(worker, burst)
+        except (DatabaseNotMigrated, ImproperlyConfigured) as exc:
+            raise CommandError(str(exc), returncode=2) from None
+        except DatabaseUnavailable as exc:
+            raise CommandError(str(exc), returncode=1) from None
+        self._stopped(worker)
 
-            if not metrics.AVAILABLE:
-                raise CommandError(
-                    "--metrics-port needs prometheus_client: pip install 'k2b-workflows[metrics]'"
-                )
-            if not 0 <= metrics_port <= 65535:
-                raise CommandError("--metrics-port must be between 0 and 65535")
-        worker = Worker(
+    def _supervise(
+        self,
+        processes: int,
+        apps: list[str] | None,
+        concurrency: int,
+        burst: bool,
+        no_listen: bool,
+        wait_for_db: float | None,
+        health_file: str | None,
+        metrics_port: int | None,
+        no_schedules: bool,
+    ) -> None:
+        """Fork ``processes`` workers from this process (Django imported once) and keep them."""
+        from k2b_workflows.supervisor import EXIT_CONFIG, EXIT_UNAVAILABLE, Supervisor
+
+        self._check_connections(concurrency, processes)
+        self._check_metrics_port(metrics_port)
+
+        def run_child(index: int, child_health: str | None) -> int:
+            worker = self._worker(
+                apps, concurrency, burst, no_listen, wait_for_db, child_health, None, no_schedules
+            )
+            # N live status lines rewriting one terminal line would garble it.
+            worker.status_stream = None
+            try:
+                self._work(worker, burst)
+            except (DatabaseNotMigrated, ImproperlyConfigured) as exc:
+                self.stderr.write(str(exc))
+                return EXIT_CONFIG
+            except DatabaseUnavailable as exc:
+                self.stderr.write(str(exc))
+                return EXIT_UNAVAILABLE
+            self._stopped(worker)
+            return 0
+
+        supervisor = Supervisor(
+            processes=processes,
+            run_child=run_child,
+            burst=burst,
+            health_file=health_file,
+            metrics_port=metrics_port,
+            using=store.database(),
+        )
+        code = supervisor.run()
+        if code == 2:
+            raise CommandError("a worker process could not start (see above)", returncode=2)
+        if code:
+            raise CommandError("a worker process found no database (see above)", returncode=code)
+
+    def _check_metrics_port(self, metrics_port: int | None) -> None:
+        if metrics_port is None:
+            return
+        from k2b_workflows import metrics
+
+        if not metrics.AVAILABLE:
+            raise CommandError(
+                "--metrics-port needs prometheus_client: pip install 'k2b-workflows[metrics]'"
+            )
+        if not 0 <= metrics_port <= 65535:
+            raise CommandError("--metrics-port must be between 0 and 65535")
+
+    def _worker(
+        self,
+        apps: list[str] | None,
+        concurrency: int,
+        burst: bool,
+        no_listen: bool,
+        wait_for_db: float | None,
+        health_file: str | None,
+        metrics_port: int | None,
+        no_schedules: bool,
+    ) -> Worker:
+        return Worker(
             app_ids=apps,
             concurrency=concurrency,
             burst=burst,
@@ -164,6 +275,14 @@ class Command(BaseCommand):
             metrics_port=metrics_port,
             schedules=not no_schedules,
         )
+
+    def _work(self, worker: Worker, burst: bool) -> None:
+        """Run ``worker`` until it stops, SIGTERM/SIGINT acted on from a thread of their own.
+
+        Raises what the worker's start-up raises for a configuration error
+        (``DatabaseNotMigrated``, ``ImproperlyConfigured``) or a database that
+        never came (``DatabaseUnavailable``).
+        """
         stops = 0
 
         def on_signal(signum: int) -> None:
@@ -182,14 +301,9 @@ class Command(BaseCommand):
             # Jitter so a fleet restarted at once does not claim in lockstep.
             if not burst:
                 time.sleep(random.uniform(0, 0.2))
-            try:
-                worker.run()
-            except DatabaseNotMigrated as exc:
-                raise CommandError(str(exc), returncode=2) from None
-            except ImproperlyConfigured as exc:
-                raise CommandError(str(exc), returncode=2) from None
-            except DatabaseUnavailable as exc:
-                raise CommandError(str(exc), returncode=1) from None
+            worker.run()
+
+    def _stopped(self, worker: Worker) -> None:
         if not sys.stdout.isatty():
             self.stdout.write(f"worker stopped: {dict(worker.stats)}")
         if worker.abandoned:
@@ -199,7 +313,7 @@ class Command(BaseCommand):
             sys.stderr.flush()
             os._exit(0)
 
-    def _check_connections(self, concurrency: int) -> None:
+    def _check_connections(self, concurrency: int, processes: int = 1) -> None:
         """Refuse a ``--concurrency`` the server can never serve; warn when it cannot now.
 
         A worker claims runs for threads that then fail to connect; every lease
@@ -215,19 +329,21 @@ class Command(BaseCommand):
             # Unreachable for now: the worker's start-up waits for it (--wait-for-db).
             weather.close_quietly(store.database())
             return
-        needed = concurrency + EXTRA_CONNECTIONS
+        needed = (concurrency + EXTRA_CONNECTIONS) * processes
+        asked = f"--concurrency {concurrency}"
+        if processes > 1:
+            asked = f"--processes {processes} {asked}"
         allowed = max_conn if superuser else max_conn - reserved
         if needed > allowed:
             raise CommandError(
-                f"--concurrency {concurrency} needs {needed} connections; the server allows "
+                f"{asked} needs {needed} connections; the server allows "
                 f"{allowed} (max_connections {max_conn}"
                 + ("" if superuser else f" minus {reserved} reserved")
                 + ")"
             )
         if role_limit >= 0 and needed > role_limit:
             raise CommandError(
-                f"--concurrency {concurrency} needs {needed} connections; the role's "
-                f"CONNECTION LIMIT is {role_limit}"
+                f"{asked} needs {needed} connections; the role's CONNECTION LIMIT is {role_limit}"
             )
         # This connection is one of those in use, and one the worker keeps.
         free = allowed - in_use + 1
@@ -235,6 +351,6 @@ class Command(BaseCommand):
             free = min(free, role_limit - role_in_use + 1)
         if needed > free:
             self.stderr.write(
-                f"warning: --concurrency {concurrency} needs {needed} connections and only "
+                f"warning: {asked} needs {needed} connections and only "
                 f"{free} are free now; threads will wait for connections"
             )

@@ -1,0 +1,130 @@
+"""A children step: create a step's child runs once, then wait for all of them.
+
+``run.children`` and ``create_child_workflow_runs`` are steps of the parent
+like any other, journaled at their position; what makes them a kind of their
+own is one transaction that fences the parent, creates the children that do
+not exist yet (``children.create``: idempotent by parent, step and index), and
+either journals their results (all ended, or not waited for) or parks the
+parent until the last one ends and wakes it (``children.wake_parent``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import store
+from ..actions import Action, Effect, Succeeded
+from ..exceptions import UnknownWorkflow
+from ..models import JournalEntry
+from ..workflows import ChildResult
+from . import budgets, children, db, evidence, seals, waits
+from .ending import RunEnding
+from .journal import Claim, RunJournal, Step
+
+KIND = children.KIND
+
+
+class ChildrenAction(Action):
+    """The action name a children step is journaled under (``k2b.children:<name>``)."""
+
+    name = KIND
+    effect = Effect.PURE
+
+
+@dataclass
+class _Written:
+    """What the children step's transaction found (applied only after it commits)."""
+
+    entry: JournalEntry | None = None
+    #: The entry's output: the children's results, or their ids when not waited for.
+    output: list[dict[str, Any]] = field(default_factory=list)
+    parked: bool = False
+    failure: tuple[str, str] | None = None
+    tampered: str | None = None
+
+
+def action_name(name: str, *, wait: bool) -> str:
+    """The journal's name for a children step of workflow ``name``."""
+    return f"{KIND}:{name}" if wait else f"{KIND}.create:{name}"
+
+
+def replayed(output: list[dict[str, Any]], *, wait: bool) -> list[Any]:
+    """What the workflow code gets from a journaled children step."""
+    if not wait:
+        return [r["run_id"] for r in output]
+    return [ChildResult(**r) for r in output]
+
+
+class ChildrenStep:
+    """A new children step of one claimed parent run."""
+
+    def __init__(self, claim: Claim, journal: RunJournal, ending: RunEnding) -> None:
+        self.claim = claim
+        self.journal = journal
+        self.ending = ending
+
+    def run(self, step: Step, name: str, *, wait: bool, max_steps: int) -> list[Any]:
+        """Create the children of ``step`` and journal their results, or park the parent."""
+        inputs = step.input
+        if step.seq >= max_steps:  # a children call is a step of the loop budget too
+            self.journal.step_failed(
+                step,
+                store.MAX_STEPS_EXCEEDED,
+                f"step {step.seq} is past max_steps={max_steps}",
+            )
+        if len(inputs) > store.max_children_per_step():
+            self.journal.step_failed(
+                step,
+                store.FAN_OUT_EXCEEDED,
+                f"{len(inputs)} children asked, at most {store.max_children_per_step()} per step",
+            )
+        written = db.run_in_transaction(lambda: self._write(step, name, wait), self.claim.using)
+        if written.tampered is not None:
+            self.ending.chain_broken(written.tampered)
+        if written.failure is not None:
+            self.journal.step_failed(step, *written.failure)
+        if written.entry is None:
+            self.ending.parked(step.seq, written.parked)
+        self.journal.journaled(written.entry)
+        return replayed(written.output, wait=wait)
+
+    def _write(self, step: Step, name: str, wait: bool) -> _Written:
+        claim, using, seq = self.claim, self.claim.using, step.seq
+        written = _Written()
+        run = claim.run
+        self.journal.fence(seq)
+        try:
+            ids = children.create(using, parent=run, step=seq, name=name, inputs=step.input)
+        except budgets.BudgetExceeded as exc:
+            written.failure = (store.MAX_STEPS_EXCEEDED, str(exc))
+            return written
+        except UnknownWorkflow as exc:
+            written.failure = ("UNKNOWN_WORKFLOW", str(exc))
+            return written
+        try:
+            rows = children.results(using, claim.run_id, seq)
+        except seals.SealBroken as exc:
+            written.tampered = str(exc)
+            return written
+        if not wait or all(r["done"] for r in rows):
+            output = (
+                [children.public(r) for r in rows] if wait else [{"run_id": str(i)} for i in ids]
+            )
+            entry = self.journal.new_entry(step, JournalEntry.State.SUCCEEDED, Succeeded(output))
+            evidence.append_journal(entry, self.journal.last_hash, using)
+            written.entry = entry
+            written.output = output
+            return written
+        written.parked = waits.park(
+            using,
+            run_id=claim.run_id,
+            app_id=claim.app_id,
+            step=seq,
+            dependency=children.dependency(claim.run_id, seq),
+            action=step.name,
+            seen_kind=run.wait_kind,
+            seen_key=run.wait_key,
+            seen_seq=run.wait_signal_seq,
+        )
+        return written
