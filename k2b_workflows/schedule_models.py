@@ -176,9 +176,15 @@ class WorkflowSchedule(models.Model):
 
     @classmethod
     def from_db(
-        cls, db: str | None, field_names: Collection[str], values: Collection[Any]
+        cls,
+        db: str | None,
+        field_names: Collection[str],
+        values: Collection[Any],
+        *args: Any,
+        **kwargs: Any,
     ) -> WorkflowSchedule:
-        instance = super().from_db(db, field_names, values)
+        # Django 6 passes ``fetch_mode`` (and warns about overrides that refuse it).
+        instance = super().from_db(db, field_names, values, *args, **kwargs)
         instance._loaded = {
             name: getattr(instance, name)
             for name in (*cls.SPEC_FIELDS, "paused", "enabled")
