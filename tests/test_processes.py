@@ -196,11 +196,17 @@ def test_sigkill_of_the_supervisor_takes_every_worker_process_with_it(start_grou
     )
 
     supervisor.kill()
-    wait(
-        lambda: not any(running(pid) for pid in pids),
-        timeout=30,
-        message=lambda: f"the orphans {[p for p in pids if running(p)]} to exit",
-    )
+    try:
+        wait(
+            lambda: not any(running(pid) for pid in pids),
+            timeout=30,
+            message=lambda: f"the orphans {[p for p in pids if running(p)]} to exit",
+        )
+    except BaseException:
+        for pid in pids:  # the failed wait would leave them running past this test
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        raise
     # They stopped as after a SIGTERM: their runs handed back, no failure counted.
     for run in runs:
         run = fresh(run)
