@@ -193,3 +193,17 @@ def new_step(
     if invocation is not None:
         step.ctx.invocation_key = f"{step.ctx.effect_key}:{invocation}"
     return step
+
+
+def writers(run: WorkflowRun) -> dict[str, list[str]]:
+    """The writing transaction of the run row, its journal entries and ledger entries."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT xmin::text FROM k2b_run WHERE id = %s", [run.pk])
+        (row,) = cursor.fetchone()
+        cursor.execute(
+            "SELECT xmin::text FROM k2b_journal WHERE run_id = %s ORDER BY seq", [run.pk]
+        )
+        entries = [r[0] for r in cursor.fetchall()]
+        cursor.execute("SELECT xmin::text FROM k2b_ledger WHERE run_id = %s ORDER BY id", [run.pk])
+        ledger = [r[0] for r in cursor.fetchall()]
+    return {"run": [row], "journal": entries, "ledger": ledger}

@@ -28,6 +28,7 @@ from tests.kernel_helpers import (
     new_step,
     requeue_expired,
     take_over,
+    writers,
 )
 from tests.workflows_units import UnitExternal, UnitPure
 
@@ -40,20 +41,6 @@ SUCCEEDED = LedgerEntry.Kind.SUCCEEDED
 def _started() -> tuple[WorkflowRun, Any]:
     run = start_workflow_run("units.plain", {"n": 0})
     return run, claimed_execution(run)
-
-
-def _xmins(run: WorkflowRun) -> dict[str, list[str]]:
-    """The writing transaction of the run row, its journal entries and ledger entries."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT xmin::text FROM k2b_run WHERE id = %s", [run.pk])
-        (row,) = cursor.fetchone()
-        cursor.execute(
-            "SELECT xmin::text FROM k2b_journal WHERE run_id = %s ORDER BY seq", [run.pk]
-        )
-        entries = [r[0] for r in cursor.fetchall()]
-        cursor.execute("SELECT xmin::text FROM k2b_ledger WHERE run_id = %s ORDER BY id", [run.pk])
-        ledger = [r[0] for r in cursor.fetchall()]
-    return {"run": [row], "journal": entries, "ledger": ledger}
 
 
 def _pending_success(execution: Any, seq: int, *, external: bool = False) -> None:
@@ -103,7 +90,7 @@ def test_succeed_writes_the_last_steps_success_and_the_end_in_one_transaction(la
         0,
     )
     assert row.finished_at is not None and row.lease_expires_at is None
-    xmins = _xmins(run)
+    xmins = writers(run)
     if last == "none":
         assert journal(run) == []
     else:
@@ -152,7 +139,7 @@ def test_fail_journals_the_steps_failure_after_the_deferred_success_and_seals_th
         (0, "succeeded", ""),
         (1, "failed", "REFUSED"),
     ]
-    xmins = _xmins(run)
+    xmins = writers(run)
     assert xmins["journal"] == xmins["run"] * 2  # both entries commit with the end
     assert execution.journal.pending is None and execution.journal.get(1).state == "failed"
     assert evidence.verify_chains(run.pk, "default") is None
@@ -214,7 +201,7 @@ def test_a_retry_after_a_steps_success_counts_from_zero_and_keeps_the_success():
     row = fresh(run)
     assert (row.status, row.consecutive_failures) == ("queued", 1)
     assert [(e.seq, e.state) for e in journal(run)] == [(0, "succeeded")]
-    xmins = _xmins(run)
+    xmins = writers(run)
     assert xmins["journal"] == xmins["run"]
 
 

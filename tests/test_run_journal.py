@@ -27,6 +27,7 @@ from tests.kernel_helpers import (
     ledger_kinds,
     new_step,
     take_over,
+    writers,
 )
 from tests.workflows_units import UnitExternal, UnitPure
 
@@ -44,20 +45,6 @@ def _versions(table: str, run: WorkflowRun, order: str) -> list[str]:
             [run.pk],
         )
         return [row[0] for row in cursor.fetchall()]
-
-
-def _xmins(run: WorkflowRun) -> dict[str, list[str]]:
-    """The writing transaction of the run row, its journal entries and ledger entries."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT xmin::text FROM k2b_run WHERE id = %s", [run.pk])
-        (row,) = cursor.fetchone()
-        cursor.execute(
-            "SELECT xmin::text FROM k2b_journal WHERE run_id = %s ORDER BY seq", [run.pk]
-        )
-        entries = [r[0] for r in cursor.fetchall()]
-        cursor.execute("SELECT xmin::text FROM k2b_ledger WHERE run_id = %s ORDER BY id", [run.pk])
-        ledger = [r[0] for r in cursor.fetchall()]
-    return {"run": [row], "journal": entries, "ledger": ledger}
 
 
 def _ledger(run: WorkflowRun) -> list[LedgerEntry]:
@@ -191,7 +178,7 @@ def test_an_external_success_flushes_with_its_ledger_entry_in_one_transaction():
     ledger = _ledger(run)
     assert ledger[1].output_hash == evidence.hash_value({"sent": True})
     assert ledger[1].invocation_key == step.ctx.invocation_key
-    xmins = _xmins(run)
+    xmins = writers(run)
     assert xmins["journal"] == [xmins["ledger"][1]]  # one commit for both
     assert j.ledger_head.count == 2 and j.ledger_head.head == ledger[1].entry_hash
     assert j.pending is None and j.get(0).state == "succeeded"
@@ -420,7 +407,7 @@ def test_a_batch_carries_a_deferred_external_success_after_its_ledger_entry():
     assert batch.commit() is True
     j.pending_committed(j.pending)
     assert ledger_kinds(run) == ["dispatched", "succeeded"]
-    xmins = _xmins(run)
+    xmins = writers(run)
     assert xmins["journal"] == [xmins["ledger"][1]] == xmins["run"]
     assert j.get(0).state == "succeeded" and j.pending is None
     assert evidence.row_version(j.get(0)) == _versions("k2b_journal", run, "seq")[0]
