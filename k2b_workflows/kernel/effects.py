@@ -17,6 +17,7 @@ the claim through ``ending.RunEnding``.
 
 from __future__ import annotations
 
+import abc
 import copy
 import logging
 from dataclasses import dataclass
@@ -67,9 +68,10 @@ def timeout_s(action: Action) -> float:
     return action.timeout if action.timeout is not None else store.action_timeout_ms() / 1000
 
 
-class EffectPath:
+class EffectPath(abc.ABC):
     """What every path shares: calling a hook under the lease, asking ``authorize()``,
-    and applying a result that is not an external one."""
+    and applying a result that is not an external one. Each effect class's path is a
+    subclass that says what its new step does (``run``)."""
 
     def __init__(self, claim: Claim, journal: RunJournal, ending: RunEnding) -> None:
         self.claim = claim
@@ -78,8 +80,9 @@ class EffectPath:
         self.using = claim.using
         self.run_id = claim.run_id
 
+    @abc.abstractmethod
     def run(self, step: Step) -> Any:
-        raise NotImplementedError
+        """Execute a new step of this path's effect class; its output, or the claim ends."""
 
     def admit(self, step: Step, limit: RateLimit) -> None:
         """Count this dispatch against the action's rate limit, or defer the run (``flow.py``).
