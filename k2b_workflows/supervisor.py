@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import exits
 from .kernel import weather
 
 logger = logging.getLogger("k2b_workflows")
@@ -247,7 +248,8 @@ class Supervisor:
         finally:
             # Never return into the supervisor's frames (its clean-up would run here).
             with contextlib.suppress(BaseException):
-                _exit_hooks()
+                # Threads a step left behind are not waited for: the grace period has.
+                exits.exit_hooks(join_threads=False)
             os._exit(code)
 
     def _become_child(self) -> None:
@@ -433,17 +435,6 @@ def set_parent_death_signal(sig: int) -> bool:
         return bool(libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0)
     except (OSError, AttributeError):
         return False
-
-
-def _exit_hooks() -> None:
-    """What an interpreter does at exit, for a child that ends with ``os._exit``:
-    atexit handlers (span exporters flush there), logging's flush, the streams."""
-    import atexit
-
-    atexit._run_exitfuncs()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
 
 
 def _multiprocess_values() -> None:

@@ -47,6 +47,16 @@ class Mutant:
 
 MUTANTS = (
     Mutant(
+        "exit-hooks",
+        "k2b_workflows/exits.py",
+        "    atexit._run_exitfuncs()\n",
+        "    pass\n",
+        (
+            "tests/test_worker_start_and_exit.py::"
+            "test_a_burst_ends_as_the_interpreter_would_less_the_teardown",
+        ),
+    ),
+    Mutant(
         "fence-generation",
         "k2b_workflows/kernel/db.py",
         " WHERE id = %s AND generation = %s AND status = 'running'\nRETURNING id",
