@@ -197,10 +197,17 @@ class Worker:
     # -- lifecycle -----------------------------------------------------------
 
     def run(self) -> None:
+        """Start, claim and execute until stopped (or, with ``burst``, until idle).
+
+        Between the schema check and the first claim, what waits on the network
+        overlaps: the topology probes run in a thread of their own (they only
+        log), and the heartbeat, the lease keeper and every pool thread connect
+        in theirs while this thread imports and creates the metrics.
+        """
         self.start_up()
         if self.stopping.is_set():
             return
-        self._say_topology()
+        probes = self._say_topology_in_background()
         names = self._workflows()
         lifecycle.info(
             "worker %s: %d thread(s), apps %s, %d workflow version(s)%s",
@@ -211,17 +218,17 @@ class Worker:
             " (burst)" if self.burst else "",
         )
         self._watch_connections()
-        metrics.prepare()
-        if self.metrics_port is not None:
-            port = fleet.serve(self.metrics_port, using=self.using)
-            logger.info("worker %s: metrics on port %d", self.worker_id, port)
         self.heartbeat.start()
         self.keeper.start()
-        if not self.burst:
-            self._start_listener()
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="k2b-worker")
         try:
             self._connect_threads(pool)
+            metrics.prepare()
+            if self.metrics_port is not None:
+                port = fleet.serve(self.metrics_port, using=self.using)
+                logger.info("worker %s: metrics on port %d", self.worker_id, port)
+            if not self.burst:
+                self._start_listener()
             self._loop(pool)
         finally:
             # Graceful: executions stop after their current step and release their runs;
@@ -235,6 +242,9 @@ class Worker:
             self.heartbeat.stop()
             if listener:
                 listener.join(timeout=5)
+            # Its lines belong to this worker's log, before the last one (a probe
+            # through a transaction pooler waits out topology.PROBE_TIMEOUT_S, 3 s).
+            probes.join(timeout=10)
             if self.health:
                 self.health.remove()
             self._print_status(final=True)
@@ -295,6 +305,20 @@ class Worker:
             return
         if time.monotonic() - started > 1:
             self._notice("database reachable; starting")
+
+    def _say_topology_in_background(self) -> threading.Thread:
+        """``_say_topology`` in a thread: its probes take two connections and, through a
+        transaction pooler, ``PROBE_TIMEOUT_S`` of waiting that no claim should."""
+
+        def probe() -> None:
+            try:
+                self._say_topology()
+            finally:
+                connections.close_all()  # this thread's own
+
+        thread = threading.Thread(target=probe, name="k2b-topology", daemon=True)
+        thread.start()
+        return thread
 
     def _say_topology(self) -> None:
         """Say once which replication setup and which pooler problems this worker is on.
@@ -534,9 +558,11 @@ class Worker:
         self._hand_back_pending()
         if self._orphans_possible:
             self._hand_back_orphans()
-        self._housekeeping(poll)
-        self.fire_schedules()
+        # Claim first: housekeeping (a transaction of five statements) then overlaps
+        # the first steps, and a run it makes claimable is claimed at once (wake).
         started = self._fill(pool)
+        if self._housekeeping(poll) + self.fire_schedules():
+            self.wake.set()
         if self.health:
             self.health.touch()
         self._print_status()
@@ -749,10 +775,12 @@ class Worker:
                 "handed back %d run(s) claimed while the database connection was lost", orphans
             )
 
-    def _housekeeping(self, poll: float) -> None:
+    def _housekeeping(self, poll: float) -> int:
+        """Re-queue expired leases, promote due waits, cancel overdue runs (at most
+        every half poll); returns how many runs it made claimable."""
         now = time.monotonic()
         if now - self._last_housekeeping < min(poll, 0.5):
-            return
+            return 0
         self._last_housekeeping = now
         with transaction.atomic(using=self.using):
             reaped = claim.reap_expired(self.using)
@@ -766,6 +794,7 @@ class Worker:
             self.stats["timed_out"] += timeouts.cancel_overdue(self.using, overdue)
         self.stats["reaped"] += reaped
         self.stats["deadlines"] += promoted
+        return reaped + promoted
 
     def fire_schedules(self, *, force: bool = False) -> int:
         """Fire the due ticks of this worker's workflows; returns the runs started.

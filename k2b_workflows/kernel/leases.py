@@ -140,11 +140,16 @@ class LeaseKeeper:
         return True
 
     def start(self) -> None:
-        """Connect (before the worker's first claim), then renew in the background."""
+        """Connect, then renew, in a thread of its own. The connection is opened at once,
+        while the worker starts its other threads; the first claim waits for it
+        (``ready``, ``connect``)."""
+        self._thread = threading.Thread(target=self._run, name="k2b-lease-keeper", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
         with contextlib.suppress(Exception):  # the loop reconnects and says why
             self._connection()
-        self._thread = threading.Thread(target=self._loop, name="k2b-lease-keeper", daemon=True)
-        self._thread.start()
+        self._loop()
 
     def stop(self) -> None:
         self._stop.set()
