@@ -32,7 +32,8 @@ from typing import Any
 import pytest
 
 from tests import forkserver
-from tests.conftest import ROOT, WorkerProcess
+from tests.conftest import ROOT, WorkerProcess, wait_for
+from tests.workflows_topology import PROVIDER_TABLE
 
 SUPERUSER = "postgres"
 TEMPLATE = "k2b_template"
@@ -209,6 +210,11 @@ class Cluster:
         self.sql(f"CREATE DATABASE {name} TEMPLATE {template}")
         return name
 
+    def add_provider(self, database: str = "provider") -> None:
+        """Create ``database`` with the provider's table of ``tests/workflows_topology.py``."""
+        self.sql(f"CREATE DATABASE {database}")
+        self.sql(PROVIDER_TABLE, database=database)
+
 
 class Workers:
     """The ``runworkflows`` processes a test starts on the databases of its own clusters.
@@ -241,6 +247,18 @@ class Workers:
         worker = WorkerProcess("", full, list(args) or ["--concurrency", "2"])
         self.started.append(worker)
         return worker
+
+    def fleet(
+        self, url: str, count: int, env: dict[str, str], timeout: float
+    ) -> list[WorkerProcess]:
+        """``count`` workers of ``--concurrency 2`` on ``url``, once each has started."""
+        fleet = [self(url, "--concurrency", "2", env=env) for _ in range(count)]
+        wait_for(
+            lambda: all(" thread(s), apps " in w.output() for w in fleet),
+            timeout=timeout,
+            message="every worker to start",
+        )
+        return fleet
 
 
 @pytest.fixture(scope="module")
