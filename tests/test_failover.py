@@ -24,7 +24,7 @@ import time
 import pytest
 
 from tests.conftest import WorkerProcess, wait_for
-from tests.pgcluster import Cluster, django_script, manage
+from tests.pgcluster import Cluster, Workers, django_script, manage
 from tests.topology_helpers import (
     DB,
     TIMEOUT,
@@ -47,33 +47,23 @@ RUNS = 16
 @pytest.fixture(scope="module")
 def provider():
     """The provider's own database: it never fails over."""
-    c = Cluster()
-    try:
+    with Cluster() as c:
         c.sql(PROVIDER_TABLE)
         yield c
-    finally:
-        c.destroy()
 
 
 @pytest.fixture
 def pair():
     """A migrated primary and its streaming hot standby; ``pair[1]`` starts async."""
-    primary = Cluster(conf="wal_level = replica\nmax_wal_senders = 4\n")
-    standby = None
-    try:
-        primary.sql(f"CREATE DATABASE {DB}")
-        manage(primary.url(DB), "migrate", "--noinput", "-v0")
-        standby = Cluster(standby_of=primary)
-        wait_for(
-            lambda: primary.sql("SELECT count(*) FROM pg_stat_replication")[0][0] == 1,
-            timeout=TIMEOUT,
-            message="the standby to stream",
-        )
-        yield primary, standby
-    finally:
-        primary.destroy()
-        if standby is not None:
-            standby.destroy()
+    with Cluster(conf="wal_level = replica\nmax_wal_senders = 4\n") as primary:
+        primary.migrate(DB)
+        with Cluster(standby_of=primary) as standby:
+            wait_for(
+                lambda: primary.sql("SELECT count(*) FROM pg_stat_replication")[0][0] == 1,
+                timeout=TIMEOUT,
+                message="the standby to stream",
+            )
+            yield primary, standby
 
 
 def multi_host_url(primary: Cluster, standby: Cluster) -> str:
@@ -86,22 +76,12 @@ def multi_host_url(primary: Cluster, standby: Cluster) -> str:
 
 @pytest.fixture
 def workers(provider):
-    started: list[WorkerProcess] = []
+    with Workers() as started:
 
-    def start(url: str, count: int = 3) -> list[WorkerProcess]:
-        env = {"DATABASE_URL": url, "K2B_TEST_DB_NAME": "", "K2B_TEST_PROVIDER_URL": provider.url()}
-        fleet = [WorkerProcess("", env, ["--concurrency", "2"]) for _ in range(count)]
-        started.extend(fleet)
-        wait_for(
-            lambda: all(" thread(s), apps " in w.output() for w in fleet),
-            timeout=TIMEOUT,
-            message="every worker to start",
-        )
-        return fleet
+        def start(url: str, count: int = 3) -> list[WorkerProcess]:
+            return started.fleet(url, count, {"K2B_TEST_PROVIDER_URL": provider.url()}, TIMEOUT)
 
-    yield start
-    for worker in started:
-        worker.close()
+        yield start
 
 
 def fail_over(primary: Cluster, standby: Cluster) -> dict[str, float]:

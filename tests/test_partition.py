@@ -40,7 +40,6 @@ from tests.topology_helpers import (
     provider_charges,
     stop_all,
 )
-from tests.workflows_topology import PROVIDER_TABLE
 
 pytestmark = [pytest.mark.crash, pytest.mark.slow]
 
@@ -73,22 +72,17 @@ DETECTION_BOUND_S = 3 + 1 * 3 + 3  # keepalive idle + probes, plus one connect_t
 def network():
     netns.require()
     hosts: list[netns.Host] = []
-    cluster = None
     try:
         hosts = [netns.Host(0), netns.Host(1)]
-        cluster = Cluster(
+        with Cluster(
             listen=",".join(h.server_address for h in hosts),
             conf=SERVER_TIMEOUTS,
             hba="".join(f"host all all {h.address}/32 trust\n" for h in hosts),
-        )
-        cluster.sql(f"CREATE DATABASE {DB}")
-        cluster.sql("CREATE DATABASE provider")
-        cluster.sql(PROVIDER_TABLE, database="provider")
-        manage(cluster.url(DB), "migrate", "--noinput", "-v0")
-        yield cluster, hosts
+        ) as cluster:
+            cluster.migrate(DB)
+            cluster.add_provider()
+            yield cluster, hosts
     finally:
-        if cluster is not None:
-            cluster.destroy()
         for host in hosts:
             host.remove()
 

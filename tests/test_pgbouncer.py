@@ -16,7 +16,6 @@ worker names each misconfiguration at start.
 
 from __future__ import annotations
 
-import itertools
 import json
 import signal
 import time
@@ -25,7 +24,7 @@ import pytest
 
 from tests import pgbouncer
 from tests.conftest import WorkerProcess, wait_for
-from tests.pgcluster import Cluster, django_script, manage
+from tests.pgcluster import TEMPLATE, Cluster, Workers, django_script, manage
 from tests.topology_helpers import (
     TIMEOUT,
     all_alive,
@@ -35,7 +34,6 @@ from tests.topology_helpers import (
     provider_charges,
     stop_all,
 )
-from tests.workflows_topology import PROVIDER_TABLE
 
 pytestmark = [pytest.mark.crash, pytest.mark.slow]
 
@@ -51,19 +49,14 @@ TIMEOUT_PROBLEM = "idle_in_transaction_session_timeout on a pooled connection"
 @pytest.fixture(scope="module")
 def cluster():
     pgbouncer.require()
-    c = Cluster()
-    try:
-        c.sql("CREATE DATABASE k2b_template")
-        c.sql("CREATE DATABASE provider")
-        c.sql(PROVIDER_TABLE, database="provider")
-        manage(c.url("k2b_template"), "migrate", "--noinput", "-v0")
+    with Cluster() as c:
+        c.migrate(TEMPLATE)
+        c.add_provider()
         # The documented setting for a transaction pooler, on the role the workers use.
         c.sql(f"ALTER ROLE postgres SET idle_in_transaction_session_timeout = '{LEASE_MS}ms'")
         # A role without it, for the misconfiguration.
         c.sql("CREATE ROLE app LOGIN SUPERUSER")
         yield c
-    finally:
-        c.destroy()
 
 
 @pytest.fixture
@@ -82,37 +75,19 @@ def bouncers(cluster):
 
 @pytest.fixture
 def fleet_of(cluster):
-    started: list[WorkerProcess] = []
+    with Workers() as started:
 
-    def start(url: str, env: dict[str, str], count: int) -> list[WorkerProcess]:
-        full = {
-            "DATABASE_URL": url,
-            "K2B_TEST_DB_NAME": "",
-            "K2B_TEST_PROVIDER_URL": cluster.url("provider"),
-            **env,
-        }
-        fleet = [WorkerProcess("", full, ["--concurrency", "2"]) for _ in range(count)]
-        started.extend(fleet)
-        wait_for(
-            lambda: all(" thread(s), apps " in w.output() for w in fleet),
-            timeout=TIMEOUT,
-            message="every worker to start",
-        )
-        return fleet
+        def start(url: str, env: dict[str, str], count: int) -> list[WorkerProcess]:
+            env = {"K2B_TEST_PROVIDER_URL": cluster.url("provider"), **env}
+            return started.fleet(url, count, env, TIMEOUT)
 
-    yield start
-    for worker in started:
-        worker.close()
-
-
-_names = itertools.count()
+        yield start
 
 
 @pytest.fixture
 def database(cluster) -> str:
     """A fresh migrated database on the test's own cluster; the provider's calls emptied."""
-    name = f"k2b_{next(_names)}"
-    cluster.sql(f"CREATE DATABASE {name} TEMPLATE k2b_template")
+    name = cluster.copy()
     cluster.sql("TRUNCATE provider_call", database="provider")
     return name
 

@@ -12,15 +12,15 @@ that fell while the database was down).
 from __future__ import annotations
 
 import datetime as dt
-import itertools
 import json
 import signal
 import time
 
 import pytest
 
-from tests.conftest import WorkerProcess, wait_for
-from tests.pgcluster import Cluster, django_script, manage
+from tests import pgcluster
+from tests.conftest import wait_for
+from tests.pgcluster import Cluster, django_script
 
 pytestmark = [pytest.mark.crash, pytest.mark.slow]
 
@@ -28,39 +28,11 @@ TIMEOUT = 240  # the machine is shared; nothing here is a timing assertion
 TICKS = 32
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    c = Cluster()
-    try:
-        c.sql("CREATE DATABASE k2b_template")
-        manage(c.url("k2b_template"), "migrate", "--noinput", "-v0")
-        yield c
-    finally:
-        c.destroy()
-
-
-_names = itertools.count()
-
-
-@pytest.fixture
-def database(cluster) -> str:
-    name = f"k2b_sched_{next(_names)}"
-    cluster.sql(f"CREATE DATABASE {name} TEMPLATE k2b_template")
-    return name
-
-
-@pytest.fixture
-def workers():
-    started: list[WorkerProcess] = []
-
-    def start(url: str, *args: str) -> WorkerProcess:
-        worker = WorkerProcess("", {"DATABASE_URL": url, "K2B_TEST_DB_NAME": ""}, list(args))
-        started.append(worker)
-        return worker
-
-    yield start
-    for worker in started:
-        worker.close()
+# A cluster of the module's own with a migrated template, a fresh copy of it for each
+# test, and the workers a test starts, closed after it.
+cluster = pgcluster.template_cluster
+database = pgcluster.template_copy
+workers = pgcluster.workers
 
 
 def fired(cluster: Cluster, database: str) -> int:

@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+from tests import pgcluster
 from tests.conftest import WorkerProcess, direct_connection_only, wait_for
 from tests.pgcluster import Cluster, django_script, manage
 
@@ -27,43 +28,13 @@ TIMEOUT = 180  # generous: the machine is shared; nothing here is a timing asser
 RUNS = 18
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    c = Cluster()
-    try:
-        c.sql("CREATE DATABASE k2b_template")
-        manage(c.url("k2b_template"), "migrate", "--noinput", "-v0")
-        yield c
-    finally:
-        c.destroy()
-
+# A cluster of the module's own with a migrated template, a fresh copy of it for each
+# test, and the workers a test starts, closed after it.
+cluster = pgcluster.template_cluster
+database = pgcluster.template_copy
+workers = pgcluster.workers
 
 _names = itertools.count()
-
-
-@pytest.fixture
-def database(cluster) -> str:
-    """A fresh migrated database on the test's own cluster."""
-    name = f"k2b_{next(_names)}"
-    cluster.sql(f"CREATE DATABASE {name} TEMPLATE k2b_template")
-    return name
-
-
-@pytest.fixture
-def workers():
-    started: list[WorkerProcess] = []
-
-    def start(url: str, *args: str, settings: dict | None = None) -> WorkerProcess:
-        env = {"DATABASE_URL": url, "K2B_TEST_DB_NAME": ""}
-        if settings:
-            env["K2B_TEST_SETTINGS"] = json.dumps(settings)
-        worker = WorkerProcess("", env, list(args) or ["--concurrency", "2"])
-        started.append(worker)
-        return worker
-
-    yield start
-    for worker in started:
-        worker.close()
 
 
 def start_runs(url: str, count: int, nap: float = 0.2) -> None:

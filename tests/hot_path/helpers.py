@@ -1,4 +1,5 @@
-"""Helpers of the hot-path tests: claim a run here, count round trips and table statistics."""
+"""Helpers of the hot-path tests: count round trips and table statistics (runs are claimed
+by ``tests.kernel_helpers.claim_for``, as the kernel tests claim them)."""
 
 from __future__ import annotations
 
@@ -9,24 +10,12 @@ from django.db import connection
 from psycopg import pq
 
 from k2b_workflows import start_workflow_run
-from k2b_workflows.kernel import claim
 from k2b_workflows.kernel.execute import Execution
 from k2b_workflows.kernel.load import preload
 from k2b_workflows.models import JournalEntry, WorkflowRun
+from tests.kernel_helpers import claim_for
 
 TIMEOUT = 90
-
-
-def _claim(run: WorkflowRun) -> int:
-    claimed = claim.claim_runs(
-        "default",
-        worker_id="test",
-        workflows=[(run.workflow_name, run.workflow_version)],
-        app_ids=None,
-        limit=1,
-    )
-    assert claimed and claimed[0][0] == run.pk
-    return claimed[0][1]
 
 
 def _entry(run: WorkflowRun, generation: int) -> JournalEntry:
@@ -83,9 +72,9 @@ def _counted_run(name: str, input: dict, *, warm: bool = False) -> tuple[Workflo
     (outside a pipeline, preparing is a round trip of its own)."""
     if warm:
         first = start_workflow_run(name, input)
-        assert Execution(first.pk, _claim(first)).execute() == "succeeded"
+        assert Execution(first.pk, claim_for(first)).execute() == "succeeded"
     run = start_workflow_run(name, input)
-    generation = _claim(run)
+    generation = claim_for(run)
     loaded = preload("default", [run.pk])[run.pk]
     with _round_trips() as counted:
         assert Execution(run.pk, generation, preloaded=loaded).execute() == "succeeded"

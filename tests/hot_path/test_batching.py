@@ -11,9 +11,15 @@ from k2b_workflows import start_workflow_run, wake_workflow_runs_waiting_on
 from k2b_workflows.kernel import evidence
 from k2b_workflows.kernel.ending import RunEnding
 from k2b_workflows.kernel.execute import Execution
-from tests.hot_path.helpers import _claim, _ledger
+from tests.hot_path.helpers import _ledger
 from tests.hot_path.workflows import committed_hooks
-from tests.kernel_helpers import assert_closed_as_never_sent, fresh, journal, run_to_end
+from tests.kernel_helpers import (
+    assert_closed_as_never_sent,
+    claim_for,
+    fresh,
+    journal,
+    run_to_end,
+)
 from tests.models import DomainRow
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -22,7 +28,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def test_a_run_ends_in_the_same_commit_as_its_last_step():
     """Three PURE steps and the end: three write transactions, the last holding the end."""
     run = start_workflow_run("hot.three_pure", {"n": 0})
-    generation = _claim(run)
+    generation = claim_for(run)
     assert Execution(run.pk, generation).execute() == "succeeded"
     with connection.cursor() as cursor:
         cursor.execute(
@@ -42,7 +48,7 @@ def test_an_external_dispatch_commits_the_previous_steps_success_before_the_call
     """The deferred success of step 0 rides in step 1's dispatch: one commit, not two,
     and committed before the provider is called."""
     run = start_workflow_run("hot.pure_then_external", {})
-    generation = _claim(run)
+    generation = claim_for(run)
     assert Execution(run.pk, generation).execute() == "succeeded"
     assert fresh(run).output == {"journaled_before_call": 1}
     with connection.cursor() as cursor:
@@ -60,7 +66,7 @@ def test_a_deferred_success_survives_the_rollback_of_the_transactional_step_afte
     """The block that carried it rolled back (the action answered "failed"): the PURE
     step's success is still journaled, before the step's failure, and no row stays."""
     run = start_workflow_run("hot.pure_then_refused", {"n": 0})
-    assert Execution(run.pk, _claim(run)).execute() == "succeeded"
+    assert Execution(run.pk, claim_for(run)).execute() == "succeeded"
     assert [(e.seq, e.state) for e in journal(run)] == [(0, "succeeded"), (1, "failed")]
     assert journal(run)[1].error_code == "REFUSED"
     assert fresh(run).output == {"n": 1, "refused": True}
@@ -73,7 +79,7 @@ def test_a_transactional_step_that_loses_the_run_commits_neither_its_row_nor_the
     block, rolls back with the row. Nothing of the claim commits; a replay runs both."""
     committed_hooks.clear()
     run = start_workflow_run("hot.pure_then_lost", {"n": 0})
-    generation = _claim(run)
+    generation = claim_for(run)
     assert Execution(run.pk, generation).execute() != "succeeded"
     assert connection.connection.info.transaction_status == 0
     assert not DomainRow.objects.exists()
@@ -88,7 +94,7 @@ def test_a_transactional_step_whose_journal_write_finds_the_run_not_ours_commits
     run, or the action's write would commit without its step (a stale write)."""
     committed_hooks.clear()
     run = start_workflow_run("hot.transactional_then_lost", {})
-    generation = _claim(run)
+    generation = claim_for(run)
     assert Execution(run.pk, generation).execute() != "succeeded"
     assert connection.connection.info.transaction_status == 0
     assert not DomainRow.objects.exists()
@@ -104,7 +110,7 @@ def test_a_transactional_step_inside_an_open_transaction_leaves_the_commit_to_it
 
     committed_hooks.clear()
     run = start_workflow_run("hot.two_transactional", {"n": 0})
-    generation = _claim(run)
+    generation = claim_for(run)
     with transaction.atomic():
         DomainRow.objects.create(key="the caller's")
         assert Execution(run.pk, generation).execute() == "succeeded"
@@ -145,7 +151,7 @@ def test_a_run_ends_as_written_after_a_wake_and_as_read_after_someone_else_wrote
     assert ends == [("end_as_written", True)]
     ends.clear()
     noted = start_workflow_run("hot.two_noted", {"n": 0})
-    assert Execution(noted.pk, _claim(noted)).execute() == "succeeded"
+    assert Execution(noted.pk, claim_for(noted)).execute() == "succeeded"
     # Refused, having written nothing; then the read, whose batched writes the stale
     # ledger head refuses too, and the end one statement at a time.
     assert ends == [("end_as_written", False), ("end_as_read", False)]
@@ -192,7 +198,7 @@ def test_batched_writes_after_someone_else_wrote_to_the_ledger_go_one_at_a_time(
     statement at a time, chained after the note. Lenient statements in the batch would
     commit the ones after the refused append: a success without its ledger entry."""
     run = start_workflow_run("hot.two_noted", {"n": 0})
-    generation = _claim(run)
+    generation = claim_for(run)
     assert Execution(run.pk, generation).execute() == "succeeded"
     assert fresh(run).output == {"n": 2}
     assert [(seq, kind) for seq, kind, _ in _ledger(run)] == [

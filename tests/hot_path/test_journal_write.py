@@ -9,15 +9,15 @@ from k2b_workflows import start_workflow_run
 from k2b_workflows.exceptions import LeaseLost, RunCanceled
 from k2b_workflows.kernel import evidence
 from k2b_workflows.models import WorkflowRun
-from tests.hot_path.helpers import _claim, _entry, _run_table_counts
-from tests.kernel_helpers import fresh, journal
+from tests.hot_path.helpers import _entry, _run_table_counts
+from tests.kernel_helpers import claim_for, fresh, journal
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_the_one_statement_journal_write_refuses_a_stale_generation():
     run = start_workflow_run("test.pure", {"a": 1, "b": 1})
-    generation = _claim(run)
+    generation = claim_for(run)
     with pytest.raises(LeaseLost):
         evidence.append_journal_fenced(
             _entry(run, generation - 1), evidence.GENESIS, "default", lease_ms=30_000
@@ -36,7 +36,7 @@ def test_the_one_statement_journal_write_refuses_a_stale_generation():
 
 def test_the_one_statement_journal_write_refuses_a_canceled_run():
     run = start_workflow_run("test.pure", {"a": 1, "b": 1})
-    generation = _claim(run)
+    generation = claim_for(run)
     WorkflowRun.objects.filter(pk=run.pk).update(status="canceled")
     with pytest.raises(RunCanceled):
         evidence.append_journal_fenced(
@@ -53,7 +53,7 @@ def test_a_steps_fence_and_journal_write_update_the_run_row_in_place():
     from k2b_workflows.kernel import db
 
     run = start_workflow_run("test.pure", {"a": 1, "b": 1})
-    generation = _claim(run)
+    generation = claim_for(run)
     counts = ("tuples_updated", "tuples_hot_updated")
     with transaction.atomic():
         (updated, hot) = _run_table_counts(*counts)

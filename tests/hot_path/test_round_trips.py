@@ -10,9 +10,9 @@ from k2b_workflows import start_workflow_run
 from k2b_workflows.kernel import evidence
 from k2b_workflows.kernel.execute import Execution
 from tests.conftest import direct_connection_only
-from tests.hot_path.helpers import _claim, _counted_run, _ledger, _prepared_statements
+from tests.hot_path.helpers import _counted_run, _ledger, _prepared_statements
 from tests.hot_path.workflows import committed_hooks
-from tests.kernel_helpers import fresh, journal
+from tests.kernel_helpers import claim_for, fresh, journal
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -110,7 +110,7 @@ def test_the_hot_statements_are_prepared_only_when_the_connection_prepares(prepa
     and the run's end are prepared on the server; with it None (a transaction-pooling
     PgBouncer before 1.21 needs that), nothing the kernel runs is prepared."""
     run = start_workflow_run("hot.three_pure", {"n": 0})
-    assert Execution(run.pk, _claim(run)).execute() == "succeeded"
+    assert Execution(run.pk, claim_for(run)).execute() == "succeeded"
     assert fresh(run).output == {"n": 3}
     statements = _prepared_statements()
     if not prepares:
