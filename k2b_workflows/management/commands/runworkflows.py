@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import signal
@@ -39,6 +40,20 @@ SELECT current_setting('max_connections')::int,
          WHERE backend_type = 'client backend' AND usename = current_user)
   FROM pg_roles r WHERE r.rolname = current_user
 """
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerOptions:
+    """What the command's options say of each worker it runs, alone or under a supervisor."""
+
+    apps: list[str] | None
+    concurrency: int
+    burst: bool
+    listen: bool
+    wait_for_db: float | None
+    health_file: str | None
+    metrics_port: int | None
+    schedules: bool
 
 
 class Command(BaseCommand):
@@ -147,91 +162,53 @@ class Command(BaseCommand):
             self.stderr.write(
                 f"--log-format {log_format} ignored: LOGGING configures the k2b_workflows logger"
             )
+        worker_options = WorkerOptions(
+            apps=apps,
+            concurrency=concurrency,
+            burst=burst,
+            listen=not no_listen,
+            wait_for_db=wait_for_db,
+            health_file=health_file,
+            metrics_port=metrics_port,
+            schedules=not no_schedules,
+        )
         log_handler = logformat.attach(log_format or "text")
         try:
             if processes > 1:
-                self._supervise(
-                    processes,
-                    apps,
-                    concurrency,
-                    burst,
-                    no_listen,
-                    wait_for_db,
-                    health_file,
-                    metrics_port,
-                    no_schedules,
-                )
-                return
-            self._run(
-                apps,
-                concurrency,
-                burst,
-                no_listen,
-                wait_for_db,
-                health_file,
-                metrics_port,
-                no_schedules,
-            )
+                self._supervise(processes, worker_options)
+            else:
+                self._run(worker_options)
         finally:
             logformat.detach(log_handler)
 
-    def _run(
-        self,
-        apps: list[str] | None,
-        concurrency: int,
-        burst: bool,
-        no_listen: bool,
-        wait_for_db: float | None,
-        health_file: str | None,
-        metrics_port: int | None,
-        no_schedules: bool = False,
-    ) -> None:
-        self._check_connections(concurrency)
-        self._check_metrics_port(metrics_port)
-        worker = self._worker(
-            apps,
-            concurrency,
-            burst,
-            no_listen,
-            wait_for_db,
-            health_file,
-            metrics_port,
-            no_schedules,
-        )
+    def _run(self, options: WorkerOptions) -> None:
+        self._check_connections(options.concurrency)
+        self._check_metrics_port(options.metrics_port)
+        worker = self._worker(options)
         try:
-            self._work(worker, burst)
+            self._work(worker, options.burst)
         except (DatabaseNotMigrated, ImproperlyConfigured) as exc:
             raise CommandError(str(exc), returncode=2) from None
         except DatabaseUnavailable as exc:
             raise CommandError(str(exc), returncode=1) from None
         self._stopped(worker)
 
-    def _supervise(
-        self,
-        processes: int,
-        apps: list[str] | None,
-        concurrency: int,
-        burst: bool,
-        no_listen: bool,
-        wait_for_db: float | None,
-        health_file: str | None,
-        metrics_port: int | None,
-        no_schedules: bool,
-    ) -> None:
+    def _supervise(self, processes: int, options: WorkerOptions) -> None:
         """Fork ``processes`` workers from this process (Django imported once) and keep them."""
         from k2b_workflows.supervisor import EXIT_CONFIG, EXIT_UNAVAILABLE, Supervisor
 
-        self._check_connections(concurrency, processes)
-        self._check_metrics_port(metrics_port)
+        self._check_connections(options.concurrency, processes)
+        self._check_metrics_port(options.metrics_port)
 
         def run_child(index: int, child_health: str | None) -> int:
+            # Each child its own health file; the group's metrics port is the supervisor's.
             worker = self._worker(
-                apps, concurrency, burst, no_listen, wait_for_db, child_health, None, no_schedules
+                dataclasses.replace(options, health_file=child_health, metrics_port=None)
             )
             # N live status lines rewriting one terminal line would garble it.
             worker.status_stream = None
             try:
-                self._work(worker, burst)
+                self._work(worker, options.burst)
             except (DatabaseNotMigrated, ImproperlyConfigured) as exc:
                 self.stderr.write(str(exc))
                 return EXIT_CONFIG
@@ -244,9 +221,9 @@ class Command(BaseCommand):
         supervisor = Supervisor(
             processes=processes,
             run_child=run_child,
-            burst=burst,
-            health_file=health_file,
-            metrics_port=metrics_port,
+            burst=options.burst,
+            health_file=options.health_file,
+            metrics_port=options.metrics_port,
             using=store.database(),
         )
         code = supervisor.run()
@@ -267,28 +244,18 @@ class Command(BaseCommand):
         if not 0 <= metrics_port <= 65535:
             raise CommandError("--metrics-port must be between 0 and 65535")
 
-    def _worker(
-        self,
-        apps: list[str] | None,
-        concurrency: int,
-        burst: bool,
-        no_listen: bool,
-        wait_for_db: float | None,
-        health_file: str | None,
-        metrics_port: int | None,
-        no_schedules: bool,
-    ) -> Worker:
+    def _worker(self, options: WorkerOptions) -> Worker:
         return Worker(
-            app_ids=apps,
-            concurrency=concurrency,
-            burst=burst,
-            listen=not no_listen,
+            app_ids=options.apps,
+            concurrency=options.concurrency,
+            burst=options.burst,
+            listen=options.listen,
             status_stream=default_status_stream(),
-            wait_for_db=wait_for_db,
+            wait_for_db=options.wait_for_db,
             notice_stream=sys.stderr,
-            health_file=health_file,
-            metrics_port=metrics_port,
-            schedules=not no_schedules,
+            health_file=options.health_file,
+            metrics_port=options.metrics_port,
+            schedules=options.schedules,
         )
 
     def _work(self, worker: Worker, burst: bool) -> None:
