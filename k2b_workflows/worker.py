@@ -344,6 +344,9 @@ class Worker:
                 weather.describe(exc),
             )
             return
+        for problem in problems:
+            logger.warning("worker %s: %s", self.worker_id, problem)
+        # Last: once it is in the log, every line of the probes is (they run in a thread).
         silenced = topology.ASYNC_STANDBY_CHECK in getattr(settings, "SILENCED_SYSTEM_CHECKS", [])
         if setup.repeats_possible and not silenced:
             logger.warning(
@@ -355,8 +358,6 @@ class Worker:
             )
         else:
             logger.info("worker %s: database %r: %s", self.worker_id, self.using, setup.describe())
-        for problem in problems:
-            logger.warning("worker %s: %s", self.worker_id, problem)
 
     def _notice(self, line: str) -> None:
         logger.warning("worker %s: %s", self.worker_id, line)

@@ -245,6 +245,17 @@ def test_through_a_session_pooler_workers_work_as_they_are(cluster, database, bo
     stop_all(report["survivors"])
 
 
+def probed(worker: WorkerProcess) -> str:
+    """The worker's log once its topology probes are done: they run beside its first
+    claims (through a transaction pooler a probe waits out PROBE_TIMEOUT_S), and the
+    replication line comes after every problem they found."""
+    return wait_for(
+        lambda: out if "database 'default':" in (out := worker.output()) else None,
+        timeout=TIMEOUT,
+        message=lambda: f"the topology line\n{worker.report()}",
+    )
+
+
 def test_the_worker_names_each_transaction_pooler_misconfiguration(
     cluster, database, bouncers, fleet_of
 ):
@@ -252,7 +263,7 @@ def test_the_worker_names_each_transaction_pooler_misconfiguration(
     # LISTEN through the pooler, and a role without the timeout.
     env = {"K2B_TEST_PREPARE": "0"}
     (worker,) = fleet_of(bouncer.url(database, user="app"), env, 1)
-    out = worker.output()
+    out = probed(worker)
     assert out.count(LISTEN_PROBLEM) == 1, out
     assert "LISTEN_DATABASE" in out
     assert out.count(TIMEOUT_PROBLEM) == 1, out
@@ -260,8 +271,9 @@ def test_the_worker_names_each_transaction_pooler_misconfiguration(
     assert f"SET idle_in_transaction_session_timeout TO '{LEASE_MS}ms'" in out, out[-3000:]
     # The role's own timeout set: only the LISTEN problem is left.
     (worker,) = fleet_of(bouncer.url(database), env, 1)
-    assert worker.output().count(LISTEN_PROBLEM) == 1, worker.output()
-    assert TIMEOUT_PROBLEM not in worker.output(), worker.output()
+    out = probed(worker)
+    assert out.count(LISTEN_PROBLEM) == 1, out
+    assert TIMEOUT_PROBLEM not in out, out
     for each in (worker,):
         each.signal(signal.SIGTERM)
         assert each.wait(timeout=TIMEOUT) == 0
