@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import logging
 import os
 import select
@@ -77,6 +78,10 @@ TICK_S = 0.5
 _PR_SET_PDEATHSIG = 1
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: What a worker imports before its first claim that ``django.setup()`` has not:
+#: imported by the supervisor before it forks (no thread starts on import).
+#: ``prometheus_client`` after ``PROMETHEUS_MULTIPROC_DIR`` is set (``_prepare``).
+PRELOAD = ("prometheus_client", "k2b_workflows.topology")
 
 
 @dataclass
@@ -354,6 +359,10 @@ class Supervisor:
             self._metrics_server = _scrape_server(self.metrics_port, self._metrics_dir, self.using)
             self.metrics_bound = int(self._metrics_server.server_port)
             self.say(f"metrics of the group on port {self.metrics_bound}")
+        # Once here rather than in every child, each on a core the others need then.
+        for name in PRELOAD:
+            with contextlib.suppress(ImportError):
+                importlib.import_module(name)
 
     def _private_dir(self, prefix: str) -> str:
         path = tempfile.mkdtemp(prefix=prefix)
