@@ -13,7 +13,8 @@ Threads:
 - a pool thread that finishes a run starts the next queued one itself: no
   thread waits for the main loop (a claim and its reads) between runs;
 - a listener on its own autocommit psycopg connection (a pooled Django
-  connection would keep listening for its next borrower) sets the wake-up;
+  connection would keep listening for its next borrower) sets the wake-up
+  (``wakeups.py``);
 - the lease keeper renews leases and notices cancellations;
 - the main loop also runs schedule passes (``kernel/schedules.py``) unless
   started with ``schedules=False``: it asks when the next tick fires at most
@@ -25,7 +26,8 @@ Threads:
 No database error ends the process (``kernel/weather.py``): every thread
 closes its broken connection, logs one line, backs off with jitter and
 reconnects. The process exits on SIGTERM/SIGINT (handing its runs back), or
-at start-up on a configuration error (an unmigrated database, a bad URL).
+at start-up on a configuration error (an unmigrated database, a bad URL:
+``startup.py``).
 """
 
 from __future__ import annotations
@@ -44,12 +46,10 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from typing import Any, TextIO
 
-from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections, transaction
 from django.db.backends.signals import connection_created
 
-from . import fleet, metrics, store, timeouts
-from .exceptions import DatabaseNotMigrated, DatabaseUnavailable
+from . import fleet, metrics, startup, store, timeouts
 from .health import HealthFile
 from .kernel import ai, claim, db, flow, waits, weather
 from .kernel import schedules as schedule_passes
@@ -57,60 +57,13 @@ from .kernel.execute import Execution
 from .kernel.leases import LeaseKeeper
 from .kernel.load import Preloaded, preload, preload_statement, preloaded
 from .prefetch import Prefetch
+from .wakeups import Listener
 from .workflows import registered_versions
 
 logger = logging.getLogger(__name__)
 #: The start and stop lines go to the package's logger by name: docs/operations.md
 #: shows them as ``k2b_workflows: worker ...``, and supervisors' log filters match it.
 lifecycle = logging.getLogger("k2b_workflows")
-
-
-class Listener(threading.Thread):
-    """LISTENs on the workers' channel and sets ``wake`` for notifications of our apps."""
-
-    #: How long one wait for notifications lasts: the longest ``stop()`` waits for the thread.
-    WAIT_S = 0.1
-
-    def __init__(self, using: str, app_ids: Sequence[str] | None, wake: threading.Event) -> None:
-        super().__init__(name="k2b-listener", daemon=True)
-        self.using = using
-        self.app_ids = set(app_ids or ())
-        self.wake = wake
-        self.stopping = threading.Event()
-        self.connected = threading.Event()
-        self.received = 0
-
-    def run(self) -> None:
-        backoff = weather.Backoff()
-        while not self.stopping.is_set():
-            conn = None
-            try:
-                conn = db.autocommit_connection(self.using, follow_clock=False)
-                conn.execute(f"LISTEN {store.CHANNEL}")
-                self.connected.set()
-                backoff.reset()
-                # Anything committed while we were not listening is found by polling.
-                self.wake.set()
-                while not self.stopping.is_set():
-                    for note in conn.notifies(timeout=self.WAIT_S):
-                        if not self.app_ids or note.payload in self.app_ids:
-                            self.received += 1
-                            self.wake.set()
-            except Exception as exc:
-                self.connected.clear()
-                metrics.count_db_reconnect("listener")
-                delay = backoff.next()
-                logger.warning(
-                    "listener: %s; polling, reconnecting in %.1f s", weather.describe(exc), delay
-                )
-                self.stopping.wait(delay)
-            finally:
-                if conn is not None:
-                    with contextlib.suppress(Exception):
-                        conn.close()
-
-    def stop(self) -> None:
-        self.stopping.set()
 
 
 class Worker:
@@ -207,7 +160,7 @@ class Worker:
         self.start_up()
         if self.stopping.is_set():
             return
-        probes = self._say_topology_in_background()
+        probes = startup.say_topology_in_background(self.worker_id, self.using, self.listen)
         names = self._workflows()
         lifecycle.info(
             "worker %s: %d thread(s), apps %s, %d workflow version(s)%s",
@@ -263,101 +216,11 @@ class Worker:
     # -- start-up --------------------------------------------------------------
 
     def start_up(self) -> None:
-        """Wait for the database (up to ``wait_for_db``), then check its schema.
-
-        Raises ``DatabaseUnavailable`` when the wait runs out, and
-        ``DatabaseNotMigrated`` (a configuration error: retrying cannot help) when
-        the app's migrations are not all applied.
-        """
-        started = time.monotonic()
-        backoff = weather.Backoff(first=0.5, cap=5.0)
-        last_notice = -float("inf")
-        while not self.stopping.is_set():
-            try:
-                # The schema check reads django_migrations: the database may go
-                # away between connecting and reading it, which is weather too.
-                connections[self.using].ensure_connection()
-                db.check_migrated(self.using)
-                break
-            except DatabaseNotMigrated:
-                weather.close_quietly(self.using)
-                raise
-            except DatabaseError as exc:
-                if not weather.is_connection_error(exc):
-                    raise
-                weather.close_quietly(self.using)
-                reason = weather.describe(exc)
-                if _is_configuration_error(reason):
-                    raise ImproperlyConfigured(f"cannot connect to the database: {reason}") from exc
-                waited = time.monotonic() - started
-                if self.wait_for_db is not None and waited >= self.wait_for_db:
-                    raise DatabaseUnavailable(
-                        f"database unreachable for {waited:.0f} s (--wait-for-db): {reason}"
-                    ) from None
-                if time.monotonic() - last_notice >= 5:
-                    last_notice = time.monotonic()
-                    self._notice(f"waiting for the database ({waited:.0f} s so far): {reason}")
-                delay = backoff.next()
-                if self.wait_for_db is not None:
-                    delay = max(0.0, min(delay, self.wait_for_db - waited))
-                self.stopping.wait(delay)
-        if self.stopping.is_set():
-            return
-        if time.monotonic() - started > 1:
-            self._notice("database reachable; starting")
-
-    def _say_topology_in_background(self) -> threading.Thread:
-        """``_say_topology`` in a thread: its probes take two connections and, through a
-        transaction pooler, ``PROBE_TIMEOUT_S`` of waiting that no claim should."""
-
-        def probe() -> None:
-            try:
-                self._say_topology()
-            finally:
-                connections.close_all()  # this thread's own
-
-        thread = threading.Thread(target=probe, name="k2b-topology", daemon=True)
-        thread.start()
-        return thread
-
-    def _say_topology(self) -> None:
-        """Say once which replication setup and which pooler problems this worker is on.
-
-        A primary with only asynchronous standbys is a warning (system check
-        ``k2b_workflows.W020``, which ``SILENCED_SYSTEM_CHECKS`` turns into an
-        info line): a failover there can repeat an effect dispatched in its last
-        moments. A failing probe is logged, never fatal: the worker runs on.
-        """
-        from django.conf import settings
-
-        from . import topology
-
-        try:
-            setup = topology.replication(self.using)
-            problems = topology.pooler_problems(
-                self.using, store.listen_database() if self.listen else None, store.lease_ms()
-            )
-        except Exception as exc:
-            logger.warning(
-                "worker %s: could not tell the database's topology: %s",
-                self.worker_id,
-                weather.describe(exc),
-            )
-            return
-        for problem in problems:
-            logger.warning("worker %s: %s", self.worker_id, problem)
-        # Last: once it is in the log, every line of the probes is (they run in a thread).
-        silenced = topology.ASYNC_STANDBY_CHECK in getattr(settings, "SILENCED_SYSTEM_CHECKS", [])
-        if setup.repeats_possible and not silenced:
-            logger.warning(
-                "worker %s: database %r: %s (%s)",
-                self.worker_id,
-                self.using,
-                setup.describe(),
-                topology.ASYNC_STANDBY_CHECK,
-            )
-        else:
-            logger.info("worker %s: database %r: %s", self.worker_id, self.using, setup.describe())
+        """Wait for the database (up to ``wait_for_db``), then check its schema
+        (``startup.wait_for_database``, which says what it raises)."""
+        startup.wait_for_database(
+            self.using, wait_for_db=self.wait_for_db, stopping=self.stopping, notice=self._notice
+        )
 
     def _notice(self, line: str) -> None:
         logger.warning("worker %s: %s", self.worker_id, line)
@@ -1019,18 +882,6 @@ def keep_or_close_connection(using: str) -> None:
         conn.close()
     else:
         conn.errors_occurred = False
-
-
-_CONFIGURATION_ERRORS = ("does not exist", "authentication failed", "no password supplied")
-
-
-def _is_configuration_error(reason: str) -> bool:
-    """A connection refused for a reason waiting cannot fix: a wrong name, user or password.
-
-    psycopg gives no SQLSTATE for a failed connection attempt: only the
-    server's message tells.
-    """
-    return any(marker in reason for marker in _CONFIGURATION_ERRORS)
 
 
 def default_status_stream() -> TextIO | None:
