@@ -58,6 +58,27 @@ def test_the_newest_migration_missing_from_the_table_is_found_and_named():
 
 
 @pytest.mark.django_db
+def test_a_row_recorded_twice_does_not_stand_in_for_a_missing_one():
+    from django.db.migrations.loader import MigrationLoader
+
+    graph = MigrationLoader(connection).graph
+    (newest,) = (name for app, name in graph.leaf_nodes() if app == "k2b_workflows")
+    with connection.cursor() as cursor:
+        # django_migrations has no unique (app, name): a migration faked twice is two rows.
+        cursor.execute(
+            "INSERT INTO django_migrations (app, name, applied) "
+            "SELECT app, name, applied FROM django_migrations "
+            "WHERE app = 'k2b_workflows' AND name <> %s LIMIT 1",
+            [newest],
+        )
+        cursor.execute(
+            "DELETE FROM django_migrations WHERE app = 'k2b_workflows' AND name = %s", [newest]
+        )
+    with pytest.raises(DatabaseNotMigrated, match=newest):
+        db.check_migrated("default")
+
+
+@pytest.mark.django_db
 def test_a_database_never_migrated_is_told_so():
     # Renamed in the test's transaction (rolled back after it): no table to read.
     with connection.cursor() as cursor:

@@ -250,7 +250,7 @@ def _all_recorded(using: str) -> bool:
         return False
     with connections[using].cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FROM django_migrations WHERE app = %s AND name = ANY(%s)",
+            "SELECT count(DISTINCT name) FROM django_migrations WHERE app = %s AND name = ANY(%s)",
             ["k2b_workflows", names],
         )
         return cursor.fetchone()[0] == len(names)
