@@ -30,7 +30,7 @@ from tests.conftest import ROOT
 
 
 @pytest.mark.django_db
-def test_a_migrated_database_is_told_by_one_read_without_the_planner(monkeypatch):
+def test_a_migrated_database_is_told_by_its_reads_without_the_planner(monkeypatch):
     from django.db.migrations import executor
 
     def planner(*args, **kwargs):
@@ -40,12 +40,18 @@ def test_a_migrated_database_is_told_by_one_read_without_the_planner(monkeypatch
     db.check_migrated("default")
 
 
-@pytest.mark.django_db
-def test_the_newest_migration_missing_from_the_table_is_found_and_named():
+def _newest_migration() -> str:
+    """The app's leaf migration in Django's graph (the files are not numbered in order)."""
     from django.db.migrations.loader import MigrationLoader
 
     graph = MigrationLoader(connection).graph
     (newest,) = (name for app, name in graph.leaf_nodes() if app == "k2b_workflows")
+    return newest
+
+
+@pytest.mark.django_db
+def test_the_newest_migration_missing_from_the_table_is_found_and_named():
+    newest = _newest_migration()
     with connection.cursor() as cursor:
         # A row of another name (a migration since removed from the code) is no stand-in.
         cursor.execute(
@@ -59,10 +65,7 @@ def test_the_newest_migration_missing_from_the_table_is_found_and_named():
 
 @pytest.mark.django_db
 def test_a_row_recorded_twice_does_not_stand_in_for_a_missing_one():
-    from django.db.migrations.loader import MigrationLoader
-
-    graph = MigrationLoader(connection).graph
-    (newest,) = (name for app, name in graph.leaf_nodes() if app == "k2b_workflows")
+    newest = _newest_migration()
     with connection.cursor() as cursor:
         # django_migrations has no unique (app, name): a migration faked twice is two rows.
         cursor.execute(
