@@ -11,9 +11,16 @@ class K2BWorkflowsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401  (registers the system checks)
+        from . import (
+            checks,  # noqa: F401  (registers the system checks)
+            schedule_models,
+        )
+        from .kernel import schedule_seals
         from .redaction import install_log_filter
         from .testdb import record_test_database
+
+        # Schedule rows are sealed under the evidence key, which only the kernel holds.
+        schedule_models.sealer = schedule_seals
 
         # What the kernel logs is scrubbed like what it stores (secrets in URLs).
         install_log_filter()

@@ -314,6 +314,18 @@ def check_schedules(
     problems: list[CheckMessage] = []
     for row in rows:
         label = f"schedule {row.schedule_id!r}"
+        tampered = row.seal_problem()
+        if tampered is not None:
+            problems.append(
+                Error(
+                    f"{label} fires nothing: {tampered}",
+                    hint="read every field on its admin page and save it there, or delete it"
+                    " (docs/security.md)",
+                    obj=row,
+                    id="k2b_workflows.E033",
+                )
+            )
+            continue
         if not row.enabled:
             problems.append(
                 Warning(
