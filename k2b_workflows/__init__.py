@@ -31,6 +31,7 @@ from .exceptions import (
     NotRetryable,
     ResolutionRefused,
     RunCanceled,
+    RunEndNotSealed,
     StepFailed,
     UnknownWorkflow,
 )
@@ -109,6 +110,7 @@ __all__ = [
     "ResolutionRefused",
     "Retry",
     "RunCanceled",
+    "RunEndNotSealed",
     "Schedule",
     "StepContext",
     "StepFailed",
