@@ -564,6 +564,9 @@ class AiTask(models.Model):
     effect_key = models.CharField(max_length=200, unique=True)
     provider = models.CharField(max_length=200)
     request = models.JSONField()
+    #: HMAC under the evidence key over the request and whose it is (``kernel/ai.py``):
+    #: a worker calls the provider only with a request the kernel wrote.
+    request_seal = models.CharField(max_length=100, blank=True, default="", editable=False)
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.QUEUED)
     result = models.JSONField(null=True, blank=True)
     error_message = models.TextField(blank=True, default="")
