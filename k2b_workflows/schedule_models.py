@@ -285,7 +285,8 @@ class WorkflowSchedule(models.Model):
         return Schedule(
             self.cron or None,
             every=self.every,
-            timezone=self.timezone,
+            # A row stored before #35 may pair every with a zone, which was ignored.
+            timezone=self.timezone if self.cron else "UTC",
             input=self.input,
             catch_up=self.catch_up,
             overlap=self.overlap,

@@ -268,7 +268,8 @@ def _fire(
         spec = Schedule(
             row.cron or None,
             every=row.every,
-            timezone=row.timezone,
+            # A row stored before #35 may pair every with a zone, which was ignored.
+            timezone=row.timezone if row.cron else "UTC",
             input=row.input,
             catch_up=row.catch_up,
             overlap=row.overlap,
