@@ -13,7 +13,7 @@ from html import unescape
 
 import pytest
 from django.contrib.admin.models import CHANGE, LogEntry
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -23,67 +23,18 @@ from k2b_workflows.admin.display import build_timeline
 from k2b_workflows.models import JournalEntry, LedgerEntry, WorkflowRun
 from k2b_workflows.store import WORKFLOW_RETRY_EXHAUSTED
 from k2b_workflows.testing import run_until_idle
+from tests.support.admin import (
+    OPERATOR_PERMS,
+    client_for,
+    make_incident,
+    make_user,
+    messages_of,
+    resolution_data,
+    resolve_url,
+    run_url,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-OPERATOR_PERMS = ("view_workflowrun", "resolve_effect")
-
-
-def make_user(username: str, *codenames: str, superuser: bool = False) -> User:
-    if superuser:
-        return User.objects.create_superuser(username, f"{username}@example.com", "pw")
-    user = User.objects.create_user(username, password="pw", is_staff=True)
-    user.user_permissions.add(
-        *Permission.objects.filter(content_type__app_label="k2b_workflows", codename__in=codenames)
-    )
-    return User.objects.get(pk=user.pk)
-
-
-def client_for(user: User) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-def make_incident() -> WorkflowRun:
-    run = start_workflow_run("test.charge_blind", {"behaviour": "ambiguous"})
-    run_until_idle()
-    run.refresh_from_db()
-    assert run.status == "needs_attention"
-    return run
-
-
-def run_url(run: WorkflowRun) -> str:
-    return reverse("admin:k2b_workflows_workflowrun_change", args=[run.pk])
-
-
-def resolve_url(run: WorkflowRun) -> str:
-    return reverse("admin:k2b_workflows_incident_resolve", args=[run.pk])
-
-
-def head_ledger_id(run: WorkflowRun) -> int:
-    return LedgerEntry.objects.filter(run=run).order_by("-id").values_list("id", flat=True)[0]
-
-
-def resolution_data(run: WorkflowRun, decision: str, **extra: str) -> dict[str, str]:
-    data = {
-        "decision": decision,
-        "evidence": "Provider dashboard: no charge for this effect key.",
-        "output": "",
-        "seen_ledger_id": str(head_ledger_id(run)),
-        "step": str(run.attention_step),
-    }
-    data.update(extra)
-    return data
-
-
-def messages_of(response) -> list[str]:
-    return [str(m) for m in response.context["messages"]] if response.context else []
-
-
-@pytest.fixture
-def operator() -> User:
-    return make_user("olga", *OPERATOR_PERMS)
 
 
 @pytest.fixture

@@ -23,8 +23,7 @@ from k2b_workflows import (
 )
 from k2b_workflows.models import JournalEntry, LedgerEntry, WorkflowRun
 from k2b_workflows.testing import run_until_idle
-from tests.test_admin import (
-    OPERATOR_PERMS,
+from tests.support.admin import (
     client_for,
     head_ledger_id,
     make_incident,
@@ -36,11 +35,6 @@ from tests.test_admin import (
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def operator():
-    return make_user("olga", *OPERATOR_PERMS)
 
 
 def snapshot(run: WorkflowRun) -> tuple:

@@ -8,10 +8,6 @@ and the resolution form, in light and dark mode, go to ``test-artifacts/``.
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Iterator
-from pathlib import Path
-
 import django
 import pytest
 from django.contrib.auth.models import Permission, User
@@ -20,44 +16,13 @@ from django.urls import reverse
 from k2b_workflows import start_workflow_run
 from k2b_workflows.models import LedgerEntry, WorkflowRun
 from k2b_workflows.testing import run_until_idle
-
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+from tests.support.browser import click_and_wait, csp_violations, screenshot, set_theme
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()) or shutil.which(str(CHROMIUM)) is None:
-        pytest.skip("headless Chromium (/usr/bin/chromium, /usr/bin/chromedriver) is not installed")
-    webdriver = pytest.importorskip("selenium.webdriver")
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-dev-shm-usage",
-        "--window-size=1400,1000",
-    ):
-        options.add_argument(flag)
-    # Console messages, where Chromium reports Content-Security-Policy violations.
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
-    driver.implicitly_wait(5)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
 @pytest.fixture
-def operator(browser, live_server) -> User:
+def signed_in_operator(browser, live_server) -> User:
     """An on-call engineer with the permissions of an operator, logged in."""
     from selenium.webdriver.common.by import By
 
@@ -83,63 +48,12 @@ def operator(browser, live_server) -> User:
     return user
 
 
-def click_and_wait(browser, element) -> None:
-    """Click something that loads a new page, and wait until the new page has loaded.
-
-    The old page is marked with a window property that a new page does not
-    have; polling for it (rather than for a stale element) never races with
-    Chromium tearing the old document down.
-    """
-    from selenium.common.exceptions import WebDriverException
-    from selenium.webdriver.support.wait import WebDriverWait
-
-    browser.execute_script("window.k2bOldPage = true")
-    element.click()
-
-    def loaded(driver) -> bool:
-        try:
-            return driver.execute_script(
-                "return window.k2bOldPage === undefined && document.readyState === 'complete'"
-            )
-        except WebDriverException:
-            return False
-
-    WebDriverWait(browser, 15).until(loaded)
-
-
 def make_incident() -> WorkflowRun:
     run = start_workflow_run("test.charge_blind", {"behaviour": "ambiguous", "amount": 4200})
     run_until_idle()
     run.refresh_from_db()
     assert run.status == "needs_attention"
     return run
-
-
-def set_theme(browser, theme: str) -> None:
-    """Emulate the operating system's colour scheme, which the admin follows by default."""
-    browser.execute_cdp_cmd(
-        "Emulation.setEmulatedMedia",
-        {"features": [{"name": "prefers-color-scheme", "value": theme}]},
-    )
-
-
-def screenshot(browser, name: str) -> Path:
-    """The whole page, not only the viewport (Chromium's DevTools protocol)."""
-    import base64
-
-    ARTIFACTS.mkdir(exist_ok=True)
-    size = browser.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
-    shot = browser.execute_cdp_cmd(
-        "Page.captureScreenshot",
-        {
-            "format": "png",
-            "captureBeyondViewport": True,
-            "clip": {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1},
-        },
-    )
-    path = ARTIFACTS / f"{name}.png"
-    path.write_bytes(base64.b64decode(shot["data"]))
-    return path
 
 
 def open_resolution_form(browser, live_server, run: WorkflowRun) -> None:
@@ -164,7 +78,7 @@ def fill_and_confirm(browser, decision: str, evidence: str, output: str = "") ->
 
 
 def test_operator_resolves_an_incident_as_effect_absent_and_the_run_is_requeued(
-    browser, live_server, operator
+    browser, live_server, signed_in_operator
 ):
     from selenium.webdriver.common.by import By
 
@@ -188,7 +102,7 @@ def test_operator_resolves_an_incident_as_effect_absent_and_the_run_is_requeued(
 
 
 def test_operator_confirms_an_effect_with_its_output_and_the_run_completes(
-    browser, live_server, operator
+    browser, live_server, signed_in_operator
 ):
     from selenium.webdriver.common.by import By
 
@@ -213,7 +127,9 @@ def test_operator_confirms_an_effect_with_its_output_and_the_run_completes(
     assert states == ["succeeded", "succeeded"]
 
 
-def test_malformed_output_is_shown_as_a_form_error_in_the_browser(browser, live_server, operator):
+def test_malformed_output_is_shown_as_a_form_error_in_the_browser(
+    browser, live_server, signed_in_operator
+):
     from selenium.webdriver.common.by import By
 
     run = make_incident()
@@ -230,7 +146,7 @@ def test_malformed_output_is_shown_as_a_form_error_in_the_browser(browser, live_
 
 
 @pytest.mark.parametrize("theme", ["light", "dark"])
-def test_screens_render_in_light_and_dark_mode(browser, live_server, operator, theme):
+def test_screens_render_in_light_and_dark_mode(browser, live_server, signed_in_operator, theme):
     """Saves screenshots to look at; asserts the theme really applied to our own styles."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.select import Select
@@ -283,17 +199,10 @@ def test_screens_render_in_light_and_dark_mode(browser, live_server, operator, t
     assert badge_bg == ("rgb(0, 107, 27)" if theme == "dark" else "rgb(221, 255, 221)")
 
 
-def csp_violations(browser) -> list[str]:
-    """Console messages about the Content-Security-Policy since the last call."""
-    return [
-        entry["message"]
-        for entry in browser.get_log("browser")
-        if "Content Security Policy" in entry["message"] or "Refused to" in entry["message"]
-    ]
-
-
 @pytest.mark.skipif(django.VERSION < (6, 0), reason="Django 5.2 has no CSP middleware")
-def test_admin_screens_run_under_a_strict_content_security_policy(browser, live_server, operator):
+def test_admin_screens_run_under_a_strict_content_security_policy(
+    browser, live_server, signed_in_operator
+):
     from urllib.request import urlopen
 
     from selenium.webdriver.common.by import By
@@ -327,7 +236,7 @@ def test_admin_screens_run_under_a_strict_content_security_policy(browser, live_
 
 
 def test_a_nondeterminism_incident_offers_retry_and_cancel_and_retry_requeues_it(
-    browser, live_server, operator, monkeypatch
+    browser, live_server, signed_in_operator, monkeypatch
 ):
     """The incident page of #10: the journaled step beside the code's, and its real actions."""
     from selenium.webdriver.common.by import By
@@ -335,7 +244,7 @@ def test_a_nondeterminism_incident_offers_retry_and_cancel_and_retry_requeues_it
     from k2b_workflows import wake_workflow_runs_waiting_on
     from tests.models import DomainRow
 
-    operator.user_permissions.add(
+    signed_in_operator.user_permissions.add(
         Permission.objects.get(
             content_type__app_label="k2b_workflows", codename="retry_workflowrun"
         )

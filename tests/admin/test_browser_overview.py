@@ -15,9 +15,7 @@ from bench.overview import seed
 from k2b_workflows import start_workflow_run
 from k2b_workflows.models import WorkerRecord
 from k2b_workflows.testing import run_until_idle
-from tests.test_browser_admin import browser, click_and_wait, screenshot, set_theme
-
-__all__ = ["browser"]  # the module-scoped fixture, shared with the other browser tests
+from tests.support.browser import click_and_wait, screenshot, set_theme
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

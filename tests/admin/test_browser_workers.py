@@ -14,9 +14,7 @@ from django.urls import reverse
 from k2b_workflows import start_workflow_run
 from k2b_workflows.models import WorkerRecord
 from tests.models import ProviderCall
-from tests.test_browser_admin import browser, click_and_wait, screenshot, set_theme
-
-__all__ = ["browser"]  # the module-scoped fixture, shared with the other browser tests
+from tests.support.browser import click_and_wait, screenshot, set_theme
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

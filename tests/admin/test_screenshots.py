@@ -22,7 +22,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "screenshots.py"
 
 
@@ -42,7 +42,7 @@ def test_every_picture_the_docs_show_is_one_the_script_makes():
     for page in (ROOT / "docs").glob("*.md"):
         shown |= set(re.findall(r"\]\(images/([\w-]+)\.png\)", page.read_text()))
     # The overview's two pictures are made by the browser test that checks the page
-    # in light and dark mode (tests/test_browser_overview.py), not by the script.
+    # in light and dark mode (tests/admin/test_browser_overview.py), not by the script.
     assert shown - set(BY_THE_BROWSER_TEST) == set(_script().PICTURES)
     assert "resolution-confirm" in (ROOT / "docs" / "operators.md").read_text()
     for name in shown:

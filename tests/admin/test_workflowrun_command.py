@@ -29,9 +29,9 @@ from k2b_workflows.management.commands.workflowrun import (
 )
 from k2b_workflows.models import LedgerEntry, WorkflowRun
 from k2b_workflows.store import EFFECT_OUTCOME_UNKNOWN, WORKFLOW_RETRY_EXHAUSTED
-from tests.conftest import ROOT
-from tests.kernel_helpers import describe, fresh, ledger_kinds, run_to_end
-from tests.test_control import _exhausted_run, user_with
+from tests.support.admin import user_with
+from tests.support.kernel import describe, exhausted_run, fresh, ledger_kinds, run_to_end
+from tests.support.processes import ROOT
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -154,7 +154,7 @@ def test_cancel_needs_a_reason_and_the_actor_its_permission():
 
 
 def test_retry_requeues_an_exhausted_run_as_the_admin_does():
-    run = _exhausted_run()
+    run = exhausted_run()
     op = user_with("retry_workflowrun", "view_workflowrun")
     out = workflowrun("retry", str(run.pk), "--actor", "op", "--reason", "provider is back")
     assert out["run"]["status"] == "queued"
@@ -172,7 +172,7 @@ def test_retry_requeues_an_exhausted_run_as_the_admin_does():
     ],
 )
 def test_retry_needs_a_known_actor_with_the_admins_permissions(perms, actor, code, match):
-    run = _exhausted_run()
+    run = exhausted_run()
     user_with(*perms)
     returncode, error = refused("retry", str(run.pk), "--actor", actor, "--reason", "r")
     assert (returncode, match in error["message"]) == (code, True)
@@ -181,7 +181,7 @@ def test_retry_needs_a_known_actor_with_the_admins_permissions(perms, actor, cod
 
 
 def test_retry_of_an_inactive_actor_is_denied():
-    run = _exhausted_run()
+    run = exhausted_run()
     op = user_with("retry_workflowrun", "view_workflowrun")
     User.objects.filter(pk=op.pk).update(is_active=False)
     assert refused("retry", str(run.pk), "--actor", "op", "--reason", "r")[0] == PERMISSION_DENIED
@@ -196,7 +196,7 @@ def test_retry_of_a_run_that_is_not_failed_is_refused():
 
 
 def test_retry_requires_an_actor():
-    run = _exhausted_run()
+    run = exhausted_run()
     with pytest.raises(CommandError, match="--actor"):
         call_command("workflowrun", "retry", str(run.pk), "--reason", "r", stdout=StringIO())
 

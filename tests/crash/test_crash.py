@@ -14,8 +14,8 @@ import pytest
 from k2b_workflows import start_workflow_run
 from k2b_workflows.models import BudgetCharge, LedgerEntry
 from k2b_workflows.store import EFFECT_OUTCOME_UNKNOWN
-from tests.kernel_helpers import SETTLED, assert_invariants, describe, fresh, journal, ledger_kinds
 from tests.models import DomainRow, ProviderCall
+from tests.support.kernel import SETTLED, assert_invariants, describe, fresh, journal, ledger_kinds
 
 pytestmark = [pytest.mark.crash, pytest.mark.django_db(transaction=True)]
 

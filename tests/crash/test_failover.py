@@ -1,6 +1,6 @@
 """A primary failover under a workload of every effect class, waits and fan-out.
 
-A private primary and a hot standby by streaming replication (``tests/pgcluster.py``),
+A private primary and a hot standby by streaming replication (``tests/support/pgcluster.py``),
 workers connecting through libpq multi-host (``host=primary,standby`` with
 ``target_session_attrs=read-write``) in Django's ``DATABASES``. The primary is
 SIGKILLed mid-workload and the standby promoted; the workers find the new primary
@@ -23,9 +23,9 @@ import time
 
 import pytest
 
-from tests.conftest import WorkerProcess, wait_for
-from tests.pgcluster import Cluster, Workers, django_script, manage
-from tests.topology_helpers import (
+from tests.support.pgcluster import Cluster, Workers, django_script, manage
+from tests.support.processes import WorkerProcess, wait_for
+from tests.support.topology import (
     DB,
     TIMEOUT,
     all_alive,
@@ -37,7 +37,7 @@ from tests.topology_helpers import (
     start_runs,
     stop_all,
 )
-from tests.workflows_topology import PROVIDER_TABLE
+from tests.workflows.topology import PROVIDER_TABLE
 
 pytestmark = [pytest.mark.crash, pytest.mark.slow]
 

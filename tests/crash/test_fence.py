@@ -26,9 +26,9 @@ from k2b_workflows import start_workflow_run
 from k2b_workflows.kernel import claim
 from k2b_workflows.kernel.execute import Execution
 from k2b_workflows.models import BudgetCharge, JournalEntry, LedgerEntry, WorkflowRun
-from tests import workflows_fence
-from tests.conftest import wait_for
 from tests.models import DomainRow, ProviderCall
+from tests.support.processes import wait_for
+from tests.workflows import fence as workflows_fence
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,6 +1,6 @@
 """Workers on two hosts; one host's link to the database is cut while its workers hold runs.
 
-Each host is a network namespace with a veth pair to this one (``tests/netns.py``);
+Each host is a network namespace with a veth pair to this one (``tests/support/netns.py``);
 PostgreSQL listens on the database side of each pair, and the workers connect
 over TCP with keepalives, ``tcp_user_timeout``, ``connect_timeout`` and
 statement/lock timeouts, as docs/high-availability.md recommends. The
@@ -27,10 +27,11 @@ import time
 
 import pytest
 
-from tests import netns
-from tests.conftest import WorkerProcess, wait_for
-from tests.pgcluster import Cluster, django_script, manage
-from tests.topology_helpers import (
+from tests.support import netns
+from tests.support.pgcluster import Cluster, django_script, manage
+from tests.support.processes import WorkerProcess, wait_for
+from tests.support.topology import (
+    CLIENT_TIMEOUTS,
     DB,
     TIMEOUT,
     all_alive,
@@ -47,18 +48,6 @@ RUNS = 8
 LEASE_MS = 2000
 LOST_AFTER_MS = 4000
 
-# The client side: a dead link is noticed within about 6 s whatever the
-# connection is doing (idle: keepalives; waiting for an answer: tcp_user_timeout;
-# connecting: connect_timeout), and no statement or lock wait outlives its bound.
-CLIENT_TIMEOUTS = {
-    "connect_timeout": "3",
-    "keepalives": "1",
-    "keepalives_idle": "3",
-    "keepalives_interval": "1",
-    "keepalives_count": "3",
-    "tcp_user_timeout": "6000",
-    "options": "-c%20statement_timeout%3D10000%20-c%20lock_timeout%3D5000",
-}
 # The server side: the backends of a cut-off host end in bounded time too, and
 # with them any row lock they held.
 SERVER_TIMEOUTS = (

@@ -2,7 +2,7 @@
 
 ``K2B_TEST_CODE`` selects which versions of ``ver.checkout`` a worker process
 registers, as two deploys would; ``K2B_TEST_PATCH`` selects the old or the
-patched code of ``ver.patched`` (see ``tests/workflows_versions.py``).
+patched code of ``ver.patched`` (see ``tests/workflows/versions.py``).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import pytest
 from django.db import connection
 
 from k2b_workflows import fleet, start_workflow_run, wake_workflow_runs_waiting_on
-from tests.conftest import ROOT
-from tests.kernel_helpers import assert_invariants, describe, fresh, journal
 from tests.models import DomainRow, ProviderCall
-from tests.workflows_versions import PATCH_ID
+from tests.support.kernel import assert_invariants, describe, fresh, journal
+from tests.support.processes import ROOT
+from tests.workflows.versions import PATCH_ID
 
 pytestmark = [pytest.mark.crash, pytest.mark.django_db(transaction=True)]
 

@@ -21,7 +21,7 @@ from bench.soak import INVARIANTS, QUICK
 
 pytestmark = [pytest.mark.slow, pytest.mark.crash]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_quick_soak_keeps_every_invariant():

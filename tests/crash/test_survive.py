@@ -1,7 +1,7 @@
 """Workers that never die: database restarts, ended sessions, freezes, start-up and shutdown.
 
 The restart tests run against a PostgreSQL cluster the test starts itself
-(``tests/pgcluster.py``): the shared server is never restarted. Afterwards
+(``tests/support/pgcluster.py``): the shared server is never restarted. Afterwards
 every worker process is still alive, every run ended, no effect happened twice
 and no stale write committed.
 """
@@ -18,9 +18,9 @@ import time
 
 import pytest
 
-from tests import pgcluster
-from tests.conftest import WorkerProcess, direct_connection_only, wait_for
-from tests.pgcluster import Cluster, django_script, manage
+from tests.support import pgcluster
+from tests.support.pgcluster import Cluster, django_script, manage
+from tests.support.processes import WorkerProcess, direct_connection_only, wait_for
 
 pytestmark = [pytest.mark.crash, pytest.mark.slow]
 
@@ -237,7 +237,7 @@ def test_a_worker_frozen_past_its_lease_with_its_sessions_ended_resumes_and_keep
 
     from k2b_workflows import start_workflow_run
     from k2b_workflows.store import lease_ms
-    from tests.kernel_helpers import fresh
+    from tests.support.kernel import fresh
 
     worker = start_worker("--concurrency", "2")
     first = start_workflow_run("test.pure", {"a": 1, "b": 1})
@@ -380,8 +380,8 @@ def long_lease(**more: int) -> dict[str, str]:
 @pytest.mark.django_db(transaction=True)
 def test_sigterm_hands_claimed_runs_back_at_once_and_another_worker_continues(start_worker):
     from k2b_workflows import start_workflow_run
-    from tests.kernel_helpers import fresh
     from tests.models import ProviderCall
+    from tests.support.kernel import fresh
 
     slow = start_workflow_run("kernel.slow", {"seconds": 600})
     charge = start_workflow_run(
@@ -421,8 +421,8 @@ def test_sigterm_hands_claimed_runs_back_at_once_and_another_worker_continues(st
 @pytest.mark.django_db(transaction=True)
 def test_a_second_sigterm_hands_back_and_exits_now(start_worker):
     from k2b_workflows import start_workflow_run
-    from tests.kernel_helpers import fresh
     from tests.models import ProviderCall
+    from tests.support.kernel import fresh
 
     run = start_workflow_run("kernel.slow", {"seconds": 600})
     worker = start_worker("--concurrency", "1", env=long_lease(SHUTDOWN_GRACE_MS=600_000))
@@ -461,7 +461,7 @@ def test_a_hand_back_is_not_skipped_for_the_lease_keepers_own_renewal(monkeypatc
     from k2b_workflows import start_workflow_run
     from k2b_workflows.kernel import leases
     from k2b_workflows.worker.loop import Worker
-    from tests.kernel_helpers import fresh
+    from tests.support.kernel import fresh
 
     run = start_workflow_run("test.pure", {"n": 1})
     worker = Worker(concurrency=1, listen=False)
@@ -515,7 +515,7 @@ def test_runs_claimed_by_a_commit_that_lost_its_answer_are_handed_back_on_reconn
     from django.db import connection, transaction
 
     from k2b_workflows import start_workflow_run
-    from tests.kernel_helpers import fresh
+    from tests.support.kernel import fresh
 
     worker = start_worker("--concurrency", "1", env=long_lease())
     found = wait_for(
@@ -567,7 +567,7 @@ def test_a_connection_lost_while_rolling_back_an_empty_claim_still_looks_for_orp
     from k2b_workflows import start_workflow_run
     from k2b_workflows.kernel import db
     from k2b_workflows.worker.loop import Worker
-    from tests.kernel_helpers import fresh
+    from tests.support.kernel import fresh
 
     worker = Worker(concurrency=1, listen=False)
     pool = ThreadPoolExecutor(1)

@@ -3,9 +3,9 @@
 Every ```python block of docs/*.md is one of:
 
 * included from a source file the suite runs (pymdownx.snippets): the examples
-  in docs/examples/ (run by tests/test_docs_examples.py), the demo shop (run
+  in docs/examples/ (run by tests/docs/test_docs_examples.py), the demo shop (run
   below: ``manage.py demo`` and a dry run of each demo workflow) and test
-  modules such as tests/test_testing_recipes.py;
+  modules such as tests/docs/test_testing_recipes.py;
 * configuration kept inline, listed in ``INLINE`` with the test that
   evaluates it here.
 
@@ -40,17 +40,17 @@ from k2b_workflows import dry_run, start_workflow_run, store
 from k2b_workflows.checks import check_database, check_settings
 from k2b_workflows.models import LedgerEntry, WorkflowRun
 from k2b_workflows.testing import assert_run_status, run_until_idle
+from tests.support.docs import EXAMPLES, ROOT, Block, block, blocks, examples, section
 
 from . import test_docs_examples
-from .docs_helpers import EXAMPLES, ROOT, Block, block, blocks, examples, section
 
-#: Where an included block may come from: files the suite runs (tests/test_*.py are
-#: pytest modules themselves, e.g. the recipes of docs/testing.md).
+#: Where an included block may come from: files the suite runs (tests/<area>/test_*.py
+#: are pytest modules themselves, e.g. the recipes of docs/testing.md).
 INCLUDED_FROM = (
     "docs/examples/",
     "example_project/demo/workflows.py",
     "example_project/demo/models.py",
-    "tests/test_",
+    "tests/docs/test_",
 )
 
 #: (page, first line) of each inline block -> the test that evaluates it.
@@ -85,7 +85,7 @@ INLINE = {
         "test_fresh_project.test_djangos_testcase_and_transactiontestcase_pass_in_a_fresh_project"
     ),
     # Code, not configuration: two lines that need the page's context; run as shown
-    # in tests/test_docs_examples.py.
+    # in tests/docs/test_docs_examples.py.
     (
         "docs/testing.md",
         'wake_workflow_runs_waiting_on(app_id="shop", kind="approval", key="order-1")',
@@ -105,19 +105,23 @@ NOT_RUN = {
     "[--no-listen] [--no-schedules] [--health-file PATH] [--metrics-port PORT] "
     "[--wait-for-db SECONDS] [--log-format text|json]": ("a synopsis"),
     "runworkflows --concurrency 8": (
-        "runs until SIGTERM: tests/test_worker_command.py starts and stops real workers"
+        "runs until SIGTERM: tests/worker/test_worker_command.py starts and stops real workers"
     ),
-    "migrate --database owner": "needs a second role; tests/test_roles.py migrates as the owner",
-    "grantworkflows k2b_app --apply": "changes the server's roles; tests/test_roles.py applies it",
+    "migrate --database owner": (
+        "needs a second role; tests/misuse/test_roles.py migrates as the owner"
+    ),
+    "grantworkflows k2b_app --apply": (
+        "changes the server's roles; tests/misuse/test_roles.py applies it"
+    ),
     'workflowrun start shop.checkout --input {"sku": "TEA-01", "amount": 2900} --json': (
         "its JSON's quotes do not survive the join and split of this test:"
-        " tests/test_workflowrun_command.py starts runs with JSON input"
+        " tests/admin/test_workflowrun_command.py starts runs with JSON input"
     ),
     "workflowrun start shop.checkout --input - --json": (
-        "reads stdin: tests/test_workflowrun_command.py feeds stdin to resolve --output -"
+        "reads stdin: tests/admin/test_workflowrun_command.py feeds stdin to resolve --output -"
     ),
     "verifyworkflows --witness /var/log/k2b/witness.log": (
-        "reads a production log; tests/test_witness.py runs it on witness files of its own"
+        "reads a production log; tests/kernel/test_witness.py runs it on witness files of its own"
     ),
 }
 
@@ -145,7 +149,8 @@ def test_every_python_block_is_included_or_listed_as_configuration(code: Block) 
     else:
         assert key in INLINE, (
             f"{code.where} is inline Python: move it to docs/examples/<topic>.py, include it "
-            "with --8<-- and run it in tests/test_docs_examples.py, or, if it is configuration, "
+            "with --8<-- and run it in tests/docs/test_docs_examples.py, or, if it is "
+            "configuration, "
             "list it in INLINE with the test that evaluates it"
         )
 
@@ -258,14 +263,14 @@ def test_the_multi_host_settings_of_high_availability_md_are_the_tested_ones() -
 
     from django.db.utils import ConnectionHandler
 
-    from tests.test_partition import CLIENT_TIMEOUTS
+    from tests.support.topology import CLIENT_TIMEOUTS
 
     shown = evaluate("docs/high-availability.md", "DATABASES = {")["DATABASES"]
     params = ConnectionHandler(shown)["default"].get_connection_params()
-    # Two hosts, the writable one kept (tests/test_failover.py's URL)...
+    # Two hosts, the writable one kept (tests/crash/test_failover.py's URL)...
     assert params["host"] == "db-a.internal,db-b.internal"
     assert params["target_session_attrs"] == "read-write"
-    # ...and the timeouts tests/test_partition.py measured.
+    # ...and the timeouts tests/crash/test_partition.py measured.
     tested = {key: unquote(value) for key, value in CLIENT_TIMEOUTS.items()}
     assert {key: params[key] for key in tested} == tested
     assert check_settings_with_databases(shown, {}) == []

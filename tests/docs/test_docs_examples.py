@@ -2,9 +2,9 @@
 
 The pages include these modules section by section (pymdownx.snippets), so a
 test here runs the code a reader sees. Each test loads its modules alone in the
-registries (``docs_helpers.examples``), drives the runs with ``run_until_idle``
+registries (``tests.support.docs.examples``), drives the runs with ``run_until_idle``
 on PostgreSQL and checks the outcome the prose claims. ``RUN_BY`` says which
-test runs which module; tests/test_docs.py fails on a module nobody runs.
+test runs which module; tests/docs/test_docs.py fails on a module nobody runs.
 """
 
 from __future__ import annotations
@@ -54,13 +54,12 @@ from k2b_workflows.testing import (
     fast_retries,
     run_until_idle,
 )
-
-from .docs_helpers import ROOT, block, examples
-from .workflow_helpers import one_step
+from tests.support.docs import ROOT, block, examples
+from tests.support.workflow_steps import one_step
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-#: docs/examples module -> the tests that run it (tests/test_docs.py checks both ways).
+#: docs/examples module -> the tests that run it (tests/docs/test_docs.py checks both ways).
 RUN_BY = {
     "callers": [
         "test_the_follow_up_sleeps_three_days_on_the_clock_and_sends_twice",
@@ -845,7 +844,7 @@ def test_one_sync_per_tenant_runs_at_a_time_and_paid_tenants_go_first():
 
 
 def test_a_newer_deploy_cancels_the_one_in_progress():
-    from tests.kernel_helpers import execute_exactly
+    from tests.support.kernel import execute_exactly
 
     with examples("flow_control") as (flow,):
         first = flow.deploy_now("shop", "abc")
@@ -870,7 +869,8 @@ def test_the_completion_counts_each_dispatch_against_its_api_key():
 
 
 def test_the_tracing_example_puts_the_run_in_the_requests_trace():
-    """In a process of its own (``tests/tracing_example.py``): a tracer provider is global."""
+    """In a process of its own (``tests/support/tracing_example.py``): a tracer provider is
+    global."""
     import os
     import subprocess
     import sys
@@ -883,7 +883,7 @@ def test_the_tracing_example_puts_the_run_in_the_requests_trace():
         "K2B_TEST_DB_NAME": connection.settings_dict["NAME"],
     }
     done = subprocess.run(
-        [sys.executable, "tests/tracing_example.py"],
+        [sys.executable, "tests/support/tracing_example.py"],
         cwd=ROOT,
         env={**env, "PYTHONPATH": str(ROOT)},
         capture_output=True,

@@ -27,7 +27,7 @@ import pytest
 from django.db import connection
 
 import k2b_workflows
-from tests.docs_helpers import block
+from tests.support.docs import block
 
 pytestmark = pytest.mark.slow
 

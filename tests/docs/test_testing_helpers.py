@@ -7,8 +7,7 @@ import pytest
 from k2b_workflows import start_workflow_run, wake_workflow_runs_waiting_on
 from k2b_workflows.models import WorkflowRun
 from k2b_workflows.testing import run_until_idle
-
-from .models import DomainRow
+from tests.models import DomainRow
 
 
 def _statuses(runs: list[WorkflowRun]) -> dict[str, str]:

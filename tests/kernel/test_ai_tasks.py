@@ -16,8 +16,8 @@ from k2b_workflows.models import (
     WorkflowRun,
 )
 from k2b_workflows.testing import run_until_idle
-from tests.kernel_helpers import execute_exactly
 from tests.models import ProviderCall
+from tests.support.kernel import execute_exactly
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

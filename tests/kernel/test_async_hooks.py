@@ -29,9 +29,9 @@ from k2b_workflows.testing import (
     crash_after_effect,
     run_until_idle,
 )
-from tests.kernel_helpers import describe, fresh, ledger_kinds
 from tests.models import ProviderCall
-from tests.workflows_callers import ASYNC_CANCELLED, ASYNC_STARTED, AsyncCharge, calls
+from tests.support.kernel import describe, fresh, ledger_kinds
+from tests.workflows.callers import ASYNC_CANCELLED, ASYNC_STARTED, AsyncCharge, calls
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -16,9 +16,9 @@ from k2b_workflows import (
 )
 from k2b_workflows.models import BudgetAccount, JournalEntry, WorkflowRun
 from k2b_workflows.testing import run_until_idle
-from tests.conftest import wait_for
-from tests.kernel_helpers import execute_exactly
 from tests.models import ProviderCall
+from tests.support.kernel import execute_exactly
+from tests.support.processes import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

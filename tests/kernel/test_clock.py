@@ -24,9 +24,9 @@ from k2b_workflows.kernel import ai, claim, db
 from k2b_workflows.kernel.leases import LeaseKeeper
 from k2b_workflows.models import AiTask, JournalEntry, LedgerEntry, WorkflowRun
 from k2b_workflows.testing import WorkflowClock, controlled_clock, run_until_idle
-from tests.kernel_helpers import execute_once, fresh
 from tests.models import ProviderCall
-from tests.workflow_helpers import one_step
+from tests.support.kernel import execute_once, fresh
+from tests.support.workflow_steps import one_step
 
 pytest_plugins = ["k2b_workflows.pytest_plugin"]
 

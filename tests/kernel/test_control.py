@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
 from django.db import connections
 
@@ -24,24 +24,17 @@ from k2b_workflows.exceptions import (
     UnknownWorkflow,
 )
 from k2b_workflows.models import BudgetAccount, JournalEntry, LedgerEntry, WorkflowRun
-from k2b_workflows.store import EFFECT_OUTCOME_UNKNOWN, WORKFLOW_RETRY_EXHAUSTED
-from tests.kernel_helpers import describe, fresh, journal, ledger_kinds, run_to_end
+from k2b_workflows.store import EFFECT_OUTCOME_UNKNOWN
 from tests.models import ProviderCall
+from tests.support.admin import user_with
+from tests.support.kernel import describe, exhausted_run, fresh, journal, ledger_kinds, run_to_end
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def user_with(*codenames: str, name: str = "op") -> User:
-    user = User.objects.create_user(name, password="x")
-    for codename in codenames:
-        user.user_permissions.add(
-            Permission.objects.get(codename=codename, content_type__app_label="k2b_workflows")
-        )
-    return User.objects.get(pk=user.pk)  # a fresh object: permissions are cached
-
-
 @pytest.fixture
-def operator() -> User:
+def resolver() -> User:
+    """Holds the two permissions of control's interventions, and no view of the admin."""
     return user_with("resolve_effect", "retry_workflowrun")
 
 
@@ -105,18 +98,18 @@ def test_concurrent_starts_with_one_idempotency_key_create_one_run():
 # -- resolve_effect ----------------------------------------------------------------
 
 
-def test_resolve_is_refused_on_a_run_that_needs_no_decision(operator):
+def test_resolve_is_refused_on_a_run_that_needs_no_decision(resolver):
     run = start_workflow_run("test.pure", {"a": 1, "b": 2})
     with pytest.raises(ResolutionRefused):
-        resolve_effect(run.pk, EFFECT_CONFIRMED, evidence="looked", actor=operator, output={})
+        resolve_effect(run.pk, EFFECT_CONFIRMED, evidence="looked", actor=resolver, output={})
     assert fresh(run).status == "queued"
     assert not LedgerEntry.objects.filter(run=run).exists()
 
 
 @pytest.mark.parametrize("evidence", ["", "   "])
-def test_resolve_needs_evidence_text(doubted_run, operator, evidence):
+def test_resolve_needs_evidence_text(doubted_run, resolver, evidence):
     with pytest.raises(InvalidInput):
-        resolve_effect(doubted_run.pk, EFFECT_ABSENT, evidence=evidence, actor=operator)
+        resolve_effect(doubted_run.pk, EFFECT_ABSENT, evidence=evidence, actor=resolver)
     assert fresh(doubted_run).status == "needs_attention"
 
 
@@ -128,12 +121,12 @@ def test_resolve_needs_the_resolve_effect_permission(doubted_run):
     assert "resolved_absent" not in ledger_kinds(doubted_run)
 
 
-def test_effect_confirmed_advances_without_calling_the_provider(doubted_run, operator):
+def test_effect_confirmed_advances_without_calling_the_provider(doubted_run, resolver):
     resolve_effect(
         doubted_run.pk,
         EFFECT_CONFIRMED,
         evidence="gateway shows it",
-        actor=operator,
+        actor=resolver,
         output={"sent": "by hand"},
     )
     run_to_end()
@@ -148,9 +141,9 @@ def test_effect_confirmed_advances_without_calling_the_provider(doubted_run, ope
 
 
 def test_effect_absent_reruns_the_step_under_a_new_invocation_key_and_the_same_effect_key(
-    doubted_run, operator
+    doubted_run, resolver
 ):
-    resolve_effect(doubted_run.pk, EFFECT_ABSENT, evidence="not in the gateway", actor=operator)
+    resolve_effect(doubted_run.pk, EFFECT_ABSENT, evidence="not in the gateway", actor=resolver)
     assert fresh(doubted_run).status == "queued"
     run_to_end()
     done = fresh(doubted_run)
@@ -161,13 +154,13 @@ def test_effect_absent_reruns_the_step_under_a_new_invocation_key_and_the_same_e
     assert done.output == {"sent": f"{done.pk}:0:2"}
 
 
-def test_a_confirmed_output_must_be_json(doubted_run, operator):
+def test_a_confirmed_output_must_be_json(doubted_run, resolver):
     with pytest.raises(InvalidInput):
         resolve_effect(
             doubted_run.pk,
             EFFECT_CONFIRMED,
             evidence="seen",
-            actor=operator,
+            actor=resolver,
             output={"at": object()},
         )
     assert not JournalEntry.objects.filter(run=doubted_run).exists()
@@ -176,18 +169,9 @@ def test_a_confirmed_output_must_be_json(doubted_run, operator):
 # -- retry_workflow_run ------------------------------------------------------------
 
 
-def _exhausted_run() -> WorkflowRun:
-    run = start_workflow_run("test.flaky", {"times": 100})
-    WorkflowRun.objects.filter(pk=run.pk).update(status="running")
-    WorkflowRun.objects.filter(pk=run.pk).update(
-        status="failed", error_code=WORKFLOW_RETRY_EXHAUSTED
-    )
-    return run
-
-
-def test_retry_requeues_a_run_that_exhausted_its_retries(operator):
-    run = _exhausted_run()
-    retried = retry_workflow_run(run.pk, actor=operator, reason="provider is back")
+def test_retry_requeues_a_run_that_exhausted_its_retries(resolver):
+    run = exhausted_run()
+    retried = retry_workflow_run(run.pk, actor=resolver, reason="provider is back")
     assert (retried.status, retried.consecutive_failures) == ("queued", 0)
     assert "retried" in ledger_kinds(run)
 
@@ -200,14 +184,14 @@ def test_retry_refuses_a_run_that_failed_on_a_journaled_step():
     assert fresh(run).status == "failed"
 
 
-def test_retry_refuses_a_run_that_is_not_failed(operator):
+def test_retry_refuses_a_run_that_is_not_failed(resolver):
     run = start_workflow_run("test.pure", {"a": 1, "b": 1})
     with pytest.raises(NotRetryable):
-        retry_workflow_run(run.pk, actor=operator)
+        retry_workflow_run(run.pk, actor=resolver)
 
 
 def test_retry_needs_its_permission():
-    run = _exhausted_run()
+    run = exhausted_run()
     with pytest.raises(PermissionDenied):
         retry_workflow_run(run.pk, actor=user_with("resolve_effect"))
     assert fresh(run).status == "failed"

@@ -12,8 +12,8 @@ from django.core.management.base import CommandError
 from django.db import connection
 
 from k2b_workflows import dry_run
-from tests.conftest import ROOT
 from tests.models import ProviderCall
+from tests.support.processes import ROOT
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

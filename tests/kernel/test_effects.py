@@ -15,9 +15,9 @@ from k2b_workflows.store import (
     FORBIDDEN,
     INVALID_ACTION_RESULT,
 )
-from tests import workflows_kernel
-from tests.kernel_helpers import describe, expire_lease, fresh, journal, ledger_kinds, run_to_end
 from tests.models import DomainRow, ProviderCall
+from tests.support.kernel import describe, expire_lease, fresh, journal, ledger_kinds, run_to_end
+from tests.workflows import kernel as workflows_kernel
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

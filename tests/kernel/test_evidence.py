@@ -32,8 +32,8 @@ from k2b_workflows.actions import canonical_json
 from k2b_workflows.kernel import evidence
 from k2b_workflows.models import JournalEntry, LedgerEntry, WorkflowRun
 from k2b_workflows.store import INTEGRITY_CHAIN_BROKEN
-from tests.kernel_helpers import describe, fresh, journal, run_to_end
 from tests.models import DomainRow, ProviderCall
+from tests.support.kernel import describe, fresh, journal, run_to_end
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -35,8 +35,8 @@ from k2b_workflows.exceptions import InvalidInput
 from k2b_workflows.kernel import claim, flow, seals
 from k2b_workflows.models import WorkflowRun
 from k2b_workflows.store import CONCURRENCY_LIMITED
-from tests.kernel_helpers import execute_exactly, fresh, make_due, run_to_end
 from tests.models import ProviderCall
+from tests.support.kernel import execute_exactly, fresh, make_due, run_to_end
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -9,8 +9,8 @@ from django.db import DatabaseError, connection, transaction
 from k2b_workflows import start_workflow_run, wake_workflow_runs_waiting_on
 from k2b_workflows.models import JournalEntry, LedgerEntry, WorkflowRun
 from k2b_workflows.store import INTEGRITY_CHAIN_BROKEN
-from tests.kernel_helpers import describe, fresh, run_to_end
 from tests.models import DomainRow
+from tests.support.kernel import describe, fresh, run_to_end
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -8,9 +8,8 @@ from k2b_workflows import start_workflow_run
 from k2b_workflows.models import BudgetCharge, JournalEntry, LedgerEntry
 from k2b_workflows.store import EFFECT_BUDGET_EXCEEDED, EFFECT_OUTCOME_UNKNOWN
 from k2b_workflows.testing import run_until_idle
-from tests.kernel_helpers import assert_closed_as_never_sent, expire_lease, fresh
-
-from .models import DomainRow, ProviderCall
+from tests.models import DomainRow, ProviderCall
+from tests.support.kernel import assert_closed_as_never_sent, expire_lease, fresh
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

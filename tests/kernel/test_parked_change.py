@@ -24,7 +24,7 @@ from k2b_workflows import (
     workflow,
 )
 from k2b_workflows.testing import assert_run_status, run_until_idle
-from tests.kernel_helpers import fresh
+from tests.support.kernel import fresh
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -6,8 +6,8 @@ import pytest
 
 from k2b_workflows import start_workflow_run, wake_workflow_runs_waiting_on
 from k2b_workflows.store import WORKFLOW_NONDETERMINISTIC
-from tests.kernel_helpers import describe, fresh, journal, run_to_end
 from tests.models import DomainRow, ProviderCall
+from tests.support.kernel import describe, fresh, journal, run_to_end
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

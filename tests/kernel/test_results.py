@@ -26,8 +26,8 @@ from k2b_workflows import (
 from k2b_workflows import results as results_module
 from k2b_workflows.models import WorkflowRun
 from k2b_workflows.testing import run_until_idle
-from tests.conftest import wait_for
-from tests.workflows_waits import open_gate
+from tests.support.processes import wait_for
+from tests.workflows.waits import open_gate
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -28,7 +28,7 @@ from k2b_workflows.models import WorkflowRun
 from tests.models import DomainRow
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
-ASGI = override_settings(ROOT_URLCONF="tests.urls_results")
+ASGI = override_settings(ROOT_URLCONF="tests.support.urls_results")
 
 
 @pytest.fixture(autouse=True)

@@ -14,8 +14,8 @@ from django.test import override_settings
 from k2b_workflows import start_workflow_run
 from k2b_workflows.kernel import db
 from k2b_workflows.store import WORKFLOW_RETRY_EXHAUSTED
-from tests import workflows_kernel
-from tests.kernel_helpers import (
+from tests.models import DomainRow, ProviderCall
+from tests.support.kernel import (
     describe,
     execute_once,
     expire_lease,
@@ -24,7 +24,7 @@ from tests.kernel_helpers import (
     make_due,
     run_to_end,
 )
-from tests.models import DomainRow, ProviderCall
+from tests.workflows import kernel as workflows_kernel
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -10,8 +10,8 @@ from k2b_workflows import Action, Effect, InvalidInput, Retry, start_workflow_ru
 from k2b_workflows.models import WorkflowRun
 from k2b_workflows.store import WORKFLOW_RETRY_EXHAUSTED
 from k2b_workflows.testing import assert_run_status, controlled_clock, run_until_idle
-from tests.kernel_helpers import execute_once
-from tests.workflows_callers import calls
+from tests.support.kernel import execute_once
+from tests.workflows.callers import calls
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -125,7 +125,7 @@ def test_a_policy_that_is_not_a_retry_is_refused_on_the_action_and_the_workflow(
 
 def test_a_crash_counts_against_the_step_policy_bound():
     from k2b_workflows.testing import crash_after_effect
-    from tests.workflows_callers import OnceOnly
+    from tests.workflows.callers import OnceOnly
 
     # One attempt allowed: the crash (a lease that runs out) was it.
     run = start_workflow_run("callers.once_only", {})

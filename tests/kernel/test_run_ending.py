@@ -20,7 +20,7 @@ from k2b_workflows.exceptions import LeaseLost, Suspend
 from k2b_workflows.kernel import evidence, seals
 from k2b_workflows.kernel.ending import Outcome
 from k2b_workflows.models import JournalEntry, LedgerEntry, WorkflowRun
-from tests.kernel_helpers import (
+from tests.support.kernel import (
     claimed_execution,
     fresh,
     journal,
@@ -30,7 +30,7 @@ from tests.kernel_helpers import (
     take_over,
     writers,
 )
-from tests.workflows_units import UnitExternal, UnitPure
+from tests.workflows.units import UnitExternal, UnitPure
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

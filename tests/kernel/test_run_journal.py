@@ -20,7 +20,7 @@ from k2b_workflows.kernel import evidence
 from k2b_workflows.kernel.journal import Batch, EffectState, RunJournal
 from k2b_workflows.kernel.load import Preloaded, preload
 from k2b_workflows.models import BudgetCharge, LedgerEntry, WorkflowRun
-from tests.kernel_helpers import (
+from tests.support.kernel import (
     claimed_execution,
     fresh,
     journal,
@@ -29,7 +29,7 @@ from tests.kernel_helpers import (
     take_over,
     writers,
 )
-from tests.workflows_units import UnitExternal, UnitPure
+from tests.workflows.units import UnitExternal, UnitPure
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,6 +1,6 @@
 """The run row's own fields are sealed under the evidence key (#30).
 
-Each attack is the review's, run as the runtime role (``tests/runtime_role.py``),
+Each attack is the review's, run as the runtime role (``tests/support/runtime_role.py``),
 which may UPDATE ``k2b_run`` as web and workers must: a changed start field is
 caught at the claim before any step sees it, and a changed end by
 ``verifyworkflows``, the admin and a parent reading its child's result.
@@ -20,9 +20,9 @@ from k2b_workflows.kernel import audit, seals
 from k2b_workflows.models import WorkflowRun
 from k2b_workflows.store import EFFECT_OUTCOME_UNKNOWN, INTEGRITY_CHAIN_BROKEN
 from k2b_workflows.testing import run_until_idle
-from tests import runtime_role
 from tests.models import ProviderCall
-from tests.runtime_role import AUDITOR, RUNTIME, as_runtime
+from tests.support import runtime_role
+from tests.support.runtime_role import AUDITOR, RUNTIME, as_runtime
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", RUNTIME])
 

@@ -26,7 +26,7 @@ from k2b_workflows import (
     workflow,
 )
 from k2b_workflows.testing import run_until_idle
-from tests.kernel_helpers import fresh
+from tests.support.kernel import fresh
 
 pytest_plugins = ["k2b_workflows.pytest_plugin"]
 

@@ -12,8 +12,8 @@ from k2b_workflows import start_workflow_run, wake_workflow_runs_waiting_on
 from k2b_workflows.kernel.timers import TIMER_KIND
 from k2b_workflows.models import JournalEntry, WorkflowRun
 from k2b_workflows.testing import assert_run_status, controlled_clock, run_until_idle
-from tests.kernel_helpers import describe, fresh
-from tests.workflows_callers import calls, recorded
+from tests.support.kernel import describe, fresh
+from tests.workflows.callers import calls, recorded
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -3,7 +3,7 @@
 The test process plays the caller: it starts runs under a span context of its
 own (no SDK here, so the rest of the suite is not traced). Worker processes
 run with the OpenTelemetry SDK exporting every span to a file
-(``tests/otel.py``), as a deployment would configure it.
+(``tests/support/otel.py``), as a deployment would configure it.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from k2b_workflows import start_workflow_run, tracing, wake_workflow_runs_waiting_on
 from k2b_workflows.models import WorkflowRun
-from tests.conftest import ROOT
-from tests.kernel_helpers import SETTLED, describe, fresh
 from tests.models import DomainRow, ProviderCall
-from tests.otel import read_spans
+from tests.support.kernel import SETTLED, describe, fresh
+from tests.support.otel import read_spans
+from tests.support.processes import ROOT
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -285,7 +285,8 @@ def test_a_run_started_outside_any_trace_keeps_one_trace_across_its_claims(
 
 
 def _traced_process(path: Path, *args: str) -> subprocess.CompletedProcess:
-    """``args`` in a process exporting its spans to ``path`` (the SDK as tests/otel.py sets it)."""
+    """``args`` in a process exporting its spans to ``path`` (the SDK as tests/support/otel.py
+    sets it)."""
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.settings",

@@ -1,7 +1,7 @@
 """Changing workflow code under runs in flight: pinned versions, patches, and code incidents.
 
 In-process: the test process registers both versions of ``ver.checkout``
-(see ``tests/workflows_versions.py``). The rolling deploy with two worker
+(see ``tests/workflows/versions.py``). The rolling deploy with two worker
 processes running different code is in ``test_rolling_deploy.py``.
 """
 
@@ -22,10 +22,10 @@ from k2b_workflows.models import JournalEntry, WorkflowRun
 from k2b_workflows.store import WORKFLOW_CODE_ERROR, WORKFLOW_NONDETERMINISTIC
 from k2b_workflows.versions import missing_code_reason, runs_missing_code
 from k2b_workflows.workflows import registered_workflows
-from tests.kernel_helpers import describe, fresh, journal, run_to_end
 from tests.models import DomainRow, ProviderCall
-from tests.test_admin import client_for, make_user, run_url
-from tests.workflows_versions import PATCH_ID
+from tests.support.admin import client_for, make_user, run_url
+from tests.support.kernel import describe, fresh, journal, run_to_end
+from tests.workflows.versions import PATCH_ID
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -347,7 +347,7 @@ def test_every_incident_page_offers_only_actions_that_change_the_run(code, expec
         # The confirmation lists the run as one it will act on, never as left alone.
         assert "Left as they are" not in page and "Nothing changed" not in page, text
         if text.startswith("Resolve"):
-            assert "Resolve step 0" in page  # the form itself; tests/test_admin.py submits it
+            assert "Resolve step 0" in page  # the form itself; tests/admin/test_admin.py submits it
             continue
         client.post(url, {"post": "yes", "reason": f"{text} by the test"})
         after = fresh(run)

@@ -18,9 +18,8 @@ from k2b_workflows import (
 from k2b_workflows.models import JournalEntry, WaitRendezvous, WorkflowRun
 from k2b_workflows.store import max_consecutive_failures
 from k2b_workflows.testing import run_until_idle
-
-from .models import DomainRow, ProviderCall
-from .workflows_waits import GATE_KIND, open_gate
+from tests.models import DomainRow, ProviderCall
+from tests.workflows.waits import GATE_KIND, open_gate
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -15,8 +15,7 @@ from k2b_workflows import notify_workflow_worker, start_workflow_run
 from k2b_workflows.models import WorkflowRun
 from k2b_workflows.store import CHANNEL
 from k2b_workflows.testing import run_until_idle
-
-from .workflows_waits import open_gate
+from tests.workflows.waits import open_gate
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -25,9 +25,8 @@ from django.db import connection
 
 from k2b_workflows import start_workflow_run
 from k2b_workflows.models import WorkflowRun
-
-from .conftest import ROOT
-from .workflows_waits import WAKE_AFTER_PARK
+from tests.support.processes import ROOT
+from tests.workflows.waits import WAKE_AFTER_PARK
 
 PAIRS = 2000
 WAKERS = 2
@@ -46,7 +45,7 @@ def race_input(i: int) -> dict:
 
 WAKER_CODE = (
     "import sys, django; django.setup();"
-    " from tests.workflows_waits import waker_main; waker_main(sys.argv[1:])"
+    " from tests.workflows.waits import waker_main; waker_main(sys.argv[1:])"
 )
 
 

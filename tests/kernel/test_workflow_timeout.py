@@ -16,9 +16,9 @@ from k2b_workflows.testing import (
     crash_after_effect,
     run_until_idle,
 )
-from tests.kernel_helpers import describe, fresh, journal, ledger_kinds
-from tests.workflows_callers import ChargeOnce, calls, recorded
-from tests.workflows_waits import open_gate
+from tests.support.kernel import describe, fresh, journal, ledger_kinds
+from tests.workflows.callers import ChargeOnce, calls, recorded
+from tests.workflows.waits import open_gate
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

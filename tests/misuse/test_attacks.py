@@ -1,7 +1,7 @@
 """Attacks by the app's own runtime role on the database side of the evidence (#30).
 
 Every test connects as a fresh role holding exactly what ``grantworkflows``
-grants (``tests/runtime_role.py``) and tries what a SQL injection in the host
+grants (``tests/support/runtime_role.py``) and tries what a SQL injection in the host
 app could: shadow a catalog with a temporary table so that the owner-only
 ignore check reads the attacker's rows, then switch the run table's triggers
 off and reopen a succeeded run that charged a card.
@@ -18,9 +18,9 @@ from k2b_workflows.kernel import db
 from k2b_workflows.models import WorkflowRun
 from k2b_workflows.testing import run_until_idle
 from k2b_workflows.triggers import PINNED_SEARCH_PATH
-from tests import runtime_role
 from tests.models import ProviderCall
-from tests.runtime_role import RUNTIME
+from tests.support import runtime_role
+from tests.support.runtime_role import RUNTIME
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", RUNTIME])
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from django.apps import apps
 from django.contrib.auth.models import User
 from django.test import override_settings
 
@@ -31,29 +30,9 @@ from k2b_workflows import (
 from k2b_workflows.control import retry_workflow_run
 from k2b_workflows.exceptions import UnknownWorkflow
 from k2b_workflows.models import WorkflowRun
+from tests.support.misuse import Unchanged
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def row_counts() -> dict[str, int]:
-    """Rows of every table of the app (and of the tests' own tables)."""
-    counts = {}
-    for label in ("k2b_workflows", "tests"):
-        for model in apps.get_app_config(label).get_models():
-            if not model._meta.proxy:
-                counts[model._meta.db_table] = model._default_manager.count()
-    return counts
-
-
-class Unchanged:
-    """``with Unchanged():`` fails the test if any table gained or lost a row."""
-
-    def __enter__(self) -> Unchanged:
-        self.before = row_counts()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert row_counts() == self.before
 
 
 def refused(call, match: str, exception: type[Exception] = InvalidInput) -> str:

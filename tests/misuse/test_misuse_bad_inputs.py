@@ -26,7 +26,7 @@ from k2b_workflows.models import JournalEntry, WorkflowRun
 from k2b_workflows.store import INVALID_ACTION_RESULT, INVALID_WORKFLOW_OUTPUT
 from k2b_workflows.testing import run_until_idle
 from tests.models import ProviderCall
-from tests.test_admin import client_for, make_user
+from tests.support.admin import client_for, make_user
 
 HUGE = 10**5000
 

@@ -1,4 +1,4 @@
-"""Actions declare what they do (the docs' examples: tests/test_docs.py)."""
+"""Actions declare what they do (the docs' examples: tests/docs/test_docs.py)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def test_an_action_without_a_name_is_a_warning_naming_the_default():
 
     found = messages_about(Unnamed)
     assert set(found) == {"k2b_workflows.W011"}
-    assert "journal records it as 'tests.test_misuse_checks." in found["k2b_workflows.W011"]
+    assert "journal records it as 'tests.misuse.test_misuse_checks." in found["k2b_workflows.W011"]
 
 
 def test_a_name_inherited_from_a_base_counts_and_abstract_bases_are_not_checked():

@@ -18,8 +18,8 @@ from django.test import override_settings
 
 from k2b_workflows import dry_run, start_workflow_run
 from k2b_workflows.testing import run_until_idle
-from tests.conftest import ROOT
-from tests.test_misuse import Unchanged
+from tests.support.misuse import Unchanged
+from tests.support.processes import ROOT
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -160,7 +160,7 @@ def test_an_ai_task_whose_worker_keeps_dying_fails_after_the_maximum_attempts():
 
 def _park_on_task(run: WorkflowRun) -> None:
     """Execute the run until it waits on its AI task, leaving the task queued."""
-    from tests.kernel_helpers import execute_once
+    from tests.support.kernel import execute_once
 
     execute_once(run)
     run.refresh_from_db()

@@ -22,8 +22,8 @@ from k2b_workflows.redaction import (
     scrub_error,
 )
 from k2b_workflows.testing import run_until_idle
-from tests.test_admin import client_for, make_user, resolve_url, run_url
-from tests.workflows_secrets import LEAKY_URL
+from tests.support.admin import client_for, make_user, resolve_url, run_url
+from tests.workflows.secrets import LEAKY_URL
 
 SECRETS = ("hunter2", "sk_live_SECRET", "tok_LIVE", "4242424242424242", "4242 4242 4242 4242")
 
@@ -124,7 +124,7 @@ def hide_emails(value):
 def test_a_user_hook_redacts_more(settings):
     settings.K2B_WORKFLOWS = {
         **settings.K2B_WORKFLOWS,
-        "REDACT_HOOK": "tests.test_redaction.hide_emails",
+        "REDACT_HOOK": "tests.misuse.test_redaction.hide_emails",
     }
     assert redact({"email": "a@b.c", "password": "p"}) == {"email": "[email]", "password": REDACTED}
 

@@ -29,9 +29,9 @@ from k2b_workflows.roles import (
     excess_privileges,
 )
 from k2b_workflows.testing import run_until_idle
-from tests import runtime_role
 from tests.models import DomainRow, ProviderCall
-from tests.runtime_role import RUNTIME, as_runtime, refused
+from tests.support import runtime_role
+from tests.support.runtime_role import RUNTIME, as_runtime, refused
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", RUNTIME])
 

@@ -1,6 +1,6 @@
 """The Schedules page: add, edit, pause, resume and "run now", each with its permission and audit.
 
-Through Django's test client, as tests/test_admin.py does for runs.
+Through Django's test client, as tests/admin/test_admin.py does for runs.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from django.urls import reverse
 from k2b_workflows import Schedule, schedule_workflow
 from k2b_workflows.models import WorkflowRun, WorkflowSchedule, WorkflowScheduleSkip
 from k2b_workflows.scheduling import run_schedule_now, sync_decorator_schedules
-from tests.test_admin import client_for, make_user
+from tests.support.admin import client_for, make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

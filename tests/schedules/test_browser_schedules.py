@@ -14,8 +14,7 @@ from django.urls import reverse
 from k2b_workflows import Schedule, schedule_workflow
 from k2b_workflows.models import WorkflowScheduleSkip
 from k2b_workflows.scheduling import run_schedule_now
-from tests.test_browser_admin import (  # noqa: F401  (the browser fixture)
-    browser,
+from tests.support.browser import (
     click_and_wait,
     csp_violations,
     screenshot,
@@ -26,7 +25,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture
-def scheduler(browser, live_server) -> User:  # noqa: F811
+def scheduler(browser, live_server) -> User:
     from selenium.webdriver.common.by import By
 
     user = User.objects.create_user("sam", password="cron-and-coffee", is_staff=True)
@@ -51,7 +50,7 @@ def scheduler(browser, live_server) -> User:  # noqa: F811
     return user
 
 
-def test_the_preview_follows_the_cron_as_it_is_typed(browser, live_server, scheduler):  # noqa: F811
+def test_the_preview_follows_the_cron_as_it_is_typed(browser, live_server, scheduler):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.wait import WebDriverWait
 

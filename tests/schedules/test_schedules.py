@@ -3,7 +3,7 @@
 Every test drives the passes the way a user's test would: ``controlled_clock``
 moves ``k2b_now()``, ``run_until_idle`` fires the due ticks and runs their
 runs. The fleet (real workers, SIGKILL, a PostgreSQL restart) is
-tests/test_schedules_fleet.py.
+tests/schedules/test_schedules_fleet.py.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from k2b_workflows.scheduling import (
     sync_decorator_schedules,
 )
 from k2b_workflows.testing import run_until_idle
-from tests.workflows_schedules import release
+from tests.workflows.schedules import release
 
 pytest_plugins = ["k2b_workflows.pytest_plugin"]
 pytestmark = pytest.mark.django_db(transaction=True)

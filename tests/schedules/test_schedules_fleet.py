@@ -1,7 +1,7 @@
 """Schedules across a fleet of real workers: one run per tick through SIGKILL and a restart.
 
 Three ``runworkflows`` processes run schedule passes against a PostgreSQL
-cluster of the test's own (``tests/pgcluster.py``). One is SIGKILLed just
+cluster of the test's own (``tests/support/pgcluster.py``). One is SIGKILLed just
 after a tick (when the passes run), the cluster is crash-restarted
 (stopped ``-m immediate`` for three ticks, then started), and at the end every tick of the
 one-second schedule from its first to its last has exactly one run: none
@@ -18,9 +18,9 @@ import time
 
 import pytest
 
-from tests import pgcluster
-from tests.conftest import wait_for
-from tests.pgcluster import Cluster, django_script
+from tests.support import pgcluster
+from tests.support.pgcluster import Cluster, django_script
+from tests.support.processes import wait_for
 
 pytestmark = [pytest.mark.crash, pytest.mark.slow]
 

@@ -15,8 +15,8 @@ from prometheus_client import REGISTRY
 from k2b_workflows import Schedule, schedule_workflow
 from k2b_workflows.models import WorkflowSchedule
 from k2b_workflows.testing import run_until_idle
-from tests.test_fleet import status
-from tests.workflows_schedules import release
+from tests.support.processes import workflowstatus
+from tests.workflows.schedules import release
 
 pytest_plugins = ["k2b_workflows.pytest_plugin"]
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -46,11 +46,11 @@ def test_workflowschedules_lists_each_schedule_with_its_next_ticks():
 
 def test_workflowstatus_reports_a_late_schedule_and_exits_1(k2b_clock):
     schedule_workflow("nobody-fires-me", "sched.echo", Schedule(every=dt.timedelta(minutes=1)))
-    assert status()[0] == 0
+    assert workflowstatus()[0] == 0
 
     k2b_clock.advance(minutes=3)  # due two minutes ago, and no worker ran a pass
-    code, _out, err = status()
-    report = json.loads(status("--json")[1])
+    code, _out, err = workflowstatus()
+    report = json.loads(workflowstatus("--json")[1])
 
     assert code == 1
     assert "LATE SCHEDULE nobody-fires-me" in err
@@ -58,7 +58,7 @@ def test_workflowstatus_reports_a_late_schedule_and_exits_1(k2b_clock):
     assert "LATE" in listing()
     assert "k2b_schedules_late 1.0" in scrape()
     run_until_idle(timeout=30)
-    assert status()[0] == 0
+    assert workflowstatus()[0] == 0
     assert "k2b_schedules_late 0.0" in scrape()
 
 

@@ -17,7 +17,7 @@ from django.db import connection
 
 from k2b_workflows import Schedule, schedule_workflow
 from k2b_workflows.models import WorkflowRun, WorkflowSchedule, WorkflowScheduleSkip
-from tests.conftest import wait_for
+from tests.support.processes import wait_for
 
 pytestmark = [pytest.mark.slow]
 

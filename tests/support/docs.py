@@ -22,7 +22,7 @@ from types import ModuleType
 from k2b_workflows import workflows
 from k2b_workflows.kernel import ai
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "docs" / "examples"
 #: The pages the site builds, and the README (GitHub shows it; no snippets there).
 DOC_FILES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])

@@ -177,7 +177,7 @@ class ForkServer:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
-            cwd=Path(__file__).resolve().parent.parent,
+            cwd=Path(__file__).resolve().parents[2],
         )
         self.changed = threading.Condition()
         self._children: dict[int, ForkedProcess] = {}

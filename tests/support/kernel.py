@@ -7,6 +7,7 @@ from typing import Any
 
 from django.db import connection
 
+from k2b_workflows import start_workflow_run
 from k2b_workflows.actions import Action, as_action
 from k2b_workflows.kernel import claim, clock, evidence
 from k2b_workflows.kernel.context import StepContext
@@ -15,6 +16,7 @@ from k2b_workflows.kernel.execute import Execution
 from k2b_workflows.kernel.journal import RunJournal, Step
 from k2b_workflows.kernel.load import preload
 from k2b_workflows.models import JournalEntry, LedgerEntry, WorkflowRun
+from k2b_workflows.store import WORKFLOW_RETRY_EXHAUSTED
 from k2b_workflows.testing import run_until_idle
 
 SETTLED = {"succeeded", "failed", "canceled", "needs_attention"}
@@ -207,3 +209,12 @@ def writers(run: WorkflowRun) -> dict[str, list[str]]:
         cursor.execute("SELECT xmin::text FROM k2b_ledger WHERE run_id = %s ORDER BY id", [run.pk])
         ledger = [r[0] for r in cursor.fetchall()]
     return {"run": [row], "journal": entries, "ledger": ledger}
+
+
+def exhausted_run() -> WorkflowRun:
+    run = start_workflow_run("test.flaky", {"times": 100})
+    WorkflowRun.objects.filter(pk=run.pk).update(status="running")
+    WorkflowRun.objects.filter(pk=run.pk).update(
+        status="failed", error_code=WORKFLOW_RETRY_EXHAUSTED
+    )
+    return run

@@ -112,7 +112,7 @@ class Bouncer:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m tests.pgbouncer MODE -- COMMAND...``: COMMAND with DATABASE_URL through a
+    """``python -m tests.support.pgbouncer MODE -- COMMAND...``: COMMAND with DATABASE_URL through a
     PgBouncer of its own in MODE (transaction or session) in front of DATABASE_URL's server.
 
     In transaction mode COMMAND also gets the documented settings: the direct URL
@@ -127,7 +127,10 @@ def main(argv: list[str]) -> int:
     from psycopg.conninfo import conninfo_to_dict
 
     if len(argv) < 3 or argv[0] not in ("transaction", "session") or argv[1] != "--":
-        print("usage: python -m tests.pgbouncer transaction|session -- COMMAND...", file=sys.stderr)
+        print(
+            "usage: python -m tests.support.pgbouncer transaction|session -- COMMAND...",
+            file=sys.stderr,
+        )
         return 2
     mode, command = argv[0], argv[2:]
     direct = os.environ["DATABASE_URL"]

@@ -34,9 +34,9 @@ from typing import Any
 
 import pytest
 
-from tests import forkserver
-from tests.conftest import ROOT, WorkerProcess, wait_for
-from tests.workflows_topology import PROVIDER_TABLE
+from tests.support import forkserver
+from tests.support.processes import ROOT, WorkerProcess, wait_for
+from tests.workflows.topology import PROVIDER_TABLE
 
 SUPERUSER = "postgres"
 TEMPLATE = "k2b_template"
@@ -242,7 +242,7 @@ class Cluster:
         return name
 
     def add_provider(self, database: str = "provider") -> None:
-        """Create ``database`` with the provider's table of ``tests/workflows_topology.py``."""
+        """Create ``database`` with the provider's table of ``tests/workflows/topology.py``."""
         self.sql(f"CREATE DATABASE {database}")
         self.sql(PROVIDER_TABLE, database=database)
 

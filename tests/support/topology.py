@@ -1,6 +1,6 @@
 """What the topology tests share: the workload, its invariants, the fleet's life.
 
-The workload is ``topology.mixed`` (``tests/workflows_topology.py``): every
+The workload is ``topology.mixed`` (``tests/workflows/topology.py``): every
 effect class, a durable wait and a fan-out, the provider in a database of its
 own. ``INVARIANTS`` runs in a Django process on the database the runs ended on.
 """
@@ -11,8 +11,8 @@ import json
 import signal
 from typing import Any
 
-from tests.conftest import WorkerProcess
-from tests.pgcluster import Cluster, django_script
+from tests.support.pgcluster import Cluster, django_script
+from tests.support.processes import WorkerProcess
 
 DB = "k2b"
 TIMEOUT = 180  # generous: the machine is shared; nothing here is a timing assertion
@@ -118,3 +118,17 @@ def assert_consistent(report: dict[str, Any], runs: int) -> None:
         assert report[key] == [], (key, report)
     assert report["succeeded_without_tx_row"] == [], report
     assert report["stale_entries"] == 0, report
+
+
+# The client side: a dead link is noticed within about 6 s whatever the
+# connection is doing (idle: keepalives; waiting for an answer: tcp_user_timeout;
+# connecting: connect_timeout), and no statement or lock wait outlives its bound.
+CLIENT_TIMEOUTS = {
+    "connect_timeout": "3",
+    "keepalives": "1",
+    "keepalives_idle": "3",
+    "keepalives_interval": "1",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "6000",
+    "options": "-c%20statement_timeout%3D10000%20-c%20lock_timeout%3D5000",
+}

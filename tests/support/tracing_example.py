@@ -1,4 +1,4 @@
-"""docs/examples/tracing.py, run by tests/test_docs_examples.py in a process of its own.
+"""docs/examples/tracing.py, run by tests/docs/test_docs_examples.py in a process of its own.
 
 A tracer provider is global to a process: configured in the suite's, it would trace
 every later test.

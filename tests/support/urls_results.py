@@ -1,4 +1,4 @@
-"""Async views for the ASGI tests of the async twins (``tests/test_results_async.py``)."""
+"""Async views for the ASGI tests of the async twins (``tests/kernel/test_results_async.py``)."""
 
 from __future__ import annotations
 

@@ -19,9 +19,9 @@ from django.db import connection
 
 from k2b_workflows import start_workflow_run
 from k2b_workflows.models import WorkflowRun
-from tests import runtime_role
 from tests.models import ProviderCall
-from tests.runtime_role import RUNTIME
+from tests.support import runtime_role
+from tests.support.runtime_role import RUNTIME
 
 pytestmark = [
     pytest.mark.slow,

@@ -19,8 +19,9 @@ from django.db import connection
 
 from k2b_workflows import fleet, start_workflow_run, store
 from k2b_workflows.models import WorkerRecord
-from tests.kernel_helpers import fresh
 from tests.models import ProviderCall
+from tests.support.kernel import fresh
+from tests.support.processes import workflowstatus
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -118,16 +119,6 @@ def test_sigterm_marks_the_worker_stopped(start_worker, wait):
 # -- manage.py workflowstatus --------------------------------------------------------------
 
 
-def status(*args: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    try:
-        call_command("workflowstatus", *args, stdout=out, stderr=err)
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    return code, out.getvalue(), err.getvalue()
-
-
 def beat(app_ids=None, worker_id="test-host:1:abc") -> fleet.Heartbeat:
     heartbeat = fleet.Heartbeat(
         using="default",
@@ -141,14 +132,14 @@ def beat(app_ids=None, worker_id="test-host:1:abc") -> fleet.Heartbeat:
 
 
 def test_status_exits_zero_when_nothing_is_queued_even_without_workers():
-    code, out, _ = status()
+    code, out, _ = workflowstatus()
     assert code == 0
     assert "live workers: 0" in out
 
 
 def test_status_exits_one_when_a_queued_run_has_no_live_worker():
     start_workflow_run("test.pure", {"a": 1, "b": 2})
-    code, _, err = status()
+    code, _, err = workflowstatus()
     assert code == 1
     assert "NO LIVE WORKER for test.pure v1 (app tests)" in err
 
@@ -156,7 +147,7 @@ def test_status_exits_one_when_a_queued_run_has_no_live_worker():
 def test_status_exits_zero_when_a_live_worker_can_run_every_queued_run():
     start_workflow_run("test.pure", {"a": 1, "b": 2})
     beat()
-    code, out, err = status()
+    code, out, err = workflowstatus()
     assert code == 0, err
     assert "live workers: 1" in out and "test-host:1:abc" in out
 
@@ -164,7 +155,7 @@ def test_status_exits_zero_when_a_live_worker_can_run_every_queued_run():
 def test_status_counts_only_workers_that_can_run_the_workflow():
     start_workflow_run("test.pure", {"a": 1, "b": 2})
     beat(app_ids=["kernel_other"])  # registered, alive, but another app's workflows only
-    assert status()[0] == 1
+    assert workflowstatus()[0] == 1
 
 
 def test_status_wants_the_same_version():
@@ -173,14 +164,14 @@ def test_status_wants_the_same_version():
     row = WorkerRecord.objects.get()
     row.workflows = [dict(w, version=2) if w["name"] == "test.pure" else w for w in row.workflows]
     row.save()
-    assert status()[0] == 1
+    assert workflowstatus()[0] == 1
 
 
 def test_status_treats_a_silent_worker_as_dead_and_marks_it_lost():
     start_workflow_run("test.pure", {"a": 1, "b": 2})
     beat()
     WorkerRecord.objects.update(heartbeat_at=fresh_past(store.worker_lost_after_ms() + 1000))
-    code, out, _ = status()
+    code, out, _ = workflowstatus()
     assert code == 1
     assert "live workers: 0" in out
     assert WorkerRecord.objects.get().state == "lost"
@@ -198,7 +189,7 @@ def test_status_json_has_the_counts_the_oldest_queued_age_and_the_workers():
     start_workflow_run("test.pure", {"a": 1, "b": 2})
     start_workflow_run("test.pure", {"a": 2, "b": 2})
     beat()
-    code, out, _ = status("--json")
+    code, out, _ = workflowstatus("--json")
     report = json.loads(out)
     assert code == 0
     assert report["runs"]["queued"] == 2 and report["runs"]["succeeded"] == 0

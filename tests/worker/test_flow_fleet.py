@@ -1,6 +1,6 @@
 """Flow control across worker processes: limits that hold through SIGKILL and restarts.
 
-Measured from what the actions themselves recorded (``tests/workflows_flow.py``:
+Measured from what the actions themselves recorded (``tests/workflows/flow.py``:
 rows each committed on its own as the action starts and ends, and the
 provider's own timestamps), never from the kernel's bookkeeping.
 """
@@ -19,9 +19,9 @@ from django.db import connection
 
 from k2b_workflows import start_workflow_run
 from k2b_workflows.models import WorkflowRun
-from tests.conftest import WorkerProcess, wait_for
 from tests.models import ProviderCall
-from tests.pgcluster import Cluster, django_script, manage
+from tests.support.pgcluster import Cluster, django_script, manage
+from tests.support.processes import WorkerProcess, wait_for
 
 pytestmark = [pytest.mark.crash, pytest.mark.slow]
 

@@ -1,7 +1,7 @@
 """The fork server starts processes that behave as ``python manage.py ...`` would.
 
 The crash tests read exit statuses (``-SIGKILL``), send signals and read
-output of worker processes that ``tests/forkserver.py`` forks: these are the
+output of worker processes that ``tests/support/forkserver.py`` forks: these are the
 parts of ``subprocess`` they rely on.
 """
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import forkserver
-from tests.conftest import ROOT, wait_for
+from tests.support import forkserver
+from tests.support.processes import ROOT, wait_for
 
 pytestmark = pytest.mark.skipif(not forkserver.enabled(), reason="K2B_TEST_FORK=0")
 

@@ -15,8 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from k2b_workflows import fleet, metrics, start_workflow_run
 from k2b_workflows.testing import run_until_idle
-from tests.kernel_helpers import fresh
 from tests.models import ProviderCall
+from tests.support.kernel import fresh
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,6 +1,6 @@
 """Workers through a real PgBouncer, in transaction and in session pooling mode.
 
-Each test starts its own PgBouncer (``tests/pgbouncer.py``) on a loopback port in
+Each test starts its own PgBouncer (``tests/support/pgbouncer.py``) on a loopback port in
 front of a private cluster, and runs the workload of every effect class, waits
 and fan-out (``topology.mixed``) through it while a worker is SIGKILLed (the
 crash path: the others take its runs over after the lease) and PostgreSQL
@@ -22,10 +22,10 @@ import time
 
 import pytest
 
-from tests import pgbouncer
-from tests.conftest import WorkerProcess, wait_for
-from tests.pgcluster import TEMPLATE, Cluster, Workers, django_script, manage
-from tests.topology_helpers import (
+from tests.support import pgbouncer
+from tests.support.pgcluster import TEMPLATE, Cluster, Workers, django_script, manage
+from tests.support.processes import WorkerProcess, wait_for
+from tests.support.topology import (
     TIMEOUT,
     all_alive,
     assert_consistent,

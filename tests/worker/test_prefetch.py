@@ -71,7 +71,7 @@ def test_a_worker_draining_a_backlog_of_short_runs_claims_further_ahead(monkeypa
     from k2b_workflows import start_workflow_run
     from k2b_workflows.worker import prefetch
     from k2b_workflows.worker.loop import Worker
-    from tests.kernel_helpers import fresh
+    from tests.support.kernel import fresh
 
     # "Short" is against the horizon: on a loaded machine a run of test.pure takes tens
     # of milliseconds, which a 0.1 s horizon no longer counts as short for 2 threads.

@@ -23,9 +23,9 @@ from django.core.management import CommandError, call_command
 
 from k2b_workflows import fleet, start_workflow_run
 from k2b_workflows.models import WorkflowRun
-from tests.conftest import wait_for
-from tests.kernel_helpers import SETTLED, assert_invariants, fresh
 from tests.models import DomainRow, ProviderCall
+from tests.support.kernel import SETTLED, assert_invariants, fresh
+from tests.support.processes import wait_for
 
 pytestmark = [pytest.mark.crash, pytest.mark.django_db(transaction=True)]
 

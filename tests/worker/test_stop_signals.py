@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, wait_for
+from tests.support.processes import ROOT, wait_for
 
 pytestmark = pytest.mark.crash
 

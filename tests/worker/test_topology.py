@@ -1,7 +1,7 @@
 """The worker's view of its database's topology, on the suite's own server.
 
-The setups themselves (standbys, poolers) are started by tests/test_failover.py
-and tests/test_pgbouncer.py; here: what a direct connection to a server
+The setups themselves (standbys, poolers) are started by tests/crash/test_failover.py
+and tests/worker/test_pgbouncer.py; here: what a direct connection to a server
 without standbys reports, and the lines each setup gets.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from k2b_workflows.worker import topology
-from tests.conftest import direct_connection_only
+from tests.support.processes import direct_connection_only
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

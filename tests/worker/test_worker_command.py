@@ -7,8 +7,8 @@ import signal
 import pytest
 
 from k2b_workflows import start_workflow_run
-from tests.kernel_helpers import fresh, journal
 from tests.models import ProviderCall
+from tests.support.kernel import fresh, journal
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -67,7 +67,7 @@ def test_on_a_terminal_the_worker_keeps_one_live_status_line(transactional_db):
 
     from django.db import connection
 
-    from tests.conftest import ROOT
+    from tests.support.processes import ROOT
 
     for i in range(3):
         start_workflow_run("test.pure", {"a": i, "b": 1})

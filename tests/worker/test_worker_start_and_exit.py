@@ -24,7 +24,7 @@ from django.db import connection
 
 from k2b_workflows import DatabaseNotMigrated
 from k2b_workflows.kernel import db
-from tests.conftest import ROOT
+from tests.support.processes import ROOT
 
 # -- the schema check -------------------------------------------------------------
 

@@ -26,9 +26,8 @@ from k2b_workflows import (
     waiting,
     workflow,
 )
-
-from .models import DomainRow, ProviderCall
-from .workflow_helpers import one_step
+from tests.models import DomainRow, ProviderCall
+from tests.support.workflow_steps import one_step
 
 
 def crash_point(input, point: str) -> None:
@@ -345,20 +344,20 @@ def non_json_output_workflow(run, input):
 
 # The topic modules register their actions and workflows on import.
 from . import (  # noqa: E402
-    workflows_callers,  # noqa: F401
-    workflows_edges,  # noqa: F401
-    workflows_fanout,  # noqa: F401
-    workflows_fence,  # noqa: F401
-    workflows_flow,  # noqa: F401
-    workflows_integrity,  # noqa: F401
-    workflows_kernel,  # noqa: F401
-    workflows_misuse,  # noqa: F401
-    workflows_polling,  # noqa: F401
-    workflows_schedules,  # noqa: F401
-    workflows_secrets,  # noqa: F401
-    workflows_survive,  # noqa: F401
-    workflows_topology,  # noqa: F401
-    workflows_tracing,  # noqa: F401
-    workflows_versions,  # noqa: F401
-    workflows_waits,  # noqa: F401
+    callers,  # noqa: F401
+    edges,  # noqa: F401
+    fanout,  # noqa: F401
+    fence,  # noqa: F401
+    flow,  # noqa: F401
+    integrity,  # noqa: F401
+    kernel,  # noqa: F401
+    misuse,  # noqa: F401
+    polling,  # noqa: F401
+    schedules,  # noqa: F401
+    secrets,  # noqa: F401
+    survive,  # noqa: F401
+    topology,  # noqa: F401
+    tracing,  # noqa: F401
+    versions,  # noqa: F401
+    waits,  # noqa: F401
 )

@@ -13,9 +13,8 @@ import signal
 import threading
 
 from k2b_workflows import Action, Effect, Retry, failed, succeeded, workflow
-
-from .models import ProviderCall
-from .workflow_helpers import one_step
+from tests.models import ProviderCall
+from tests.support.workflow_steps import one_step
 
 
 def calls(name: str) -> int:
@@ -178,7 +177,7 @@ class ChargeOnce(Action):
 
 @workflow("callers.timed_gate", app_id="tests", timeout=dt.timedelta(hours=1))
 def timed_gate(run, input):
-    from .workflows_waits import Gate
+    from tests.workflows.waits import Gate
 
     return run.step(Gate, {"key": input["key"]})
 

@@ -14,9 +14,8 @@ from k2b_workflows import (
     succeeded,
     workflow,
 )
-
-from .models import DomainRow, ProviderCall
-from .workflow_helpers import one_step
+from tests.models import DomainRow, ProviderCall
+from tests.support.workflow_steps import one_step
 
 
 def _lease(run_id) -> float:

@@ -20,9 +20,8 @@ from k2b_workflows import (
     succeeded,
     workflow,
 )
-
-from .models import ProviderCall
-from .workflows import Add, crash_point
+from tests.models import ProviderCall
+from tests.workflows import Add, crash_point
 
 APP = "fanout"
 

@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from django.db import transaction
 
 from k2b_workflows import Action, Dependency, Effect, succeeded, waiting, workflow
-
-from .models import DomainRow, ProviderCall
+from tests.models import DomainRow, ProviderCall
 
 GATE_TIMEOUT_S = 60
 

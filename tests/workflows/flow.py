@@ -1,4 +1,4 @@
-"""Workflows with concurrency keys, rate-limited actions and priorities (tests/test_flow*.py)."""
+"""Workflows with concurrency keys, rate-limited actions and priorities (the flow tests)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import time
 from datetime import timedelta
 
 from k2b_workflows import Action, Concurrency, Effect, RateLimit, failed, succeeded, workflow
-
-from .models import ProviderCall
+from tests.models import ProviderCall
 
 
 class Span(Action):
@@ -143,6 +142,6 @@ def stamp(run, input):
 @workflow("flow.blind", app_id="tests", concurrency=Concurrency(limit=1))
 def blind(run, input):
     """An EXTERNAL step whose first answer is lost: the run needs an operator."""
-    from .workflows_kernel import BlindOnce
+    from tests.workflows.kernel import BlindOnce
 
     return run.step(BlindOnce, {})

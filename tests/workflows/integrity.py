@@ -5,9 +5,8 @@ from __future__ import annotations
 from django.db import connections
 
 from k2b_workflows import Action, Effect, succeeded, workflow
-
-from .workflows import Add, Charge
-from .workflows_kernel import WaitSignal
+from tests.workflows import Add, Charge
+from tests.workflows.kernel import WaitSignal
 
 
 @workflow("integrity.quote_then_charge", app_id="tests", effect_budget={"charges": 3})

@@ -29,10 +29,9 @@ from k2b_workflows import (
     workflow,
 )
 from k2b_workflows.models import BudgetCharge, LedgerEntry
-
-from .models import DomainRow, ProviderCall
-from .workflow_helpers import one_step
-from .workflows import Charge
+from tests.models import DomainRow, ProviderCall
+from tests.support.workflow_steps import one_step
+from tests.workflows import Charge
 
 #: In-process attempt counters, keyed by (action, effect_key): they survive a rollback.
 ATTEMPTS: dict[tuple[str, str], int] = defaultdict(int)
@@ -439,7 +438,7 @@ one_step("kernel.external_probe", ExternalProbe)
 
 @workflow("kernel.replay", app_id="tests")
 def replay_workflow(run, input):
-    from .workflows import Flaky
+    from tests.workflows import Flaky
 
     first = run.step(Record, {"n": 1})
     run.step(Flaky, {"times": input.get("times", 1)})
@@ -448,7 +447,7 @@ def replay_workflow(run, input):
 
 @workflow("kernel.two_flaky", app_id="tests")
 def two_flaky_workflow(run, input):
-    from .workflows import Flaky
+    from tests.workflows import Flaky
 
     a = run.step(Flaky, {"times": input["times"], "which": "a"})
     b = run.step(Flaky, {"times": input["times"], "which": "b"})

@@ -15,8 +15,7 @@ from k2b_workflows import (
     waiting,
     workflow,
 )
-
-from .workflow_helpers import one_step
+from tests.support.workflow_steps import one_step
 
 
 class Produce(Action):

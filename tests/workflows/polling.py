@@ -5,9 +5,8 @@ from __future__ import annotations
 import datetime as dt
 
 from k2b_workflows import Action, Dependency, Effect, ambiguous, succeeded, waiting
-
-from .models import ProviderCall
-from .workflow_helpers import one_step
+from tests.models import ProviderCall
+from tests.support.workflow_steps import one_step
 
 
 class Payout(Action):

@@ -17,8 +17,7 @@ from k2b_workflows import (
     wake_workflow_runs_waiting_on,
     workflow,
 )
-
-from .models import DomainRow
+from tests.models import DomainRow
 
 
 @workflow("sched.echo", app_id="sched")

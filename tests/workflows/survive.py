@@ -5,8 +5,7 @@ from __future__ import annotations
 import time
 
 from k2b_workflows import Action, Effect, succeeded, workflow
-
-from .workflows import Add, Charge, SendIdempotent, WriteRow
+from tests.workflows import Add, Charge, SendIdempotent, WriteRow
 
 
 class Nap(Action):

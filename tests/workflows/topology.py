@@ -1,6 +1,6 @@
 """A workflow of every effect class, a wait and a fan-out, whose provider lives in another cluster.
 
-For tests/test_failover.py and tests/test_partition.py: the database the
+For tests/crash/test_failover.py and tests/crash/test_partition.py: the database the
 workers use fails over (or is cut off), the provider does not. Its records are
 rows in ``provider_call`` on the PostgreSQL at ``K2B_TEST_PROVIDER_URL``, one
 row per call, committed on its own: a second row for one EXTERNAL effect key
@@ -14,9 +14,8 @@ import os
 import time
 
 from k2b_workflows import Action, Dependency, Effect, failed, succeeded, waiting, workflow
-
-from .models import DomainRow
-from .workflows import Add, WriteRow
+from tests.models import DomainRow
+from tests.workflows import Add, WriteRow
 
 PROVIDER_TABLE = """
 CREATE TABLE IF NOT EXISTS provider_call (

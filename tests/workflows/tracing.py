@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from k2b_workflows import Action, Effect, succeeded, waiting, workflow
 from k2b_workflows.actions import Dependency
-
-from .models import DomainRow, ProviderCall
-from .workflows import crash_point
+from tests.models import DomainRow, ProviderCall
+from tests.workflows import crash_point
 
 
 class Prepare(Action):

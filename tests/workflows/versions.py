@@ -13,9 +13,8 @@ from __future__ import annotations
 import os
 
 from k2b_workflows import Action, Effect, succeeded, workflow
-
-from .models import ProviderCall
-from .workflows import WaitFor, crash_point
+from tests.models import ProviderCall
+from tests.workflows import WaitFor, crash_point
 
 CODE = {v.strip() for v in os.environ.get("K2B_TEST_CODE", "v1,v2").split(",")}
 PATCH_ID = "ver.new-b"

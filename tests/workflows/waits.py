@@ -1,4 +1,4 @@
-"""Actions and workflows for the durable-wait tests (imported by ``tests/workflows.py``).
+"""Actions and workflows for the durable-wait tests (imported by ``tests/workflows/__init__.py``).
 
 ``waits.gate`` waits until a ``DomainRow`` with its key exists: whoever
 creates that row wakes ``("tests", "gate", key)`` in the same transaction.
@@ -24,9 +24,8 @@ from k2b_workflows import (
     waiting,
     wake_workflow_runs_waiting_on,
 )
-
-from .models import DomainRow, ProviderCall
-from .workflow_helpers import one_step
+from tests.models import DomainRow, ProviderCall
+from tests.support.workflow_steps import one_step
 
 GATE_KIND = "gate"
 
