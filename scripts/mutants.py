@@ -48,11 +48,11 @@ class Mutant:
 MUTANTS = (
     Mutant(
         "exit-hooks",
-        "k2b_workflows/exits.py",
+        "k2b_workflows/worker/exits.py",
         "    atexit._run_exitfuncs()\n",
         "    pass\n",
         (
-            "tests/test_worker_start_and_exit.py::"
+            "tests/worker/test_worker_start_and_exit.py::"
             "test_a_burst_ends_as_the_interpreter_would_less_the_teardown",
         ),
     ),
@@ -61,7 +61,7 @@ MUTANTS = (
         "k2b_workflows/kernel/db.py",
         " WHERE id = %s AND generation = %s AND status = 'running'\nRETURNING id",
         " WHERE id = %s AND %s IS NOT NULL AND status = 'running'\nRETURNING id",
-        ("tests/test_fence.py",),
+        ("tests/crash/test_fence.py",),
     ),
     Mutant(
         "append-fence-generation",
@@ -71,7 +71,7 @@ MUTANTS = (
         (
             "tests/hot_path/test_journal_write.py::"
             "test_the_one_statement_journal_write_refuses_a_stale_generation",
-            "tests/test_fence.py::"
+            "tests/crash/test_fence.py::"
             "test_a_transactional_step_taken_away_while_its_action_runs_commits_nothing",
         ),
     ),
@@ -80,91 +80,95 @@ MUTANTS = (
         "k2b_workflows/kernel/claim.py",
         "ON k.id = a.id AND k.generation = a.gen AND k.status = 'running'",
         "ON k.id = a.id AND k.status = 'running'",
-        ("tests/test_lease_guards.py",),
+        ("tests/crash/test_lease_guards.py",),
     ),
     Mutant(
         "orphans-claimed-by",
         "k2b_workflows/kernel/claim.py",
         "WHERE status = 'running' AND claimed_by = %s AND NOT",
         "WHERE status = 'running' AND %s IS NOT NULL AND NOT",
-        ("tests/test_lease_guards.py",),
+        ("tests/crash/test_lease_guards.py",),
     ),
     Mutant(
         "chain-entry-hash",
         "k2b_workflows/kernel/evidence.py",
         "if not hmac.compare_digest(hasher(prev, entry, key), entry.entry_hash):",
         "if False:",
-        ("tests/test_integrity.py",),
+        ("tests/kernel/test_integrity.py",),
     ),
     Mutant(
         "anchor",
         "k2b_workflows/kernel/evidence.py",
         "if not hmac.compare_digest(expected, sealed):",
         "if False:",
-        ("tests/test_integrity.py",),
+        ("tests/kernel/test_integrity.py",),
     ),
     Mutant(
         "start-seal",
         "k2b_workflows/kernel/seals.py",
         "    why = _matches(run.start_seal, _start_text(run), keys)\n",
         "    why = None\n",
-        ("tests/test_seals.py",),
+        ("tests/kernel/test_seals.py",),
     ),
     Mutant(
         "end-seal",
         "k2b_workflows/kernel/seals.py",
         "    if run.status not in SEALED_STATUSES:\n        return None",
         "    if True:\n        return None",
-        ("tests/test_seals.py",),
+        ("tests/kernel/test_seals.py",),
     ),
     Mutant(
         "dedup-values",
         "k2b_workflows/dedup.py",
         "            if stored != value:",
         "            if False:",
-        ("tests/test_dedup.py",),
+        ("tests/kernel/test_dedup.py",),
     ),
     Mutant(
         "idempotency-conflict",
-        "k2b_workflows/control.py",
-        "    if existing.input != input:",
+        "k2b_workflows/kernel/starts.py",
+        "    if found.input != input:",
         "    if False:",
-        ("tests/test_control.py", "tests/test_docs_examples.py"),
+        ("tests/kernel/test_control.py", "tests/docs/test_docs_examples.py"),
     ),
     Mutant(
         "idempotency-principal",
-        "k2b_workflows/control.py",
-        "    if existing.principal != principal:",
+        "k2b_workflows/kernel/starts.py",
+        "    if found.principal != principal:",
         "    if False:",
-        ("tests/test_docs_examples.py",),
+        ("tests/docs/test_docs_examples.py",),
     ),
     Mutant(
         "re-dispatch",
         "k2b_workflows/kernel/effects.py",
         "        if state.open_key:\n            # Dispatched before",
         "        if False:\n            # Dispatched before",
-        ("tests/test_testing_recipes.py", "tests/test_retries.py"),
+        ("tests/docs/test_testing_recipes.py", "tests/kernel/test_retries.py"),
     ),
     Mutant(
         "reconcile-poll-bound",
         "k2b_workflows/kernel/effects.py",
         "if isinstance(result, Waiting) and state.polls >= store.max_reconcile_polls():",
         "if False:",
-        ("tests/test_misuse_runs.py",),
+        ("tests/misuse/test_misuse_runs.py",),
     ),
     Mutant(
         "attempt-bound",
         "k2b_workflows/kernel/ending.py",
         "        if failures >= retrying.max_attempts(policy):\n            self.exhausted",
         "        if False:\n            self.exhausted",
-        ("tests/test_retries.py::test_the_third_failure_in_a_row_fails_the_run_there_and_then",),
+        (
+            "tests/kernel/test_retries.py::test_the_third_failure_in_a_row_fails_the_run_there_and_then",
+        ),
     ),
     Mutant(
         "attempt-bound-at-claim",
         "k2b_workflows/kernel/execute.py",
         "            if run.consecutive_failures >= retrying.claim_bound(self.definition):",
         "            if False:",
-        ("tests/test_retries.py::test_a_run_claimed_at_the_limit_fails_without_running_a_step",),
+        (
+            "tests/kernel/test_retries.py::test_a_run_claimed_at_the_limit_fails_without_running_a_step",
+        ),
         # The step's own bound, before its action runs, backs the claim's up.
         also=(
             (
@@ -179,95 +183,95 @@ MUTANTS = (
         "k2b_workflows/triggers.py",
         '        return template.replace("$$ LANGUAGE plpgsql;", pinned)',
         "        return template",
-        ("tests/test_attacks.py",),
+        ("tests/misuse/test_attacks.py",),
     ),
     Mutant(
         "witness-ledger-head",
         "k2b_workflows/kernel/witness.py",
         '        elif record["ledger"] and head != record["head"]:',
         "        elif False:",
-        ("tests/test_witness.py",),
+        ("tests/kernel/test_witness.py",),
     ),
     Mutant(
         "flush-only-test-databases",
         "k2b_workflows/testdb.py",
         "    if not test_environment_active():\n        return False\n    name =",
         "    return True\n    name =",
-        ("tests/test_fresh_project.py",),
+        ("tests/docs/test_fresh_project.py",),
     ),
     Mutant(
         "flush-past-append-only",
         "k2b_workflows/management/commands/flush.py",
         "        with pgtrigger.ignore(*testdb.APPEND_ONLY_TRIGGERS, databases=[using]):",
         "        if True:",
-        ("tests/test_fresh_project.py",),
+        ("tests/docs/test_fresh_project.py",),
     ),
     Mutant(
         "deadline-passed-this-step",
         "k2b_workflows/kernel/context.py",
         "    return run.wait_deadline is not None and run.wait_step == step",
         "    return run.wait_deadline is not None",
-        ("tests/test_step_clock.py",),
+        ("tests/kernel/test_step_clock.py",),
     ),
     Mutant(
         "parked-action-compared",
         "k2b_workflows/kernel/execute.py",
         "        if seq != self.run.wait_step or not parked or parked == name:",
         "        if True:",
-        ("tests/test_parked_change.py",),
+        ("tests/kernel/test_parked_change.py",),
     ),
     Mutant(
         "supervisor-config-stops-group",
-        "k2b_workflows/supervisor.py",
+        "k2b_workflows/worker/supervisor.py",
         "        if code in (EXIT_CONFIG, EXIT_UNAVAILABLE):",
         "        if False:",
         (
-            "tests/test_processes.py::"
+            "tests/worker/test_processes.py::"
             "test_a_configuration_error_in_the_workers_stops_the_group_without_restarting_them",
         ),
     ),
     Mutant(
         "supervisor-forwards-stop",
-        "k2b_workflows/supervisor.py",
+        "k2b_workflows/worker/supervisor.py",
         'back now")\n        self._signal_children(signal.SIGTERM)',
         'back now")',
         (
-            "tests/test_processes.py::"
+            "tests/worker/test_processes.py::"
             "test_sigterm_of_the_supervisor_hands_every_run_back_and_exits_zero_after_its_children",
         ),
     ),
     Mutant(
         "supervisor-restarts-a-dead-child",
-        "k2b_workflows/supervisor.py",
+        "k2b_workflows/worker/supervisor.py",
         "        slot.restart_at = time.monotonic() + delay",
         "        slot.done = True",
         (
-            "tests/test_processes.py::"
+            "tests/worker/test_processes.py::"
             "test_a_sigkilled_worker_process_is_restarted_and_no_run_is_lost_or_its_effect_repeated",
         ),
     ),
     Mutant(
         "supervisor-no-orphans",
-        "k2b_workflows/supervisor.py",
+        "k2b_workflows/worker/supervisor.py",
         "        set_parent_death_signal(signal.SIGTERM)\n",
         "",
         (
-            "tests/test_processes.py::test_sigkill_of_the_supervisor_takes_every_worker_process_with_it",
+            "tests/worker/test_processes.py::test_sigkill_of_the_supervisor_takes_every_worker_process_with_it",
         ),
         also=(("        ParentWatch(self._pid).start()\n", ""),),
     ),
     # #35: a worker acts only on what the key holder wrote.
     Mutant(
         "schedule-seal-pass",
-        "k2b_workflows/kernel/schedules.py",
+        "k2b_workflows/kernel/schedule_passes.py",
         "            if tampered is not None:\n",
         "            if False:\n",
         (
-            "tests/test_sealed_rows.py::"
+            "tests/misuse/test_sealed_rows.py::"
             "test_the_issues_attack_a_schedule_row_the_runtime_role_inserted_charges_nothing",
-            "tests/test_sealed_rows.py::"
+            "tests/misuse/test_sealed_rows.py::"
             "test_an_operators_schedule_row_edited_by_the_runtime_role_starts_nothing",
-            "tests/test_sealed_rows.py::test_a_renamed_and_rewound_schedule_fires_no_tick_again",
+            "tests/misuse/test_sealed_rows.py::test_a_renamed_and_rewound_schedule_fires_no_tick_again",
         ),
     ),
     Mutant(
@@ -276,7 +280,7 @@ MUTANTS = (
         '            if tampered and not getattr(self, "reviewed", False):\n',
         "            if False:\n",
         (
-            "tests/test_sealed_rows.py::"
+            "tests/misuse/test_sealed_rows.py::"
             "test_a_tampered_row_is_sealed_again_only_by_a_save_of_its_whole_spec",
         ),
     ),
@@ -286,7 +290,7 @@ MUTANTS = (
         "    if tampered is not None:\n        raise InvalidInput(",
         "    if False:\n        raise InvalidInput(",
         (
-            "tests/test_sealed_rows.py::"
+            "tests/misuse/test_sealed_rows.py::"
             "test_a_tampered_row_is_sealed_again_only_by_a_save_of_its_whole_spec",
         ),
     ),
@@ -296,7 +300,7 @@ MUTANTS = (
         "        if forged is not None:\n",
         "        if False:\n",
         (
-            "tests/test_sealed_rows.py::"
+            "tests/misuse/test_sealed_rows.py::"
             "test_an_ai_task_request_the_runtime_role_wrote_never_reaches_the_provider",
         ),
     ),
@@ -306,9 +310,9 @@ MUTANTS = (
         "        if forged is not None:\n",
         "        if False:\n",
         (
-            "tests/test_sealed_rows.py::"
+            "tests/misuse/test_sealed_rows.py::"
             "test_wait_for_workflow_run_refuses_an_end_the_runtime_role_wrote",
-            "tests/test_sealed_rows.py::"
+            "tests/misuse/test_sealed_rows.py::"
             "test_await_workflow_run_refuses_an_end_the_runtime_role_wrote",
         ),
     ),
@@ -319,8 +323,8 @@ MUTANTS = (
         "    RETURN pg_catalog.statement_timestamp() + COALESCE(NULLIF(pg_catalog.current_setting("
         "'k2b.clock_offset', true), ''), '0')::interval;\n",
         (
-            "tests/test_clock_attacks.py::test_a_runtime_role_session_cannot_move_k2b_now",
-            "tests/test_clock_attacks.py::"
+            "tests/misuse/test_clock_attacks.py::test_a_runtime_role_session_cannot_move_k2b_now",
+            "tests/misuse/test_clock_attacks.py::"
             "test_through_a_transaction_pooler_a_left_setting_does_not_move_the_next_clients_clock",
         ),
     ),
@@ -330,7 +334,7 @@ MUTANTS = (
         "        _honour_offset(False)\n",
         "        pass\n",
         (
-            "tests/test_clock_attacks.py::"
+            "tests/misuse/test_clock_attacks.py::"
             "test_the_controlled_clock_moves_k2b_now_while_it_runs_and_not_after",
         ),
     ),
@@ -339,14 +343,14 @@ MUTANTS = (
         "k2b_workflows/checks.py",
         "    if witness.goes_somewhere():\n",
         "    if True:\n",
-        ("tests/test_witness_check.py",),
+        ("tests/misuse/test_witness_check.py",),
     ),
     Mutant(
         "schedule-span-cap",
         "k2b_workflows/schedules.py",
         "    if every > MAX_SPAN:\n",
         "    if False:\n",
-        ("tests/test_schedule_bad_inputs.py",),
+        ("tests/schedules/test_schedule_bad_inputs.py",),
         also=(("    if jitter > MAX_SPAN:\n", "    if False:\n"),),
     ),
     Mutant(
@@ -354,21 +358,21 @@ MUTANTS = (
         "k2b_workflows/schedules.py",
         "self.jitter is not None and self.jitter >= self.every:",
         "self.jitter is not None and False:",
-        ("tests/test_schedule_bad_inputs.py",),
+        ("tests/schedules/test_schedule_bad_inputs.py",),
     ),
     Mutant(
         "schedule-zone-with-every",
         "k2b_workflows/schedules.py",
         'if self.every is not None and self.timezone != "UTC":',
         "if False:",
-        ("tests/test_schedule_bad_inputs.py",),
+        ("tests/schedules/test_schedule_bad_inputs.py",),
     ),
     Mutant(
         "schedule-cron-step",
         "k2b_workflows/schedules.py",
         "            if len(step) > 4 or int(step) > largest:\n",
         "            if False:\n",
-        ("tests/test_schedule_bad_inputs.py",),
+        ("tests/schedules/test_schedule_bad_inputs.py",),
     ),
     Mutant(
         "flushable-by-name",
@@ -376,7 +380,7 @@ MUTANTS = (
         "    if test_environment_active() and _named_as_a_test_database(using):\n",
         "    if test_environment_active():\n",
         (
-            "tests/test_low_findings.py::"
+            "tests/misuse/test_low_findings.py::"
             "test_a_no_op_migrate_of_the_live_database_does_not_make_it_flushable",
         ),
     ),
@@ -385,7 +389,9 @@ MUTANTS = (
         "k2b_workflows/tracing.py",
         "    stored = stored_context(run.pk, run.trace_context)\n    span_context",
         "    stored = run.trace_context or {}\n    span_context",
-        ("tests/test_low_findings.py::test_a_garbage_trace_context_is_ignored_with_one_warning",),
+        (
+            "tests/misuse/test_low_findings.py::test_a_garbage_trace_context_is_ignored_with_one_warning",
+        ),
         also=(
             (
                 "        stored = stored_context(run.pk, run.trace_context)\n        links",
@@ -398,7 +404,7 @@ MUTANTS = (
         "k2b_workflows/redaction.py",
         "    text = _SHAPED_SECRET_RE.sub(REDACTED, text)\n",
         "",
-        ("tests/test_low_findings.py::test_bare_stripe_and_aws_credentials_are_scrubbed",),
+        ("tests/misuse/test_low_findings.py::test_bare_stripe_and_aws_credentials_are_scrubbed",),
     ),
 )
 

@@ -25,10 +25,9 @@ from django.db import connections, transaction
 from .. import codes, redaction, store
 from ..actions import Dependency, Result, canonical_json, failed, succeeded, to_json_value, waiting
 from ..exceptions import InvalidInput
-from . import budgets, db, evidence, waits
+from . import budgets, db, hashing, waits
 from .db import holding_run_lock
-from .keys import evidence_keys
-from .seals import _mac, _matches
+from .seals import seal_of, text_problem
 
 if TYPE_CHECKING:
     from ..actions import StepContext
@@ -64,7 +63,7 @@ def providers() -> dict[str, Provider]:
 def _request_text(
     effect_key: str, run_id: Any, seq: int, app_id: str, provider: str, request: Any
 ) -> str:
-    return evidence._canonical(
+    return hashing.canonical(
         ["ai_request", effect_key, str(run_id), int(seq), app_id, provider, request]
     )
 
@@ -73,8 +72,7 @@ def request_seal(
     effect_key: str, run_id: Any, seq: int, app_id: str, provider: str, request: Any
 ) -> str:
     """The seal a task's request is written with (the kernel holds the key)."""
-    key_id, key = evidence.signing_key()
-    return _mac(key_id, key, _request_text(effect_key, run_id, seq, app_id, provider, request))
+    return seal_of(_request_text(effect_key, run_id, seq, app_id, provider, request))
 
 
 def request_problem(
@@ -82,7 +80,7 @@ def request_problem(
 ) -> str | None:
     """Why a task's request was not written by the kernel, or None."""
     text = _request_text(effect_key, run_id, seq, app_id, provider, request)
-    why = _matches(sealed, text, dict(evidence_keys()))
+    why = text_problem(sealed, text)
     if why is None:
         return None
     return f"its request (or whose step it is) {why}: it was not written by the kernel"

@@ -30,9 +30,8 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from . import evidence
-from .keys import evidence_keys
-from .seals import _mac, _matches
+from . import hashing
+from .seals import seal_of, text_problem
 
 #: The columns that decide what a pass starts and when, in the order the seal covers them.
 SEALED_FIELDS: tuple[str, ...] = (
@@ -70,18 +69,17 @@ def _plain(value: Any) -> Any:
 
 
 def _text(values: Mapping[str, Any]) -> str:
-    return evidence._canonical(["schedule", *(_plain(values[name]) for name in SEALED_FIELDS)])
+    return hashing.canonical(["schedule", *(_plain(values[name]) for name in SEALED_FIELDS)])
 
 
 def seal(values: Mapping[str, Any]) -> str:
     """The seal of a schedule row holding ``values`` (every ``SEALED_FIELDS`` name)."""
-    key_id, key = evidence.signing_key()
-    return _mac(key_id, key, _text(values))
+    return seal_of(_text(values))
 
 
 def problem(values: Mapping[str, Any], sealed: str) -> str | None:
     """Why the schedule row holding ``values`` was not written by the key holder, or None."""
-    why = _matches(sealed, _text(values), dict(evidence_keys()))
+    why = text_problem(sealed, _text(values))
     if why is None:
         return None
     return (
