@@ -54,6 +54,12 @@ INCLUDED_FROM = (
     "tests/docs/test_",
 )
 
+#: The witness's one-line setup on docs/security.md (W040 is silent with it).
+ONE_LINE_WITNESS = (
+    'LOGGING = {"version": 1, "handlers": {"console": {"class": "logging.StreamHandler"}},'
+    ' "loggers": {"k2b_workflows.witness": {"handlers": ["console"], "level": "INFO"}}}'
+)
+
 #: (page, first line) of each inline block -> the test that evaluates it.
 INLINE = {
     ("docs/getting-started.md", "INSTALLED_APPS = ["): (
@@ -75,6 +81,9 @@ INLINE = {
     ),
     ("docs/security.md", "# settings.py"): "test_the_two_role_settings_pass_the_checks",
     ("docs/security.md", "LOGGING = {"): "test_the_witness_logging_of_security_md_writes_records",
+    ("docs/security.md", ONE_LINE_WITNESS): (
+        "misuse.test_witness_check.test_the_one_line_setup_of_security_md_silences_the_warning"
+    ),
     ("docs/testing.md", "# settings used by your test run"): (
         "test_the_test_settings_of_testing_md_are_the_suites"
     ),

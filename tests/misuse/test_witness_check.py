@@ -74,3 +74,25 @@ def test_a_witness_sink_counts(unheard, settings):
 def test_it_is_a_deploy_check_only(unheard):
     ids = [m.id for m in checks.run_checks(tags=[checks.Tags.security])]
     assert "k2b_workflows.W040" not in ids
+
+
+def test_the_one_line_setup_of_security_md_silences_the_warning():
+    import logging.config
+
+    from tests.docs.test_docs import ONE_LINE_WITNESS, evaluate
+
+    shown = evaluate("docs/security.md", ONE_LINE_WITNESS)["LOGGING"]
+    log = logging.getLogger("k2b_workflows.witness")
+    saved = (log.handlers[:], log.propagate, log.level)
+    log.handlers[:] = []
+    log.propagate = False  # the test runner's capture, on the root logger, does not count
+    try:
+        assert deploy_warnings() == ["k2b_workflows.W040"]
+        logging.config.dictConfig({**shown, "disable_existing_loggers": False})
+        log.propagate = False
+        assert deploy_warnings() == []
+    finally:
+        for attached in log.handlers:
+            attached.close()
+        log.handlers[:], log.propagate = saved[0], saved[1]
+        log.setLevel(saved[2])
