@@ -256,6 +256,16 @@ MUTANTS = (
         ),
         also=(("        ParentWatch(self._pid).start()\n", ""),),
     ),
+    Mutant(
+        "test-db-drop-closes-listener",
+        "k2b_workflows/testdb.py",
+        "    listener.stop()\n",
+        "    pass\n",
+        (
+            "tests/test_fresh_project.py::"
+            "test_pytest_django_with_and_without_transaction_passes_in_a_fresh_project",
+        ),
+    ),
 )
 
 
