@@ -266,6 +266,16 @@ MUTANTS = (
             "test_pytest_django_with_and_without_transaction_passes_in_a_fresh_project",
         ),
     ),
+    Mutant(
+        "astart-passes-every-argument",
+        "k2b_workflows/aio.py",
+        "        priority=priority,\n",
+        "",
+        (
+            "tests/test_results_async.py::"
+            "test_astart_workflow_run_passes_flow_control_and_scheduling_through",
+        ),
+    ),
 )
 
 
