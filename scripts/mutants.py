@@ -249,12 +249,21 @@ MUTANTS = (
     Mutant(
         "supervisor-no-orphans",
         "k2b_workflows/supervisor.py",
-        "        set_parent_death_signal(signal.SIGTERM)\n",
-        "",
+        "        kernel_signals = set_parent_death_signal(signal.SIGTERM)\n",
+        "        kernel_signals = True\n",
         (
             "tests/test_processes.py::test_sigkill_of_the_supervisor_takes_every_worker_process_with_it",
         ),
-        also=(("        ParentWatch(self._pid).start()\n", ""),),
+    ),
+    Mutant(
+        "supervisor-death-one-sigterm",
+        "k2b_workflows/supervisor.py",
+        "        if not kernel_signals:\n",
+        "        if True:\n",
+        (
+            "tests/test_processes.py::"
+            "test_sigkill_of_the_supervisor_lets_each_child_finish_its_external_step_as_after_one_sigterm",
+        ),
     ),
     Mutant(
         "test-db-drop-closes-listener",
