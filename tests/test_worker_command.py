@@ -58,6 +58,25 @@ def test_app_runs_only_that_apps_workflows(start_worker):
     assert fresh(theirs).status == "queued"
 
 
+def test_an_app_id_no_registered_workflow_has_is_named_at_start_with_the_known_ones(
+    start_worker,
+):
+    """``--app shpo`` (a typo for ``shop``) idled for ever without a word (#38)."""
+    worker = start_worker("--app", "shpo", "--app", "kernel_other", "--burst")
+    assert worker.wait(timeout=TIMEOUT) == 0, worker.output()
+    out = worker.output()
+    line = next((x for x in out.splitlines() if "no registered workflow has app id" in x), "")
+    assert "WARNING" in line and "no registered workflow has app id 'shpo'" in line, out
+    assert "known: " in line and "kernel_other" in line and "tests" in line, line
+    assert out.count("no registered workflow has app id") == 1, out  # kernel_other is known
+
+
+def test_known_app_ids_start_without_a_warning(start_worker):
+    worker = start_worker("--app", "kernel_other", "--burst")
+    assert worker.wait(timeout=TIMEOUT) == 0, worker.output()
+    assert "no registered workflow has app id" not in worker.output()
+
+
 def test_on_a_terminal_the_worker_keeps_one_live_status_line(transactional_db):
     """Run under a real pseudo-terminal: the status is rewritten in place, not scrolled."""
     import os
