@@ -782,7 +782,8 @@ class Worker:
                 self._give_back(run_id, generation)
             with self._lock:
                 self.stats["runs"] += 1
-                self.stats[outcome] += 1
+                # Its value: an Outcome key printed as <Outcome.SUCCEEDED: 'succeeded'>.
+                self.stats[str(outcome)] += 1
                 self.stats["steps"] += execution.steps_executed
         except Exception as exc:
             if weather.is_connection_error(exc):
