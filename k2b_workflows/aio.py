@@ -13,7 +13,7 @@ Each twin spells out its original's parameters (a ``**kwargs`` pass-through
 would hide them from type checkers and editors); the twin of
 ``start_workflow_run`` once lagged behind it, and refused ``concurrency_key``,
 ``priority`` and ``run_after`` with a TypeError.
-``tests/test_results_async.py`` compares every pair's signature, so they
+``tests/kernel/test_results_async.py`` compares every pair's signature, so they
 cannot drift apart again (#38).
 """
 
