@@ -252,7 +252,9 @@ def test_sigkill_of_the_supervisor_lets_each_child_finish_its_external_step_as_a
         raise
     output = supervisor.output()
     for run in runs:
-        kinds = list(LedgerEntry.objects.filter(run=run).order_by("id").values_list("kind", flat=True))
+        kinds = list(
+            LedgerEntry.objects.filter(run=run).order_by("id").values_list("kind", flat=True)
+        )
         # The charge in flight completed and its result was recorded: nothing in doubt.
         assert kinds == ["dispatched", "succeeded"], (kinds, output)
         run = fresh(run)
