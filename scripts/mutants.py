@@ -289,6 +289,16 @@ MUTANTS = (
             "test_astart_workflow_run_passes_flow_control_and_scheduling_through",
         ),
     ),
+    Mutant(
+        "live-means-fresh",
+        "k2b_workflows/fleet.py",
+        "        [store.worker_fresh_ms()],\n",
+        "        [store.worker_lost_after_ms()],\n",
+        (
+            "tests/worker/test_fleet.py::"
+            "test_a_worker_silent_for_longer_than_fresh_is_not_live_before_it_is_marked_lost",
+        ),
+    ),
 )
 
 

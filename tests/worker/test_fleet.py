@@ -177,6 +177,31 @@ def test_status_treats_a_silent_worker_as_dead_and_marks_it_lost():
     assert WorkerRecord.objects.get().state == "lost"
 
 
+def test_a_worker_silent_for_longer_than_fresh_is_not_live_before_it_is_marked_lost():
+    """A SIGKILLed worker was called live with a 71 s old heartbeat (#38): live means a
+    heartbeat younger than ``worker_fresh_ms()``, a lease and three beats, not the
+    three leases after which the row is marked lost."""
+    start_workflow_run("test.pure", {"a": 1, "b": 2})
+    beat()
+    fresh_ms = store.worker_fresh_ms()
+    assert fresh_ms == max(store.lease_ms(), 3 * store.worker_heartbeat_ms())
+    assert fresh_ms < store.worker_lost_after_ms()
+    WorkerRecord.objects.update(heartbeat_at=fresh_past(fresh_ms - 500))
+    assert workflowstatus()[0] == 0
+    assert len(fleet.live_workers()) == 1
+    WorkerRecord.objects.update(heartbeat_at=fresh_past(fresh_ms + 500))
+    code, out, err = workflowstatus()
+    assert code == 1, out
+    assert "live workers: 0" in out and "NO LIVE WORKER for test.pure" in err
+    assert fleet.live_workers() == []
+    assert WorkerRecord.objects.get().state == "alive"  # not lost yet: only late
+
+
+def test_fresh_never_exceeds_the_time_after_which_a_worker_is_lost(settings):
+    settings.K2B_WORKFLOWS = {**settings.K2B_WORKFLOWS, "WORKER_LOST_AFTER_MS": 1500}
+    assert store.worker_fresh_ms() == 1500
+
+
 def fresh_past(ms: int):
     import datetime as dt
 
