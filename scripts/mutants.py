@@ -299,6 +299,18 @@ MUTANTS = (
             "test_a_worker_silent_for_longer_than_fresh_is_not_live_before_it_is_marked_lost",
         ),
     ),
+    Mutant(
+        "isolation-level-check",
+        "k2b_workflows/checks.py",
+        "        if level != READ_COMMITTED\n",
+        "        if False\n",
+        (
+            "tests/misuse/test_checks.py::"
+            "test_repeatable_read_on_djangos_connection_is_a_warning_naming_the_level",
+            "tests/misuse/test_checks.py::"
+            "test_a_server_default_of_serializable_is_a_warning_for_the_kernels_own_connections",
+        ),
+    ),
 )
 
 
