@@ -311,6 +311,36 @@ MUTANTS = (
             "test_a_server_default_of_serializable_is_a_warning_for_the_kernels_own_connections",
         ),
     ),
+    Mutant(
+        "admin-last-waited-for",
+        "k2b_workflows/admin/runs.py",
+        "        if obj is None or obj.status == RunStatus.WAITING:\n",
+        "        if True:\n",
+        (
+            "tests/admin/test_admin.py::"
+            "test_a_run_that_waited_and_ended_shows_what_it_last_waited_for_not_waiting_for",
+        ),
+    ),
+    Mutant(
+        "worker-names-unknown-apps",
+        "k2b_workflows/worker/loop.py",
+        "            if app_id not in known:\n",
+        "            if False:\n",
+        (
+            "tests/worker/test_worker_command.py::"
+            "test_an_app_id_no_registered_workflow_has_is_named_at_start_with_the_known_ones",
+        ),
+    ),
+    Mutant(
+        "worker-counts-outcome-values",
+        "k2b_workflows/worker/loop.py",
+        "                self.stats[str(outcome)] += 1\n",
+        "                self.stats[outcome] += 1\n",
+        (
+            "tests/worker/test_worker_command.py::"
+            "test_the_stop_summary_prints_each_outcome_by_its_value",
+        ),
+    ),
 )
 
 
