@@ -178,7 +178,7 @@ class Worker:
             self.connections.connect_threads(pool)
             metrics.prepare()
             if self.metrics_port is not None:
-                port = fleet.serve(self.metrics_port, using=self.using)
+                port = metrics.serve(self.metrics_port, using=self.using)
                 logger.info("worker %s: metrics on port %d", self.worker_id, port)
             if not self.burst:
                 self._start_listener()
