@@ -341,6 +341,16 @@ MUTANTS = (
             "test_the_stop_summary_prints_each_outcome_by_its_value",
         ),
     ),
+    Mutant(
+        "workers-page-late",
+        "k2b_workflows/admin/workers.py",
+        "        if silent_ms > store.worker_fresh_ms():\n",
+        "        if False:\n",
+        (
+            "tests/worker/test_fleet.py::"
+            "test_the_workers_page_calls_a_worker_late_once_its_heartbeat_is_not_fresh",
+        ),
+    ),
 )
 
 

@@ -310,6 +310,15 @@ def test_the_workers_page_lists_the_fleet_read_only(admin_client):
     assert WorkerRecord.objects.get(pk="host-a:10:aaa").concurrency == 2
 
 
+def test_the_workers_page_calls_a_worker_late_once_its_heartbeat_is_not_fresh(admin_client):
+    """As workflowstatus counts it: not live, and not yet lost (#38)."""
+    beat(worker_id="host-c:12:ccc")
+    WorkerRecord.objects.update(heartbeat_at=fresh_past(store.worker_fresh_ms() + 500))
+    html = admin_client.get("/admin/k2b_workflows/workerrecord/").content.decode()
+    assert 'k2b-worker-late">late' in html, html
+    assert "k2b-worker-alive" not in html
+
+
 def test_checks_refuse_an_unknown_listen_alias_and_a_lost_timeout_below_two_beats(settings):
     from k2b_workflows.checks import check_settings
 
