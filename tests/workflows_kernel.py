@@ -32,7 +32,7 @@ from k2b_workflows.models import BudgetCharge, LedgerEntry
 
 from .models import DomainRow, ProviderCall
 from .workflow_helpers import one_step
-from .workflows import Charge
+from .workflows import Charge, crash_point
 
 #: In-process attempt counters, keyed by (action, effect_key): they survive a rollback.
 ATTEMPTS: dict[tuple[str, str], int] = defaultdict(int)
@@ -596,3 +596,36 @@ def blind_once_workflow(run, input):
     sent = run.step(BlindOnce, {})
     run.step(Record, {"n": 1})
     return sent
+
+
+class CountedPure(Action):
+    """PURE: records each call (a test-only trace outside the journal), then may crash or
+    freeze where its input says: after an earlier PURE step's ``run()`` returned, before
+    the run's next write."""
+
+    name = "kernel.counted_pure"
+    effect = Effect.PURE
+
+    def run(self, ctx, input):
+        ProviderCall.objects.create(
+            action=self.name, effect_key=ctx.effect_key, generation=ctx.generation, pid=os.getpid()
+        )
+        crash_point(input, "pure_riding")
+        freeze_point(input, "pure_riding")
+        return succeeded({"i": input["i"]})
+
+
+@workflow("kernel.pure_riding", app_id="tests")
+def pure_riding(run, input):
+    """PURE steps whose successes ride on the next write: a TRANSACTIONAL step's block
+    (``write``) or the run's end. ``at``: the step that crashes or freezes."""
+    at = input.get("at")
+
+    def point(i):
+        return {"i": i, "crash": "pure_riding", "freeze": "pure_riding"} if i == at else {"i": i}
+
+    run.step(CountedPure, point(0))
+    run.step(CountedPure, point(1))
+    if input.get("write"):
+        run.step(TxFreeze, {"key": "riding"})
+    return run.step(CountedPure, point(2))
