@@ -285,6 +285,16 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "waiter-holds-result-lock",
+        "k2b_workflows/results.py",
+        "    return bool(db.fetchall(using, _WAIT_ON_SQL, [str(run_id)])[0][0])\n",
+        "    return False\n",
+        (
+            "tests/test_results.py::test_wait_returns_the_succeeded_run_when_a_worker_ends_it",
+            "tests/test_results.py::test_wait_returns_a_canceled_run",
+        ),
+    ),
+    Mutant(
         "supervisor-no-orphans",
         "k2b_workflows/supervisor.py",
         "        set_parent_death_signal(signal.SIGTERM)\n",
