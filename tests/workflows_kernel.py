@@ -491,6 +491,9 @@ class EditEarlierStep(Action):
 @workflow("kernel.tamper_while_running", app_id="tests")
 def tamper_while_running_workflow(run, input):
     first = run.step(Record, {"n": 1})
+    # A PURE success rides on the run's next write: this step's block commits step 0's
+    # entry, so that there is a stored entry for the attacker to edit.
+    run.step(TxFreeze, {"key": "tamper"})
     run.step(EditEarlierStep, {})
     return first
 
