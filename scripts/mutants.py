@@ -251,6 +251,54 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "riding-pure-only",
+        "k2b_workflows/kernel/journal.py",
+        "            and pending.step.action.effect == Effect.PURE\n"
+        "            and pending.ledger_kind is None\n",
+        "",
+        (
+            "tests/kernel/test_run_journal.py::"
+            "test_a_success_that_is_not_pure_is_written_before_the_next_step_runs",
+        ),
+    ),
+    Mutant(
+        "riding-bound",
+        "k2b_workflows/kernel/journal.py",
+        "            and len(pending.riding) < MAX_RIDING\n",
+        "",
+        ("tests/kernel/test_run_journal.py::test_pure_successes_ride_on_one_write_up_to_a_bound",),
+    ),
+    Mutant(
+        "riding-on-the-park",
+        "k2b_workflows/kernel/ending.py",
+        "            if deferred is not None:\n"
+        "                self.journal.write_pending(deferred)\n",
+        "",
+        ("tests/hot_path/test_batching.py::test_pure_successes_ride_on_a_park",),
+    ),
+    Mutant(
+        "riding-on-the-transactional-block",
+        "k2b_workflows/kernel/effects.py",
+        "                evidence.append_journal_fenced(\n"
+        "                    pending.entries, prev, self.using, lease_ms=store.lease_ms()\n"
+        "                )\n",
+        "                pass\n",
+        (
+            "tests/crash/test_crash.py::"
+            "test_a_pure_step_whose_success_rode_on_a_committed_write_never_runs_again",
+        ),
+    ),
+    Mutant(
+        "waiter-holds-result-lock",
+        "k2b_workflows/results.py",
+        "    return bool(db.fetchall(using, _WAIT_ON_SQL, [str(run_id)])[0][0])\n",
+        "    return False\n",
+        (
+            "tests/kernel/test_results.py::test_wait_returns_the_succeeded_run_when_a_worker_ends_it",
+            "tests/kernel/test_results.py::test_wait_returns_a_canceled_run",
+        ),
+    ),
+    Mutant(
         "supervisor-no-orphans",
         "k2b_workflows/worker/supervisor.py",
         "        kernel_signals = set_parent_death_signal(signal.SIGTERM)\n",
