@@ -70,6 +70,7 @@ def start_workflow_run(
     run_after: Any = None,
     schedule_id: str | None = None,
     scheduled_for: Any = None,
+    queue: str = "default",
 ) -> WorkflowRun:
     """Queue a run of workflow ``name``. The same ``idempotency_key`` returns the same run.
 
@@ -79,7 +80,8 @@ def start_workflow_run(
     ``priority`` (0 to 1000, higher first, aged by ``PRIORITY_AGING_MS``) orders
     claims; ``run_after`` (an aware datetime) delays the first claim.
     ``schedule_id`` and ``scheduled_for`` are set by schedule passes
-    (``kernel/schedules.py``) and the admin's "run now".
+    (``kernel/schedules.py``) and the admin's "run now". ``queue`` is the
+    django.tasks queue a task run is on (``runworkflows --queue``).
 
     Raises ``UnknownWorkflow`` or ``InvalidInput`` before creating anything,
     ``IdempotencyConflict`` when the key names a run started with another input,
@@ -106,6 +108,7 @@ def start_workflow_run(
     # Set on the run by _start with the flow fields: which schedule's tick started it.
     flow_fields["schedule_id"] = schedule_id
     flow_fields["scheduled_for"] = scheduled_for
+    flow_fields["queue"] = validation.text(queue, "queue", max_length=100)
     using = store.database()
     if concurrency_key is not None:
         # A keyed start may cancel holders or count them under the key's lock:
@@ -144,27 +147,10 @@ def _start(
         parent_run = WorkflowRun.objects.using(using).filter(pk=parent_id).first()
         if parent_run is None:
             raise InvalidInput(f"parent run {parent_id} does not exist")
-    run_id = uuid.uuid4()
-    run = WorkflowRun(
-        id=run_id,
-        workflow_name=name,
-        workflow_version=definition.version,
-        app_id=definition.app_id,
-        status=RunStatus.QUEUED,
-        input=input,
-        idempotency_key=idempotency_key,
-        principal=principal,
-        created_at=now,
-        updated_at=now,
-        timeout_at=definition.timeout_at(now),
-        parent=parent_run,
-        root_id=(parent_run.root_id or parent_run.id) if parent_run else run_id,
-        # The caller's W3C trace context: whichever worker runs it continues the trace.
-        trace_context=tracing.capture() if tracing.ENABLED else None,
-        **chain.initial_anchors(run_id),
-        **flow_fields,
+    run = _new_run(
+        name, input, definition, idempotency_key, principal, parent_run, now, flow_fields
     )
-    run.start_seal = seals.start_seal(run)
+    run_id = run.id
     key = flow_fields.get("concurrency_key")
     if key is not None and definition.concurrency is not None:
         if idempotency_key is not None:
@@ -213,6 +199,93 @@ def _start(
             WorkflowRun.objects.using(using).filter(pk=run_id).values_list("holds_slot", flat=True)
         )[0]
     return run
+
+
+def _new_run(
+    name: str,
+    input: Any,
+    definition: Any,
+    idempotency_key: str | None,
+    principal: Any,
+    parent_run: WorkflowRun | None,
+    now: dt.datetime,
+    flow_fields: dict[str, Any],
+) -> WorkflowRun:
+    """A new run as it will be inserted, its start sealed: the one builder of run rows."""
+    run_id = uuid.uuid4()
+    run = WorkflowRun(
+        id=run_id,
+        workflow_name=name,
+        workflow_version=definition.version,
+        app_id=definition.app_id,
+        status=RunStatus.QUEUED,
+        input=input,
+        idempotency_key=idempotency_key,
+        principal=principal,
+        created_at=now,
+        updated_at=now,
+        timeout_at=definition.timeout_at(now),
+        parent=parent_run,
+        root_id=(parent_run.root_id or parent_run.id) if parent_run else run_id,
+        # The caller's W3C trace context: whichever worker runs it continues the trace.
+        trace_context=tracing.capture() if tracing.ENABLED else None,
+        **chain.initial_anchors(run_id),
+        **flow_fields,
+    )
+    run.start_seal = seals.start_seal(run)
+    return run
+
+
+#: Rows per INSERT of ``start_workflow_runs``: a few statements for thousands of runs.
+BULK_START_BATCH = 2000
+
+
+def start_workflow_runs(
+    name: str,
+    inputs: list[Any],
+    *,
+    priority: int = 0,
+    run_after: Any = None,
+    queue: str = "default",
+) -> list[WorkflowRun]:
+    """Queue one run of workflow ``name`` per input, in one transaction (#37).
+
+    What ``enqueue_many`` of django.tasks is made of: the runs and their budget
+    accounts go in by batches of ``BULK_START_BATCH`` rows, a handful of
+    statements for thousands of runs where a start per run costs a round trip
+    each. Every input is validated before anything is inserted. No idempotency
+    keys, parents or concurrency keys: those need ``start_workflow_run``.
+    """
+    validation.text(name, "the workflow name", max_length=200)
+    definition = get_workflow(name)
+    queue = validation.text(queue, "queue", max_length=100)
+    checked = []
+    for index, value in enumerate(inputs):
+        if value is None:
+            raise InvalidInput(f"input {index} must not be None (use {{}} for no input)")
+        checked.append(to_json_value(value, f"input {index}"))
+    now = clock.now()
+    flow_fields = flow.start_fields(
+        definition, concurrency_key=None, priority=priority, run_after=run_after, now=now
+    )
+    flow_fields.update(schedule_id=None, scheduled_for=None, queue=queue)
+    runs = [
+        _new_run(name, value, definition, None, None, None, now, flow_fields) for value in checked
+    ]
+    accounts = [
+        BudgetAccount(
+            root_id=run.id,
+            effect_budget=definition.effect_budget,
+            max_ai_calls=definition.max_ai_calls,
+            max_steps=definition.max_steps,
+        )
+        for run in runs
+    ]
+    using = store.database()
+    with db.schema_required(), transaction.atomic(using=using):
+        WorkflowRun.objects.using(using).bulk_create(runs, batch_size=BULK_START_BATCH)
+        BudgetAccount.objects.using(using).bulk_create(accounts, batch_size=BULK_START_BATCH)
+    return runs
 
 
 def _existing_run(

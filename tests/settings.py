@@ -70,3 +70,16 @@ if django.VERSION >= (6, 0):
 # The suite connects as a superuser on purpose (it creates databases and roles);
 # tests/test_roles.py connects as a real runtime role and checks W003 itself.
 SILENCED_SYSTEM_CHECKS = ["k2b_workflows.W003"]
+
+# django.tasks on the kernel (#37): tests/workflows_tasks.py holds the tasks.
+TASKS = {
+    "default": {
+        "BACKEND": "k2b_workflows.tasks.WorkflowsBackend",
+        "QUEUES": ["default", "mail", "reports"],
+    },
+    "pure": {
+        "BACKEND": "k2b_workflows.tasks.WorkflowsBackend",
+        "QUEUES": [],
+        "OPTIONS": {"effect": "pure"},
+    },
+}
