@@ -359,7 +359,7 @@ def cancel_run(
 ) -> WorkflowRun:
     """``cancel_workflow_run`` with its error code; with ``overdue``, only a run whose
     ``timeout_at`` has passed and that is still queued, running or waiting, checked
-    under its lock (the timeout sweep, ``timeouts.py``)."""
+    under its lock (the timeout sweep, ``worker/timeouts.py``)."""
     using = store.database()
 
     def cancel() -> WorkflowRun:

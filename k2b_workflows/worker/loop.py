@@ -49,16 +49,17 @@ from typing import Any, TextIO
 from django.db import DatabaseError, connections, transaction
 from django.db.backends.signals import connection_created
 
-from . import fleet, metrics, startup, store, timeouts
+from .. import fleet, metrics, store
+from ..kernel import ai, claim, db, flow, waits, weather
+from ..kernel import schedules as schedule_passes
+from ..kernel.execute import Execution
+from ..kernel.leases import LeaseKeeper
+from ..kernel.load import Preloaded, preload, preload_statement, preloaded
+from ..workflows import registered_versions
+from . import startup, timeouts
 from .health import HealthFile
-from .kernel import ai, claim, db, flow, waits, weather
-from .kernel import schedules as schedule_passes
-from .kernel.execute import Execution
-from .kernel.leases import LeaseKeeper
-from .kernel.load import Preloaded, preload, preload_statement, preloaded
 from .prefetch import Prefetch
 from .wakeups import Listener
-from .workflows import registered_versions
 
 logger = logging.getLogger(__name__)
 #: The start and stop lines go to the package's logger by name: docs/operations.md
@@ -685,7 +686,7 @@ class Worker:
             versions.setdefault(name, set()).add(version)
         if not versions:
             return 0
-        from .scheduling import start_tick
+        from ..scheduling import start_tick
 
         started = 0
         for _ in range(10):  # bounded: claims wait meanwhile; the next call goes on
