@@ -42,8 +42,7 @@ def uses_task_backend() -> bool:
     if not isinstance(configured, dict):
         return False
     return any(
-        isinstance(params, dict)
-        and params.get("BACKEND") == "k2b_workflows.tasks.WorkflowsBackend"
+        isinstance(params, dict) and params.get("BACKEND") == "k2b_workflows.tasks.WorkflowsBackend"
         for params in configured.values()
     )
 

@@ -23,6 +23,7 @@ success rides on the run's end, one commit.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import datetime as dt
 import importlib
 import inspect
@@ -71,6 +72,36 @@ MAX_PATH = 190
 
 #: The step context of the task this thread is running: what ``effect_key(context)`` reads.
 current_step: contextvars.ContextVar[Any] = contextvars.ContextVar("k2b_task_step", default=None)
+
+#: run id -> (the result its last attempt in this process saw, its return value or None):
+#: ``task_finished`` is built from it when the run's end commits, with no query.
+#: Bounded: an attempt whose run ends elsewhere (a retry on another worker) is dropped.
+last_attempts: dict[Any, tuple[Any, Any]] = {}
+MAX_REMEMBERED = 10_000
+
+
+def remember(run_id: Any, result: Any, value: Any) -> None:
+    last_attempts.pop(run_id, None)
+    while len(last_attempts) >= MAX_REMEMBERED:
+        last_attempts.pop(next(iter(last_attempts)))
+    last_attempts[run_id] = (result, value)
+
+
+def finished_result(run_id: Any, status: str) -> Any | None:
+    """The finished task's result from what its last attempt here saw (None: nothing seen)."""
+    seen = last_attempts.pop(run_id, None)
+    if seen is None:
+        return None
+    result, value = seen
+    statuses = base_api.TaskResultStatus
+    final = dataclasses.replace(
+        result,
+        status=statuses.SUCCESSFUL if status == RunStatus.SUCCEEDED else statuses.FAILED,
+        finished_at=timezone.now(),
+    )
+    if status == RunStatus.SUCCEEDED:
+        object.__setattr__(final, "_return_value", value)
+    return final
 
 
 class TaskUnavailable(Exception):
@@ -174,7 +205,12 @@ class TaskAction(Action, abstract=True):
         except (LeaseLost, RunCanceled):
             raise
         except BaseException as exc:  # SystemExit and KeyboardInterrupt fail this task only
-            _record(ctx, attempt, run.claimed_by, started, exc, exc)
+            error = base_api.TaskError(
+                exception_class_path=f"{type(exc).__module__}.{type(exc).__qualname__}",
+                traceback=_record(ctx, attempt, run.claimed_by, started, exc, exc),
+            )
+            result.errors.append(error)
+            remember(ctx.run_id, result, None)
             return failed(
                 scrub_error(f"{type(exc).__name__}: {exc}"),
                 code=codes.TASK_FAILED,
@@ -182,6 +218,7 @@ class TaskAction(Action, abstract=True):
             )
         finally:
             current_step.reset(token)
+        remember(ctx.run_id, result, value)
         return succeeded(value, summary=f"task {path}")
 
     def _call(self, ctx: Any, task: Any, result: Any, input: Any) -> Any:
@@ -211,10 +248,11 @@ def _record(
     started: dt.datetime,
     exc: BaseException,
     cause: BaseException | None,
-) -> None:
-    """The failed attempt's ``TaskError``, fenced: a worker that lost the run adds nothing."""
+) -> str:
+    """The failed attempt's ``TaskError``, fenced: a worker that lost the run adds nothing.
+    Returns the traceback as stored."""
     shown = cause or exc
-    text = "".join(traceback.format_exception(shown))
+    text = scrub_error("".join(traceback.format_exception(shown)))
     with ctx.fenced(ctx.using):
         TaskAttempt.objects.using(ctx.using).create(
             run_id=ctx.run_id,
@@ -223,8 +261,9 @@ def _record(
             started_at=started,
             finished_at=timezone.now(),
             exception_class_path=f"{type(shown).__module__}.{type(shown).__qualname__}",
-            traceback=scrub_error(text),
+            traceback=text,
         )
+    return text
 
 
 def attempt_number(ctx: Any, run: WorkflowRun) -> int:
@@ -389,7 +428,7 @@ def task_at(path: str, input: Any) -> Any:
     try:
         return load_task(path)
     except TaskUnavailable:
-        stand_in = object.__new__(_stand_in_class())
+        stand_in: Any = object.__new__(_stand_in_class())
         values = {
             "func": missing_task,
             "priority": input.get("priority", 0),
@@ -404,10 +443,10 @@ def task_at(path: str, input: Any) -> Any:
 
 
 def _stand_in_class() -> type:
-    return base_api.Task  # type: ignore[no-any-return]
+    task_class: type = base_api.Task
+    return task_class
 
 
 def missing_task(*args: Any, **kwargs: Any) -> Any:
     """Stands for a task whose module no longer imports here."""
     raise RuntimeError("this task's code is not available in this process")
-

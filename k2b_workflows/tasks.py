@@ -1,4 +1,4 @@
-"""django.tasks on k2b_workflows: ``TASKS = {"default": {"BACKEND": "k2b_workflows.tasks.WorkflowsBackend"}}``.
+"""django.tasks on k2b_workflows: the backend ``k2b_workflows.tasks.WorkflowsBackend``.
 
 The failure this is built around: a task enqueued by a request whose
 transaction then rolls back (the order was never saved, the mail is sent
@@ -45,6 +45,7 @@ from .taskruns import (
     backends_api,
     base_api,
     current_step,
+    finished_result,
     new_result,
     rate_limit_to_json,
     result_of,
@@ -75,7 +76,7 @@ class InvalidTaskCall(InvalidInput, InvalidTask):  # type: ignore[misc,valid-typ
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class WorkflowsTask(base_api.Task):  # type: ignore[misc,name-defined]
+class WorkflowsTask(base_api.Task):
     """Django's ``Task`` with the arguments Django 6.1 passes through ``@task(...)``.
 
     ``effect``: what a crash while it runs does (``"pure"``, ``"idempotent"``,
@@ -89,7 +90,7 @@ class WorkflowsTask(base_api.Task):  # type: ignore[misc,name-defined]
     rate_limit: RateLimit | None = None
 
 
-class WorkflowsBackend(backends_api.BaseTaskBackend):  # type: ignore[misc,name-defined]
+class WorkflowsBackend(backends_api.BaseTaskBackend):
     """The django.tasks backend whose tasks are durable runs on PostgreSQL."""
 
     task_class = WorkflowsTask
@@ -238,7 +239,9 @@ def effect_key(context: Any) -> str:
     return f"{result.id}:0"
 
 
-def enqueue_many(task: Any, calls: Iterable[tuple[Sequence[Any], dict[str, Any] | None]]) -> list[Any]:
+def enqueue_many(
+    task: Any, calls: Iterable[tuple[Sequence[Any], dict[str, Any] | None]]
+) -> list[Any]:
     """Enqueue one call of ``task`` per ``(args, kwargs)``, in one transaction.
 
     A few statements for thousands of calls (``control.start_workflow_runs``);
@@ -285,9 +288,17 @@ def schedule_task(
 # -- the end of a task run -----------------------------------------------------------
 
 
-def _finished(sender: Any, *, run_id: Any, workflow_name: str, **kwargs: Any) -> None:
-    """``task_finished`` once a task run's end has committed (``signals.run_finished``)."""
+def _finished(sender: Any, *, run_id: Any, workflow_name: str, status: str, **kwargs: Any) -> None:
+    """``task_finished`` once a task run's end has committed (``signals.run_finished``).
+
+    On the worker that ran the last attempt, from what that attempt saw: no
+    query on the hot path. Elsewhere (a cancel from a web process), read back.
+    """
     if workflow_name not in EFFECT_OF_WORKFLOW:
+        return
+    result = finished_result(run_id, status)
+    if result is not None:
+        signals_api.task_finished.send(sender=type(result.task.get_backend()), task_result=result)
         return
     run = WorkflowRun.objects.using(store.database()).filter(pk=run_id).only("input").first()
     if run is None:

@@ -15,13 +15,13 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from k2b_workflows.models import TaskAttempt, WorkflowRun
+from k2b_workflows.taskruns import TaskResultDoesNotExist, signals_api
 from k2b_workflows.tasks import (
     InvalidTaskCall,
     WorkflowsBackend,
     effect_key,
     enqueue_many,
 )
-from k2b_workflows.taskruns import TaskResultDoesNotExist, signals_api
 from k2b_workflows.testing import run_until_idle
 from tests import workflows_tasks as t
 from tests.models import ProviderCall

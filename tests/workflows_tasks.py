@@ -137,3 +137,13 @@ def sleepy(seconds):
 @task(effect="pure")
 def noop():
     return None
+
+
+@task(effect="idempotent")
+def idempotent_noop(n):
+    return n
+
+
+@task(effect="external")
+def external_noop(n):
+    return n

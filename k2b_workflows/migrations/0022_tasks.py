@@ -6,8 +6,9 @@ failed attempts (its ``TaskResult.errors``) are rows of ``k2b_task_attempt``.
 """
 
 import django.db.models.deletion
-import k2b_workflows.models
 from django.db import migrations, models
+
+import k2b_workflows.models
 
 
 class Migration(migrations.Migration):
