@@ -46,6 +46,25 @@ class Mutant:
 
 
 MUTANTS = (
+    # django.tasks (#37): an external task's crash must never re-run it; a path that
+    # now names another task must not be called.
+    Mutant(
+        "task-external-never-rerun",
+        "k2b_workflows/taskruns.py",
+        '"external": Effect.EXTERNAL}',
+        '"external": Effect.IDEMPOTENT}',
+        (
+            "tests/test_tasks_crash.py::"
+            "test_an_external_task_killed_while_running_is_never_run_again",
+        ),
+    ),
+    Mutant(
+        "task-path-check",
+        "k2b_workflows/taskruns.py",
+        "    if task.module_path != path:",
+        "    if False:",
+        ("tests/test_tasks_crash.py::test_a_path_that_now_names_another_task_is_not_called",),
+    ),
     Mutant(
         "exit-hooks",
         "k2b_workflows/worker/exits.py",
