@@ -31,8 +31,7 @@ from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_POST
 
 from ..exceptions import InvalidInput, InvalidSchedule, UnknownWorkflow
-from ..kernel import clock
-from ..kernel import schedules as passes
+from ..kernel import clock, schedule_passes
 from ..lazy import LazyModule
 from ..models import WorkflowRun, WorkflowSchedule, WorkflowScheduleSkip
 from ..schedules import Schedule, zone
@@ -73,7 +72,7 @@ def preview(
 ) -> list[dt.datetime]:
     """The next five fire times of a spec typed now (raises ``InvalidSchedule``)."""
     spec = Schedule(cron or None, every=every, timezone=tz or "UTC")
-    return passes.preview(spec, after or clock.now(), PREVIEW_TICKS)
+    return schedule_passes.preview(spec, after or clock.now(), PREVIEW_TICKS)
 
 
 class ScheduleForm(forms.ModelForm):
