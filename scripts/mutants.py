@@ -54,7 +54,7 @@ MUTANTS = (
         '"external": Effect.EXTERNAL}',
         '"external": Effect.IDEMPOTENT}',
         (
-            "tests/test_tasks_crash.py::"
+            "tests/tasks/test_workers.py::"
             "test_an_external_task_killed_while_running_is_never_run_again",
         ),
     ),
@@ -63,7 +63,7 @@ MUTANTS = (
         "k2b_workflows/taskruns.py",
         "    if task.module_path != path:",
         "    if False:",
-        ("tests/test_tasks_crash.py::test_a_path_that_now_names_another_task_is_not_called",),
+        ("tests/tasks/test_workers.py::test_a_path_that_now_names_another_task_is_not_called",),
     ),
     Mutant(
         "exit-hooks",

@@ -71,7 +71,7 @@ if django.VERSION >= (6, 0):
 # tests/misuse/test_roles.py connects as a real runtime role and checks W003 itself.
 SILENCED_SYSTEM_CHECKS = ["k2b_workflows.W003"]
 
-# django.tasks on the kernel (#37): tests/workflows_tasks.py holds the tasks.
+# django.tasks on the kernel (#37): tests/tasks_app/ holds the tasks.
 TASKS = {
     "default": {
         "BACKEND": "k2b_workflows.tasks.WorkflowsBackend",

@@ -1,7 +1,7 @@
 """django.tasks on the kernel (#37): the contract of ``k2b_workflows.tasks``, line by line.
 
 In-process (``run_until_idle``) on real PostgreSQL; crashes with real worker
-processes are in ``test_tasks_crash.py``.
+processes are in ``test_workers.py``.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from k2b_workflows.tasks import (
     enqueue_many,
 )
 from k2b_workflows.testing import run_until_idle
-from tests import workflows_tasks as t
 from tests.models import ProviderCall
+from tests.tasks_app import tasks as t
 
 try:
     from django.tasks import TaskResultStatus, task, task_backends

@@ -14,9 +14,9 @@ from django.db import connection, transaction
 
 from k2b_workflows import EFFECT_CONFIRMED, resolve_effect
 from k2b_workflows.models import WorkflowRun
-from tests import workflows_tasks as t
-from tests import workflows_tasks_fragile as fragile
 from tests.models import ProviderCall
+from tests.tasks_app import fragile
+from tests.tasks_app import tasks as t
 
 try:
     from django.tasks import TaskResultStatus
@@ -158,7 +158,7 @@ def test_a_task_module_that_no_longer_imports_fails_the_task_and_the_worker_goes
     run = WorkflowRun.objects.get(pk=broken.id)
     assert run.status == "failed"
     assert run.error_code == "TASK_IMPORT_FAILED"
-    assert "workflows_tasks_fragile" in run.error_message
+    assert "tasks_app.fragile" in run.error_message
     result = fragile.fragile.get_result(broken.id)
     assert result.status == FAILED
     assert result.errors[0].exception_class_path.endswith("ImportError")

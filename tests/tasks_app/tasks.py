@@ -15,9 +15,8 @@ import time
 
 from k2b_workflows import Retry
 from k2b_workflows.tasks import effect_key
-
-from .models import ProviderCall
-from .workflows import crash_point
+from tests.models import ProviderCall
+from tests.workflows import crash_point
 
 try:
     from django.tasks import TaskContext, task

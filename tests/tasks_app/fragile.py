@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from .models import ProviderCall
+from tests.models import ProviderCall
 
 try:
     from django.tasks import task
