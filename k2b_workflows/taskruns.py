@@ -314,8 +314,13 @@ def _external(run: RunHandle, input: Any) -> Any:
     return run.step(action_for("external", input), input)
 
 
-for _effect, _fn in (("pure", _pure), ("idempotent", _idempotent), ("external", _external)):
-    workflow(WORKFLOW_NAMES[_effect], app_id=TASK_APP_ID)(_fn)
+def register() -> None:
+    """Register the three task workflows (again, after a test cleared the registry)."""
+    for effect, fn in (("pure", _pure), ("idempotent", _idempotent), ("external", _external)):
+        workflow(WORKFLOW_NAMES[effect], app_id=TASK_APP_ID)(fn)
+
+
+register()
 
 
 # -- TaskResult from a run ----------------------------------------------------------
