@@ -73,6 +73,7 @@ INLINE = {
         "test_the_redaction_setting_is_known_and_passes_the_checks"
     ),
     ("docs/security.md", "# settings.py"): "test_the_two_role_settings_pass_the_checks",
+    ("docs/tasks.md", "# settings.py"): "test_the_tasks_setting_of_tasks_md_makes_the_backend",
     ("docs/security.md", "LOGGING = {"): "test_the_witness_logging_of_security_md_writes_records",
     ("docs/testing.md", "# settings used by your test run"): (
         "test_the_test_settings_of_testing_md_are_the_suites"
@@ -573,3 +574,16 @@ def test_the_demo_settles_as_the_tutorial_says(tmp_path) -> None:
     assert Payment.objects.count() == 5
     assert "Incidents waiting for an operator: 1" in text
     assert "/admin/k2b_workflows/incident/" in text
+
+
+def test_the_tasks_setting_of_tasks_md_makes_the_backend() -> None:
+    """The TASKS block of docs/tasks.md, evaluated: our backend, its queues, external by default."""
+    from k2b_workflows.tasks import WorkflowsBackend
+
+    namespace: dict[str, Any] = {}
+    exec(block("docs/tasks.md", "# settings.py").code, namespace)
+    params = namespace["TASKS"]["default"]
+    assert params["BACKEND"] == "k2b_workflows.tasks.WorkflowsBackend"
+    backend = WorkflowsBackend("default", params)
+    assert backend.queues == {"default", "mail"}
+    assert backend.default_effect == "external"
