@@ -12,7 +12,7 @@ from .providers import gateway
 try:
     from django.tasks import TaskContext, task
 except ImportError:  # Django 5.2 with the django-tasks backport
-    from django_tasks import TaskContext, task  # type: ignore[no-redef,assignment]
+    from django_tasks import TaskContext, task
 
 
 # --8<-- [start:tasks]

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.contrib import admin, messages
 from django.db.models import F, Model, Prefetch, Q, QuerySet
+from django.db.models.fields.json import KeyTextTransform
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
@@ -27,7 +28,15 @@ from .. import store
 from ..kernel import clock
 from ..kernel.evidence import hash_value
 from ..lazy import LazyModule
-from ..models import Incident, JournalEntry, LedgerEntry, RunStatus, WorkerRecord, WorkflowRun
+from ..models import (
+    Incident,
+    JournalEntry,
+    LedgerEntry,
+    RunStatus,
+    TaskAttempt,
+    WorkerRecord,
+    WorkflowRun,
+)
 from ..redaction import redact, redact_text, shorten
 
 if TYPE_CHECKING:
@@ -45,6 +54,9 @@ else:
     audit = LazyModule("k2b_workflows.kernel.audit")
 
 HASH_PREVIEW = 8
+#: The workflows a django.tasks task call runs as (``taskruns.WORKFLOW_NAMES``), by their
+#: prefix: the admin must not import django.tasks, which a project may not have (#37).
+TASK_WORKFLOW_PREFIX = "k2b.task."
 
 
 def status_badge(status: str) -> str:
@@ -73,6 +85,11 @@ def pretty_json(value: Any) -> str:
             f"{text[:MAX_JSON_SHOWN]}\n… [{len(text) - MAX_JSON_SHOWN} more characters not shown]"
         )
     return format_html('<pre class="k2b-json">{}</pre>', text)
+
+
+def is_task_run(run: WorkflowRun) -> bool:
+    """Whether ``run`` is a django.tasks task call (``k2b_workflows.tasks``)."""
+    return run.workflow_name.startswith(TASK_WORKFLOW_PREFIX)
 
 
 def field_names(fieldsets: Sequence[tuple[str | None, Mapping[str, Any]]]) -> tuple[str, ...]:
@@ -115,6 +132,7 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
         "short_id",
         "status_badge",
         "workflow_name",
+        "task_column",
         "app_id",
         "step_column",
         "generation_column",
@@ -191,7 +209,20 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
             {"fields": ("wait_kind", "wait_key", "wait_deadline", "waiting_since", "wait_step")},
         ),
     )
-    readonly_fields = field_names(fieldsets)
+    #: Shown first on the page of a django.tasks task's run (#37).
+    task_fieldset = (
+        "Task",
+        {
+            "fields": (
+                "task_path",
+                "task_arguments",
+                "task_attempts",
+                "task_errors",
+                "task_return_value",
+            )
+        },
+    )
+    readonly_fields = (*field_names(fieldsets), *field_names((task_fieldset,)))
 
     class Media:
         css = {"all": ["k2b_workflows/admin.css"]}
@@ -302,15 +333,65 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     def get_fieldsets(self, request: HttpRequest, obj: WorkflowRun | None = None) -> Any:
         # "Waiting for" only matters while a run waits, or when it last waited.
+        fieldsets: tuple[Any, ...] = self.fieldsets
         if obj is not None and not obj.wait_kind:
-            return self.fieldsets[:-1]
-        return self.fieldsets
+            fieldsets = fieldsets[:-1]
+        if obj is not None and is_task_run(obj):
+            fieldsets = (self.task_fieldset, *fieldsets)
+        return fieldsets
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         # Lists never need the JSON bodies: ten runs with 10 MB inputs would
         # otherwise be read whole for a table that shows none of it. The run
-        # page reads them when it draws them.
-        return super().get_queryset(request).defer("input", "output", "principal")
+        # page reads them when it draws them. A task's path is read alone.
+        return (
+            super()
+            .get_queryset(request)
+            .defer("input", "output", "principal")
+            .annotate(task_path_shown=KeyTextTransform("task", "input"))
+        )
+
+    # django.tasks task runs (#37) -----------------------------------------------------------
+
+    @admin.display(description="task")
+    def task_column(self, run: WorkflowRun) -> str:
+        path = getattr(run, "task_path_shown", None)
+        return path if path and is_task_run(run) else ""
+
+    @admin.display(description="task")
+    def task_path(self, run: WorkflowRun) -> str:
+        return format_html("<code>{}</code>", run.input.get("task", ""))
+
+    @admin.display(description="arguments")
+    def task_arguments(self, run: WorkflowRun) -> str:
+        """Redacted as every run's input is (``pretty_json``)."""
+        return pretty_json({"args": run.input.get("args"), "kwargs": run.input.get("kwargs")})
+
+    @admin.display(description="failed attempts")
+    def task_attempts(self, run: WorkflowRun) -> str:
+        rows = list(TaskAttempt.objects.filter(run_id=run.pk).order_by("id"))
+        if not rows:
+            return "none"
+        return format_html_join(
+            mark_safe("<br>"),
+            "#{} on <code>{}</code> at {}: <code>{}</code>",
+            ((r.attempt, r.worker_id or "?", r.started_at, r.exception_class_path) for r in rows),
+        )
+
+    @admin.display(description="errors")
+    def task_errors(self, run: WorkflowRun) -> str:
+        """The failed attempts' tracebacks, scrubbed when they were stored."""
+        rows = TaskAttempt.objects.filter(run_id=run.pk).order_by("id")
+        texts = [redact_text(r.traceback) for r in rows]
+        if not texts:
+            return "—"
+        return format_html_join("", '<pre class="k2b-json">{}</pre>', ((t,) for t in texts))
+
+    @admin.display(description="return value")
+    def task_return_value(self, run: WorkflowRun) -> str:
+        if run.status != RunStatus.SUCCEEDED:
+            return "—"
+        return pretty_json(run.output)
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet, search_term: str
