@@ -13,9 +13,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def page(admin_client, result_id: str) -> str:
-    response = admin_client.get(
-        reverse("admin:k2b_workflows_workflowrun_change", args=[result_id])
-    )
+    response = admin_client.get(reverse("admin:k2b_workflows_workflowrun_change", args=[result_id]))
     assert response.status_code == 200
     return response.content.decode()
 

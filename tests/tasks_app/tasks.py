@@ -146,3 +146,8 @@ def idempotent_noop(n):
 @task(effect="external")
 def external_noop(n):
     return n
+
+
+def impostor_target():
+    """A plain function: wrapped by a test as a task it is not known as here."""
+    return None
