@@ -73,7 +73,7 @@ def test_a_naive_run_after_is_refused_with_use_tz(nothing_inserted):
     ids=["object", "set", "nan"],
 )
 def test_arguments_that_are_not_json_are_refused(args, kwargs, nothing_inserted):
-    with pytest.raises(InvalidTaskCall, match="arguments of task tests.tasks_app.tasks.add"):
+    with pytest.raises(InvalidTaskCall, match=r"arguments of task tests\.tasks_app\.tasks\.add"):
         t.add.enqueue(*args, **kwargs)
 
 
