@@ -59,6 +59,17 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "task-enqueue-on-callers-connection",
+        "k2b_workflows/kernel/starts.py",
+        "    with transaction.mark_for_rollback_on_error(using), connection.cursor() as cursor:",
+        "    with db.autocommit_connection(using) as own, own.cursor() as cursor:",
+        (
+            "tests/tasks/test_contract.py::test_an_enqueue_rolled_back_never_runs",
+            "tests/tasks/test_workers.py::"
+            "test_a_burst_worker_does_not_run_a_task_whose_enqueue_has_not_committed",
+        ),
+    ),
+    Mutant(
         "task-path-check",
         "k2b_workflows/taskruns.py",
         "    if task.module_path != path:",
