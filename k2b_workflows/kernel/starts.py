@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
+from django.db.models import Model
+from django.db.models.fields import AutoFieldMixin
+from psycopg import sql
 
 from .. import codes, tracing
 from ..dedup import insert_values
@@ -296,10 +300,6 @@ def start_children(
     return [existing_ids[i] for i in range(len(inputs))]
 
 
-#: Rows per INSERT of ``start_many``: a few statements for thousands of runs.
-BULK_START_BATCH = 2000
-
-
 def start_many(
     using: str,
     definition: WorkflowDefinition,
@@ -311,9 +311,12 @@ def start_many(
 ) -> list[WorkflowRun]:
     """Queue one run of ``definition`` per input (JSON values), in one transaction.
 
-    The runs and their budget accounts go in by ``BULK_START_BATCH`` rows per
-    statement: ``enqueue_many`` of django.tasks (#37). Each row is built by
-    ``new_run`` like any other, so each is sealed and anchored.
+    The runs, then their budget accounts, go in by one ``COPY`` each:
+    ``enqueue_many`` of django.tasks (#37). Two statements whatever the number
+    of runs, and no parameter lists to build (an ``INSERT`` of 10,000 rows of
+    fifty columns spends more time binding than inserting). Each row is built
+    by ``new_run`` like any other, so each is sealed and anchored; the rows'
+    triggers fire as for an ``INSERT``.
     """
     now = clock.now()
     columns = flow.start_fields(
@@ -334,7 +337,32 @@ def start_many(
         )
         for run in runs
     ]
+    if not runs:
+        return runs
     with transaction.atomic(using=using):
-        WorkflowRun.objects.using(using).bulk_create(runs, batch_size=BULK_START_BATCH)
-        BudgetAccount.objects.using(using).bulk_create(accounts, batch_size=BULK_START_BATCH)
+        copy_rows(using, runs)
+        copy_rows(using, accounts)
+    for obj in (*runs, *accounts):
+        obj._state.adding = False
+        obj._state.db = using
     return runs
+
+
+def copy_rows(using: str, objs: Sequence[Model]) -> None:
+    """``COPY`` ``objs`` (one model) into their table as the ORM would save them, inside
+    the current transaction. Database-generated keys are left to the database."""
+    connection = connections[using]
+    meta = objs[0]._meta
+    fields = [f for f in meta.concrete_fields if not isinstance(f, AutoFieldMixin)]
+    statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
+        sql.Identifier(meta.db_table), sql.SQL(", ").join(sql.Identifier(f.column) for f in fields)
+    )
+    with (
+        transaction.mark_for_rollback_on_error(using),
+        connection.cursor() as cursor,
+        cursor.cursor.copy(statement) as copy,
+    ):
+        for obj in objs:
+            copy.write_row(
+                [f.get_db_prep_save(f.pre_save(obj, add=True), connection) for f in fields]
+            )
