@@ -562,7 +562,6 @@ def test_a_connection_lost_while_rolling_back_an_empty_claim_still_looks_for_orp
 
     import psycopg
     from django.db import connection
-    from django.db.backends.signals import connection_created
 
     from k2b_workflows import start_workflow_run
     from k2b_workflows.kernel import db
@@ -573,7 +572,7 @@ def test_a_connection_lost_while_rolling_back_an_empty_claim_still_looks_for_orp
     pool = ThreadPoolExecutor(1)
     rollback_quietly = db.rollback_quietly
     connection.ensure_connection()  # as ``Worker.start_up`` leaves it
-    worker._watch_connections()  # as ``Worker.run`` does next
+    worker.connections.watch()  # as ``Worker.run`` does next
 
     def ended_before_the_rollback(using: str) -> None:
         monkeypatch.setattr(db, "rollback_quietly", rollback_quietly)
@@ -606,6 +605,7 @@ def test_a_connection_lost_while_rolling_back_an_empty_claim_still_looks_for_orp
         assert fresh(run).generation == 2
         assert "claimed while the database connection was lost" in caplog.text
     finally:
-        connection_created.disconnect(worker._connection_created)
-        worker._close_thread_connections(pool)
+        worker.connections.unwatch()
+        worker._drain()
+        worker.connections.close_all(pool)
         pool.shutdown()

@@ -37,10 +37,11 @@ from django.db import connection
 from django.test import override_settings
 
 from k2b_workflows import dry_run, start_workflow_run, store
+from k2b_workflows import settings as k2b_settings
 from k2b_workflows.checks import check_database, check_settings
 from k2b_workflows.models import LedgerEntry, WorkflowRun
 from k2b_workflows.testing import assert_run_status, run_until_idle
-from tests.support.docs import EXAMPLES, ROOT, Block, block, blocks, examples, section
+from tests.support.doc_blocks import EXAMPLES, ROOT, Block, block, blocks, examples, section
 
 from . import test_docs_examples
 
@@ -83,14 +84,14 @@ INLINE = {
     ),
     # Code, not configuration: a Django test module, run as shown in a fresh project.
     ("docs/testing.md", "# orders/tests.py, run by manage.py test"): (
-        "test_fresh_project.test_djangos_testcase_and_transactiontestcase_pass_in_a_fresh_project"
+        "docs.test_fresh_project.test_djangos_testcase_and_transactiontestcase_pass_in_a_fresh_project"
     ),
     # Code, not configuration: two lines that need the page's context; run as shown
     # in tests/docs/test_docs_examples.py.
     (
         "docs/testing.md",
         'wake_workflow_runs_waiting_on(app_id="shop", kind="approval", key="order-1")',
-    ): "test_docs_examples.test_the_wake_of_testing_md_runs",
+    ): "docs.test_docs_examples.test_the_wake_of_testing_md_runs",
 }
 
 #: (page, first line) of a block that cannot include -> the section it must equal.
@@ -239,8 +240,17 @@ def test_the_quickstart_databases_is_postgresql() -> None:
 def test_the_settings_of_operations_md_are_the_defaults_and_pass_the_checks() -> None:
     shown = evaluate("docs/operations.md", "K2B_WORKFLOWS = {")["K2B_WORKFLOWS"]
     assert set(shown) <= store.known_settings()
-    assert shown == {key: store._DEFAULTS[key] for key in shown}
+    assert shown == {key: k2b_settings.default(key) for key in shown}
     assert settings_errors(K2B_WORKFLOWS=shown) == []
+
+
+def test_the_reference_lists_every_setting_as_declared() -> None:
+    """docs/reference.md's settings table is ``k2b_workflows.settings`` rendered: a key, a
+    default or a meaning changed in one place and not the other fails here."""
+    page = (ROOT / "docs" / "reference.md").read_text()
+    section = page[page.index("## Settings") : page.index("## Management commands")]
+    table = "\n".join(line for line in section.splitlines() if line.startswith("|"))
+    assert table == k2b_settings.reference_table()
 
 
 def test_the_pgbouncer_settings_pass_the_checks(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,7 +2,7 @@
 
 The pages include these modules section by section (pymdownx.snippets), so a
 test here runs the code a reader sees. Each test loads its modules alone in the
-registries (``tests.support.docs.examples``), drives the runs with ``run_until_idle``
+registries (``tests.support.doc_blocks.examples``), drives the runs with ``run_until_idle``
 on PostgreSQL and checks the outcome the prose claims. ``RUN_BY`` says which
 test runs which module; tests/docs/test_docs.py fails on a module nobody runs.
 """
@@ -54,7 +54,7 @@ from k2b_workflows.testing import (
     fast_retries,
     run_until_idle,
 )
-from tests.support.docs import ROOT, block, examples
+from tests.support.doc_blocks import ROOT, block, examples
 from tests.support.workflow_steps import one_step
 
 pytestmark = pytest.mark.django_db(transaction=True)

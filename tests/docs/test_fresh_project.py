@@ -27,7 +27,7 @@ import pytest
 from django.db import connection
 
 import k2b_workflows
-from tests.support.docs import block
+from tests.support.doc_blocks import block
 
 pytestmark = pytest.mark.slow
 

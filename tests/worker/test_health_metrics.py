@@ -13,7 +13,7 @@ from django.core.management import call_command
 from django.test import RequestFactory
 from prometheus_client.parser import text_string_to_metric_families
 
-from k2b_workflows import fleet, metrics, start_workflow_run
+from k2b_workflows import counters, fleet, metrics, start_workflow_run
 from k2b_workflows.testing import run_until_idle
 from tests.models import ProviderCall
 from tests.support.kernel import fresh
@@ -142,6 +142,7 @@ def test_the_django_view_reads_the_gauges_from_the_database():
 
 def test_without_prometheus_client_the_view_says_what_to_install(monkeypatch):
     monkeypatch.setattr(metrics, "AVAILABLE", False)
+    monkeypatch.setattr(counters, "AVAILABLE", False)
     metrics.count_step("pure", "succeeded", 0.1)  # a no-op, never an error
     response = metrics.metrics_view(RequestFactory().get("/metrics"))
     assert response.status_code == 501
@@ -182,7 +183,7 @@ def test_a_broken_metric_never_changes_a_runs_outcome(monkeypatch):
     def broken(name):
         raise ValueError("Duplicated timeseries")  # what racing first uses once raised
 
-    monkeypatch.setattr(metrics, "_get", broken)
+    monkeypatch.setattr(counters, "_get", broken)
     run = start_workflow_run("test.pure", {"a": 1, "b": 1})
     stats = run_until_idle()
     assert fresh(run).status == "succeeded"
