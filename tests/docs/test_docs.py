@@ -103,7 +103,8 @@ MIRRORED = {
 
 #: ``manage.py`` lines of the ```sh blocks the suite does not run as shown, and why.
 NOT_RUN = {
-    "runworkflows [--app APP ...] [--processes N|auto] [--concurrency N] [--burst] "
+    "runworkflows [--app APP ...] [--queue NAME ...] [--processes N|auto] [--concurrency N] "
+    "[--burst] "
     "[--no-listen] [--no-schedules] [--health-file PATH] [--metrics-port PORT] "
     "[--wait-for-db SECONDS] [--log-format text|json]": ("a synopsis"),
     "runworkflows --concurrency 8": (
