@@ -11,10 +11,7 @@ import os
 
 from tests.models import ProviderCall
 
-try:
-    from django.tasks import task
-except ImportError:  # Django 5.2: the backport
-    from django_tasks import task  # type: ignore[no-redef]
+from .tasks import declared
 
 BROKEN = os.environ.get("K2B_TEST_TASKS_BROKEN", "")
 
@@ -29,17 +26,17 @@ def impostor(n):
 
 if BROKEN == "renamed":
 
-    @task(effect="external")
+    @declared("external")
     def fragile_renamed(n):
         ProviderCall.objects.create(action="task.fragile", payload={"n": n})
         return n
 
 elif BROKEN == "swapped":
-    fragile = task(effect="external")(impostor)
+    fragile = declared("external")(impostor)
 
 else:
 
-    @task(effect="external")
+    @declared("external")
     def fragile(n):
         ProviderCall.objects.create(action="task.fragile", payload={"n": n})
         return n

@@ -4,12 +4,15 @@ Each records what it did in ``ProviderCall`` (committed at once: the "provider")
 with the effect key and the process id, so a test counts calls after crashes.
 ``crash`` names a point where the task kills its own process with SIGKILL when
 ``K2B_TEST_CRASH`` names the same point (``tests.workflows.crash_point``).
-Django 6.1 and the backport pass ``effect=``/``retry=`` through ``@task``.
+Django 6.1 and the backport pass ``effect=``/``retry=`` through ``@task``; on Django
+6.0, whose ``@task`` takes no extra arguments, ``declared`` puts each task on the
+backend alias whose ``OPTIONS`` say the same (tests/settings.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import time
 
@@ -24,22 +27,40 @@ except ImportError:  # Django 5.2: the backport
     from django_tasks import TaskContext, task  # type: ignore[no-redef]
 
 
+#: Django 6.1 and the backport pass @task's extra arguments to the backend's task class.
+EXTRA_ARGUMENTS = "kwargs" in inspect.signature(task).parameters
+
+
+def declared(effect: str | None = None, retry: Retry | None = None, **options):
+    """``@task(effect=..., retry=..., **options)``, or on Django 6.0 the alias that
+    declares them in its ``OPTIONS``."""
+    if EXTRA_ARGUMENTS:
+        if effect is not None:
+            options["effect"] = effect
+        if retry is not None:
+            options["retry"] = retry
+        return task(**options)
+    if retry is not None:
+        return task(backend="retrying", **options)
+    return task(backend=effect or "default", **options)
+
+
 def _call(action: str, key: str = "", payload=None) -> None:
     ProviderCall.objects.create(action=action, effect_key=key, pid=os.getpid(), payload=payload)
 
 
-@task(effect="pure")
+@declared("pure")
 def add(a, b):
     return a + b
 
 
-@task(effect="pure", priority=5, queue_name="mail")
+@declared("pure", priority=5, queue_name="mail")
 def mail(to):
     _call("task.mail", payload={"to": to})
     return {"sent": to}
 
 
-@task(takes_context=True, effect="idempotent")
+@declared("idempotent", takes_context=True)
 def record(context: TaskContext, key, crash=None):
     """IDEMPOTENT: the provider sees the same effect key on every attempt."""
     _call("task.record", effect_key(context), {"key": key, "attempt": context.attempt})
@@ -47,7 +68,7 @@ def record(context: TaskContext, key, crash=None):
     return {"key": effect_key(context)}
 
 
-@task(takes_context=True, effect="external")
+@declared("external", takes_context=True)
 def charge(context: TaskContext, order, crash=None):
     """EXTERNAL (also the backend's default): never called twice for one enqueue."""
     _call("task.charge", effect_key(context), {"order": order})
@@ -62,26 +83,30 @@ def charge_default(context: TaskContext, order):
     return order
 
 
-@task(effect="pure")
+@declared("pure")
 def pure_crash(n, crash=None):
     _call("task.pure_crash", payload={"n": n})
     crash_point({"crash": crash}, "task_pure")
     return n * 2
 
 
-@task(effect="pure")
+@declared("pure")
 def boom(message):
     _call("task.boom")
     raise ValueError(message)
 
 
-@task(effect="external")
+@declared("external")
 def external_boom(message):
     _call("task.external_boom")
     raise RuntimeError(message)
 
 
-@task(takes_context=True, effect="pure", retry=Retry(max_attempts=3, backoff=0.01, jitter=False))
+#: The policy of ``flaky`` (on Django 6.0: the "retrying" alias's OPTIONS, the same).
+RETRY = Retry(max_attempts=3, backoff=0.01, jitter=False)
+
+
+@declared("pure", RETRY, takes_context=True)
 def flaky(context: TaskContext, key, failures):
     """Raises on its first ``failures`` attempts, then returns what it saw."""
     _call("task.flaky", key, {"attempt": context.attempt})
@@ -94,28 +119,28 @@ def flaky(context: TaskContext, key, failures):
     }
 
 
-@task(effect="pure")
+@declared("pure")
 def returns_set():
     return {1, 2, 3}
 
 
-@task(effect="pure")
+@declared("pure")
 def exits():
     raise SystemExit(3)
 
 
-@task(effect="pure")
+@declared("pure")
 def interrupted():
     raise KeyboardInterrupt
 
 
-@task(effect="pure")
+@declared("pure")
 async def aadd(a, b):
     await asyncio.sleep(0)
     return a + b
 
 
-@task(takes_context=True, effect="pure")
+@declared("pure", takes_context=True)
 def context_info(context: TaskContext):
     result = context.task_result
     return {
@@ -126,24 +151,24 @@ def context_info(context: TaskContext):
     }
 
 
-@task(effect="pure")
+@declared("pure")
 def sleepy(seconds):
     _call("task.sleepy")
     time.sleep(seconds)
     return seconds
 
 
-@task(effect="pure")
+@declared("pure")
 def noop():
     return None
 
 
-@task(effect="idempotent")
+@declared("idempotent")
 def idempotent_noop(n):
     return n
 
 
-@task(effect="external")
+@declared("external")
 def external_noop(n):
     return n
 
