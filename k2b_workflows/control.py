@@ -70,6 +70,7 @@ def start_workflow_run(
     schedule_id: str | None = None,
     scheduled_for: Any = None,
     queue: str = "default",
+    task_path: str = "",
 ) -> WorkflowRun:
     """Queue a run of workflow ``name``. The same ``idempotency_key`` returns the same run.
 
@@ -80,7 +81,8 @@ def start_workflow_run(
     claims; ``run_after`` (an aware datetime) delays the first claim.
     ``schedule_id`` and ``scheduled_for`` are set by schedule passes
     (``kernel/schedule_passes.py``) and the admin's "run now". ``queue`` is
-    the django.tasks queue a task run is on (``runworkflows --queue``).
+    the django.tasks queue a task run is on (``runworkflows --queue``),
+    ``task_path`` the task it calls (``k2b_workflows.tasks``).
 
     Raises ``UnknownWorkflow`` or ``InvalidInput`` before creating anything,
     ``IdempotencyConflict`` when the key names a run started with another input,
@@ -97,6 +99,8 @@ def start_workflow_run(
         validation.text(idempotency_key, "idempotency_key", max_length=255)
     parent_id = None if parent is None else validation.run_id(parent, "parent")
     validation.text(queue, "queue", max_length=100)
+    if task_path:
+        validation.text(task_path, "task_path", max_length=200)
     with db.schema_required():
         return starts.start(
             store.database(),
@@ -111,6 +115,7 @@ def start_workflow_run(
             schedule_id=schedule_id,
             scheduled_for=scheduled_for,
             queue=queue,
+            task_path=task_path,
         )
 
 
@@ -121,6 +126,7 @@ def start_workflow_runs(
     priority: int = 0,
     run_after: Any = None,
     queue: str = "default",
+    task_path: str = "",
 ) -> list[WorkflowRun]:
     """Queue one run of workflow ``name`` per input, in one transaction (#37).
 
@@ -146,6 +152,7 @@ def start_workflow_runs(
             priority=priority,
             run_after=run_after,
             queue=queue,
+            task_path=task_path,
         )
 
 

@@ -115,6 +115,9 @@ class WorkflowRun(models.Model):
     #: The django.tasks queue a task run was enqueued on (``runworkflows --queue``);
     #: workflow runs are on "default" (#37).
     queue = models.CharField(max_length=100, default="default")
+    #: A task run's task, as its input names it: what the runs list shows without
+    #: reading inputs (#37). Empty for workflow runs.
+    task_path = models.CharField(max_length=200, blank=True, default="")
     current_step = models.IntegerField(null=True, blank=True)
     #: The step whose effect an operator must resolve (``needs_attention`` only).
     attention_step = models.IntegerField(null=True, blank=True)

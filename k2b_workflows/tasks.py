@@ -181,6 +181,7 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
             priority=task.priority + PRIORITY_OFFSET,
             run_after=_aware(task.run_after),
             queue=task.queue_name,
+            task_path=input["task"],
         )
         result = new_result(task, run, input)
         self._enqueued([result])
@@ -260,6 +261,7 @@ def enqueue_many(
         priority=task.priority + PRIORITY_OFFSET,
         run_after=_aware(task.run_after),
         queue=task.queue_name,
+        task_path=_path(task),
     )
     results = [new_result(task, run, input) for run, input in zip(runs, inputs, strict=True)]
     backend._enqueued(results)

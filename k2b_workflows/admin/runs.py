@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.contrib import admin
 from django.db.models import F, Model, Prefetch, Q, QuerySet
-from django.db.models.fields.json import KeyTextTransform
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
@@ -272,20 +271,14 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         # Lists never need the JSON bodies: ten runs with 10 MB inputs would
         # otherwise be read whole for a table that shows none of it. The run
-        # page reads them when it draws them. A task's path is read alone.
-        return (
-            super()
-            .get_queryset(request)
-            .defer("input", "output", "principal")
-            .annotate(task_path_shown=KeyTextTransform("task", "input"))
-        )
+        # page reads them when it draws them. A task's path has a column of its own.
+        return super().get_queryset(request).defer("input", "output", "principal")
 
     # django.tasks task runs (#37) -----------------------------------------------------------
 
     @admin.display(description="task")
     def task_column(self, run: WorkflowRun) -> str:
-        path = getattr(run, "task_path_shown", None)
-        return path if path and is_task_run(run) else ""
+        return run.task_path
 
     @admin.display(description="task")
     def task_path(self, run: WorkflowRun) -> str:

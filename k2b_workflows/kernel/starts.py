@@ -96,6 +96,7 @@ def start(
     schedule_id: str | None = None,
     scheduled_for: dt.datetime | None = None,
     queue: str = "default",
+    task_path: str = "",
 ) -> WorkflowRun:
     """Queue a run of ``definition`` (its root's budget account with it); the same
     ``idempotency_key`` returns the run it started before.
@@ -118,6 +119,7 @@ def start(
     columns["schedule_id"] = schedule_id
     columns["scheduled_for"] = scheduled_for
     columns["queue"] = queue
+    columns["task_path"] = task_path
     if concurrency_key is None:
         return _start(using, definition, input, idempotency_key, principal, parent_id, now, columns)
     with transaction.atomic(using=using):
@@ -308,6 +310,7 @@ def start_many(
     priority: int = 0,
     run_after: Any = None,
     queue: str = "default",
+    task_path: str = "",
 ) -> list[WorkflowRun]:
     """Queue one run of ``definition`` per input (JSON values), in one transaction.
 
@@ -322,7 +325,7 @@ def start_many(
     columns = flow.start_fields(
         definition, concurrency_key=None, priority=priority, run_after=run_after, now=now
     )
-    columns.update(schedule_id=None, scheduled_for=None, queue=queue)
+    columns.update(schedule_id=None, scheduled_for=None, queue=queue, task_path=task_path)
     trace_context = tracing.capture() if tracing.ENABLED else None
     runs = [
         new_run(definition, value, now=now, trace_context=trace_context, **columns)

@@ -43,6 +43,11 @@ class Migration(migrations.Migration):
             name="queue",
             field=models.CharField(default="default", max_length=100),
         ),
+        migrations.AddField(
+            model_name="workflowrun",
+            name="task_path",
+            field=models.CharField(blank=True, default="", max_length=200),
+        ),
         migrations.AddIndex(
             model_name="workflowrun",
             index=models.Index(
