@@ -260,10 +260,16 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
         return format_html('<a href="{}">{}</a>', admin_views.run_url(run.root_id), run.root_id)
 
     def get_fieldsets(self, request: HttpRequest, obj: WorkflowRun | None = None) -> Any:
-        # "Waiting for" only matters while a run waits, or when it last waited.
+        # The wait fields keep a run's last wait after it moved on: "Waiting for"
+        # while it waits, "Last waited for" after (a succeeded run said it was
+        # still waiting for its AI task, #38), nothing for a run that never waited.
         fieldsets: tuple[Any, ...] = self.fieldsets
-        if obj is not None and not obj.wait_kind:
-            fieldsets = fieldsets[:-1]
+        if obj is not None and obj.status != RunStatus.WAITING:
+            if not obj.wait_kind:
+                fieldsets = self.fieldsets[:-1]
+            else:
+                (_, wait_fields) = self.fieldsets[-1]
+                fieldsets = (*self.fieldsets[:-1], ("Last waited for", wait_fields))
         if obj is not None and is_task_run(obj):
             fieldsets = (self.task_fieldset, *fieldsets)
         return fieldsets
