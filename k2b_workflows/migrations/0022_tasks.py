@@ -13,7 +13,7 @@ import k2b_workflows.models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("k2b_workflows", "0015_schedules"),
+        ("k2b_workflows", "0023_notify_ended_when_waited"),
     ]
 
     operations = [
