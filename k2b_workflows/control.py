@@ -69,8 +69,6 @@ def start_workflow_run(
     run_after: Any = None,
     schedule_id: str | None = None,
     scheduled_for: Any = None,
-    queue: str = "default",
-    task_path: str = "",
 ) -> WorkflowRun:
     """Queue a run of workflow ``name``. The same ``idempotency_key`` returns the same run.
 
@@ -80,9 +78,7 @@ def start_workflow_run(
     ``priority`` (0 to 1000, higher first, aged by ``PRIORITY_AGING_MS``) orders
     claims; ``run_after`` (an aware datetime) delays the first claim.
     ``schedule_id`` and ``scheduled_for`` are set by schedule passes
-    (``kernel/schedule_passes.py``) and the admin's "run now". ``queue`` is
-    the django.tasks queue a task run is on (``runworkflows --queue``),
-    ``task_path`` the task it calls (``k2b_workflows.tasks``).
+    (``kernel/schedule_passes.py``) and the admin's "run now".
 
     Raises ``UnknownWorkflow`` or ``InvalidInput`` before creating anything,
     ``IdempotencyConflict`` when the key names a run started with another input,
@@ -98,9 +94,6 @@ def start_workflow_run(
     if idempotency_key is not None:
         validation.text(idempotency_key, "idempotency_key", max_length=255)
     parent_id = None if parent is None else validation.run_id(parent, "parent")
-    validation.text(queue, "queue", max_length=100)
-    if task_path:
-        validation.text(task_path, "task_path", max_length=200)
     with db.schema_required():
         return starts.start(
             store.database(),
@@ -114,6 +107,34 @@ def start_workflow_run(
             run_after=run_after,
             schedule_id=schedule_id,
             scheduled_for=scheduled_for,
+        )
+
+
+def start_task_run(
+    name: str,
+    input: Any,
+    *,
+    priority: int,
+    run_after: Any,
+    queue: str,
+    task_path: str,
+) -> WorkflowRun:
+    """Queue the run of one django.tasks task call (``k2b_workflows.tasks``, #37).
+
+    ``input`` is the run's input, a JSON object the backend built and checked.
+    ``queue`` is the task's queue (``runworkflows --queue``), ``task_path`` the
+    task it calls (what the runs list shows). In the caller's transaction.
+    """
+    validation.text(queue, "queue", max_length=100)
+    validation.text(task_path, "task_path", max_length=200)
+    definition = get_workflow(name)
+    with db.schema_required():
+        return starts.start(
+            store.database(),
+            definition,
+            input,
+            priority=priority,
+            run_after=run_after,
             queue=queue,
             task_path=task_path,
         )

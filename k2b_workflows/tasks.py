@@ -175,7 +175,7 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
         """Insert the task's run in the caller's transaction (one statement)."""
         self.validate_task(task)
         input = self.run_input(task, args, kwargs)
-        run = control.start_workflow_run(
+        run = control.start_task_run(
             WORKFLOW_NAMES[self.effect_of(task)],
             input,
             priority=task.priority + PRIORITY_OFFSET,
