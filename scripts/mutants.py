@@ -47,6 +47,27 @@ class Mutant:
 
 MUTANTS = (
     Mutant(
+        "claim-picks-once",
+        "k2b_workflows/kernel/claim.py",
+        " WHERE r.id = ANY(ARRAY(\n",
+        " WHERE r.id IN (\n",
+        (
+            "tests/hot_path/test_claim_and_preload.py::"
+            "test_a_claim_takes_no_more_runs_than_asked_whatever_the_plan",
+        ),
+        also=(("           FOR UPDATE SKIP LOCKED))\n", "           FOR UPDATE SKIP LOCKED)\n"),),
+    ),
+    Mutant(
+        "claim-plan",
+        "k2b_workflows/kernel/claim.py",
+        'CLAIM_PLAN = "SET LOCAL enable_sort = off"',
+        'CLAIM_PLAN = "SET LOCAL enable_bitmapscan = off"',
+        (
+            "tests/hot_path/test_claim_and_preload.py::"
+            "test_a_claim_reads_a_few_rows_of_a_large_backlog_postgresql_has_not_analyzed",
+        ),
+    ),
+    Mutant(
         "exit-hooks",
         "k2b_workflows/exits.py",
         "    atexit._run_exitfuncs()\n",
