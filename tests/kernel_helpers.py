@@ -212,18 +212,22 @@ def writers(run: WorkflowRun) -> dict[str, list[str]]:
 
 
 @contextlib.contextmanager
-def run_statistics_taken_now() -> Iterator[None]:
-    """``k2b_run``'s planner statistics as ANALYZE takes them now, kept until the block
-    ends: a bulk enqueue inside it meets statistics that predate it.
+def run_statistics_never_taken() -> Iterator[None]:
+    """``k2b_run`` as PostgreSQL sees a table it never analyzed, until the block ends: a
+    bulk enqueue inside it meets no statistics.
 
     A test of how the claim plans after a bulk enqueue depends on what autovacuum
     happened to analyze before (other tests' runs, or none) and during the test; in
-    a full run it varies, and such a test passed alone and failed there (#38). Its
-    own ANALYZE, with autovacuum off for the table, fixes the statistics the test
-    meets."""
+    a full run it varies, and such a test passed alone and failed there (#38). The
+    statistics are removed (the test cluster's superuser may) and autovacuum is off
+    for the table, so the test meets the state it names."""
     with connection.cursor() as cursor:
         cursor.execute("ALTER TABLE k2b_run SET (autovacuum_enabled = off)")
-        cursor.execute("ANALYZE k2b_run")
+        cursor.execute("DELETE FROM pg_catalog.pg_statistic WHERE starelid = 'k2b_run'::regclass")
+        cursor.execute(
+            """UPDATE pg_catalog.pg_class SET reltuples = -1, relpages = 0, relallvisible = 0
+                WHERE oid = 'k2b_run'::regclass"""
+        )
     try:
         yield
     finally:

@@ -53,16 +53,12 @@ SELECT id, generation FROM claimed ORDER BY line
 """
 
 #: Sent before the claim, in its transaction. The claim should walk the queued
-#: runs' index in line order and stop after ``limit`` rows; PostgreSQL does so
-#: only if its statistics say many runs are queued. Right after a bulk enqueue
-#: into a table it has not analyzed since, it expects a handful and reads every
-#: queued run (through a bitmap, or through ``k2b_run_status`` when an earlier
-#: ANALYZE saw few queued runs), then sorts them, at every claim
-#: (docs/performance.md, "Scaling out", has the figures). The walk is the one
-#: plan that needs no sort below the claim's LIMIT: with sorts priced out, it is
-#: chosen whatever the statistics say (#38; turning bitmaps off alone left the
-#: status index's read-and-sort).
-CLAIM_PLAN = "SET LOCAL enable_sort = off"
+#: runs' index in ``run_after`` order and stop after ``limit`` rows; PostgreSQL
+#: does so only if its statistics say many runs are queued. Right after a bulk
+#: enqueue into a table it has not analyzed since, it expects a handful and
+#: reads every queued run into a bitmap, then sorts them, at every claim
+#: (docs/performance.md, "Scaling out", has the figures).
+CLAIM_PLAN = "SET LOCAL enable_bitmapscan = off"
 
 
 def claim_runs(

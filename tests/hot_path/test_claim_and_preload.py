@@ -11,7 +11,7 @@ from k2b_workflows.kernel import claim
 from k2b_workflows.kernel.load import preload
 from k2b_workflows.models import LedgerEntry, WorkflowRun
 from tests.hot_path.helpers import _round_trips
-from tests.kernel_helpers import fresh, journal, run_heap_fetches, run_statistics_taken_now
+from tests.kernel_helpers import fresh, journal, run_heap_fetches, run_statistics_never_taken
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -58,13 +58,13 @@ def test_the_raw_preload_reads_what_the_orm_reads():
 
 
 def test_a_claim_reads_a_few_rows_of_a_large_backlog_postgresql_has_not_analyzed(prepares):
-    """Right after a bulk enqueue, before PostgreSQL analyzed it, PostgreSQL expects a
-    handful of queued runs: without the claim's plan setting it read all of them into a
+    """Right after a bulk enqueue, before any ANALYZE, PostgreSQL expects a handful of
+    queued runs: without the claim's plan setting it read all of them into a
     bitmap and sorted them at every claim. The claim must walk the index and stop."""
     from django.db import transaction
 
     run = start_workflow_run("test.pure", {"a": 1, "b": 1})
-    with run_statistics_taken_now():
+    with run_statistics_never_taken():
         with transaction.atomic(), connection.cursor() as cursor:
             # Copies of one queued run (never executed), without 20,000 notifications.
             cursor.execute("SET LOCAL session_replication_role = replica")
