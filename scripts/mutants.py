@@ -47,6 +47,18 @@ class Mutant:
 
 MUTANTS = (
     Mutant(
+        "redispatch-when-absent",
+        "k2b_workflows/kernel/effects.py",
+        "                may_retry=step.action.redispatch_when_absent,\n",
+        "                may_retry=False,\n",
+        (
+            "tests/test_crash.py::"
+            "test_sigkill_before_an_effect_reconciled_absent_dispatches_again_under_the_same_key",
+            "tests/test_docs_examples.py::"
+            "test_a_charge_reconciled_absent_is_sent_again_under_its_key_and_made_once",
+        ),
+    ),
+    Mutant(
         "claim-picks-once",
         "k2b_workflows/kernel/claim.py",
         " WHERE r.id = ANY(ARRAY(\n",
@@ -60,8 +72,8 @@ MUTANTS = (
     Mutant(
         "claim-plan",
         "k2b_workflows/kernel/claim.py",
-        'CLAIM_PLAN = "SET LOCAL enable_sort = off"',
         'CLAIM_PLAN = "SET LOCAL enable_bitmapscan = off"',
+        'CLAIM_PLAN = "SET LOCAL enable_bitmapscan = on"',
         (
             "tests/hot_path/test_claim_and_preload.py::"
             "test_a_claim_reads_a_few_rows_of_a_large_backlog_postgresql_has_not_analyzed",
