@@ -25,7 +25,7 @@ _FORBIDDEN = ("UPDATE", "DELETE", "TRUNCATE")
 #: rendezvous nobody consumed in their housekeeping (``kernel/waits.py``).
 #: Rate-limited dispatches older than their window go with the next admission of
 #: their key (``kernel/flow.py``), and the admin's overview drops its per-minute
-#: counts older than two days (``overview.py``). None holds evidence. And schedules
+#: counts older than two days (``admin/overview.py``). None holds evidence. And schedules
 #: an operator deletes in the admin, with their skipped-tick records (their runs
 #: stay). Nothing else.
 RUNTIME_DELETES = (

@@ -52,9 +52,9 @@ MUTANTS = (
         "                may_retry=step.action.redispatch_when_absent,\n",
         "                may_retry=False,\n",
         (
-            "tests/test_crash.py::"
+            "tests/crash/test_crash.py::"
             "test_sigkill_before_an_effect_reconciled_absent_dispatches_again_under_the_same_key",
-            "tests/test_docs_examples.py::"
+            "tests/docs/test_docs_examples.py::"
             "test_a_charge_reconciled_absent_is_sent_again_under_its_key_and_made_once",
         ),
     ),
@@ -81,11 +81,11 @@ MUTANTS = (
     ),
     Mutant(
         "exit-hooks",
-        "k2b_workflows/exits.py",
+        "k2b_workflows/worker/exits.py",
         "    atexit._run_exitfuncs()\n",
         "    pass\n",
         (
-            "tests/test_worker_start_and_exit.py::"
+            "tests/worker/test_worker_start_and_exit.py::"
             "test_a_burst_ends_as_the_interpreter_would_less_the_teardown",
         ),
     ),
@@ -94,7 +94,7 @@ MUTANTS = (
         "k2b_workflows/kernel/db.py",
         " WHERE id = %s AND generation = %s AND status = 'running'\nRETURNING id",
         " WHERE id = %s AND %s IS NOT NULL AND status = 'running'\nRETURNING id",
-        ("tests/test_fence.py",),
+        ("tests/crash/test_fence.py",),
     ),
     Mutant(
         "append-fence-generation",
@@ -104,7 +104,7 @@ MUTANTS = (
         (
             "tests/hot_path/test_journal_write.py::"
             "test_the_one_statement_journal_write_refuses_a_stale_generation",
-            "tests/test_fence.py::"
+            "tests/crash/test_fence.py::"
             "test_a_transactional_step_taken_away_while_its_action_runs_commits_nothing",
         ),
     ),
@@ -113,91 +113,95 @@ MUTANTS = (
         "k2b_workflows/kernel/claim.py",
         "ON k.id = a.id AND k.generation = a.gen AND k.status = 'running'",
         "ON k.id = a.id AND k.status = 'running'",
-        ("tests/test_lease_guards.py",),
+        ("tests/crash/test_lease_guards.py",),
     ),
     Mutant(
         "orphans-claimed-by",
         "k2b_workflows/kernel/claim.py",
         "WHERE status = 'running' AND claimed_by = %s AND NOT",
         "WHERE status = 'running' AND %s IS NOT NULL AND NOT",
-        ("tests/test_lease_guards.py",),
+        ("tests/crash/test_lease_guards.py",),
     ),
     Mutant(
         "chain-entry-hash",
         "k2b_workflows/kernel/evidence.py",
         "if not hmac.compare_digest(hasher(prev, entry, key), entry.entry_hash):",
         "if False:",
-        ("tests/test_integrity.py",),
+        ("tests/kernel/test_integrity.py",),
     ),
     Mutant(
         "anchor",
         "k2b_workflows/kernel/evidence.py",
         "if not hmac.compare_digest(expected, sealed):",
         "if False:",
-        ("tests/test_integrity.py",),
+        ("tests/kernel/test_integrity.py",),
     ),
     Mutant(
         "start-seal",
         "k2b_workflows/kernel/seals.py",
         "    why = _matches(run.start_seal, _start_text(run), keys)\n",
         "    why = None\n",
-        ("tests/test_seals.py",),
+        ("tests/kernel/test_seals.py",),
     ),
     Mutant(
         "end-seal",
         "k2b_workflows/kernel/seals.py",
         "    if run.status not in SEALED_STATUSES:\n        return None",
         "    if True:\n        return None",
-        ("tests/test_seals.py",),
+        ("tests/kernel/test_seals.py",),
     ),
     Mutant(
         "dedup-values",
         "k2b_workflows/dedup.py",
         "            if stored != value:",
         "            if False:",
-        ("tests/test_dedup.py",),
+        ("tests/kernel/test_dedup.py",),
     ),
     Mutant(
         "idempotency-conflict",
-        "k2b_workflows/control.py",
-        "    if existing.input != input:",
+        "k2b_workflows/kernel/starts.py",
+        "    if found.input != input:",
         "    if False:",
-        ("tests/test_control.py", "tests/test_docs_examples.py"),
+        ("tests/kernel/test_control.py", "tests/docs/test_docs_examples.py"),
     ),
     Mutant(
         "idempotency-principal",
-        "k2b_workflows/control.py",
-        "    if existing.principal != principal:",
+        "k2b_workflows/kernel/starts.py",
+        "    if found.principal != principal:",
         "    if False:",
-        ("tests/test_docs_examples.py",),
+        ("tests/docs/test_docs_examples.py",),
     ),
     Mutant(
         "re-dispatch",
         "k2b_workflows/kernel/effects.py",
         "        if state.open_key:\n            # Dispatched before",
         "        if False:\n            # Dispatched before",
-        ("tests/test_testing_recipes.py", "tests/test_retries.py"),
+        ("tests/docs/test_testing_recipes.py", "tests/kernel/test_retries.py"),
     ),
     Mutant(
         "reconcile-poll-bound",
         "k2b_workflows/kernel/effects.py",
         "if isinstance(result, Waiting) and state.polls >= store.max_reconcile_polls():",
         "if False:",
-        ("tests/test_misuse_runs.py",),
+        ("tests/misuse/test_misuse_runs.py",),
     ),
     Mutant(
         "attempt-bound",
         "k2b_workflows/kernel/ending.py",
         "        if failures >= retrying.max_attempts(policy):\n            self.exhausted",
         "        if False:\n            self.exhausted",
-        ("tests/test_retries.py::test_the_third_failure_in_a_row_fails_the_run_there_and_then",),
+        (
+            "tests/kernel/test_retries.py::test_the_third_failure_in_a_row_fails_the_run_there_and_then",
+        ),
     ),
     Mutant(
         "attempt-bound-at-claim",
         "k2b_workflows/kernel/execute.py",
         "            if run.consecutive_failures >= retrying.claim_bound(self.definition):",
         "            if False:",
-        ("tests/test_retries.py::test_a_run_claimed_at_the_limit_fails_without_running_a_step",),
+        (
+            "tests/kernel/test_retries.py::test_a_run_claimed_at_the_limit_fails_without_running_a_step",
+        ),
         # The step's own bound, before its action runs, backs the claim's up.
         also=(
             (
@@ -212,80 +216,80 @@ MUTANTS = (
         "k2b_workflows/triggers.py",
         '        return template.replace("$$ LANGUAGE plpgsql;", pinned)',
         "        return template",
-        ("tests/test_attacks.py",),
+        ("tests/misuse/test_attacks.py",),
     ),
     Mutant(
         "witness-ledger-head",
         "k2b_workflows/kernel/witness.py",
         '        elif record["ledger"] and head != record["head"]:',
         "        elif False:",
-        ("tests/test_witness.py",),
+        ("tests/kernel/test_witness.py",),
     ),
     Mutant(
         "flush-only-test-databases",
         "k2b_workflows/testdb.py",
         "    if not test_environment_active():\n        return False\n    name =",
         "    return True\n    name =",
-        ("tests/test_fresh_project.py",),
+        ("tests/docs/test_fresh_project.py",),
     ),
     Mutant(
         "flush-past-append-only",
         "k2b_workflows/management/commands/flush.py",
         "        with pgtrigger.ignore(*testdb.APPEND_ONLY_TRIGGERS, databases=[using]):",
         "        if True:",
-        ("tests/test_fresh_project.py",),
+        ("tests/docs/test_fresh_project.py",),
     ),
     Mutant(
         "deadline-passed-this-step",
         "k2b_workflows/kernel/context.py",
         "    return run.wait_deadline is not None and run.wait_step == step",
         "    return run.wait_deadline is not None",
-        ("tests/test_step_clock.py",),
+        ("tests/kernel/test_step_clock.py",),
     ),
     Mutant(
         "parked-action-compared",
         "k2b_workflows/kernel/execute.py",
         "        if seq != self.run.wait_step or not parked or parked == name:",
         "        if True:",
-        ("tests/test_parked_change.py",),
+        ("tests/kernel/test_parked_change.py",),
     ),
     Mutant(
         "supervisor-config-stops-group",
-        "k2b_workflows/supervisor.py",
+        "k2b_workflows/worker/supervisor.py",
         "        if code in (EXIT_CONFIG, EXIT_UNAVAILABLE):",
         "        if False:",
         (
-            "tests/test_processes.py::"
+            "tests/worker/test_processes.py::"
             "test_a_configuration_error_in_the_workers_stops_the_group_without_restarting_them",
         ),
     ),
     Mutant(
         "supervisor-forwards-stop",
-        "k2b_workflows/supervisor.py",
+        "k2b_workflows/worker/supervisor.py",
         'back now")\n        self._signal_children(signal.SIGTERM)',
         'back now")',
         (
-            "tests/test_processes.py::"
+            "tests/worker/test_processes.py::"
             "test_sigterm_of_the_supervisor_hands_every_run_back_and_exits_zero_after_its_children",
         ),
     ),
     Mutant(
         "supervisor-restarts-a-dead-child",
-        "k2b_workflows/supervisor.py",
+        "k2b_workflows/worker/supervisor.py",
         "        slot.restart_at = time.monotonic() + delay",
         "        slot.done = True",
         (
-            "tests/test_processes.py::"
+            "tests/worker/test_processes.py::"
             "test_a_sigkilled_worker_process_is_restarted_and_no_run_is_lost_or_its_effect_repeated",
         ),
     ),
     Mutant(
         "supervisor-no-orphans",
-        "k2b_workflows/supervisor.py",
+        "k2b_workflows/worker/supervisor.py",
         "        set_parent_death_signal(signal.SIGTERM)\n",
         "",
         (
-            "tests/test_processes.py::test_sigkill_of_the_supervisor_takes_every_worker_process_with_it",
+            "tests/worker/test_processes.py::test_sigkill_of_the_supervisor_takes_every_worker_process_with_it",
         ),
         also=(("        ParentWatch(self._pid).start()\n", ""),),
     ),

@@ -11,7 +11,7 @@ from k2b_workflows.kernel import claim
 from k2b_workflows.kernel.load import preload
 from k2b_workflows.models import LedgerEntry, WorkflowRun
 from tests.hot_path.helpers import _round_trips
-from tests.kernel_helpers import fresh, journal, run_heap_fetches, run_statistics_never_taken
+from tests.support.kernel import fresh, journal, run_heap_fetches, run_statistics_never_taken
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def test_a_claim_and_its_preload_are_one_transaction_in_two_round_trips(prepares):
     """ "BEGIN; claim", then "preload; COMMIT": where Django's transaction took four
     (BEGIN, claim, preload, COMMIT). A claim that finds nothing rolls back."""
-    from k2b_workflows.worker import Worker
+    from k2b_workflows.worker.loop import Worker
 
     runs = [start_workflow_run("hot.three_pure", {"n": n}) for n in range(3)]
     worker = Worker(app_ids=["hot"], concurrency=2, listen=False)
@@ -38,7 +38,7 @@ def test_a_claim_and_its_preload_are_one_transaction_in_two_round_trips(prepares
 
 def test_the_raw_preload_reads_what_the_orm_reads():
     run = start_workflow_run("hot.external_then_pure", {"n": 0})
-    from tests.kernel_helpers import run_to_end
+    from tests.support.kernel import run_to_end
 
     run_to_end()
     loaded = preload("default", [run.pk])[run.pk]

@@ -17,7 +17,7 @@ def test_a_worker_is_ready_before_its_first_claim(monkeypatch):
     from django.db.backends.signals import connection_created
 
     from k2b_workflows import metrics
-    from k2b_workflows.worker import Worker
+    from k2b_workflows.worker.loop import Worker
 
     events: list[str] = []
     monkeypatch.setattr(metrics, "prepare", lambda: events.append("metrics"))
@@ -44,9 +44,9 @@ def test_a_worker_is_ready_before_its_first_claim(monkeypatch):
 
 
 def test_metrics_prepare_creates_the_metrics():
-    from k2b_workflows import metrics
+    from k2b_workflows import counters, metrics
 
     if not metrics.AVAILABLE:
         pytest.skip("prometheus_client is not installed")
     metrics.prepare()
-    assert {"steps", "step_seconds", "transitions"} <= set(metrics._metrics)
+    assert {"steps", "step_seconds", "transitions"} <= set(counters._metrics)

@@ -1,0 +1,31 @@
+"""The operators' admin: runs, incidents, schedules, workers and the overview.
+
+No user code imports this package: Django's admin autodiscovery does, and
+importing it registers the model admins (``runs`` for runs and incidents,
+``entries`` for the journal and the ledger, ``workers`` for the fleet,
+``schedules`` for the Schedules page). The
+views, what the run page draws and the overview's queries are imported on
+first use (``runs`` reaches them lazily), so a worker process that imports
+the admin through ``django.setup()`` pays for none of them.
+"""
+
+from __future__ import annotations
+
+from . import entries, runs, schedules, workers
+from .entries import JournalEntryAdmin, LedgerEntryAdmin
+from .runs import IncidentAdmin, WorkflowRunAdmin
+from .schedules import WorkflowScheduleAdmin
+from .workers import WorkerRecordAdmin
+
+__all__ = [
+    "IncidentAdmin",
+    "JournalEntryAdmin",
+    "LedgerEntryAdmin",
+    "WorkerRecordAdmin",
+    "WorkflowRunAdmin",
+    "WorkflowScheduleAdmin",
+    "entries",
+    "runs",
+    "schedules",
+    "workers",
+]

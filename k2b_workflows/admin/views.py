@@ -1,0 +1,428 @@
+"""The operators' admin views: resolving an incident, cancel and retry, dry runs.
+
+Each view changes nothing until a confirmation page has been submitted, calls
+only the public control functions (which check permissions again and append
+the ledger entries), and writes what it did to Django's admin log.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import messages
+from django.contrib.admin import helpers
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import reverse
+
+from .. import store
+from ..control import (
+    EFFECT_CONFIRMED,
+    RESOLVABLE_CODES,
+    cancel_workflow_run,
+    resolve_effect,
+    retry_refusal,
+    retry_workflow_run,
+)
+from ..dryrun import dry_run
+from ..exceptions import (
+    EvidenceChanged,
+    InvalidInput,
+    NotRetryable,
+    ResolutionRefused,
+    UnknownWorkflow,
+)
+from ..kernel import flow
+from ..models import TERMINAL_STATUSES, LedgerEntry, RunStatus, WorkflowRun
+from ..redaction import redact
+from .display import concurrency_key_url, incident_answers, incident_dispatch
+from .forms import DECISION_CHOICES, DryRunForm, ReasonForm, ResolutionForm
+
+if TYPE_CHECKING:
+    from django.contrib.admin import ModelAdmin
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+RESOLVE_PERMISSION = "k2b_workflows.resolve_effect"
+DECISION_LABELS: dict[str, str] = {
+    LedgerEntry.Kind.RESOLVED_CONFIRMED: "effect confirmed",
+    LedgerEntry.Kind.RESOLVED_ABSENT: "effect absent",
+}
+
+
+def run_id_or_404(object_id: str) -> uuid.UUID:
+    """The run id in an admin URL, or 404: a malformed id never reaches the database."""
+    try:
+        return uuid.UUID(str(object_id))
+    except ValueError:
+        raise Http404(f"no run {str(object_id)[:60]!r}") from None
+
+
+def can_view_runs(request: HttpRequest) -> bool:
+    return request.user.has_perm("k2b_workflows.view_workflowrun") or request.user.has_perm(
+        "k2b_workflows.change_workflowrun"
+    )
+
+
+def run_url(run: WorkflowRun | uuid.UUID | str) -> str:
+    run_id = run.pk if isinstance(run, WorkflowRun) else run
+    return reverse("admin:k2b_workflows_workflowrun_change", args=[run_id])
+
+
+def _admin_context(model_admin: ModelAdmin, request: HttpRequest, **extra: Any) -> dict[str, Any]:
+    return {
+        **model_admin.admin_site.each_context(request),
+        "opts": model_admin.opts,
+        "app_label": model_admin.opts.app_label,
+        "media": model_admin.media,
+        **extra,
+    }
+
+
+# Resolution -------------------------------------------------------------------------------
+
+
+def _last_resolution(run_id: uuid.UUID) -> LedgerEntry | None:
+    return (
+        LedgerEntry.objects.filter(
+            run_id=run_id,
+            kind__in=[LedgerEntry.Kind.RESOLVED_CONFIRMED, LedgerEntry.Kind.RESOLVED_ABSENT],
+        )
+        .order_by("-id")
+        .first()
+    )
+
+
+def _refusal_message(run_id: uuid.UUID) -> str:
+    """Why a decision was not applied, naming the operator who decided first, if one did."""
+    run = WorkflowRun.objects.get(pk=run_id)
+    last = _last_resolution(run_id)
+    if last is not None:
+        when = last.created_at.strftime("%Y-%m-%d %H:%M:%S UTC")
+        return (
+            f"Nothing changed: {last.actor} already resolved step {last.seq} as "
+            f'"{DECISION_LABELS[last.kind]}" at {when}. The run is now {run.status}.'
+        )
+    if run.status == RunStatus.NEEDS_ATTENTION and run.error_code not in RESOLVABLE_CODES:
+        # Not a refusal of a decision: this incident is not about an effect at all.
+        return (
+            f"Run {run.pk} needs attention with {run.error_code}, which is not a decision on an"
+            " effect: its actions are on the run's page."
+        )
+    return (
+        f"Nothing changed: run {run.pk} is {run.status}; it is not waiting for a decision"
+        " on an effect."
+    )
+
+
+def resolve_incident_view(
+    model_admin: ModelAdmin, request: HttpRequest, object_id: str
+) -> HttpResponse:
+    """The per-incident resolution form: fill in, confirm, then ``resolve_effect``.
+
+    Two operators may confirm at once; the run row lock inside ``resolve_effect``
+    lets one win, and the other is told who decided first. A decision taken on
+    evidence that changed since the form was shown is refused too.
+    """
+    if not request.user.has_perm(RESOLVE_PERMISSION):
+        raise PermissionDenied
+    run = get_object_or_404(WorkflowRun, pk=run_id_or_404(object_id))
+    confirming = False
+    if request.method == "POST" and "_confirm" in request.POST and "_edit" not in request.POST:
+        # No status check here: resolve_effect decides under the run's row lock,
+        # so of two operators confirming at once exactly one wins.
+        form = ResolutionForm(request.POST)
+        if form.is_valid():
+            response = _apply_resolution(model_admin, request, run, form)
+            if response is not None:
+                return response
+        elif run.status != RunStatus.NEEDS_ATTENTION:
+            messages.error(request, _refusal_message(run.pk))
+            return HttpResponseRedirect(run_url(run))
+    elif (
+        run.status != RunStatus.NEEDS_ATTENTION
+        or run.attention_step is None
+        or run.error_code not in RESOLVABLE_CODES
+    ):
+        messages.error(request, _refusal_message(run.pk))
+        return HttpResponseRedirect(run_url(run))
+    elif request.method == "POST":
+        form = ResolutionForm(request.POST)
+        confirming = form.is_valid() and "_edit" not in request.POST
+    else:
+        head = LedgerEntry.objects.filter(run=run).order_by("-id").first()
+        form = ResolutionForm(
+            initial={"seen_ledger_id": head.pk if head else 0, "step": run.attention_step}
+        )
+
+    # Only the step in doubt: a run may have thousands of entries on other steps.
+    ledger = list(LedgerEntry.objects.filter(run=run, seq=run.attention_step).order_by("id"))
+    title = f"Resolve step {run.attention_step} of {run.workflow_name}"
+    context = _admin_context(
+        model_admin,
+        request,
+        title=("Confirm: " if confirming else "") + title,
+        subtitle=str(run.pk),
+        run=run,
+        original=run,
+        form=form,
+        confirming=confirming,
+        decision_label=dict(DECISION_CHOICES).get(form.cleaned_data.get("decision", ""))
+        if confirming
+        else "",
+        dispatch=incident_dispatch(run, ledger),
+        answers=incident_answers(run, ledger),
+        run_url=run_url(run),
+        queue_url=reverse("admin:k2b_workflows_incident_changelist"),
+    )
+    return TemplateResponse(request, "admin/k2b_workflows/resolve.html", context)
+
+
+def resolution_message(step: int | None, decision: str, evidence: str) -> str:
+    """The admin log's message for a resolution; ``manage.py workflowrun resolve`` writes it too."""
+    label = dict(DECISION_CHOICES)[decision].split(":")[0]
+    return f"Resolved step {step} ({label.lower()}): {evidence}"
+
+
+def _apply_resolution(
+    model_admin: ModelAdmin, request: HttpRequest, run: WorkflowRun, form: ResolutionForm
+) -> HttpResponse | None:
+    data = form.cleaned_data
+    decision = data["decision"]
+    try:
+        # The step and the evidence version are compared under the run lock.
+        resolved = resolve_effect(
+            run.pk,
+            decision,
+            evidence=data["evidence"],
+            actor=request.user,
+            output=data["output_value"] if decision == EFFECT_CONFIRMED else None,
+            step=data["step"],
+            seen_ledger_id=data["seen_ledger_id"],
+        )
+    except EvidenceChanged as exc:
+        head = exc.head
+        messages.warning(
+            request,
+            "New evidence arrived for this run since the form was shown "
+            f"(ledger entry {head.pk}: {head.kind}). Nothing changed; review it and "
+            "decide again.",
+        )
+        return HttpResponseRedirect(request.path)
+    except ResolutionRefused as exc:
+        current = WorkflowRun.objects.get(pk=run.pk)
+        if current.status == RunStatus.NEEDS_ATTENTION and current.attention_step is not None:
+            messages.error(request, f"Nothing changed: {exc}.")
+        else:
+            messages.error(request, _refusal_message(run.pk))
+        return HttpResponseRedirect(run_url(run))
+    except InvalidInput as exc:
+        form.add_error(None, str(exc))
+        return None
+    label = dict(DECISION_CHOICES)[decision].split(":")[0]
+    model_admin.log_change(
+        request, resolved, resolution_message(run.attention_step, decision, data["evidence"])
+    )
+    after = (
+        "the run continues with the confirmed output"
+        if decision == EFFECT_CONFIRMED
+        else "the step will run again under a new invocation key"
+    )
+    messages.success(
+        request,
+        f"Step {run.attention_step} of run {run.pk}: {label.lower()} recorded; {after}. "
+        f"The run is {resolved.status}.",
+    )
+    return HttpResponseRedirect(run_url(resolved))
+
+
+# Cancel and retry -------------------------------------------------------------------------
+
+
+def _can_cancel(run: WorkflowRun) -> str:
+    return "" if run.status not in TERMINAL_STATUSES else f"already {run.status}"
+
+
+def _can_retry(run: WorkflowRun) -> str:
+    return retry_refusal(run)
+
+
+@dataclass(frozen=True)
+class Operation:
+    """An operator's action on runs: who may do it, to which runs, and what it means."""
+
+    title: str
+    verb: str
+    check: Callable[[WorkflowRun], str | None]  # why a run is skipped, or None
+    permission: str
+    explain: str
+
+
+OPERATIONS = {
+    "cancel": Operation(
+        title="Cancel runs",
+        verb="Cancel",
+        check=_can_cancel,
+        permission="k2b_workflows.cancel_workflowrun",
+        explain="Canceling a run also cancels its queued and running children and AI "
+        "tasks. Running actions see the cancellation; their late results are discarded.",
+    ),
+    "retry": Operation(
+        title="Retry runs now",
+        verb="Retry now",
+        check=_can_retry,
+        permission="k2b_workflows.retry_workflowrun",
+        explain="Runs that failed after exhausting their retries, and incidents whose cause "
+        "is the code or the stored evidence (nondeterministic replay, an exception in the "
+        "workflow code, a broken chain), are queued again with their failure count reset "
+        "and replay their journal on the code running now. Deploy the fix or the patch "
+        "(or restore the evidence) first: the same code stops at the same place.",
+    ),
+}
+
+
+def _apply(operation: str, request: HttpRequest, run: WorkflowRun, reason: str) -> None:
+    if operation == "cancel":
+        cancel_workflow_run(run.pk, f"{reason} (by {request.user.get_username()})")
+    else:
+        retry_workflow_run(run.pk, actor=request.user, reason=reason)
+
+
+def confirm_operation(
+    model_admin: ModelAdmin,
+    request: HttpRequest,
+    queryset: QuerySet[WorkflowRun],
+    operation: str,
+    *,
+    action_name: str = "",
+) -> HttpResponse | None:
+    """A confirmation page, like "delete selected", then cancel or retry each run.
+
+    Used by the changelist actions (``action_name`` set) and by the buttons on
+    a run's page. Returns ``None`` once done, so the changelist redirects.
+    """
+    spec = OPERATIONS[operation]
+    # Acting on runs one may not see would be acting blind: view permission too.
+    if not request.user.has_perm(spec.permission) or not can_view_runs(request):
+        raise PermissionDenied
+    runs = list(queryset.order_by("created_at"))
+    eligible = [run for run in runs if not spec.check(run)]
+    skipped = [(run, spec.check(run)) for run in runs if spec.check(run)]
+    form = ReasonForm(request.POST if request.POST.get("post") == "yes" else None)
+    if form.is_bound and form.is_valid() and eligible:
+        done = 0
+        for run in eligible:
+            try:
+                _apply(operation, request, run, form.cleaned_data["reason"])
+            except (NotRetryable, InvalidInput) as exc:
+                messages.error(request, f"Run {run.pk}: {exc}")
+                continue
+            model_admin.log_change(request, run, f"{spec.verb}: {form.cleaned_data['reason']}")
+            done += 1
+        if done:
+            messages.success(request, f"{spec.verb}: {done} run(s).")
+        return None
+    context = _admin_context(
+        model_admin,
+        request,
+        title=spec.title,
+        operation=operation,
+        spec=spec,
+        form=form,
+        eligible=eligible,
+        skipped=skipped,
+        action_name=action_name,
+        action_checkbox_name=helpers.ACTION_CHECKBOX_NAME,
+        cancel_url=(
+            run_url(runs[0])
+            if not action_name and runs
+            else reverse("admin:k2b_workflows_workflowrun_changelist")
+        ),
+    )
+    return TemplateResponse(request, "admin/k2b_workflows/confirm_operation.html", context)
+
+
+def run_operation_view(
+    model_admin: ModelAdmin, request: HttpRequest, object_id: str, operation: str
+) -> HttpResponse:
+    """The "Cancel…" and "Retry now…" buttons of a run's page."""
+    queryset = WorkflowRun.objects.filter(pk=run_id_or_404(object_id))
+    if not queryset.exists():
+        raise Http404
+    response = confirm_operation(model_admin, request, queryset, operation)
+    return response or HttpResponseRedirect(run_url(object_id))
+
+
+# Dry run ----------------------------------------------------------------------------------
+
+
+def dry_run_view(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
+    """Run a workflow with ``plan()`` in place of every effect and show the report."""
+    if not request.user.has_perm("k2b_workflows.dry_run_workflow"):
+        raise PermissionDenied
+    report = None
+    form = DryRunForm(request.POST or None)
+    if form.is_bound and form.is_valid():
+        try:
+            report = dry_run(
+                form.cleaned_data["workflow"],
+                form.cleaned_data["input"],
+                principal=form.cleaned_data["principal"],
+            )
+        except (UnknownWorkflow, InvalidInput) as exc:
+            form.add_error(None, str(exc))
+    units = sorted(set(report.cost) | set(report.budget)) if report else []
+    context = _admin_context(
+        model_admin,
+        request,
+        title="Dry run",
+        form=form,
+        report=report,
+        # Outputs as JSON, as the workflow and the operator write them, not Python reprs.
+        step_rows=[(step, json.dumps(redact(step.output), sort_keys=True)) for step in report.steps]
+        if report
+        else [],
+        output_json=json.dumps(redact(report.output), indent=2, sort_keys=True) if report else "",
+        budget_rows=[(unit, report.cost.get(unit, 0), report.budget.get(unit)) for unit in units]
+        if report
+        else [],
+    )
+    return TemplateResponse(request, "admin/k2b_workflows/dry_run.html", context)
+
+
+# Concurrency keys --------------------------------------------------------------------------
+
+
+def concurrency_key_view(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
+    """One concurrency key: who holds its slots, and who is queued behind it, in line order."""
+    if not can_view_runs(request):
+        raise PermissionDenied
+    workflow_name = request.GET.get("workflow", "")
+    key = request.GET.get("key", "")
+    if not workflow_name or not key:
+        raise Http404("a key page needs ?workflow=...&key=...")
+    view = flow.key_runs(store.database(), workflow_name, key)
+    with connection_for_runs().cursor() as cursor:
+        busiest = flow.busiest_keys(cursor, limit=20)
+    context = _admin_context(
+        model_admin,
+        request,
+        title=f"Concurrency key {key!r} of {workflow_name}",
+        key_view=view,
+        active=[(row, run_url(row["id"])) for row in view["active"]],
+        queued=[(row, run_url(row["id"])) for row in view["queued"]],
+        busiest=[(row, concurrency_key_url(row["workflow_name"], row["key"])) for row in busiest],
+    )
+    return TemplateResponse(request, "admin/k2b_workflows/concurrency_key.html", context)
+
+
+def connection_for_runs() -> BaseDatabaseWrapper:
+    from django.db import connections
+
+    return connections[store.database()]
