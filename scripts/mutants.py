@@ -47,6 +47,16 @@ class Mutant:
 
 MUTANTS = (
     Mutant(
+        "wheel-package-data",
+        "pyproject.toml",
+        'k2b_workflows = ["templates/**", "static/**", "py.typed"]',
+        'k2b_workflows = ["templates/**", "py.typed"]',
+        (
+            "tests/docs/test_wheel.py::"
+            "test_the_wheel_holds_every_file_of_the_package_and_passes_twine_check",
+        ),
+    ),
+    Mutant(
         "redispatch-when-absent",
         "k2b_workflows/kernel/effects.py",
         "                may_retry=step.action.redispatch_when_absent,\n",
