@@ -289,10 +289,11 @@ class Transactional(EffectPath):
             # nothing of the block commits unless it passes.
             if pending is not None:
                 # The previous step's deferred success (PURE or IDEMPOTENT: no ledger
-                # entry, see ``carries_pending``) in a statement that fences: it
-                # commits with this step, or rolls back with it and stays deferred.
+                # entry, see ``carries_pending``), with the PURE successes riding with
+                # it, in a statement that fences: it commits with this step, or rolls
+                # back with it and stays deferred.
                 evidence.append_journal_fenced(
-                    pending.entry, prev, self.using, lease_ms=store.lease_ms()
+                    pending.entries, prev, self.using, lease_ms=store.lease_ms()
                 )
                 prev = pending.entry.entry_hash
             if step.cost:

@@ -239,6 +239,27 @@ def test_the_dryrun_command_of_getting_started_shows_the_plan():
     assert "Charge 2900" in out.getvalue(), out.getvalue()
 
 
+def test_the_commands_getting_started_says_print_w003_do_and_a_plain_check_does_not(settings):
+    """The page said every ``check`` prints W003; a database check runs only with
+    ``--database`` and before ``migrate`` (#38)."""
+    settings.SILENCED_SYSTEM_CHECKS = []
+    text = " ".join((ROOT / "docs" / "getting-started.md").read_text().split())
+    (said,) = re.findall(r"demo's\), every ((?:`[^`]+`(?: and )?)+) prints", text)
+    commands = re.findall(r"`([^`]+)`", said)
+    assert commands == ["migrate", "check --database default"], said
+
+    def printed(*args: str) -> str:
+        err = io.StringIO()
+        # As from the shell: call_command skips a command's checks unless told not to.
+        extra = {} if args[0] == "check" else {"skip_checks": False}
+        call_command(*args, stdout=io.StringIO(), stderr=err, **extra)
+        return err.getvalue()
+
+    for command in commands:
+        assert "k2b_workflows.W003" in printed(*shlex.split(command)), command
+    assert "k2b_workflows.W003" not in printed("check")
+
+
 # -- docs/effects.md -----------------------------------------------------------------------
 
 
