@@ -30,6 +30,20 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = Path(k2b_workflows.__file__).resolve().parent
 
+#: What builds, tools and runs leave in a checkout; a fresh clone has none of it.
+LEFT_BY_TOOLS = (
+    ".git",
+    ".venv",
+    ".tox",
+    ".pgdata",
+    "build",
+    "dist",
+    "*.egg-info",
+    "__pycache__",
+    ".*_cache",
+    "test-artifacts",
+)
+
 #: The getting-started site: its settings, added to what ``startproject`` wrote.
 SETTINGS = """
 INSTALLED_APPS += ["pgtrigger", "k2b_workflows", "shop"]
@@ -91,16 +105,11 @@ def _connect(dbname: str) -> psycopg.Connection:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """As ``make dist`` builds it on a fresh clone: the sdist, then the wheel from the
-    unpacked sdist. Built from a copy of the files git does not ignore, new ones
-    included: in a working tree setuptools also takes what an earlier build left in
-    ``build/`` and ``*.egg-info/SOURCES.txt``, which hid a file package data missed."""
-    source = tmp_path_factory.mktemp("source")
-    listed = _run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], ROOT)
-    for name in filter(None, listed.split("\0")):
-        path = ROOT / name
-        if path.is_file():  # not deleted in the working tree
-            (source / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, source / name)
+    unpacked sdist. Built from a copy of the tree without what builds and tools
+    leave there: in a working tree setuptools also takes what an earlier build left
+    in ``build/`` and ``*.egg-info/SOURCES.txt``, which hid a file package data missed."""
+    source = tmp_path_factory.mktemp("source") / "tree"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*LEFT_BY_TOOLS))
     out = tmp_path_factory.mktemp("dist")
     _run([sys.executable, "-m", "build", "--outdir", out, source], source)
     (built,) = out.glob("k2b_workflows-*.whl")
