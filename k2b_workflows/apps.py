@@ -1,6 +1,7 @@
 from typing import Any
 
 from django.apps import AppConfig
+from django.conf import settings
 from django.db.backends.signals import connection_created
 from django.db.models.signals import post_migrate
 from django.utils.module_loading import autodiscover_modules
@@ -37,8 +38,24 @@ class K2BWorkflowsConfig(AppConfig):
         # workflows, as ``admin.py`` modules register admin classes.
         autodiscover_modules("workflows")
 
+        # django.tasks: a process whose TASKS names our backend registers the task
+        # workflows (taskruns.py), so its workers claim task runs (#37).
+        if uses_task_backend():
+            from . import tasks  # noqa: F401
+
         # ``migrate`` writes the decorators' schedules (and disables removed ones).
         post_migrate.connect(_sync_decorator_schedules, sender=self)
+
+
+def uses_task_backend() -> bool:
+    """Whether ``settings.TASKS`` has a ``k2b_workflows.tasks.WorkflowsBackend``."""
+    configured = getattr(settings, "TASKS", None)
+    if not isinstance(configured, dict):
+        return False
+    return any(
+        isinstance(params, dict) and params.get("BACKEND") == "k2b_workflows.tasks.WorkflowsBackend"
+        for params in configured.values()
+    )
 
 
 def _sync_decorator_schedules(sender: Any, **kwargs: Any) -> None:

@@ -92,9 +92,11 @@ def is_sensitive_key(key: Any, rules: tuple[frozenset[str], tuple[str, ...]] | N
 # ``key=value``, ``key: value`` and ``"key": "value"``. A key starts only where
 # a word starts (the lookbehind), so a long run of letters is scanned once, not
 # once per position: the texts are exception messages and inputs of any size.
+# A value is never itself a ``key=``: in ``ValueError: password=x`` (an exception
+# as tracebacks print it) the pair is ``password=x``, not ``ValueError: ...``.
 _PAIR_RE = re.compile(
     r"(?<![\w-])(?P<key>[\w-]+)(?P<sep>[\"']?\s*[=:]\s*)"
-    r"(?P<value>\"[^\"]*\"|'[^']*'|[^\s&;,\"'#)}\]]+)"
+    r"(?P<value>\"[^\"]*\"|'[^']*'|(?![\w-]+[\"']?\s*[=:])[^\s&;,\"'#)}\]]+)"
 )
 
 

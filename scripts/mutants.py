@@ -46,6 +46,79 @@ class Mutant:
 
 
 MUTANTS = (
+    # django.tasks (#37): an external task's crash must never re-run it; a path that
+    # now names another task must not be called.
+    Mutant(
+        "task-external-never-rerun",
+        "k2b_workflows/taskruns.py",
+        '"external": Effect.EXTERNAL}',
+        '"external": Effect.IDEMPOTENT}',
+        (
+            "tests/tasks/test_workers.py::"
+            "test_an_external_task_killed_while_running_is_never_run_again",
+        ),
+    ),
+    Mutant(
+        "task-enqueue-on-callers-connection",
+        "k2b_workflows/kernel/starts.py",
+        "    with transaction.mark_for_rollback_on_error(using), connection.cursor() as cursor:",
+        "    with db.autocommit_connection(using) as own, own.cursor() as cursor:",
+        (
+            "tests/tasks/test_contract.py::test_an_enqueue_rolled_back_never_runs",
+            "tests/tasks/test_workers.py::"
+            "test_a_burst_worker_does_not_run_a_task_whose_enqueue_has_not_committed",
+        ),
+    ),
+    Mutant(
+        "task-path-check",
+        "k2b_workflows/taskruns.py",
+        "    if task.module_path != path:",
+        "    if False:",
+        ("tests/tasks/test_workers.py::test_a_path_that_now_names_another_task_is_not_called",),
+    ),
+    Mutant(
+        "wheel-package-data",
+        "pyproject.toml",
+        'k2b_workflows = ["templates/**", "static/**", "py.typed"]',
+        'k2b_workflows = ["templates/**", "py.typed"]',
+        (
+            "tests/docs/test_wheel.py::"
+            "test_the_wheel_holds_every_file_of_the_package_and_passes_twine_check",
+        ),
+    ),
+    Mutant(
+        "redispatch-when-absent",
+        "k2b_workflows/kernel/effects.py",
+        "                may_retry=step.action.redispatch_when_absent,\n",
+        "                may_retry=False,\n",
+        (
+            "tests/crash/test_crash.py::"
+            "test_sigkill_before_an_effect_reconciled_absent_dispatches_again_under_the_same_key",
+            "tests/docs/test_docs_examples.py::"
+            "test_a_charge_reconciled_absent_is_sent_again_under_its_key_and_made_once",
+        ),
+    ),
+    Mutant(
+        "claim-picks-once",
+        "k2b_workflows/kernel/claim.py",
+        " WHERE r.id = ANY(ARRAY(\n",
+        " WHERE r.id IN (\n",
+        (
+            "tests/hot_path/test_claim_and_preload.py::"
+            "test_a_claim_takes_no_more_runs_than_asked_whatever_the_plan",
+        ),
+        also=(("           FOR UPDATE SKIP LOCKED))\n", "           FOR UPDATE SKIP LOCKED)\n"),),
+    ),
+    Mutant(
+        "claim-plan",
+        "k2b_workflows/kernel/claim.py",
+        'CLAIM_PLAN = "SET LOCAL enable_bitmapscan = off"',
+        'CLAIM_PLAN = "SET LOCAL enable_bitmapscan = on"',
+        (
+            "tests/hot_path/test_claim_and_preload.py::"
+            "test_a_claim_reads_a_few_rows_of_a_large_backlog_postgresql_has_not_analyzed",
+        ),
+    ),
     Mutant(
         "exit-hooks",
         "k2b_workflows/worker/exits.py",

@@ -65,7 +65,7 @@ def seal_existing_rows(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("k2b_workflows", "0023_notify_ended_when_waited"),
+        ("k2b_workflows", "0022_tasks"),
     ]
 
     operations = [

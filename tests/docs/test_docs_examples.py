@@ -81,6 +81,7 @@ RUN_BY = {
         "test_an_idempotent_email_is_sent_again_under_the_same_key_after_a_crash",
         "test_the_dedup_table_keeps_the_sms_from_going_out_twice",
         "test_a_worker_whose_lease_was_taken_commits_no_fenced_write",
+        "test_a_charge_reconciled_absent_is_sent_again_under_its_key_and_made_once",
     ],
     "waits": ["test_the_approval_view_wakes_the_waiting_run", "test_the_wake_of_testing_md_runs"],
     "waits_wake": ["test_the_approval_view_wakes_the_waiting_run"],
@@ -118,6 +119,10 @@ RUN_BY = {
     "schedules": ["test_the_nightly_report_fires_at_three_in_berlin_and_the_digest_hourly"],
     "schedules_tests": ["test_the_nightly_report_fires_at_three_in_berlin_and_the_digest_hourly"],
     "tracing": ["test_the_tracing_example_puts_the_run_in_the_requests_trace"],
+    "tasks": [
+        "test_the_tasks_example_charges_once_and_enqueues_nothing_when_the_order_fails",
+        "test_the_tasks_example_invoices_many_and_schedules_one",
+    ],
 }
 
 
@@ -308,6 +313,35 @@ def test_the_dedup_table_keeps_the_sms_from_going_out_twice():
         assert_run_status(run, "succeeded")
         assert sms.sent == [("+4930123", "shipped")]
         assert DedupRecord.objects.filter(key=f"{run.pk}:0", name="sms").count() == 1
+
+
+def test_a_charge_reconciled_absent_is_sent_again_under_its_key_and_made_once(monkeypatch):
+    with examples("effects") as (effects,):
+        from docs.examples.providers import gateway
+
+        charge = gateway.charge
+
+        def lost_once(amount: int, *, idempotency_key: str) -> Any:
+            if not gateway.calls:  # the first request never reaches the gateway
+                gateway.calls.append(idempotency_key)
+                raise ConnectionError("reset before the gateway got the request")
+            return charge(amount, idempotency_key=idempotency_key)
+
+        monkeypatch.setattr(gateway, "charge", lost_once)
+        one_step("shop.pay", effects.ChargeByKey, app_id="shop")
+        with fast_retries():
+            run = start_workflow_run("shop.pay", {"amount": 2900})
+            run_until_idle()
+
+        # Doubt after the dispatch; reconcile() finds no charge, the step runs again
+        # with the same ctx.effect_key, and the gateway made one charge.
+        assert_run_status(run, "succeeded")
+        key = f"{run.pk}:0"
+        assert gateway.calls == [key, key]
+        assert list(gateway.charges) == [key]
+        assert refreshed(run).output == {"charge_id": "ch_1"}
+        assert ledger_kinds(run).count("dispatched") == 2
+        assert "reconciled" in ledger_kinds(run)
 
 
 def test_a_worker_whose_lease_was_taken_commits_no_fenced_write():
@@ -924,3 +958,50 @@ def test_the_tracing_example_puts_the_run_in_the_requests_trace():
     ]
     assert {s["parent"] for s in steps} == {runs[0]["span_id"]}
     assert runs[0]["attributes"]["k2b.outcome"] == "succeeded"
+
+
+def _tasks_example():
+    """docs/examples/tasks.py in the examples' registries, with the task workflows."""
+    from k2b_workflows import taskruns
+
+    return examples("tasks"), taskruns.register
+
+
+def test_the_tasks_example_charges_once_and_enqueues_nothing_when_the_order_fails():
+    from docs.examples import providers
+
+    context, register = _tasks_example()
+    with context as (tasks,):
+        register()
+        result_id = tasks.place_order("o-1", 2900, "ann@example.com")
+        run_until_idle()
+        charged = tasks.charge.get_result(result_id)
+        assert str(charged.status) == "SUCCESSFUL"
+        assert charged.return_value["order"] == "o-1"
+        assert len(providers.gateway.charges) == 1
+        assert WorkflowRun.objects.get(pk=result_id).queue == "default"
+        assert WorkflowRun.objects.filter(queue="mail", status="succeeded").count() == 1
+        before = WorkflowRun.objects.count()
+        try:
+            with transaction.atomic():
+                tasks.place_order("o-2", 100, "bob@example.com")
+                raise RuntimeError("the order could not be saved")
+        except RuntimeError:
+            pass
+        assert WorkflowRun.objects.count() == before
+
+
+def test_the_tasks_example_invoices_many_and_schedules_one():
+    from k2b_workflows.models import WorkflowSchedule
+
+    context, register = _tasks_example()
+    with context as (tasks,):
+        register()
+        results = tasks.invoice_all([{"id": i, "lines": [{"amount": i}]} for i in range(50)])
+        run_until_idle()
+        assert tasks.render_invoice.get_result(results[7].id).return_value == {
+            "order": 7,
+            "total": 7,
+        }
+        schedule = tasks.schedule_nightly_invoices()
+        assert WorkflowSchedule.objects.get(pk=schedule.pk).workflow_name == "k2b.task.pure"
