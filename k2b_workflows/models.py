@@ -28,6 +28,7 @@ from .triggers import (
     Notify,
     NotifyEnded,
     SlotAdmit,
+    SlotNeverInserted,
     SlotRelease,
     append_only,
 )
@@ -315,6 +316,10 @@ class WorkflowRun(models.Model):
                 name="slot_release",
                 condition=pgtrigger.Q(old__holds_slot=True)
                 & pgtrigger.Q(new__status__in=[str(s) for s in TERMINAL_STATUSES]),
+            ),
+            SlotNeverInserted(
+                name="slot_never_inserted",
+                condition=pgtrigger.Q(new__holds_slot=True),
             ),
             SlotAdmit(
                 name="slot_admit_insert",
@@ -699,7 +704,8 @@ class RateDispatch(models.Model):
 
     Reserved in a committed transaction before the effect, stamped with the
     database's clock just before ``run()`` (``kernel/flow.py``). Rows older than
-    the window are deleted by the next admission of their key.
+    their own window are deleted by the next admission of their key, inside
+    ``k2b_rate_admit``: the runtime role may only read this table (#35).
     """
 
     id = models.BigAutoField(primary_key=True)
@@ -719,6 +725,10 @@ class RateDispatch(models.Model):
         related_name="+",
     )
     seq = models.IntegerField()
+    #: The window the dispatch was admitted under (``per`` plus the margin): the row
+    #: counts, and is kept, for that long after ``at`` whatever a later caller's
+    #: window (#35). NULL for rows admitted before it was recorded.
+    window_ms = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         db_table = "k2b_rate_dispatch"

@@ -99,7 +99,10 @@ def claim_statement(
     return sql, params
 
 
-_REAP_SQL = """
+_REAP_SQL = (
+    "WITH"
+    + flow.SWEEP_CTE
+    + """
 UPDATE k2b_run
    SET status = 'queued',
        consecutive_failures = consecutive_failures + 1,
@@ -114,6 +117,7 @@ UPDATE k2b_run
                WHERE status = 'running' AND lease_expires_at < k2b_now()
                LIMIT 500 FOR UPDATE SKIP LOCKED)
 """
+)
 
 _PROMOTE_SQL = """
 UPDATE k2b_run
@@ -126,6 +130,9 @@ UPDATE k2b_run
 
 def reap_expired(using: str) -> int:
     """Re-queue runs whose lease expired: a crash counts as a consecutive failure.
+
+    In the same statement, free the slots of ended runs whose worker died
+    inside ``run()`` (``flow.SWEEP_CTE``).
 
     The run keeps its generation until the next claim raises it, and the
     status change alone already fences the old holder out.

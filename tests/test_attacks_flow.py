@@ -1,0 +1,142 @@
+"""Attacks by the runtime role on flow control and budgets (#35).
+
+Each test connects as a fresh role holding exactly what ``grantworkflows``
+grants (``tests/runtime_role.py``), as a SQL injection in the host app would,
+and tries to make an effect happen more often than the key holder allowed:
+more runs of a limit-1 key inside the action at once, more dispatches than a
+rate limit lets through, more charges than a budget. What decides it is either
+out of the role's reach (column privileges, SECURITY DEFINER functions that
+take no limit from their caller) or refused when it is used.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.db import DatabaseError, connection, connections, transaction
+
+from k2b_workflows import start_workflow_run
+from k2b_workflows.kernel import claim, db
+from k2b_workflows.models import WorkflowRun
+from k2b_workflows.testing import run_until_idle
+from tests import runtime_role
+from tests.runtime_role import RUNTIME, as_runtime, refused
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", RUNTIME])
+
+runtime = runtime_role.runtime
+
+ONE = "flow.one_at_a_time"
+
+
+def claimable(name: str) -> list:
+    """What a worker with room for ten would take now: the runs it would put inside the action."""
+    with transaction.atomic(using=RUNTIME):
+        rows = claim.claim_runs(
+            RUNTIME, worker_id="attack", workflows=[(name, 1)], app_ids=None, limit=10
+        )
+    return [row[0] for row in rows]
+
+
+def attempt(sql: str, params: list | None = None) -> str | None:
+    """Run ``sql`` as the runtime role; the SQLSTATE it failed with, or None if it ran."""
+    try:
+        as_runtime(sql, params)
+    except DatabaseError as exc:
+        return db.sqlstate(exc)
+    return None
+
+
+@pytest.fixture
+def three_on_one_key(runtime) -> list[WorkflowRun]:
+    """Three runs of a limit-1 key, started by the kernel as the runtime role; one holds it."""
+    runs = [start_workflow_run(ONE, {"key": "k", "nap": 0}, concurrency_key="k") for _ in range(3)]
+    assert [r.holds_slot for r in runs] == [True, False, False]
+    return runs
+
+
+# -- concurrency slots --------------------------------------------------------------
+
+
+def test_setting_holds_slot_puts_no_second_run_inside_a_limit_1_key(three_on_one_key):
+    refused("UPDATE k2b_run SET holds_slot = true WHERE concurrency_key = 'k'")
+    assert claimable(ONE) == [three_on_one_key[0].pk]
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "SELECT k2b_flow_admit('flow.one_at_a_time', 'k', 1000)",
+        "SELECT k2b_flow_admit('flow.one_at_a_time', 'k')",
+    ],
+)
+def test_calling_the_admission_admits_no_more_than_the_limit(three_on_one_key, call):
+    """EXECUTE on the admission is granted (the slot triggers call it as the runtime role):
+    it must take no limit from its caller."""
+    attempt(call)
+    assert claimable(ONE) == [three_on_one_key[0].pk]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "concurrency_key = NULL",
+        "concurrency_key = 'elsewhere-' || id::text",
+        "concurrency_limit = 1000",
+        "workflow_name = 'flow.keyed'",
+    ],
+)
+def test_moving_a_run_off_its_key_is_refused(three_on_one_key, change):
+    refused(f"UPDATE k2b_run SET {change} WHERE concurrency_key = 'k' AND NOT holds_slot")
+    assert claimable(ONE) == [three_on_one_key[0].pk]
+
+
+def test_an_inserted_run_holding_a_slot_is_refused(three_on_one_key):
+    refused(
+        "INSERT INTO k2b_run SELECT (json_populate_record(r, json_build_object("
+        "'id', gen_random_uuid(), 'holds_slot', true))).* FROM k2b_run r WHERE id = %s",
+        [three_on_one_key[1].pk],
+    )
+    assert claimable(ONE) == [three_on_one_key[0].pk]
+
+
+def test_an_inserted_run_with_a_limit_of_1000_admits_nobody(three_on_one_key):
+    """Admission reads the limit from the rows, never a caller's: an inserted row can
+    only lower it, and the first holder's limit of 1 holds."""
+    first = three_on_one_key[0]
+    as_runtime(
+        "INSERT INTO k2b_run SELECT (json_populate_record(r, json_build_object("
+        "'id', gen_random_uuid(), 'concurrency_limit', 1000, 'holds_slot', false,"
+        " 'idempotency_key', NULL, 'created_at', '2000-01-01T00:00:00Z',"
+        " 'run_after', '2000-01-01T00:00:00Z'))).* FROM k2b_run r WHERE id = %s",
+        [three_on_one_key[1].pk],
+    )
+    assert claimable(ONE) == [first.pk]
+    assert WorkflowRun.objects.filter(concurrency_key="k", holds_slot=True).count() == 1
+
+
+def test_holds_slot_on_a_finished_run_is_refused_and_healed_when_the_owner_sets_it(runtime):
+    done = start_workflow_run(ONE, {"key": "f", "nap": 0}, concurrency_key="f")
+    run_until_idle(using=RUNTIME)
+    assert WorkflowRun.objects.get(pk=done.pk).status == "succeeded"
+    refused("UPDATE k2b_run SET holds_slot = true WHERE id = %s", [done.pk])
+    # The owner can: the housekeeping frees a slot no live action holds.
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE k2b_run SET holds_slot = true WHERE id = %s", [done.pk])
+    nxt = start_workflow_run(ONE, {"key": "f", "nap": 0}, concurrency_key="f")
+    assert not nxt.holds_slot
+    with transaction.atomic(using=RUNTIME):
+        claim.reap_expired(RUNTIME)
+    assert WorkflowRun.objects.get(pk=nxt.pk).holds_slot
+    assert not WorkflowRun.objects.get(pk=done.pk).holds_slot
+
+
+def test_the_runtime_role_holds_no_privilege_beyond_the_grants(runtime):
+    from k2b_workflows.roles import excess_privileges
+
+    assert excess_privileges(RUNTIME) == []
+    with connections[RUNTIME].cursor() as cursor:
+        cursor.execute(
+            "SELECT has_column_privilege(current_user, 'k2b_run', 'holds_slot', 'UPDATE'),"
+            " has_column_privilege(current_user, 'k2b_run', 'status', 'UPDATE')"
+        )
+        assert cursor.fetchone() == (False, True)
