@@ -146,3 +146,27 @@ def blind(run, input):
     from .workflows_kernel import BlindOnce
 
     return run.step(BlindOnce, {})
+
+
+@workflow(
+    "flow.one_at_a_time_timed",
+    app_id="tests",
+    concurrency=Concurrency(limit=1),
+    timeout=timedelta(seconds=4),
+)
+def one_at_a_time_timed(run, input):
+    """Canceled by its timeout while its action sleeps inside ``run()`` (#35)."""
+    run.step(Span, input)
+    return {"key": input["key"]}
+
+
+@workflow(
+    "flow.latest_wins_blind",
+    app_id="tests",
+    concurrency=Concurrency(limit=1, strategy="cancel_in_progress"),
+)
+def latest_wins_blind(run, input):
+    """An EXTERNAL step whose first answer is lost, under ``cancel_in_progress`` (#35)."""
+    from .workflows_kernel import BlindOnce
+
+    return run.step(BlindOnce, {})
