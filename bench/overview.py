@@ -114,7 +114,7 @@ def main() -> None:
     from django.core.management import call_command
     from django.db import connection, transaction
 
-    from k2b_workflows import overview
+    from k2b_workflows.admin import overview
 
     try:
         call_command("migrate", verbosity=0)

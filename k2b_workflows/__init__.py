@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from . import moved
 from .actions import (
     Action,
     Dependency,
@@ -38,6 +39,10 @@ from .limits import Concurrency, RateLimit
 from .retries import Retry
 from .schedules import Schedule
 from .workflows import workflow
+
+# Modules that moved into admin/ and worker/ stay importable by their old
+# paths, with a deprecation warning, for one release (``moved.MOVED``).
+moved.install()
 
 _LAZY = {
     "EFFECT_ABSENT": "control",

@@ -269,7 +269,7 @@ def check_replication(
         return []
     from django.db import DatabaseError
 
-    from . import topology
+    from .worker import topology
 
     try:
         setup = topology.replication(alias)

@@ -26,7 +26,7 @@ FAN_OUT_EXCEEDED = "FAN_OUT_EXCEEDED"
 EFFECT_OUTCOME_UNKNOWN = "EFFECT_OUTCOME_UNKNOWN"
 AI_TASK_FAILED = "AI_TASK_FAILED"
 CANCELED = "CANCELED"
-#: A run not ended within its workflow's ``timeout``: canceled (``timeouts.py``).
+#: A run not ended within its workflow's ``timeout``: canceled (``worker/timeouts.py``).
 WORKFLOW_TIMEOUT = "WORKFLOW_TIMEOUT"
 #: A ``cancel_newest`` start found its key's slots all taken.
 CONCURRENCY_LIMITED = "CONCURRENCY_LIMITED"

@@ -33,8 +33,7 @@ from typing import Any
 from django.db import connections
 
 from . import metrics, store
-from .kernel import db, flow
-from .kernel import schedules as schedule_passes
+from .kernel import db, flow, schedule_passes
 from .workflows import registered_versions
 
 logger = logging.getLogger(__name__)

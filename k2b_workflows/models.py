@@ -163,7 +163,7 @@ class WorkflowRun(models.Model):
     updated_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
     #: Its workflow's ``timeout`` after the start: not ended by then, it is canceled
-    #: with ``WORKFLOW_TIMEOUT`` (``timeouts.py``). None: no timeout.
+    #: with ``WORKFLOW_TIMEOUT`` (``worker/timeouts.py``). None: no timeout.
     timeout_at = models.DateTimeField(null=True, blank=True)
 
     #: The ``WorkflowSchedule.schedule_id`` that started the run, and the tick it

@@ -24,8 +24,8 @@ _FORBIDDEN = ("UPDATE", "DELETE", "TRUNCATE")
 #: rows of stopped or lost workers as they beat (``fleet.py``), and wait
 #: rendezvous nobody consumed in their housekeeping (``kernel/waits.py``).
 #: The admin's overview drops its per-minute counts older than two days
-#: (``overview.py``). None holds evidence. And schedules an operator deletes in
-#: the admin, with their skipped-tick records (their runs stay). Nothing else.
+#: (``admin/overview.py``). None holds evidence. And schedules an operator deletes
+#: in the admin, with their skipped-tick records (their runs stay). Nothing else.
 RUNTIME_DELETES = (
     "k2b_overview_minute",
     "k2b_schedule",

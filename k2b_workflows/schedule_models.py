@@ -1,7 +1,7 @@
 """Schedules' rows: the spec and the state every worker's passes share, and skipped ticks.
 
 The failure these rows guard against: two writers of one schedule undoing each
-other. The passes (``kernel/schedules.py``) move the next tick on in raw SQL
+other. The passes (``kernel/schedule_passes.py``) move the next tick on in raw SQL
 under a row lock; an operator's edit, loaded minutes before, must not write an
 old next tick back and fire a tick again. So ``WorkflowSchedule.save`` writes
 the passes' fields only when the spec changed (the ticks then start afresh
@@ -29,7 +29,7 @@ class WorkflowSchedule(models.Model):
 
     The spec (``cron`` or ``every``, ``timezone``, ``input``, ``catch_up``,
     ``overlap``, ``jitter``) is what ``Schedule`` validates; the rest is the
-    state the schedule passes of every worker share (``kernel/schedules.py``):
+    state the schedule passes of every worker share (``kernel/schedule_passes.py``):
     the next tick and when it fires, the last one fired, a tick buffered
     behind a run still going. Save the row with ``paused`` set or cleared to
     pause or resume it; a save that changes the spec starts the ticks afresh

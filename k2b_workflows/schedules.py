@@ -18,7 +18,7 @@ an instant, computed here and nowhere else:
   comes after it.
 
 Everything here is free of the database: the kernel's pass
-(``kernel/schedules.py``) feeds it the database's clock.
+(``kernel/schedule_passes.py``) feeds it the database's clock.
 """
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ version, a malformed spec) before writing anything.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from typing import Any
 
@@ -93,26 +92,6 @@ def apply_spec(
     row.catch_up = schedule.catch_up
     row.overlap = schedule.overlap
     row.jitter = schedule.jitter
-
-
-def start_tick(
-    name: str,
-    input: dict[str, Any],
-    key: str,
-    version: int | None,
-    schedule_id: str,
-    tick: dt.datetime,
-) -> Any:
-    """How a pass starts a tick's run: ``start_workflow_run`` with the schedule's columns."""
-    run = start_workflow_run(
-        name,
-        input,
-        idempotency_key=key,
-        version=version,
-        schedule_id=schedule_id,
-        scheduled_for=tick,
-    )
-    return run.pk
 
 
 def run_schedule_now(row: WorkflowSchedule) -> WorkflowRun:

@@ -23,7 +23,7 @@ key                            default     meaning
                                            claim (leases renewed; handed back on stop);
                                            the floor: on a backlog of short runs it
                                            grows up to 0.1 s of its threads' work
-                                           (``prefetch.py``); 0 disables it
+                                           (``worker/prefetch.py``); 0 disables it
 ``SHUTDOWN_GRACE_MS``          20000       after SIGTERM, how long steps in flight may
                                            finish before the worker hands their runs
                                            back and exits (keep it below the

@@ -48,7 +48,7 @@ from .kernel import ai, claim, flow, hooks
 from .kernel import clock as kernel_clock
 from .kernel.execute import Execution
 from .kernel.leases import LeaseKeeper
-from .worker import Worker
+from .worker.loop import Worker
 
 if TYPE_CHECKING:
     from .models import WorkflowRun

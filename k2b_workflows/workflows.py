@@ -117,7 +117,7 @@ def workflow(
     number of children the tree may create. ``retry`` (a ``Retry``) replaces
     the settings' bound and backoff for its steps whose action has no policy.
     ``timeout`` (a positive ``timedelta``): a run not ended that long after its
-    start is canceled with ``WORKFLOW_TIMEOUT`` (``timeouts.py``). ``concurrency``
+    start is canceled with ``WORKFLOW_TIMEOUT`` (``worker/timeouts.py``). ``concurrency``
     bounds the active runs started with the same ``concurrency_key`` (see
     docs/flow-control.md). ``schedule`` starts runs by itself
     (a ``Schedule``): ``migrate`` writes it as the schedule whose id is ``name``.

@@ -48,7 +48,7 @@ class Mutant:
 MUTANTS = (
     Mutant(
         "exit-hooks",
-        "k2b_workflows/exits.py",
+        "k2b_workflows/worker/exits.py",
         "    atexit._run_exitfuncs()\n",
         "    pass\n",
         (
@@ -126,15 +126,15 @@ MUTANTS = (
     ),
     Mutant(
         "idempotency-conflict",
-        "k2b_workflows/control.py",
-        "    if existing.input != input:",
+        "k2b_workflows/kernel/starts.py",
+        "    if found.input != input:",
         "    if False:",
         ("tests/test_control.py", "tests/test_docs_examples.py"),
     ),
     Mutant(
         "idempotency-principal",
-        "k2b_workflows/control.py",
-        "    if existing.principal != principal:",
+        "k2b_workflows/kernel/starts.py",
+        "    if found.principal != principal:",
         "    if False:",
         ("tests/test_docs_examples.py",),
     ),
@@ -218,7 +218,7 @@ MUTANTS = (
     ),
     Mutant(
         "supervisor-config-stops-group",
-        "k2b_workflows/supervisor.py",
+        "k2b_workflows/worker/supervisor.py",
         "        if code in (EXIT_CONFIG, EXIT_UNAVAILABLE):",
         "        if False:",
         (
@@ -228,7 +228,7 @@ MUTANTS = (
     ),
     Mutant(
         "supervisor-forwards-stop",
-        "k2b_workflows/supervisor.py",
+        "k2b_workflows/worker/supervisor.py",
         'back now")\n        self._signal_children(signal.SIGTERM)',
         'back now")',
         (
@@ -238,7 +238,7 @@ MUTANTS = (
     ),
     Mutant(
         "supervisor-restarts-a-dead-child",
-        "k2b_workflows/supervisor.py",
+        "k2b_workflows/worker/supervisor.py",
         "        slot.restart_at = time.monotonic() + delay",
         "        slot.done = True",
         (
@@ -248,7 +248,7 @@ MUTANTS = (
     ),
     Mutant(
         "supervisor-no-orphans",
-        "k2b_workflows/supervisor.py",
+        "k2b_workflows/worker/supervisor.py",
         "        set_parent_death_signal(signal.SIGTERM)\n",
         "",
         (

@@ -19,7 +19,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from k2b_workflows import start_workflow_run
-from k2b_workflows.admin_display import build_timeline
+from k2b_workflows.admin.display import build_timeline
 from k2b_workflows.models import JournalEntry, LedgerEntry, WorkflowRun
 from k2b_workflows.store import WORKFLOW_RETRY_EXHAUSTED
 from k2b_workflows.testing import run_until_idle

@@ -15,7 +15,8 @@ from django.db import connection, transaction
 from django.urls import reverse
 
 from bench.overview import seed
-from k2b_workflows import overview, start_workflow_run
+from k2b_workflows import start_workflow_run
+from k2b_workflows.admin import overview
 from k2b_workflows.models import OverviewMinute, WorkerRecord, WorkflowRun
 from k2b_workflows.testing import run_until_idle
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from k2b_workflows.prefetch import HORIZON_S, MAX_AHEAD, Prefetch
+from k2b_workflows.worker.prefetch import HORIZON_S, MAX_AHEAD, Prefetch
 
 
 def full_claims(prefetch: Prefetch, count: int) -> list[int]:
@@ -68,8 +68,9 @@ def test_the_mean_follows_the_runs_as_they_get_longer():
 
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_draining_a_backlog_of_short_runs_claims_further_ahead(monkeypatch):
-    from k2b_workflows import prefetch, start_workflow_run
-    from k2b_workflows.worker import Worker
+    from k2b_workflows import start_workflow_run
+    from k2b_workflows.worker import prefetch
+    from k2b_workflows.worker.loop import Worker
     from tests.kernel_helpers import fresh
 
     # "Short" is against the horizon: on a loaded machine a run of test.pure takes tens

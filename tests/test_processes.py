@@ -309,7 +309,7 @@ def test_the_health_file_and_the_metrics_port_cover_the_whole_group(start_group,
 
 
 def time_since(path: Path) -> float:
-    from k2b_workflows.health import age_s
+    from k2b_workflows.worker.health import age_s
 
     age = age_s(path)
     return float("inf") if age is None else age

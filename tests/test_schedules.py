@@ -25,7 +25,7 @@ from k2b_workflows import (
     workflow,
     workflows,
 )
-from k2b_workflows.kernel import schedules as passes
+from k2b_workflows.kernel import schedule_passes
 from k2b_workflows.models import WorkflowRun, WorkflowSchedule, WorkflowScheduleSkip
 from k2b_workflows.schedules import iso
 from k2b_workflows.scheduling import (
@@ -166,14 +166,15 @@ def test_a_rewound_schedule_row_starts_no_second_run_for_a_tick(k2b_clock):
 
 
 def test_a_pass_that_dies_before_its_commit_fired_nothing_and_the_next_fires_the_tick_once(
-    k2b_clock,
+    k2b_clock, monkeypatch
 ):
     """A pass killed mid-way (its run inserted, its commit never sent) leaves the tick due:
     meanwhile the other workers' passes skip the locked row rather than wait or fire it."""
     from django.db import connections
 
-    from k2b_workflows.scheduling import start_tick
+    from k2b_workflows.kernel import starts
 
+    start = starts.start
     schedule_workflow("mid-pass", "sched.echo", Schedule(every=dt.timedelta(minutes=1)))
     k2b_clock.advance(minutes=1)
     inserted, die = threading.Event(), threading.Event()
@@ -181,27 +182,29 @@ def test_a_pass_that_dies_before_its_commit_fired_nothing_and_the_next_fires_the
     class Killed(BaseException):
         pass
 
-    def start_then_die(*args):
-        start_tick(*args)
+    def start_then_die(*args, **kwargs):
+        start(*args, **kwargs)
         inserted.set()
         die.wait(QUICK)
         raise Killed
 
     def dying_pass():
         try:
-            passes.run_pass("default", {"sched.echo": {1}}, start_then_die)
+            schedule_passes.run_pass("default", {"sched.echo": {1}})
         except Killed:
             pass
         finally:
             connections.close_all()
 
+    monkeypatch.setattr(starts, "start", start_then_die)
     thread = threading.Thread(target=dying_pass)
     thread.start()
     try:
         assert inserted.wait(QUICK)
+        monkeypatch.setattr(starts, "start", start)
         with connection.cursor() as cursor:
             cursor.execute("SET lock_timeout = '5s'")
-        assert passes.run_pass("default", {"sched.echo": {1}}, start_tick).rows == 0
+        assert schedule_passes.run_pass("default", {"sched.echo": {1}}).rows == 0
         assert runs("mid-pass") == []
     finally:
         die.set()
@@ -305,9 +308,7 @@ def test_catch_up_all_starts_at_most_the_setting_per_pass_and_the_rest_next(k2b_
     k2b_clock.advance(minutes=7, seconds=30)
     passes_started = []
     versions = {"sched.echo": {1}}
-    from k2b_workflows.scheduling import start_tick
-
-    while (result := passes.run_pass("default", versions, start_tick)).started:
+    while (result := schedule_passes.run_pass("default", versions)).started:
         passes_started.append(result.started)
 
     assert passes_started == [3, 3, 1]

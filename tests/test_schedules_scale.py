@@ -12,9 +12,8 @@ import json
 import pytest
 from django.db import connection, transaction
 
-from k2b_workflows.kernel import schedules as passes
+from k2b_workflows.kernel import schedule_passes
 from k2b_workflows.models import WorkflowRun
-from k2b_workflows.scheduling import start_tick
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -57,8 +56,11 @@ def ten_thousand_schedules() -> None:
 def test_the_probe_and_the_pass_read_the_due_index_not_the_table(ten_thousand_schedules):
     names = ["sched.echo"]
     for sql, params in [
-        (passes.PROBE_SQL, [names, names]),
-        (passes.DUE_SQL.replace("FOR UPDATE SKIP LOCKED", ""), [names, passes.ROWS_PER_PASS]),
+        (schedule_passes.PROBE_SQL, [names, names]),
+        (
+            schedule_passes.DUE_SQL.replace("FOR UPDATE SKIP LOCKED", ""),
+            [names, schedule_passes.ROWS_PER_PASS],
+        ),
     ]:
         plan = _plan(sql, params)
         nodes = _nodes(plan)
@@ -73,9 +75,9 @@ def test_the_probe_and_the_pass_read_the_due_index_not_the_table(ten_thousand_sc
 
 
 def test_a_pass_over_ten_thousand_schedules_fires_only_the_due_ones(ten_thousand_schedules):
-    result = passes.run_pass("default", {"sched.echo": {1}}, start_tick)
+    result = schedule_passes.run_pass("default", {"sched.echo": {1}})
 
     assert (result.rows, result.started) == (DUE, DUE)
     assert WorkflowRun.objects.filter(schedule_id__startswith="bulk-").count() == DUE
     with transaction.atomic():
-        assert passes.run_pass("default", {"sched.echo": {1}}, start_tick).rows == 0
+        assert schedule_passes.run_pass("default", {"sched.echo": {1}}).rows == 0

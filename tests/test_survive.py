@@ -460,7 +460,7 @@ def test_a_hand_back_is_not_skipped_for_the_lease_keepers_own_renewal(monkeypatc
 
     from k2b_workflows import start_workflow_run
     from k2b_workflows.kernel import leases
-    from k2b_workflows.worker import Worker
+    from k2b_workflows.worker.loop import Worker
     from tests.kernel_helpers import fresh
 
     run = start_workflow_run("test.pure", {"n": 1})
@@ -566,7 +566,7 @@ def test_a_connection_lost_while_rolling_back_an_empty_claim_still_looks_for_orp
 
     from k2b_workflows import start_workflow_run
     from k2b_workflows.kernel import db
-    from k2b_workflows.worker import Worker
+    from k2b_workflows.worker.loop import Worker
     from tests.kernel_helpers import fresh
 
     worker = Worker(concurrency=1, listen=False)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from k2b_workflows import topology
+from k2b_workflows.worker import topology
 from tests.conftest import direct_connection_only
 
 pytestmark = pytest.mark.django_db(transaction=True)

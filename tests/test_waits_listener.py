@@ -34,7 +34,8 @@ def parked(key: str) -> WorkflowRun:
 
 def listen_backends() -> list[int]:
     """Backend pids of connections to the test database whose last statement was the
-    workers' LISTEN (not the start-up probe's, on a channel of its own: k2b_workflows.topology)."""
+    workers' LISTEN (not the start-up probe's, on a channel of its own:
+    k2b_workflows.worker.topology)."""
     from k2b_workflows import store
 
     with connection.cursor() as cursor:

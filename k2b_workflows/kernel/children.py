@@ -1,14 +1,16 @@
-"""Child runs: created once per parent step, counted against the root's loop budget."""
+"""Child runs: what a parent waits on, their results, their counts, and the wake of their parent.
+
+They are created by ``starts.start_children``, once per parent step.
+"""
 
 from __future__ import annotations
 
 import uuid
 from typing import Any
 
-from .. import tracing
 from ..actions import Dependency
 from ..models import TERMINAL_STATUSES, RunStatus, WorkflowRun
-from . import budgets, clock, db, evidence, seals, waits
+from . import db, seals, waits
 
 KIND = "k2b.children"
 #: The app of a child's parent: where the wake of its children step goes.
@@ -18,62 +20,6 @@ PARENT_APP_SQL = "SELECT app_id FROM k2b_run WHERE id = %s"
 def dependency(parent_id: uuid.UUID, step: int) -> Dependency:
     """What a parent waits on while its children of one step run."""
     return Dependency(KIND, f"{parent_id}:{step}")
-
-
-def create(
-    using: str, *, parent: WorkflowRun, step: int, name: str, inputs: list[Any]
-) -> list[Any]:
-    """Create the children of ``parent``'s step ``step`` that do not exist yet.
-
-    Idempotent: a replayed parent finds its children by (parent, step, index)
-    and creates none twice. The caller holds the parent's fence. Raises
-    ``UnknownWorkflow`` or ``budgets.BudgetExceeded`` before creating anything.
-    Returns the ids of all children of that step, in input order.
-    """
-    from ..workflows import get_workflow
-
-    definition = get_workflow(name)
-    existing = dict(
-        db.fetchall(
-            using,
-            "SELECT child_index, id FROM k2b_run WHERE parent_id = %s AND parent_step = %s",
-            [parent.id, step],
-        )
-    )
-    missing = [i for i in range(len(inputs)) if i not in existing]
-    root_id = parent.root_id or parent.id
-    budgets.reserve_children(using, root_id=root_id, count=len(missing))
-    now = clock.now()
-    trace_context = tracing.child_context(parent.trace_context)
-    new_ids = {i: uuid.uuid4() for i in missing}
-    rows = [
-        WorkflowRun(
-            id=new_ids[i],
-            workflow_name=definition.name,
-            workflow_version=definition.version,
-            app_id=definition.app_id,
-            status=RunStatus.QUEUED,
-            input=inputs[i],
-            principal=parent.principal,
-            parent_id=parent.id,
-            parent_step=step,
-            child_index=i,
-            root_id=root_id,
-            run_after=now,
-            created_at=now,
-            updated_at=now,
-            # The creating step's span: the children's spans nest under it.
-            trace_context=trace_context,
-            timeout_at=definition.timeout_at(now),
-            **evidence.initial_anchors(new_ids[i]),
-        )
-        for i in missing
-    ]
-    for row in rows:
-        row.start_seal = seals.start_seal(row)
-    WorkflowRun.objects.using(using).bulk_create(rows, ignore_conflicts=True)
-    existing.update({row.child_index: row.id for row in rows})
-    return [existing[i] for i in range(len(inputs))]
 
 
 def results(using: str, parent_id: uuid.UUID, step: int) -> list[dict[str, Any]]:

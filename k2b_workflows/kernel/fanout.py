@@ -3,7 +3,7 @@
 ``run.children`` and ``create_child_workflow_runs`` are steps of the parent
 like any other, journaled at their position; what makes them a kind of their
 own is one transaction that fences the parent, creates the children that do
-not exist yet (``children.create``: idempotent by parent, step and index), and
+not exist yet (``starts.start_children``: idempotent by parent, step and index), and
 either journals their results (all ended, or not waited for) or parks the
 parent until the last one ends and wakes it (``children.wake_parent``).
 """
@@ -18,7 +18,7 @@ from ..actions import Action, Effect, Succeeded
 from ..exceptions import UnknownWorkflow
 from ..models import JournalEntry
 from ..workflows import ChildResult
-from . import budgets, children, db, evidence, seals, waits
+from . import budgets, children, db, evidence, seals, starts, waits
 from .ending import RunEnding
 from .journal import Claim, RunJournal, Step
 
@@ -95,7 +95,7 @@ class ChildrenStep:
         run = claim.run
         self.journal.fence(seq)
         try:
-            ids = children.create(using, parent=run, step=seq, name=name, inputs=step.input)
+            ids = starts.start_children(using, parent=run, step=seq, name=name, inputs=step.input)
         except budgets.BudgetExceeded as exc:
             written.failure = (store.MAX_STEPS_EXCEEDED, str(exc))
             return written

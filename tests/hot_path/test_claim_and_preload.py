@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def test_a_claim_and_its_preload_are_one_transaction_in_two_round_trips(prepares):
     """ "BEGIN; claim", then "preload; COMMIT": where Django's transaction took four
     (BEGIN, claim, preload, COMMIT). A claim that finds nothing rolls back."""
-    from k2b_workflows.worker import Worker
+    from k2b_workflows.worker.loop import Worker
 
     runs = [start_workflow_run("hot.three_pure", {"n": n}) for n in range(3)]
     worker = Worker(app_ids=["hot"], concurrency=2, listen=False)

@@ -17,7 +17,7 @@ def test_a_worker_is_ready_before_its_first_claim(monkeypatch):
     from django.db.backends.signals import connection_created
 
     from k2b_workflows import metrics
-    from k2b_workflows.worker import Worker
+    from k2b_workflows.worker.loop import Worker
 
     events: list[str] = []
     monkeypatch.setattr(metrics, "prepare", lambda: events.append("metrics"))

@@ -15,12 +15,13 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 
-from k2b_workflows import exits, logformat, store
+from k2b_workflows import store
 from k2b_workflows.exceptions import DatabaseNotMigrated, DatabaseUnavailable
 from k2b_workflows.kernel import weather
 from k2b_workflows.management import arguments
-from k2b_workflows.stop_signals import stop_signals
-from k2b_workflows.worker import Worker, default_status_stream
+from k2b_workflows.worker import exits, logformat
+from k2b_workflows.worker.loop import Worker, default_status_stream
+from k2b_workflows.worker.signals import stop_signals
 
 #: Threads of one process. Past a few hundred, a process spends its time
 #: switching threads and holding connections; scale out with more processes.
@@ -195,7 +196,7 @@ class Command(BaseCommand):
 
     def _supervise(self, processes: int, options: WorkerOptions) -> None:
         """Fork ``processes`` workers from this process (Django imported once) and keep them."""
-        from k2b_workflows.supervisor import EXIT_CONFIG, EXIT_UNAVAILABLE, Supervisor
+        from k2b_workflows.worker.supervisor import EXIT_CONFIG, EXIT_UNAVAILABLE, Supervisor
 
         self._check_connections(options.concurrency, processes)
         self._check_metrics_port(options.metrics_port)

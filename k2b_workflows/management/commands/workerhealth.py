@@ -11,8 +11,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from k2b_workflows.health import age_s
 from k2b_workflows.management.arguments import number
+from k2b_workflows.worker.health import age_s
 
 
 class Command(BaseCommand):

@@ -391,7 +391,7 @@ class Command(BaseCommand):
         seen_ledger_id: int | None,
         **options: Any,
     ) -> tuple:
-        from k2b_workflows.admin_views import resolution_message
+        from k2b_workflows.admin.views import resolution_message
 
         user = _actor(actor, "k2b_workflows.resolve_effect")
         if output is not None and DECISIONS[decision] != control.EFFECT_CONFIRMED:

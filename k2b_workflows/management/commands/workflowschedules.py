@@ -10,8 +10,7 @@ from django.utils import timezone
 
 from k2b_workflows import store
 from k2b_workflows.exceptions import InvalidInput
-from k2b_workflows.kernel import db
-from k2b_workflows.kernel import schedules as passes
+from k2b_workflows.kernel import db, schedule_passes
 from k2b_workflows.management import arguments
 from k2b_workflows.management.commands.workflowruns import format_table
 from k2b_workflows.models import WorkflowSchedule
@@ -63,7 +62,7 @@ class Command(BaseCommand):
         try:
             with db.schema_required():
                 rows = list(WorkflowSchedule.objects.using(using).order_by("schedule_id"))
-                late = {r[0] for r in passes.late(using)}
+                late = {r[0] for r in schedule_passes.late(using)}
         except InvalidInput as exc:
             raise CommandError(str(exc)) from exc
         count = options["next"]

@@ -13,8 +13,8 @@ import logging
 import threading
 from collections.abc import Sequence
 
-from . import metrics, store
-from .kernel import db, weather
+from .. import metrics, store
+from ..kernel import db, weather
 
 logger = logging.getLogger(__name__)
 

@@ -12,10 +12,10 @@ from typing import Any
 
 from django.urls import reverse
 
-from . import codes, store
-from .control import RESOLVABLE_CODES, count_child_workflow_runs
-from .kernel import clock, flow
-from .models import (
+from .. import codes, store
+from ..control import RESOLVABLE_CODES, count_child_workflow_runs
+from ..kernel import clock, flow
+from ..models import (
     BudgetAccount,
     BudgetCharge,
     JournalEntry,

@@ -21,7 +21,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
 from . import overview
-from .admin_views import can_view_runs
+from .views import can_view_runs
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin

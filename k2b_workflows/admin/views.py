@@ -22,9 +22,8 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from . import store
-from .admin_display import concurrency_key_url, incident_answers, incident_dispatch
-from .control import (
+from .. import store
+from ..control import (
     EFFECT_CONFIRMED,
     RESOLVABLE_CODES,
     cancel_workflow_run,
@@ -32,18 +31,19 @@ from .control import (
     retry_refusal,
     retry_workflow_run,
 )
-from .dryrun import dry_run
-from .exceptions import (
+from ..dryrun import dry_run
+from ..exceptions import (
     EvidenceChanged,
     InvalidInput,
     NotRetryable,
     ResolutionRefused,
     UnknownWorkflow,
 )
+from ..kernel import flow
+from ..models import TERMINAL_STATUSES, LedgerEntry, RunStatus, WorkflowRun
+from ..redaction import redact
+from .display import concurrency_key_url, incident_answers, incident_dispatch
 from .forms import DECISION_CHOICES, DryRunForm, ReasonForm, ResolutionForm
-from .kernel import flow
-from .models import TERMINAL_STATUSES, LedgerEntry, RunStatus, WorkflowRun
-from .redaction import redact
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin

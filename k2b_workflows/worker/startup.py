@@ -17,9 +17,9 @@ from collections.abc import Callable
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
 
-from . import store
-from .exceptions import DatabaseNotMigrated, DatabaseUnavailable
-from .kernel import db, weather
+from .. import store
+from ..exceptions import DatabaseNotMigrated, DatabaseUnavailable
+from ..kernel import db, weather
 
 logger = logging.getLogger(__name__)
 

@@ -100,7 +100,7 @@ def notifications_arrive(alias: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
     arrives within milliseconds, through a transaction pooler never (the
     LISTEN stays on a server connection no client holds).
     """
-    from .kernel import db
+    from ..kernel import db
 
     channel = f"k2b_probe_{uuid.uuid4().hex[:12]}"
     listener = db.autocommit_connection(alias, follow_clock=False)

@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import transaction
 
 from .. import metrics, store
+from ..actions import to_json_value
 from ..exceptions import (
     DatabaseNotMigrated,
     DatabaseUnavailable,
@@ -49,7 +49,8 @@ from ..exceptions import (
 )
 from ..models import WorkflowScheduleSkip
 from ..schedules import SCHEDULED_FOR, CatchUp, Overlap, Schedule, idempotency_key, iso, jitter_for
-from . import db
+from ..workflows import get_workflow
+from . import db, starts
 
 logger = logging.getLogger(__name__)
 
@@ -117,11 +118,6 @@ SELECT schedule_id, workflow_name, next_fire_at,
  ORDER BY next_fire_at
 """
 
-#: ``start(name, input, key, version, schedule_id, tick) -> run id``: how a pass
-#: starts a run (``control.start_workflow_run`` in the worker; the kernel does
-#: not import the layer above it).
-StartFn = Callable[[str, dict[str, Any], str, "int | None", str, dt.datetime], Any]
-
 
 @dataclass
 class PassResult:
@@ -166,7 +162,6 @@ def probe(using: str, names: list[str]) -> tuple[float | None, bool]:
 def run_pass(
     using: str,
     versions: dict[str, set[int]],
-    start: StartFn,
     *,
     buffered: bool = False,
 ) -> PassResult:
@@ -202,7 +197,7 @@ def run_pass(
                 # A savepoint per row: a row that cannot fire (an input grown past
                 # MAX_VALUE_BYTES, a workflow gone) must not hold back the others.
                 with transaction.atomic(using=using):
-                    _fire(using, row, now, start, result, skips)
+                    _fire(using, row, now, result, skips)
             except (DatabaseNotMigrated, DatabaseUnavailable):
                 raise  # the database's state, not the row's
             except WorkflowError as exc:
@@ -224,7 +219,6 @@ def _fire(
     using: str,
     row: _Row,
     now: dt.datetime,
-    start: StartFn,
     result: PassResult,
     skips: list[WorkflowScheduleSkip],
 ) -> None:
@@ -258,14 +252,14 @@ def _fire(
     def fire(tick: dt.datetime) -> None:
         nonlocal active, last_started
         try:
-            run_id = start(
-                row.workflow_name,
-                {**spec.input, SCHEDULED_FOR: iso(tick)},
-                idempotency_key(row.schedule_id, tick),
-                row.workflow_version,
-                row.schedule_id,
-                tick,
-            )
+            run_id = starts.start(
+                using,
+                get_workflow(row.workflow_name, row.workflow_version),
+                to_json_value({**spec.input, SCHEDULED_FOR: iso(tick)}, "the schedule's input"),
+                idempotency_key=idempotency_key(row.schedule_id, tick),
+                schedule_id=row.schedule_id,
+                scheduled_for=tick,
+            ).pk
         except IdempotencyConflict as exc:
             # The tick's run exists, started with another input (the input was edited
             # after a restored row made the tick due again): it ran; nothing to start.

@@ -16,7 +16,7 @@ Threads:
   connection would keep listening for its next borrower) sets the wake-up
   (``wakeups.py``);
 - the lease keeper renews leases and notices cancellations;
-- the main loop also runs schedule passes (``kernel/schedules.py``) unless
+- the main loop also runs schedule passes (``kernel/schedule_passes.py``) unless
   started with ``schedules=False``: it asks when the next tick fires at most
   once per ``SCHEDULE_PASS_INTERVAL_MS``, wakes for it, and fires due ticks
   in a transaction of their own, never inside a claim;
@@ -49,16 +49,16 @@ from typing import Any, TextIO
 from django.db import DatabaseError, connections, transaction
 from django.db.backends.signals import connection_created
 
-from . import fleet, metrics, startup, store, timeouts
+from .. import fleet, metrics, store
+from ..kernel import ai, claim, db, flow, schedule_passes, waits, weather
+from ..kernel.execute import Execution
+from ..kernel.leases import LeaseKeeper
+from ..kernel.load import Preloaded, preload, preload_statement, preloaded
+from ..workflows import registered_versions
+from . import startup, timeouts
 from .health import HealthFile
-from .kernel import ai, claim, db, flow, waits, weather
-from .kernel import schedules as schedule_passes
-from .kernel.execute import Execution
-from .kernel.leases import LeaseKeeper
-from .kernel.load import Preloaded, preload, preload_statement, preloaded
 from .prefetch import Prefetch
 from .wakeups import Listener
-from .workflows import registered_versions
 
 logger = logging.getLogger(__name__)
 #: The start and stop lines go to the package's logger by name: docs/operations.md
@@ -679,14 +679,12 @@ class Worker:
             versions.setdefault(name, set()).add(version)
         if not versions:
             return 0
-        from .scheduling import start_tick
-
         started = 0
         for _ in range(10):  # bounded: claims wait meanwhile; the next call goes on
             due_in, buffered = schedule_passes.probe(self.using, sorted(versions))
             if not buffered and (due_in is None or due_in > 0):
                 break
-            result = schedule_passes.run_pass(self.using, versions, start_tick, buffered=buffered)
+            result = schedule_passes.run_pass(self.using, versions, buffered=buffered)
             started += result.started
             self.stats["scheduled"] += result.started
             if not result.rows:

@@ -61,8 +61,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..kernel import weather
 from . import exits
-from .kernel import weather
 
 logger = logging.getLogger("k2b_workflows")
 
@@ -81,7 +81,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: What a worker imports before its first claim that ``django.setup()`` has not:
 #: imported by the supervisor before it forks (no thread starts on import).
 #: ``prometheus_client`` after ``PROMETHEUS_MULTIPROC_DIR`` is set (``_prepare``).
-PRELOAD = ("prometheus_client", "k2b_workflows.topology")
+PRELOAD = ("prometheus_client", "k2b_workflows.worker.topology")
 
 
 @dataclass
@@ -461,7 +461,7 @@ def _scrape_server(port: int, path: str, using: str | None) -> Any:
     from prometheus_client import CollectorRegistry, multiprocess
     from prometheus_client.exposition import MetricsHandler
 
-    from .metrics import DatabaseCollector
+    from ..metrics import DatabaseCollector
 
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry, path=path)

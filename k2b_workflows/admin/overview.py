@@ -32,8 +32,8 @@ from typing import Any
 
 from django.db import DatabaseError, connections, transaction
 
-from . import fleet, store
-from .models import OverviewMinute, RunStatus
+from .. import fleet, store
+from ..models import OverviewMinute, RunStatus
 
 logger = logging.getLogger(__name__)
 

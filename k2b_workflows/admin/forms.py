@@ -12,10 +12,10 @@ from typing import Any
 from django import forms
 from django.core.exceptions import ValidationError
 
-from . import validation
-from .control import EFFECT_ABSENT, EFFECT_CONFIRMED
-from .exceptions import InvalidInput
-from .workflows import registered_workflows
+from .. import validation
+from ..control import EFFECT_ABSENT, EFFECT_CONFIRMED
+from ..exceptions import InvalidInput
+from ..workflows import registered_workflows
 
 DECISION_CHOICES = [
     (EFFECT_ABSENT, "Effect absent: it did not happen, run the step again"),

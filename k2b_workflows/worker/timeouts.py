@@ -24,8 +24,8 @@ from __future__ import annotations
 import logging
 import uuid
 
-from . import codes, store
-from .kernel import db
+from .. import codes, store
+from ..kernel import db
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def overdue(using: str, *, batch: int = 100) -> list[uuid.UUID]:
 def cancel_overdue(using: str | None = None, run_ids: list[uuid.UUID] | None = None) -> int:
     """Cancel the runs past their timeout (``run_ids`` as ``overdue`` found them);
     each is checked again under its lock. Returns how many were canceled."""
-    from .control import cancel_run
+    from ..control import cancel_run
 
     using = using or store.database()
     canceled = 0

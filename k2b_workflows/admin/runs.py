@@ -3,8 +3,8 @@
 Nothing here writes to the kernel's tables directly: cancel, retry and the
 resolution of an incident go through ``k2b_workflows.control``, which checks
 the permission again, locks the run and appends the ledger entry naming the
-operator. The views live in ``admin_views``; what the run page draws is
-computed in ``admin_display``.
+operator. The views live in ``views``; what the run page draws is
+computed in ``display``.
 """
 
 from __future__ import annotations
@@ -23,21 +23,24 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
-from . import store
-from .kernel import clock
-from .kernel.evidence import hash_value
-from .lazy import LazyModule
-from .models import Incident, JournalEntry, LedgerEntry, RunStatus, WorkerRecord, WorkflowRun
-from .redaction import redact, redact_text, shorten
+from .. import store
+from ..kernel import clock
+from ..kernel.evidence import hash_value
+from ..lazy import LazyModule
+from ..models import Incident, JournalEntry, LedgerEntry, RunStatus, WorkerRecord, WorkflowRun
+from ..redaction import redact, redact_text, shorten
 
 if TYPE_CHECKING:
-    from . import admin_display, admin_overview, admin_views, versions
-    from .kernel import audit
+    from .. import versions
+    from ..kernel import audit
+    from . import display as admin_display
+    from . import overview_views as admin_overview
+    from . import views as admin_views
 else:
     # Only requests use these: a worker process imports this module and never them.
-    admin_display = LazyModule("k2b_workflows.admin_display")
-    admin_overview = LazyModule("k2b_workflows.admin_overview")
-    admin_views = LazyModule("k2b_workflows.admin_views")
+    admin_display = LazyModule("k2b_workflows.admin.display")
+    admin_overview = LazyModule("k2b_workflows.admin.overview_views")
+    admin_views = LazyModule("k2b_workflows.admin.views")
     versions = LazyModule("k2b_workflows.versions")
     audit = LazyModule("k2b_workflows.kernel.audit")
 
@@ -762,7 +765,3 @@ class WorkerRecordAdmin(ReadOnlyMixin, admin.ModelAdmin):
             ((admin_views.run_url(r.pk), r.pk) for r in runs.only("id")[:50]),
         )
         return links or "—"
-
-
-# The Schedules page lives in a module of its own; importing it registers it.
-from . import admin_schedules  # noqa: E402, F401

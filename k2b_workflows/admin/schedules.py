@@ -30,19 +30,19 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_POST
 
-from .exceptions import InvalidInput, InvalidSchedule, UnknownWorkflow
-from .kernel import clock
-from .kernel import schedules as passes
-from .lazy import LazyModule
-from .models import WorkflowRun, WorkflowSchedule, WorkflowScheduleSkip
-from .schedules import Schedule, zone
-from .workflows import get_workflow
+from ..exceptions import InvalidInput, InvalidSchedule, UnknownWorkflow
+from ..kernel import clock, schedule_passes
+from ..lazy import LazyModule
+from ..models import WorkflowRun, WorkflowSchedule, WorkflowScheduleSkip
+from ..schedules import Schedule, zone
+from ..workflows import get_workflow
 
 if TYPE_CHECKING:
-    from . import admin_views, scheduling
+    from .. import scheduling
+    from . import views as admin_views
 else:
     # Only requests use these (see lazy.py).
-    admin_views = LazyModule("k2b_workflows.admin_views")
+    admin_views = LazyModule("k2b_workflows.admin.views")
     scheduling = LazyModule("k2b_workflows.scheduling")
 
 PAUSE_PERMISSION = "k2b_workflows.pause_workflowschedule"
@@ -72,7 +72,7 @@ def preview(
 ) -> list[dt.datetime]:
     """The next five fire times of a spec typed now (raises ``InvalidSchedule``)."""
     spec = Schedule(cron or None, every=every, timezone=tz or "UTC")
-    return passes.preview(spec, after or clock.now(), PREVIEW_TICKS)
+    return schedule_passes.preview(spec, after or clock.now(), PREVIEW_TICKS)
 
 
 class ScheduleForm(forms.ModelForm):

@@ -1,0 +1,280 @@
+"""Operators' interventions on a run: cancel it, settle its effect, retry it.
+
+The failure this module is built around: an intervention that writes the
+run, its journal and its ledger by hand, beside the kernel that writes them
+everywhere else, and misses what the kernel keeps true. A resolution that
+re-queued a run without clearing its end seal left a queued run "tampered";
+a cancel that ended a subtree but not its children's AI tasks let a provider
+answer into a canceled run. Here each intervention is one function of the
+kernel, run under the run's lock (``db.lock_run``), appending to the chains
+through ``evidence`` and re-queuing through ``REQUEUE_SQL``, the one statement
+by which an operator puts a run back in line. ``control`` checks the
+arguments and the actor's permission, then calls these.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from typing import Any
+
+from django.db import transaction
+
+from .. import codes, signals, tracing
+from ..exceptions import EvidenceChanged, NotRetryable, ResolutionRefused
+from ..models import TERMINAL_STATUSES, JournalEntry, LedgerEntry, RunStatus, WorkflowRun
+from . import clock, db, evidence, seals, witness
+
+EFFECT_CONFIRMED = "effect_confirmed"
+EFFECT_ABSENT = "effect_absent"
+RESOLUTION_DECISIONS = (EFFECT_CONFIRMED, EFFECT_ABSENT)
+RESOLVABLE_CODES = (codes.EFFECT_OUTCOME_UNKNOWN, codes.WORKFLOW_RETRY_EXHAUSTED)
+#: Incidents an operator ends with "retry": the cause is the code or the stored
+#: evidence, so a retry after a fix (a deploy, a patch, restored rows) replays anew.
+RETRYABLE_INCIDENT_CODES = (
+    codes.WORKFLOW_NONDETERMINISTIC,
+    codes.WORKFLOW_CODE_ERROR,
+    codes.INTEGRITY_CHAIN_BROKEN,
+)
+
+#: An operator puts a run back in line: due now, its failures forgotten, its
+#: incident and end cleared (a queued run has no end seal to match).
+REQUEUE_SQL = """
+UPDATE k2b_run
+   SET status = 'queued', consecutive_failures = 0, end_seal = '',
+       error_code = '', error_message = '', error_detail = NULL,
+       attention_step = NULL, run_after = k2b_now(),
+       finished_at = NULL, updated_at = k2b_now()
+ WHERE id = %s
+"""
+
+#: A run only if it is past its workflow's timeout and still unfinished.
+OVERDUE_SQL = """
+SELECT 1 FROM k2b_run WHERE id = %s AND timeout_at <= k2b_now()
+   AND status IN ('queued', 'running', 'waiting')
+"""
+
+#: The run and its whole subtree of children, ended as canceled.
+CANCEL_TREE_SQL = """
+WITH RECURSIVE tree AS (
+    SELECT id FROM k2b_run WHERE id = %s
+    UNION ALL
+    SELECT r.id FROM k2b_run r JOIN tree t ON r.parent_id = t.id)
+UPDATE k2b_run SET status = 'canceled', error_code = %s, error_message = %s,
+       finished_at = k2b_now(), updated_at = k2b_now(),
+       -- A running holder keeps its lease, and with it its slot, until its
+       -- worker has left run() (#35: triggers.SlotRelease).
+       lease_expires_at = CASE WHEN status = 'running' AND holds_slot
+                               THEN lease_expires_at END
+ WHERE id IN (SELECT id FROM tree)
+   AND status NOT IN ('succeeded', 'failed', 'canceled')
+RETURNING id, workflow_name, generation
+"""
+
+#: The end seals of the runs a cancel ended, in one statement.
+SEAL_CANCELED_SQL = """
+UPDATE k2b_run r SET end_seal = s.seal
+  FROM unnest(%s::uuid[], %s::text[]) AS s(id, seal) WHERE r.id = s.id
+"""
+
+#: The canceled runs' AI tasks: a provider's late answer is discarded.
+CANCEL_AI_TASKS_SQL = """
+UPDATE k2b_ai_task SET status = 'canceled', finished_at = k2b_now(),
+       updated_at = k2b_now(), lease_expires_at = NULL
+ WHERE run_id = ANY(%s) AND status IN ('queued', 'running')
+"""
+
+
+def cancel(
+    using: str,
+    run_id: uuid.UUID,
+    reason: str,
+    *,
+    code: str = codes.CANCELED,
+    overdue: bool = False,
+) -> WorkflowRun:
+    """Cancel ``run_id`` and its whole subtree, with their AI tasks; an ended run
+    is returned unchanged. With ``overdue``, only a run whose ``timeout_at`` has
+    passed and that is still queued, running or waiting, checked under its lock
+    (the timeout sweep)."""
+
+    def locked() -> WorkflowRun:
+        row = db.lock_run(using, run_id)
+        if row is None:
+            raise WorkflowRun.DoesNotExist(f"no run {run_id}")
+        if row[0] in TERMINAL_STATUSES:
+            return WorkflowRun.objects.using(using).get(pk=run_id)
+        if overdue and not db.fetchall(using, OVERDUE_SQL, [run_id]):
+            return WorkflowRun.objects.using(using).get(pk=run_id)
+        canceled = db.fetchall(using, CANCEL_TREE_SQL, [run_id, code, reason])
+        ids = [r[0] for r in canceled]
+        db.execute(
+            using,
+            SEAL_CANCELED_SQL,
+            [ids, seals.end_seals((i, "canceled", code, gen) for i, _, gen in canceled)],
+        )
+        for canceled_id, _, generation in canceled:
+            transaction.on_commit(
+                functools.partial(witness.ended, canceled_id, "canceled", generation, 0, None),
+                using=using,
+            )
+        for canceled_id, workflow_name, _ in canceled:
+            signals.send_on_commit(
+                signals.run_finished,
+                using,
+                run_id=canceled_id,
+                workflow_name=workflow_name,
+                status="canceled",
+                error_code=code,
+            )
+        db.execute(using, CANCEL_AI_TASKS_SQL, [ids])
+        evidence.append_ledger(using, run_id=run_id, kind=LedgerEntry.Kind.CANCELED, message=reason)
+        run = WorkflowRun.objects.using(using).get(pk=run_id)
+        if run.parent_id:
+            from .children import wake_parent
+
+            wake_parent(using, run)
+        return run
+
+    # A finishing child locks itself, then its parent (to wake it); this locks the
+    # parent, then the subtree. When the two deadlock, PostgreSQL aborts one: retry.
+    return db.run_in_transaction(locked, using)
+
+
+def resolve(
+    using: str,
+    run_id: uuid.UUID,
+    decision: str,
+    *,
+    evidence_text: str,
+    actor: Any,
+    output: Any = None,
+    step: int | None = None,
+    seen_ledger_id: int | None = None,
+) -> WorkflowRun:
+    """Settle the effect of the step ``run_id`` waits on (see
+    ``control.resolve_effect``, which checks the arguments and the permission).
+
+    Refused (``ResolutionRefused``, ``EvidenceChanged``) unless, under the run's
+    lock, the run is ``needs_attention`` on a resolvable code, on ``step`` when
+    given, with no ledger entry newer than ``seen_ledger_id`` when given.
+    """
+    expected_step = step
+    with transaction.atomic(using=using):
+        row = db.lock_run(using, run_id)
+        if row is None:
+            raise WorkflowRun.DoesNotExist(f"no run {run_id}")
+        run = WorkflowRun.objects.using(using).get(pk=run_id)
+        status, _, step = row
+        if (
+            status != RunStatus.NEEDS_ATTENTION
+            or step is None
+            or (run.error_code not in RESOLVABLE_CODES)
+        ):
+            raise ResolutionRefused(
+                f"run {run_id} is {status}"
+                + (f" ({run.error_code})" if run.error_code else "")
+                + ": it is not waiting for a decision on an effect"
+            )
+        if expected_step is not None and expected_step != step:
+            raise ResolutionRefused(
+                f"run {run_id} needs a decision on step {step}, not on step {expected_step}"
+            )
+        if seen_ledger_id is not None:
+            head = LedgerEntry.objects.using(using).filter(run_id=run_id).order_by("-id").first()
+            if head is not None and head.pk != seen_ledger_id:
+                raise EvidenceChanged(
+                    f"run {run_id}: new evidence since ledger entry {seen_ledger_id} "
+                    f"(entry {head.pk}: {head.kind})",
+                    head=head,
+                )
+        dispatched = (
+            LedgerEntry.objects.using(using)
+            .filter(run_id=run_id, seq=step, kind=LedgerEntry.Kind.DISPATCHED)
+            .order_by("-id")
+            .first()
+        )
+        if dispatched is None:
+            raise ResolutionRefused(f"run {run_id} step {step} has no dispatched effect")
+        common = dict(
+            run_id=run_id,
+            seq=step,
+            action_name=dispatched.action_name,
+            effect=dispatched.effect,
+            invocation_key=dispatched.invocation_key,
+            effect_key=dispatched.effect_key,
+            generation=run.generation,
+            actor=actor.get_username(),
+            actor_id=actor.pk,
+            evidence=evidence_text,
+        )
+        if decision == EFFECT_CONFIRMED:
+            evidence.append_ledger(
+                using,
+                kind=LedgerEntry.Kind.RESOLVED_CONFIRMED,
+                output_hash=evidence.hash_value(output),
+                **common,
+            )
+            last = JournalEntry.objects.using(using).filter(run_id=run_id).order_by("-seq").first()
+            entry = JournalEntry(
+                run_id=run_id,
+                seq=step,
+                action_name=dispatched.action_name,
+                effect=dispatched.effect,
+                state=JournalEntry.State.SUCCEEDED,
+                output=output,
+                summary=f"confirmed by {actor.get_username()}",
+                input_hash=dispatched.input_hash,
+                generation=run.generation,
+                created_at=clock.now(),
+            )
+            evidence.append_journal(entry, last.entry_hash if last else evidence.GENESIS, using)
+        else:
+            evidence.append_ledger(using, kind=LedgerEntry.Kind.RESOLVED_ABSENT, **common)
+        db.execute(using, REQUEUE_SQL, [run_id])
+    if tracing.ENABLED:
+        tracing.decided(run, decision, step)
+    return WorkflowRun.objects.using(using).get(pk=run_id)
+
+
+def retry_refusal(run: WorkflowRun) -> str:
+    """Why "retry" does not apply to ``run`` ("" when it does)."""
+    if run.status == RunStatus.NEEDS_ATTENTION:
+        if run.error_code in RETRYABLE_INCIDENT_CODES:
+            return ""
+        return f"needs attention with {run.error_code or 'no code'}: decide on the effect instead"
+    if run.status != RunStatus.FAILED:
+        return f"{run.status}, not failed"
+    if run.error_code != codes.WORKFLOW_RETRY_EXHAUSTED:
+        return (
+            f"failed with {run.error_code}, a journaled outcome that a retry would replay;"
+            " only runs that exhausted their retries can be retried"
+        )
+    return ""
+
+
+def retry(using: str, run_id: uuid.UUID, *, actor: Any, reason: str) -> WorkflowRun:
+    """Put a run that exhausted its retries, or a code incident, back in line
+    (see ``control.retry_workflow_run``); ``NotRetryable`` otherwise, checked
+    under the run's lock."""
+    with transaction.atomic(using=using):
+        row = db.lock_run(using, run_id)
+        if row is None:
+            raise WorkflowRun.DoesNotExist(f"no run {run_id}")
+        run = WorkflowRun.objects.using(using).get(pk=run_id)
+        refusal = retry_refusal(run)
+        if refusal:
+            raise NotRetryable(f"run {run_id} is {refusal}")
+        evidence.append_ledger(
+            using,
+            run_id=run_id,
+            kind=LedgerEntry.Kind.RETRIED,
+            message=f"{reason} (was {run.error_code})" if run.error_code else reason,
+            actor=actor.get_username(),
+            actor_id=actor.pk,
+            generation=run.generation,
+        )
+        db.execute(using, REQUEUE_SQL, [run_id])
+    if tracing.ENABLED:
+        tracing.decided(run, "retry", run.attention_step)
+    return WorkflowRun.objects.using(using).get(pk=run_id)
