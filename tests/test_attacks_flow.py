@@ -16,9 +16,11 @@ from django.db import DatabaseError, connection, connections, transaction
 
 from k2b_workflows import start_workflow_run
 from k2b_workflows.kernel import claim, db
+from k2b_workflows.kernel.execute import Execution
 from k2b_workflows.models import WorkflowRun
 from k2b_workflows.testing import run_until_idle
 from tests import runtime_role
+from tests.models import ProviderCall
 from tests.runtime_role import RUNTIME, as_runtime, refused
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", RUNTIME])
@@ -140,3 +142,62 @@ def test_the_runtime_role_holds_no_privilege_beyond_the_grants(runtime):
             " has_column_privilege(current_user, 'k2b_run', 'status', 'UPDATE')"
         )
         assert cursor.fetchone() == (False, True)
+
+
+# -- rate-limit stamps ----------------------------------------------------------------
+
+TWICE = "flow.rated_twice_an_hour"
+
+
+def _dispatched() -> int:
+    return ProviderCall.objects.filter(action=TWICE).count()
+
+
+def drain(name: str) -> None:
+    """Claim and execute, as the runtime role, every run of ``name`` due now; deferred ones
+    (a full rate limit) are due again only in an hour."""
+    while claimed := claimable(name):
+        for run_id in claimed:
+            generation = WorkflowRun.objects.get(pk=run_id).generation
+            Execution(run_id, generation, using=RUNTIME).execute()
+
+
+def _due_again() -> None:
+    """Every deferred run due now (the runtime role may move run_after: it is not a limit)."""
+    as_runtime("UPDATE k2b_run SET run_after = k2b_now() WHERE status = 'queued'")
+
+
+@pytest.mark.parametrize(
+    "attack",
+    [
+        "DELETE FROM k2b_rate_dispatch",
+        "UPDATE k2b_rate_dispatch SET at = '2000-01-01T00:00:00Z'",
+        "UPDATE k2b_rate_dispatch SET limit_key = 'elsewhere'",
+        # A caller's short window must delete nothing admitted under a longer one.
+        "SELECT * FROM k2b_rate_admit('flow.rated_twice_an_hour', 1000, 1,"
+        " gen_random_uuid(), 0, 0)",
+    ],
+)
+def test_the_rate_stamps_hold_a_2_per_hour_limit(runtime, attack):
+    runs = [start_workflow_run(TWICE, {"n": i}) for i in range(4)]
+    drain(TWICE)
+    assert _dispatched() == 2
+    attempt(attack)
+    _due_again()
+    drain(TWICE)
+    assert _dispatched() == 2
+    statuses = sorted(
+        WorkflowRun.objects.filter(pk__in=[r.pk for r in runs]).values_list("status", flat=True)
+    )
+    assert statuses == ["queued", "queued", "succeeded", "succeeded"]
+
+
+def test_the_runtime_role_may_only_read_the_rate_stamps(runtime):
+    start_workflow_run(TWICE, {"n": 0})
+    drain(TWICE)
+    refused("DELETE FROM k2b_rate_dispatch")
+    refused("UPDATE k2b_rate_dispatch SET at = NULL")
+    refused(
+        "INSERT INTO k2b_rate_dispatch (limit_key, reserved_at, run_id, seq, generation)"
+        " VALUES ('x', now(), gen_random_uuid(), 0, 0)"
+    )

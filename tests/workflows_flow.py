@@ -170,3 +170,14 @@ def latest_wins_blind(run, input):
     from .workflows_kernel import BlindOnce
 
     return run.step(BlindOnce, {})
+
+
+class RatedTwiceAnHour(Rated):
+    name = "flow.rated_twice_an_hour"
+    rate_limit = RateLimit(2, per=timedelta(hours=1))
+
+
+@workflow("flow.rated_twice_an_hour", app_id="tests")
+def rated_twice_an_hour(run, input):
+    run.step(RatedTwiceAnHour, input)
+    return {}
