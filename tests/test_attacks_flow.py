@@ -30,11 +30,16 @@ runtime = runtime_role.runtime
 ONE = "flow.one_at_a_time"
 
 
-def claimable(name: str) -> list:
-    """What a worker with room for ten would take now: the runs it would put inside the action."""
+def claimable(*names: str, limit: int = 10) -> list:
+    """What a worker with room for ``limit`` would take now: the runs it would put inside
+    the action."""
     with transaction.atomic(using=RUNTIME):
         rows = claim.claim_runs(
-            RUNTIME, worker_id="attack", workflows=[(name, 1)], app_ids=None, limit=10
+            RUNTIME,
+            worker_id="attack",
+            workflows=[(n, 1) for n in names],
+            app_ids=None,
+            limit=limit,
         )
     return [row[0] for row in rows]
 
@@ -153,13 +158,16 @@ def _dispatched() -> int:
     return ProviderCall.objects.filter(action=TWICE).count()
 
 
-def drain(name: str) -> None:
-    """Claim and execute, as the runtime role, every run of ``name`` due now; deferred ones
-    (a full rate limit) are due again only in an hour."""
-    while claimed := claimable(name):
+def drain(*names: str, between: str | None = None) -> None:
+    """Claim and execute, as the runtime role, one by one, every run of ``names`` due now
+    (deferred ones, a full rate limit, are due again only in an hour); ``between``: a
+    statement the runtime role runs after each."""
+    while claimed := claimable(*names, limit=1):
         for run_id in claimed:
             generation = WorkflowRun.objects.get(pk=run_id).generation
             Execution(run_id, generation, using=RUNTIME).execute()
+            if between:
+                attempt(between)
 
 
 def _due_again() -> None:
@@ -201,3 +209,35 @@ def test_the_runtime_role_may_only_read_the_rate_stamps(runtime):
         "INSERT INTO k2b_rate_dispatch (limit_key, reserved_at, run_id, seq, generation)"
         " VALUES ('x', now(), gen_random_uuid(), 0, 0)"
     )
+
+
+# -- budgets ------------------------------------------------------------------------------
+
+TREE = ("fanout.budget_3", "fanout.send_one")
+
+
+@pytest.mark.parametrize(
+    "attack",
+    [
+        """UPDATE k2b_budget_account SET effect_budget = '{"sends": 100}'""",
+        "UPDATE k2b_budget_account SET max_steps = 100, max_ai_calls = 100",
+        # After every step: what was spent is summed from the charges, not read back.
+        """UPDATE k2b_budget_account SET spent = '{}'""",
+    ],
+)
+def test_a_tree_budget_of_3_lets_3_emails_through_whatever_the_account_says(runtime, attack):
+    root = start_workflow_run("fanout.budget_3", {"n": 5})
+    attempt(attack)
+    drain(*TREE, between=attack)
+    sends = ProviderCall.objects.filter(action="fanout.send").count()
+    assert sends == 3
+    assert sorted(WorkflowRun.objects.get(pk=root.pk).output) == (
+        ["EFFECT_BUDGET_EXCEEDED"] * 2 + ["succeeded"] * 3
+    )
+
+
+def test_the_runtime_role_cannot_raise_a_budget(runtime):
+    start_workflow_run("fanout.budget_3", {"n": 1})
+    refused("""UPDATE k2b_budget_account SET effect_budget = '{"sends": 100}'""")
+    refused("UPDATE k2b_budget_account SET max_ai_calls = 100")
+    refused("UPDATE k2b_budget_account SET max_steps = 100")
