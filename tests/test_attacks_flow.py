@@ -11,7 +11,10 @@ take no limit from their caller) or refused when it is used.
 
 from __future__ import annotations
 
+import io
+
 import pytest
+from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, connections, transaction
 
 from k2b_workflows import start_workflow_run
@@ -220,7 +223,6 @@ TREE = ("fanout.budget_3", "fanout.send_one")
     "attack",
     [
         """UPDATE k2b_budget_account SET effect_budget = '{"sends": 100}'""",
-        "UPDATE k2b_budget_account SET max_steps = 100, max_ai_calls = 100",
         # After every step: what was spent is summed from the charges, not read back.
         """UPDATE k2b_budget_account SET spent = '{}'""",
     ],
@@ -241,3 +243,56 @@ def test_the_runtime_role_cannot_raise_a_budget(runtime):
     refused("""UPDATE k2b_budget_account SET effect_budget = '{"sends": 100}'""")
     refused("UPDATE k2b_budget_account SET max_ai_calls = 100")
     refused("UPDATE k2b_budget_account SET max_steps = 100")
+
+
+# -- verifyworkflows ------------------------------------------------------------------
+
+
+def _verify() -> tuple[bool, str]:
+    out = io.StringIO()
+    try:
+        call_command("verifyworkflows", stdout=out)
+    except CommandError as exc:
+        return False, out.getvalue() + str(exc)
+    return True, out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("owner_sql", "said"),
+    [
+        (
+            "UPDATE k2b_run SET holds_slot = true WHERE concurrency_key = 'k'",
+            "3 runs hold a slot, its limit is 1",
+        ),
+        (
+            "UPDATE k2b_run SET holds_slot = true, concurrency_key = NULL"
+            " WHERE concurrency_key = 'k' AND NOT holds_slot",
+            "holds a slot without a concurrency key",
+        ),
+    ],
+)
+def test_verifyworkflows_names_tampered_slots(three_on_one_key, owner_sql, said):
+    assert _verify()[0]
+    # Beyond the runtime role's reach now: the owner, or a role granted more.
+    with connection.cursor() as cursor:
+        cursor.execute(owner_sql)
+    ok, out = _verify()
+    assert not ok and "FLOW " in out and said in out, out
+
+
+def test_verifyworkflows_names_a_finished_run_holding_a_slot(runtime):
+    done = start_workflow_run(ONE, {"key": "f", "nap": 0}, concurrency_key="f")
+    drain(ONE)
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE k2b_run SET holds_slot = true WHERE id = %s", [done.pk])
+    ok, out = _verify()
+    assert not ok and f"FLOW {done.pk} {ONE} (succeeded): ended" in out, out
+
+
+def test_verifyworkflows_names_spending_that_is_not_its_charges(runtime):
+    root = start_workflow_run("fanout.budget_3", {"n": 2})
+    drain(*TREE)
+    assert _verify()[0]
+    as_runtime("UPDATE k2b_budget_account SET spent = '{}' WHERE root_id = %s", [root.pk])
+    ok, out = _verify()
+    assert not ok and f"FLOW budget of {root.pk}: spent {{}}" in out, out

@@ -1,5 +1,9 @@
 """``manage.py verifyworkflows``: check every run's evidence: chains, anchors and seals.
 
+And the flow-control and budget state no kernel path leaves behind: a key
+with more slot holders than its limit, a slot held by an ended run or without
+a key, a budget whose spending is not its charges' sum (``kernel/flow_audit.py``).
+
 Finished runs included: a run is verified by the kernel only while it runs,
 and an edited resolution on a run that ended a year ago is still a lie.
 ``--witness FILE`` also holds the database against the witness records
@@ -18,7 +22,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from k2b_workflows import store
-from k2b_workflows.kernel import audit, witness
+from k2b_workflows.kernel import audit, flow_audit, witness
 from k2b_workflows.management.arguments import integer
 from k2b_workflows.models import JournalEntry, LedgerEntry, WorkflowRun
 
@@ -71,6 +75,13 @@ class Command(BaseCommand):
                 raise CommandError(f"--witness {path}: {exc.strerror or exc}") from None
         checked, broken = self._runs(using, batch)
         summary = f"verified {checked} runs: {broken} broken"
+        # Slots, limits and budgets no kernel path leaves behind (#35).
+        flow = flow_audit.findings(using)
+        for finding in flow:
+            self.stdout.write(f"FLOW {finding}")
+        if flow:
+            broken += len(flow)
+            summary += f"; {len(flow)} flow-control or budget findings"
         if witness:
             records, findings = _witnessed(lines, using)
             for finding in findings:
