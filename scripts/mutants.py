@@ -368,6 +368,37 @@ MUTANTS = (
         "        flow: list[str] = []",
         ("tests/test_attacks_flow.py::test_verifyworkflows_names_tampered_slots",),
     ),
+    Mutant(
+        "action-timeout-positive",
+        "k2b_workflows/actions.py",
+        "        or not 0 < timeout <= MAX_ACTION_TIMEOUT_S\n",
+        "        or False\n",
+        (
+            "tests/test_flow.py::"
+            "test_an_action_timeout_that_is_not_positive_seconds_is_refused_at_class_creation",
+        ),
+    ),
+    Mutant(
+        "workflow-timeout-bound",
+        "k2b_workflows/workflows.py",
+        "        if timeout > MAX_TIMEOUT:",
+        "        if False:",
+        ("tests/test_flow.py::test_a_malformed_declaration_is_refused_naming_its_field",),
+    ),
+    Mutant(
+        "rate-limit-per-bound",
+        "k2b_workflows/limits.py",
+        "        if self.per > MAX_PER:",
+        "        if False:",
+        ("tests/test_flow.py::test_a_malformed_declaration_is_refused_naming_its_field",),
+    ),
+    Mutant(
+        "key-page-bad-argument",
+        "k2b_workflows/admin/views.py",
+        '        if "\\x00" in value or len(value) > longest:',
+        "        if False:",
+        ("tests/test_flow.py::test_the_key_page_answers_400_naming_a_bad_argument",),
+    ),
 )
 
 

@@ -312,11 +312,21 @@ def first_dispatch_at(run: WorkflowRun) -> dt.datetime:
         (lambda: RateLimit(5, per=5), "per"),
         (lambda: RateLimit(5, per=timedelta(0)), "per"),
         (lambda: workflow("flow.bad", concurrency=2), "concurrency"),
+        # #35: accepted, each failed every dispatch or start later, or was not enforced.
+        (lambda: RateLimit(5, per=timedelta(days=999_999_999)), r"RateLimit\(per=\.\.\.\)"),
+        (lambda: workflow("flow.bad", timeout=timedelta(days=999_999_999)), "timeout"),
     ],
 )
 def test_a_malformed_declaration_is_refused_naming_its_field(make, field):
     with pytest.raises(InvalidInput, match=field):
         make()
+
+
+@pytest.mark.parametrize("timeout", [0, -1, 0.0, True, "5", 10**9])
+def test_an_action_timeout_that_is_not_positive_seconds_is_refused_at_class_creation(timeout):
+    """0 and -1 were accepted and not enforced: the lease was renewed as without one (#35)."""
+    with pytest.raises(InvalidInput, match=r"Bad\.timeout must be"):
+        type("Bad", (Action,), {"effect": Effect.PURE, "timeout": timeout})
 
 
 def test_a_rate_limit_that_is_not_a_rate_limit_is_refused_at_class_creation():
@@ -470,6 +480,21 @@ def test_the_run_page_says_which_runs_hold_the_key_it_waits_for(admin_client):
     body = key_page.content.decode()
     assert "Active: 1 holding a slot" in body and str(holder.pk) in body
     assert "Queued behind the key: 1" in body and str(waiting.pk) in body
+
+
+@pytest.mark.parametrize(
+    ("params", "argument"),
+    [
+        ({"workflow": "flow.one_at_a_time", "key": "a\x00b"}, "?key="),
+        ({"workflow": "flow.\x00", "key": "k"}, "?workflow="),
+        ({"workflow": "flow.one_at_a_time", "key": "k" * 256}, "?key="),
+    ],
+)
+def test_the_key_page_answers_400_naming_a_bad_argument(admin_client, params, argument):
+    """A NUL byte in the key reached PostgreSQL and answered HTTP 500 (#35)."""
+    page = admin_client.get("/admin/k2b_workflows/workflowrun/concurrency-key/", params)
+    assert page.status_code == 400
+    assert argument in page.content.decode()
 
 
 def test_the_run_page_gives_a_rate_limited_runs_next_free_instant(admin_client):
