@@ -244,6 +244,15 @@ class WorkflowRun(models.Model):
                 ),
                 name="k2b_run_behind_key",
             ),
+            # Keyed runs without a slot by the time they are due: admission takes
+            # only due runs, and the housekeeping admits those that became due (#35).
+            models.Index(
+                fields=["run_after"],
+                condition=models.Q(
+                    status="queued", holds_slot=False, concurrency_key__isnull=False
+                ),
+                name="k2b_run_delayed_keyed",
+            ),
             # Running runs, keyed by id and not by lease_expires_at: a step's fenced
             # write (``WHERE id = ... AND status = 'running'``) finds its row through
             # it, and renewing a lease changes no indexed column, so the update is

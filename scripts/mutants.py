@@ -399,6 +399,20 @@ MUTANTS = (
         "        if False:",
         ("tests/test_flow.py::test_the_key_page_answers_400_naming_a_bad_argument",),
     ),
+    Mutant(
+        "slot-only-when-due",
+        "k2b_workflows/migrations/0021_flow_guards.py",
+        '           AND run_after <= "public".k2b_now()\n',
+        "",
+        ("tests/test_flow.py::test_a_keyed_run_after_holds_no_slot_before_it_is_due",),
+    ),
+    Mutant(
+        "housekeeping-admits-due-keyed-runs",
+        "k2b_workflows/worker/loop.py",
+        "            if any(d.concurrency is not None for d in registered_versions()):",
+        "            if False:",
+        ("tests/test_flow.py::test_a_keyed_run_after_holds_no_slot_before_it_is_due",),
+    ),
 )
 
 

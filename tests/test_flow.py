@@ -255,6 +255,30 @@ def test_run_after_delays_the_first_claim():
     assert fresh(later).run_after == later.run_after
 
 
+def test_a_keyed_run_after_holds_no_slot_before_it_is_due():
+    """Active means claimed at least once: a run_after in year 9999 held the key's only
+    slot, and every later run of the key waited behind it for good (#35)."""
+    later = start_workflow_run(
+        "flow.one_at_a_time",
+        {"key": "d", "nap": 0},
+        concurrency_key="d",
+        run_after=dt.datetime(9999, 1, 1, tzinfo=dt.UTC),
+    )
+    now = start_workflow_run("flow.one_at_a_time", {"key": "d", "nap": 0}, concurrency_key="d")
+    assert not later.holds_slot and now.holds_slot
+    run_to_end(timeout=20)
+    assert (fresh(now).status, fresh(later).status) == ("succeeded", "queued")
+    # Once due, the housekeeping admits it: moved to the past here, as time would.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE k2b_run SET run_after = now() - interval '1 second' WHERE id = %s",
+            [later.pk],
+        )
+    assert not fresh(later).holds_slot
+    run_to_end()
+    assert fresh(later).status == "succeeded"
+
+
 def test_a_delayed_run_with_a_priority_is_due_at_its_run_after_not_its_line():
     start_workflow_run(
         "flow.stamp", {}, priority=10, run_after=timezone.now() + timedelta(minutes=30)

@@ -55,8 +55,9 @@ def most_inside(key: str) -> int:
 )
 def test_a_canceled_action_keeps_its_slot_until_it_has_left_run(start_worker, name, how):
     key = f"held-{how}"
-    # The timed workflow is canceled 4 s after its start: its action sleeps past that.
-    nap = 6.0 if how == "timeout" else NAP
+    # The timed workflow is canceled 8 s after its start: its action sleeps 3 s past
+    # that, and the second run (started at the cancel) has 8 s of its own to run.
+    nap = 11.0 if how == "timeout" else NAP
     first = start_workflow_run(name, {"key": key, "nap": nap}, concurrency_key=key)
     worker = start_worker("--concurrency", "4")
     wait_for(

@@ -152,7 +152,7 @@ def blind(run, input):
     "flow.one_at_a_time_timed",
     app_id="tests",
     concurrency=Concurrency(limit=1),
-    timeout=timedelta(seconds=4),
+    timeout=timedelta(seconds=8),
 )
 def one_at_a_time_timed(run, input):
     """Canceled by its timeout while its action sleeps inside ``run()`` (#35)."""

@@ -155,6 +155,34 @@ def holders_to_cancel(using: str, definition: WorkflowDefinition, key: str) -> l
     return cancelable[: max(0, len(holders) - definition.concurrency.limit + 1)]
 
 
+# -- a delayed run takes its slot once due -------------------------------------------
+
+#: Keyed runs that became due since ``%s`` (the database's time of the previous
+#: pass; NULL: ever) without a slot: their keys' admissions, once per key. A run
+#: started with a ``run_after`` holds no slot before it is due (#35): one in year
+#: 9999 held the key's only slot. Read through ``k2b_run_delayed_keyed``: only
+#: the runs that became due since the last pass, never the backlog behind a key.
+_ADMIT_DUE_SQL = """
+SELECT k2b_now(), COALESCE(sum(k2b_flow_admit(k.workflow_name, k.concurrency_key)), 0)
+  FROM (SELECT DISTINCT workflow_name, concurrency_key FROM k2b_run
+         WHERE status = 'queued' AND NOT holds_slot AND concurrency_key IS NOT NULL
+           AND run_after <= k2b_now()
+           AND run_after > COALESCE(%s::timestamptz, '-infinity')) k
+"""
+
+
+def admit_due(using: str, since: dt.datetime | None) -> tuple[dt.datetime, int]:
+    """Admit the keyed runs that became due after ``since``; returns (now, runs admitted).
+
+    The worker's housekeeping calls it with the ``now`` of its previous call.
+    A run due at its start was admitted by its insert's trigger already.
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute(_ADMIT_DUE_SQL, [since])
+        now, admitted = cursor.fetchone()
+    return now, int(admitted)
+
+
 # -- a slot held until the action has left run() ----------------------------------
 
 #: A run that ended under its worker (a cancel, a timeout) keeps its slot while its

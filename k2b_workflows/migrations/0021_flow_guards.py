@@ -11,6 +11,10 @@
   dispatches through a 2-per-hour limit. Each row keeps the window it was
   admitted under (``window_ms``) and is deleted only once that has passed,
   whatever window a later caller passes.
+- Admission takes only runs that are due: a run started with a ``run_after``
+  holds no slot before it may be claimed (one in year 9999 held the key's
+  only slot). ``k2b_run_delayed_keyed`` lets the housekeeping find the keyed
+  runs that became due since its last pass.
 - The slot triggers: a run canceled while its lease is live keeps its slot
   until its worker has left ``run()`` (``triggers.SlotRelease``); a run is
   never inserted holding one (``triggers.SlotNeverInserted``).
@@ -54,6 +58,9 @@ BEGIN
         SELECT id, concurrency_limit, app_id INTO next_run FROM "public".k2b_run
          WHERE workflow_name = p_name AND concurrency_key = p_key
            AND status = 'queued' AND NOT holds_slot
+           -- Only a run that may be claimed now: one started with a run_after
+           -- takes no slot before it is due (the housekeeping admits it then).
+           AND run_after <= "public".k2b_now()
          ORDER BY "public".k2b_queue_order(run_after, priority_credit_ms), created_at
          LIMIT 1
            FOR UPDATE SKIP LOCKED;
@@ -151,6 +158,16 @@ class Migration(migrations.Migration):
             model_name="ratedispatch",
             name="window_ms",
             field=models.BigIntegerField(blank=True, null=True),
+        ),
+        migrations.AddIndex(
+            model_name="workflowrun",
+            index=models.Index(
+                condition=models.Q(
+                    ("concurrency_key__isnull", False), ("holds_slot", False), ("status", "queued")
+                ),
+                fields=["run_after"],
+                name="k2b_run_delayed_keyed",
+            ),
         ),
         migrations.RunSQL(FUNCTIONS_SQL, BACKWARD_SQL),
         pgtrigger.migrations.RemoveTrigger(

@@ -33,6 +33,7 @@ at start-up on a configuration error (an unmigrated database, a bad URL:
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import logging
 import os
 import socket
@@ -108,6 +109,8 @@ class Worker:
         self.prefetch = Prefetch(store.claim_prefetch(), concurrency)
         self._lock = threading.Lock()
         self._last_housekeeping = 0.0
+        #: The database's time of the last admission of keyed runs that became due.
+        self._keyed_due_since: dt.datetime | None = None
         self._last_status = 0.0
         #: At start-up, give up after this many seconds without a database (None: never).
         self.wait_for_db = wait_for_db
@@ -652,6 +655,10 @@ class Worker:
             ai.reap_expired(self.using)
             waits.purge_stale_rendezvous(self.using)
             overdue = timeouts.overdue(self.using)
+            if any(d.concurrency is not None for d in registered_versions()):
+                # Keyed runs started with a run_after take a slot once due (#35).
+                self._keyed_due_since, admitted = flow.admit_due(self.using, self._keyed_due_since)
+                promoted += admitted
         if reaped:
             logger.warning("re-queued %d run(s) whose lease expired", reaped)
         if overdue:
