@@ -413,6 +413,13 @@ MUTANTS = (
         "            if False:",
         ("tests/test_flow.py::test_a_keyed_run_after_holds_no_slot_before_it_is_due",),
     ),
+    Mutant(
+        "ai-calls-from-charges",
+        "k2b_workflows/kernel/budgets.py",
+        "            used = cursor.fetchone()[0]",
+        "            cursor.fetchone()",
+        ("tests/test_attacks_flow.py::test_max_ai_calls_holds_whatever_the_ai_calls_counter_says",),
+    ),
 )
 
 

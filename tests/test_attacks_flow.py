@@ -296,3 +296,13 @@ def test_verifyworkflows_names_spending_that_is_not_its_charges(runtime):
     as_runtime("UPDATE k2b_budget_account SET spent = '{}' WHERE root_id = %s", [root.pk])
     ok, out = _verify()
     assert not ok and f"FLOW budget of {root.pk}: spent {{}}" in out, out
+
+
+def test_max_ai_calls_holds_whatever_the_ai_calls_counter_says(runtime):
+    """The counter is display only: an AI task is refused on the count of its charges."""
+    root = start_workflow_run("fanout.ai_twice", {})
+    as_runtime("UPDATE k2b_budget_account SET ai_calls = -5 WHERE root_id = %s", [root.pk])
+    run_until_idle(app_ids=["fanout"], using=RUNTIME)
+    root = WorkflowRun.objects.get(pk=root.pk)
+    assert (root.status, root.error_code) == ("failed", "EFFECT_BUDGET_EXCEEDED")
+    assert ProviderCall.objects.filter(action="ai.echo").count() == 1
