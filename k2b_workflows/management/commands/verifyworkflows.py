@@ -77,8 +77,8 @@ class Command(BaseCommand):
         summary = f"verified {checked} runs: {broken} broken"
         # Slots, limits and budgets no kernel path leaves behind (#35).
         flow = flow_audit.findings(using)
-        for finding in flow:
-            self.stdout.write(f"FLOW {finding}")
+        for line in flow:
+            self.stdout.write(f"FLOW {line}")
         if flow:
             broken += len(flow)
             summary += f"; {len(flow)} flow-control or budget findings"
