@@ -85,12 +85,12 @@ test: venv db
 	@$(WITH_DB) $(PY) -m pytest $(XDIST) $(COVERAGE) $(PYTEST_ARGS)
 
 # The crash, waits, survive and hot-path tests with the database through a PgBouncer
-# of their own (tests/pgbouncer.py), POOL_MODE=transaction (the documented
+# of their own (tests/support/pgbouncer.py), POOL_MODE=transaction (the documented
 # settings) or session.
 POOL_MODE ?= transaction
-POOLED_TESTS = tests/test_crash.py tests/test_waits.py tests/test_survive.py tests/hot_path
+POOLED_TESTS = tests/crash/test_crash.py tests/kernel/test_waits.py tests/crash/test_survive.py tests/hot_path
 test-pgbouncer: venv db
-	@$(WITH_DB) $(PY) -m tests.pgbouncer $(POOL_MODE) -- $(PY) -m pytest $(XDIST) $(POOLED_TESTS) $(PYTEST_ARGS)
+	@$(WITH_DB) $(PY) -m tests.support.pgbouncer $(POOL_MODE) -- $(PY) -m pytest $(XDIST) $(POOLED_TESTS) $(PYTEST_ARGS)
 
 # The inner loop: no killed workers, no soak, no stress, no browser.
 test-fast: venv db

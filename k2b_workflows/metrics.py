@@ -1,219 +1,173 @@
-"""Prometheus metrics, through ``prometheus_client`` when it is installed.
+"""Prometheus metrics: the workers' counters, and the fleet's gauges read at scrape time.
 
-``pip install k2b-workflows[metrics]``. Without the package every ``count_*``
-function is a no-op and ``serve``/``metrics_view`` say what is missing, so
-the kernel calls them unconditionally.
+``pip install k2b-workflows[metrics]``. Without ``prometheus_client`` every
+``count_*`` function is a no-op and ``serve``/``metrics_view`` say what is
+missing.
 
 Two kinds of numbers:
 
 - counters and the step latency histogram live in the process that does the
-  work (the worker): ``runworkflows --metrics-port`` serves them;
+  work (the worker), in ``counters.py``, below the kernel that counts through
+  them; ``runworkflows --metrics-port`` serves them (``serve``);
 - gauges of the shared state (runs by status, queue depth, age of the oldest
-  queued run, open incidents, live workers) are read from the database at
-  scrape time by ``DatabaseCollector``, so any one scrape target tells the
-  truth of the whole fleet, and a web process can serve them
-  (``metrics_view``; with ``PROMETHEUS_MULTIPROC_DIR`` set it also merges
-  the counters of every process of a multiprocess server).
+  queued run, open incidents, live workers, late schedules, keys with a
+  queue) are read from the database at scrape time by ``DatabaseCollector``,
+  so any one scrape target tells the truth of the whole fleet, and a web
+  process can serve them (``metrics_view``; with ``PROMETHEUS_MULTIPROC_DIR``
+  set it also merges the counters of every process of a multiprocess server).
 
-This module holds the counters only: the kernel counts through it, so it sits
-below the kernel. The collector, the HTTP server and the view read the kernel's
-tables and so live above it, in ``fleet.py``; ``DatabaseCollector``, ``serve``
-and ``metrics_view`` stay importable from here, resolved on first access.
+Route the view yourself and protect it like any internal endpoint::
 
-Database reconnects are counted by whoever reconnects:
-``count_db_reconnect(component)``, e.g. ``"heartbeat"``, ``"listener"``,
-``"lease_keeper"``, ``"loop"``.
+    path("metrics", k2b_workflows.metrics.metrics_view)
 """
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import logging
+import os
 import threading
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
-if TYPE_CHECKING:
-    from .fleet import DatabaseCollector, metrics_view, serve
+from . import store
+from .counters import (
+    AVAILABLE,
+    LATENCY_BUCKETS,
+    count_db_reconnect,
+    count_lease_takeovers,
+    count_rate_deferral,
+    count_reconcile_answer,
+    count_run_transition,
+    count_schedule_skips,
+    count_step,
+    observe_schedule_lag,
+    prepare,
+)
+from .fleet import queue_counts
+from .kernel import db, flow, schedule_passes
 
 logger = logging.getLogger(__name__)
 
-AVAILABLE = importlib.util.find_spec("prometheus_client") is not None
-
-#: Step latency buckets in seconds: from a PURE step's commit to a slow provider call.
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
-
-_metrics: dict[str, Any] = {}
-# Pool threads count their first steps at the same moment: one creates the metrics.
-_create_lock = threading.Lock()
-
-F = TypeVar("F", bound=Callable[..., None])
+_serve_lock = threading.Lock()
+_collectors: list[DatabaseCollector] = []
 
 
-def _never_raises(fn: F) -> F:
-    """Counting is called from inside the kernel: a broken metric must not fail a run."""
+class DatabaseCollector:
+    """Gauges of the shared state, read from the database at scrape time.
 
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> None:
-        try:
-            fn(*args, **kwargs)
-        except Exception:
-            logger.exception("metrics: %s failed", fn.__name__)
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _get(name: str) -> Any:
-    """The metric called ``name``, created on first use (None without prometheus_client)."""
-    if not AVAILABLE:
-        return None
-    if not _metrics:
-        with _create_lock:
-            if not _metrics:
-                _create()
-    return _metrics[name]
-
-
-def _create() -> None:
-    from prometheus_client import Counter, Histogram
-
-    _metrics.update(
-        steps=Counter(
-            "k2b_steps",
-            "Steps that reached an outcome, by effect class and outcome.",
-            ["effect", "outcome"],
-        ),
-        step_seconds=Histogram(
-            "k2b_step_duration_seconds",
-            "Time from a step's start to its journal entry, by effect class.",
-            ["effect"],
-            buckets=LATENCY_BUCKETS,
-        ),
-        transitions=Counter(
-            "k2b_run_transitions",
-            "Run state changes made by this process, by new status.",
-            ["status"],
-        ),
-        takeovers=Counter(
-            "k2b_lease_takeovers",
-            "Runs re-queued because their lease expired (a crashed or frozen worker).",
-        ),
-        reconcile=Counter(
-            "k2b_reconcile_answers",
-            "Answers of reconcile() after a doubted external effect.",
-            ["answer"],
-        ),
-        rate_deferrals=Counter(
-            "k2b_rate_limit_deferrals",
-            "Steps deferred because their action's rate limit was full, by action.",
-            ["action"],
-        ),
-        reconnects=Counter(
-            "k2b_db_reconnects",
-            "Database connections re-opened after an error, by component.",
-            ["component"],
-        ),
-        schedule_skips=Counter(
-            "k2b_schedule_ticks_skipped",
-            "Schedule ticks that started no run, by reason (overlap, buffer_full, catch_up).",
-            ["reason"],
-        ),
-        schedule_lag=Histogram(
-            "k2b_schedule_lag_seconds",
-            "Time from a tick's fire time to the pass that queued its run.",
-            buckets=LATENCY_BUCKETS,
-        ),
-    )
-
-
-@_never_raises
-def prepare() -> None:
-    """Import ``prometheus_client`` and create the metrics now, not at the first step.
-
-    A worker calls this before it claims: otherwise a pool thread pays for the
-    import, with the import lock and the GIL held, in the middle of its first
-    run (docs/performance.md).
+    Reads on a connection of its own, opened and closed per scrape: a scrape
+    must not borrow (or leave a transaction open on) a worker thread's
+    connection. A scrape during a database outage reports
+    ``k2b_database_up 0`` instead of failing.
     """
-    if AVAILABLE:
-        _get("steps")
+
+    def __init__(self, using: str | None = None) -> None:
+        self.using = using or store.database()
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        up = GaugeMetricFamily("k2b_database_up", "1 when the last scrape could read the database.")
+        try:
+            conn = db.autocommit_connection(self.using)
+        except Exception as exc:
+            logger.warning("metrics: database unreachable: %s", exc)
+            up.add_metric([], 0)
+            yield up
+            return
+        try:
+            with conn.cursor() as cursor:
+                runs, depth, oldest, live = queue_counts(cursor)
+                late_schedules = schedule_passes.late_count(cursor)
+                behind, keys = flow.flow_counts(cursor)
+        except Exception as exc:
+            logger.warning("metrics: database query failed: %s", exc)
+            up.add_metric([], 0)
+            yield up
+            return
+        finally:
+            conn.close()
+        up.add_metric([], 1)
+        yield up
+        from .models import RunStatus
+
+        by_status = GaugeMetricFamily("k2b_runs", "Runs by status.", labels=["status"])
+        for status in RunStatus.values:
+            by_status.add_metric([status], runs.get(status, 0))
+        yield by_status
+        yield GaugeMetricFamily("k2b_queue_depth", "Queued runs that are due now.", value=depth)
+        yield GaugeMetricFamily(
+            "k2b_oldest_queued_age_seconds",
+            "How long the oldest due queued run has waited (0: none).",
+            value=max(oldest or 0.0, 0.0),
+        )
+        yield GaugeMetricFamily(
+            "k2b_open_incidents",
+            "Runs in needs_attention (an operator must decide).",
+            value=runs.get("needs_attention", 0),
+        )
+        yield GaugeMetricFamily("k2b_live_workers", "Workers whose heartbeat is fresh.", value=live)
+        yield GaugeMetricFamily(
+            "k2b_schedules_late",
+            "Schedules whose next tick is overdue by more than SCHEDULE_MISSED_AFTER_MS.",
+            value=late_schedules,
+        )
+        yield GaugeMetricFamily(
+            "k2b_queued_behind_key",
+            "Queued runs waiting for a slot of their concurrency key.",
+            value=behind,
+        )
+        yield GaugeMetricFamily(
+            "k2b_keys_with_queue",
+            "Concurrency keys with at least one run queued behind them.",
+            value=keys,
+        )
 
 
-@functools.cache
-def _step_children(effect: str, outcome: str) -> tuple[Any, Any]:
-    """The labelled step counter and histogram (``labels()`` costs more than ``inc()``)."""
-    return (
-        _get("steps").labels(effect=effect, outcome=outcome),
-        _get("step_seconds").labels(effect=effect),
-    )
+def serve(port: int, addr: str = "0.0.0.0", using: str | None = None) -> int:
+    """Serve this process's metrics and the database gauges over HTTP; returns the port.
 
-
-@_never_raises
-def count_step(effect: str, outcome: str, seconds: float | None = None) -> None:
+    ``port=0`` picks a free port (the worker logs it).
+    """
     if not AVAILABLE:
-        return
-    steps, step_seconds = _step_children(effect, outcome)
-    steps.inc()
-    if seconds is not None:
-        step_seconds.observe(max(seconds, 0.0))
+        raise RuntimeError(
+            "--metrics-port needs prometheus_client: pip install 'k2b-workflows[metrics]'"
+        )
+    from prometheus_client import REGISTRY, start_http_server
+
+    prepare()  # create the counters so that a first scrape lists them at 0
+    with _serve_lock:
+        if not _collectors:
+            _collectors.append(DatabaseCollector(using))
+            REGISTRY.register(_collectors[0])
+    server, _thread = start_http_server(port, addr=addr, registry=REGISTRY)
+    return int(server.server_port)
 
 
-@_never_raises
-def count_run_transition(status: str) -> None:
-    if (transitions := _get("transitions")) is not None:
-        transitions.labels(status=status).inc()
+def metrics_view(request: Any) -> Any:
+    """A Django view with the database gauges (and, in multiprocess mode, every process's counters).
 
+    Route it yourself and protect it like any internal endpoint::
 
-@_never_raises
-def count_lease_takeovers(n: int) -> None:
-    if n and (takeovers := _get("takeovers")) is not None:
-        takeovers.inc(n)
+        path("metrics", k2b_workflows.metrics.metrics_view)
+    """
+    from django.http import HttpResponse
 
+    if not AVAILABLE:
+        return HttpResponse(
+            "prometheus_client is not installed: pip install 'k2b-workflows[metrics]'\n",
+            status=501,
+            content_type="text/plain",
+        )
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-@_never_raises
-def count_reconcile_answer(answer: str) -> None:
-    if (reconcile := _get("reconcile")) is not None:
-        reconcile.labels(answer=answer).inc()
+    registry = CollectorRegistry()
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
 
-
-@_never_raises
-def count_rate_deferral(action: str) -> None:
-    if (deferrals := _get("rate_deferrals")) is not None:
-        deferrals.labels(action=action).inc()
-
-
-@_never_raises
-def count_db_reconnect(component: str) -> None:
-    """Count one database reconnection of ``component`` (the heartbeat, the listener, ...)."""
-    if (reconnects := _get("reconnects")) is not None:
-        reconnects.labels(component=component).inc()
-
-
-@_never_raises
-def count_schedule_skips(reason: str, n: int = 1) -> None:
-    """Count ``n`` ticks that started no run because of ``reason`` (overlap, catch_up, ...)."""
-    if n and (skips := _get("schedule_skips")) is not None:
-        skips.labels(reason=reason).inc(n)
-
-
-@_never_raises
-def observe_schedule_lag(seconds: float) -> None:
-    """A tick's run was queued ``seconds`` after the tick's fire time."""
-    if (lag := _get("schedule_lag")) is not None:
-        lag.observe(max(seconds, 0.0))
-
-
-#: Names that moved up to ``fleet.py`` with the code that reads the database.
-_MOVED_TO_FLEET = frozenset({"DatabaseCollector", "serve", "metrics_view"})
-
-
-def __getattr__(name: str) -> Any:
-    """``metrics.metrics_view`` and friends, as documented: resolved from ``fleet`` when asked."""
-    if name in _MOVED_TO_FLEET:
-        from . import fleet
-
-        return getattr(fleet, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        multiprocess.MultiProcessCollector(registry)
+    registry.register(DatabaseCollector())
+    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
 
 __all__ = [

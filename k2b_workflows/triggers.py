@@ -13,7 +13,7 @@ can never shadow a catalog) and names what it reads with its schema.
 ``PinnedTrigger`` compiles a django-pgtrigger trigger with that ``search_path``
 on both functions pgtrigger creates (the trigger's own and
 ``_pgtrigger_should_ignore``); every trigger of the app derives from it, and
-``tests/test_attacks.py`` fails for any function of the app without it.
+``tests/misuse/test_attacks.py`` fails for any function of the app without it.
 """
 
 from __future__ import annotations

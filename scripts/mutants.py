@@ -52,7 +52,7 @@ MUTANTS = (
         "    atexit._run_exitfuncs()\n",
         "    pass\n",
         (
-            "tests/test_worker_start_and_exit.py::"
+            "tests/worker/test_worker_start_and_exit.py::"
             "test_a_burst_ends_as_the_interpreter_would_less_the_teardown",
         ),
     ),
@@ -61,7 +61,7 @@ MUTANTS = (
         "k2b_workflows/kernel/db.py",
         " WHERE id = %s AND generation = %s AND status = 'running'\nRETURNING id",
         " WHERE id = %s AND %s IS NOT NULL AND status = 'running'\nRETURNING id",
-        ("tests/test_fence.py",),
+        ("tests/crash/test_fence.py",),
     ),
     Mutant(
         "append-fence-generation",
@@ -71,7 +71,7 @@ MUTANTS = (
         (
             "tests/hot_path/test_journal_write.py::"
             "test_the_one_statement_journal_write_refuses_a_stale_generation",
-            "tests/test_fence.py::"
+            "tests/crash/test_fence.py::"
             "test_a_transactional_step_taken_away_while_its_action_runs_commits_nothing",
         ),
     ),
@@ -80,91 +80,95 @@ MUTANTS = (
         "k2b_workflows/kernel/claim.py",
         "ON k.id = a.id AND k.generation = a.gen AND k.status = 'running'",
         "ON k.id = a.id AND k.status = 'running'",
-        ("tests/test_lease_guards.py",),
+        ("tests/crash/test_lease_guards.py",),
     ),
     Mutant(
         "orphans-claimed-by",
         "k2b_workflows/kernel/claim.py",
         "WHERE status = 'running' AND claimed_by = %s AND NOT",
         "WHERE status = 'running' AND %s IS NOT NULL AND NOT",
-        ("tests/test_lease_guards.py",),
+        ("tests/crash/test_lease_guards.py",),
     ),
     Mutant(
         "chain-entry-hash",
         "k2b_workflows/kernel/evidence.py",
         "if not hmac.compare_digest(hasher(prev, entry, key), entry.entry_hash):",
         "if False:",
-        ("tests/test_integrity.py",),
+        ("tests/kernel/test_integrity.py",),
     ),
     Mutant(
         "anchor",
         "k2b_workflows/kernel/evidence.py",
         "if not hmac.compare_digest(expected, sealed):",
         "if False:",
-        ("tests/test_integrity.py",),
+        ("tests/kernel/test_integrity.py",),
     ),
     Mutant(
         "start-seal",
         "k2b_workflows/kernel/seals.py",
         "    why = _matches(run.start_seal, _start_text(run), keys)\n",
         "    why = None\n",
-        ("tests/test_seals.py",),
+        ("tests/kernel/test_seals.py",),
     ),
     Mutant(
         "end-seal",
         "k2b_workflows/kernel/seals.py",
         "    if run.status not in SEALED_STATUSES:\n        return None",
         "    if True:\n        return None",
-        ("tests/test_seals.py",),
+        ("tests/kernel/test_seals.py",),
     ),
     Mutant(
         "dedup-values",
         "k2b_workflows/dedup.py",
         "            if stored != value:",
         "            if False:",
-        ("tests/test_dedup.py",),
+        ("tests/kernel/test_dedup.py",),
     ),
     Mutant(
         "idempotency-conflict",
         "k2b_workflows/kernel/starts.py",
         "    if found.input != input:",
         "    if False:",
-        ("tests/test_control.py", "tests/test_docs_examples.py"),
+        ("tests/kernel/test_control.py", "tests/docs/test_docs_examples.py"),
     ),
     Mutant(
         "idempotency-principal",
         "k2b_workflows/kernel/starts.py",
         "    if found.principal != principal:",
         "    if False:",
-        ("tests/test_docs_examples.py",),
+        ("tests/docs/test_docs_examples.py",),
     ),
     Mutant(
         "re-dispatch",
         "k2b_workflows/kernel/effects.py",
         "        if state.open_key:\n            # Dispatched before",
         "        if False:\n            # Dispatched before",
-        ("tests/test_testing_recipes.py", "tests/test_retries.py"),
+        ("tests/docs/test_testing_recipes.py", "tests/kernel/test_retries.py"),
     ),
     Mutant(
         "reconcile-poll-bound",
         "k2b_workflows/kernel/effects.py",
         "if isinstance(result, Waiting) and state.polls >= store.max_reconcile_polls():",
         "if False:",
-        ("tests/test_misuse_runs.py",),
+        ("tests/misuse/test_misuse_runs.py",),
     ),
     Mutant(
         "attempt-bound",
         "k2b_workflows/kernel/ending.py",
         "        if failures >= retrying.max_attempts(policy):\n            self.exhausted",
         "        if False:\n            self.exhausted",
-        ("tests/test_retries.py::test_the_third_failure_in_a_row_fails_the_run_there_and_then",),
+        (
+            "tests/kernel/test_retries.py::test_the_third_failure_in_a_row_fails_the_run_there_and_then",
+        ),
     ),
     Mutant(
         "attempt-bound-at-claim",
         "k2b_workflows/kernel/execute.py",
         "            if run.consecutive_failures >= retrying.claim_bound(self.definition):",
         "            if False:",
-        ("tests/test_retries.py::test_a_run_claimed_at_the_limit_fails_without_running_a_step",),
+        (
+            "tests/kernel/test_retries.py::test_a_run_claimed_at_the_limit_fails_without_running_a_step",
+        ),
         # The step's own bound, before its action runs, backs the claim's up.
         also=(
             (
@@ -179,42 +183,42 @@ MUTANTS = (
         "k2b_workflows/triggers.py",
         '        return template.replace("$$ LANGUAGE plpgsql;", pinned)',
         "        return template",
-        ("tests/test_attacks.py",),
+        ("tests/misuse/test_attacks.py",),
     ),
     Mutant(
         "witness-ledger-head",
         "k2b_workflows/kernel/witness.py",
         '        elif record["ledger"] and head != record["head"]:',
         "        elif False:",
-        ("tests/test_witness.py",),
+        ("tests/kernel/test_witness.py",),
     ),
     Mutant(
         "flush-only-test-databases",
         "k2b_workflows/testdb.py",
         "    if not test_environment_active():\n        return False\n    name =",
         "    return True\n    name =",
-        ("tests/test_fresh_project.py",),
+        ("tests/docs/test_fresh_project.py",),
     ),
     Mutant(
         "flush-past-append-only",
         "k2b_workflows/management/commands/flush.py",
         "        with pgtrigger.ignore(*testdb.APPEND_ONLY_TRIGGERS, databases=[using]):",
         "        if True:",
-        ("tests/test_fresh_project.py",),
+        ("tests/docs/test_fresh_project.py",),
     ),
     Mutant(
         "deadline-passed-this-step",
         "k2b_workflows/kernel/context.py",
         "    return run.wait_deadline is not None and run.wait_step == step",
         "    return run.wait_deadline is not None",
-        ("tests/test_step_clock.py",),
+        ("tests/kernel/test_step_clock.py",),
     ),
     Mutant(
         "parked-action-compared",
         "k2b_workflows/kernel/execute.py",
         "        if seq != self.run.wait_step or not parked or parked == name:",
         "        if True:",
-        ("tests/test_parked_change.py",),
+        ("tests/kernel/test_parked_change.py",),
     ),
     Mutant(
         "supervisor-config-stops-group",
@@ -222,7 +226,7 @@ MUTANTS = (
         "        if code in (EXIT_CONFIG, EXIT_UNAVAILABLE):",
         "        if False:",
         (
-            "tests/test_processes.py::"
+            "tests/worker/test_processes.py::"
             "test_a_configuration_error_in_the_workers_stops_the_group_without_restarting_them",
         ),
     ),
@@ -232,7 +236,7 @@ MUTANTS = (
         'back now")\n        self._signal_children(signal.SIGTERM)',
         'back now")',
         (
-            "tests/test_processes.py::"
+            "tests/worker/test_processes.py::"
             "test_sigterm_of_the_supervisor_hands_every_run_back_and_exits_zero_after_its_children",
         ),
     ),
@@ -242,7 +246,7 @@ MUTANTS = (
         "        slot.restart_at = time.monotonic() + delay",
         "        slot.done = True",
         (
-            "tests/test_processes.py::"
+            "tests/worker/test_processes.py::"
             "test_a_sigkilled_worker_process_is_restarted_and_no_run_is_lost_or_its_effect_repeated",
         ),
     ),
@@ -252,7 +256,7 @@ MUTANTS = (
         "        set_parent_death_signal(signal.SIGTERM)\n",
         "",
         (
-            "tests/test_processes.py::test_sigkill_of_the_supervisor_takes_every_worker_process_with_it",
+            "tests/worker/test_processes.py::test_sigkill_of_the_supervisor_takes_every_worker_process_with_it",
         ),
         also=(("        ParentWatch(self._pid).start()\n", ""),),
     ),
@@ -262,7 +266,9 @@ MUTANTS = (
         "k2b_workflows/migrations/0021_flow_guards.py",
         '    SELECT min(concurrency_limit) INTO cap FROM "public".k2b_run\n',
         '    SELECT NULL INTO cap FROM "public".k2b_run\n',
-        ("tests/test_attacks_flow.py::test_an_inserted_run_with_a_limit_of_1000_admits_nobody",),
+        (
+            "tests/misuse/test_attacks_flow.py::test_an_inserted_run_with_a_limit_of_1000_admits_nobody",
+        ),
     ),
     Mutant(
         "runtime-frozen-run-columns",
@@ -270,9 +276,9 @@ MUTANTS = (
         '    "k2b_run": ("workflow_name", "concurrency_key", "concurrency_limit", "holds_slot"),',
         '    "k2b_run": (),',
         (
-            "tests/test_attacks_flow.py::"
+            "tests/misuse/test_attacks_flow.py::"
             "test_setting_holds_slot_puts_no_second_run_inside_a_limit_1_key",
-            "tests/test_attacks_flow.py::test_moving_a_run_off_its_key_is_refused",
+            "tests/misuse/test_attacks_flow.py::test_moving_a_run_off_its_key_is_refused",
         ),
     ),
     Mutant(
@@ -281,7 +287,7 @@ MUTANTS = (
         '    "k2b_budget_account": ("root_id", "effect_budget", "max_ai_calls", "max_steps"),',
         '    "k2b_budget_account": ("root_id",),',
         (
-            "tests/test_attacks_flow.py::test_a_tree_budget_of_3_lets_3_emails_through_whatever_the_account_says",
+            "tests/misuse/test_attacks_flow.py::test_a_tree_budget_of_3_lets_3_emails_through_whatever_the_account_says",
         ),
     ),
     Mutant(
@@ -289,14 +295,14 @@ MUTANTS = (
         "k2b_workflows/roles.py",
         'RUNTIME_READS_ONLY = ("k2b_rate_dispatch",)',
         "RUNTIME_READS_ONLY = ()",
-        ("tests/test_attacks_flow.py::test_the_rate_stamps_hold_a_2_per_hour_limit",),
+        ("tests/misuse/test_attacks_flow.py::test_the_rate_stamps_hold_a_2_per_hour_limit",),
     ),
     Mutant(
         "rate-stamp-own-window",
         "k2b_workflows/migrations/0021_flow_guards.py",
         "       AND at <= now_ - COALESCE(window_ms, p_per_ms) * interval '1 millisecond';",
         "       AND at <= now_ - p_per_ms * interval '1 millisecond';",
-        ("tests/test_attacks_flow.py::test_the_rate_stamps_hold_a_2_per_hour_limit",),
+        ("tests/misuse/test_attacks_flow.py::test_the_rate_stamps_hold_a_2_per_hour_limit",),
     ),
     Mutant(
         "slot-never-inserted",
@@ -304,7 +310,7 @@ MUTANTS = (
         "func=\"RAISE EXCEPTION 'k2b_workflows: a run is inserted without a slot "
         "(admission gives it one)' USING ERRCODE = 'insufficient_privilege';\",",
         'func="RETURN NEW;",',
-        ("tests/test_attacks_flow.py::test_an_inserted_run_holding_a_slot_is_refused",),
+        ("tests/misuse/test_attacks_flow.py::test_an_inserted_run_holding_a_slot_is_refused",),
     ),
     Mutant(
         "slot-held-while-leased",
@@ -312,7 +318,7 @@ MUTANTS = (
         'func=\'IF NEW.lease_expires_at IS NULL OR NEW.lease_expires_at <= "public".k2b_now() '
         "THEN NEW.holds_slot := false; END IF; RETURN NEW;',",
         "func='NEW.holds_slot := false; RETURN NEW;',",
-        ("tests/test_flow_slots_held.py",),
+        ("tests/worker/test_flow_slots_held.py",),
     ),
     Mutant(
         "cancel-keeps-a-holders-lease",
@@ -320,7 +326,7 @@ MUTANTS = (
         "       lease_expires_at = CASE WHEN status = 'running' AND holds_slot\n"
         "                               THEN lease_expires_at END\n",
         "       lease_expires_at = NULL\n",
-        ("tests/test_flow_slots_held.py",),
+        ("tests/worker/test_flow_slots_held.py",),
     ),
     Mutant(
         "keeper-holds-a-canceled-holders-lease",
@@ -328,7 +334,7 @@ MUTANTS = (
         "    if held:\n        ids = list(held)\n        conn.execute(_HOLD_SQL",
         "    if False:\n        ids = list(held)\n        conn.execute(_HOLD_SQL",
         (
-            "tests/test_flow_slots_held.py::"
+            "tests/worker/test_flow_slots_held.py::"
             "test_a_canceled_action_keeps_its_slot_until_it_has_left_run",
         ),
     ),
@@ -338,7 +344,7 @@ MUTANTS = (
         '_CANCELABLE_HOLDERS = frozenset({"queued", "running", "waiting"})',
         '_CANCELABLE_HOLDERS = frozenset({"queued", "running", "waiting", "needs_attention"})',
         (
-            "tests/test_flow_slots_held.py::"
+            "tests/worker/test_flow_slots_held.py::"
             "test_cancel_in_progress_leaves_a_holder_that_needs_an_operator_in_the_queue",
         ),
     ),
@@ -348,7 +354,7 @@ MUTANTS = (
         "       AND (lease_expires_at IS NULL OR lease_expires_at <= k2b_now())\n    RETURNING id)",
         "       AND false\n    RETURNING id)",
         (
-            "tests/test_attacks_flow.py::"
+            "tests/misuse/test_attacks_flow.py::"
             "test_holds_slot_on_a_finished_run_is_refused_and_healed_when_the_owner_sets_it",
         ),
     ),
@@ -358,7 +364,7 @@ MUTANTS = (
         "        if summed is not None:\n            spent = _json(summed)",
         "        if False:\n            spent = _json(summed)",
         (
-            "tests/test_attacks_flow.py::test_a_tree_budget_of_3_lets_3_emails_through_whatever_the_account_says",
+            "tests/misuse/test_attacks_flow.py::test_a_tree_budget_of_3_lets_3_emails_through_whatever_the_account_says",
         ),
     ),
     Mutant(
@@ -366,7 +372,7 @@ MUTANTS = (
         "k2b_workflows/management/commands/verifyworkflows.py",
         "        flow = flow_audit.findings(using)",
         "        flow: list[str] = []",
-        ("tests/test_attacks_flow.py::test_verifyworkflows_names_tampered_slots",),
+        ("tests/misuse/test_attacks_flow.py::test_verifyworkflows_names_tampered_slots",),
     ),
     Mutant(
         "action-timeout-positive",
@@ -374,7 +380,7 @@ MUTANTS = (
         "        or not 0 < timeout <= MAX_ACTION_TIMEOUT_S\n",
         "        or False\n",
         (
-            "tests/test_flow.py::"
+            "tests/kernel/test_flow.py::"
             "test_an_action_timeout_that_is_not_positive_seconds_is_refused_at_class_creation",
         ),
     ),
@@ -383,42 +389,44 @@ MUTANTS = (
         "k2b_workflows/workflows.py",
         "        if timeout > MAX_TIMEOUT:",
         "        if False:",
-        ("tests/test_flow.py::test_a_malformed_declaration_is_refused_naming_its_field",),
+        ("tests/kernel/test_flow.py::test_a_malformed_declaration_is_refused_naming_its_field",),
     ),
     Mutant(
         "rate-limit-per-bound",
         "k2b_workflows/limits.py",
         "        if self.per > MAX_PER:",
         "        if False:",
-        ("tests/test_flow.py::test_a_malformed_declaration_is_refused_naming_its_field",),
+        ("tests/kernel/test_flow.py::test_a_malformed_declaration_is_refused_naming_its_field",),
     ),
     Mutant(
         "key-page-bad-argument",
         "k2b_workflows/admin/views.py",
         '        if "\\x00" in value or len(value) > longest:',
         "        if False:",
-        ("tests/test_flow.py::test_the_key_page_answers_400_naming_a_bad_argument",),
+        ("tests/kernel/test_flow.py::test_the_key_page_answers_400_naming_a_bad_argument",),
     ),
     Mutant(
         "slot-only-when-due",
         "k2b_workflows/migrations/0021_flow_guards.py",
         '           AND run_after <= "public".k2b_now()\n',
         "",
-        ("tests/test_flow.py::test_a_keyed_run_after_holds_no_slot_before_it_is_due",),
+        ("tests/kernel/test_flow.py::test_a_keyed_run_after_holds_no_slot_before_it_is_due",),
     ),
     Mutant(
         "housekeeping-admits-due-keyed-runs",
         "k2b_workflows/worker/loop.py",
         "            if any(d.concurrency is not None for d in registered_versions()):",
         "            if False:",
-        ("tests/test_flow.py::test_a_keyed_run_after_holds_no_slot_before_it_is_due",),
+        ("tests/kernel/test_flow.py::test_a_keyed_run_after_holds_no_slot_before_it_is_due",),
     ),
     Mutant(
         "ai-calls-from-charges",
         "k2b_workflows/kernel/budgets.py",
         "            used = cursor.fetchone()[0]",
         "            cursor.fetchone()",
-        ("tests/test_attacks_flow.py::test_max_ai_calls_holds_whatever_the_ai_calls_counter_says",),
+        (
+            "tests/misuse/test_attacks_flow.py::test_max_ai_calls_holds_whatever_the_ai_calls_counter_says",
+        ),
     ),
 )
 

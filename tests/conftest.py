@@ -9,21 +9,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import subprocess
-import sys
-import time
 import warnings
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from django.db.backends.postgresql.operations import DatabaseOperations
 
-from tests import forkserver
+from tests.support.processes import WorkerProcess, wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
+#: The browser tests' module-scoped ``browser`` fixture, defined once.
+pytest_plugins = ["tests.support.browser"]
+
 
 #: Django's test teardown flushes every table; the package's ``flush`` command
 #: lets it past the append-only guards on a test database (k2b_workflows/testdb.py).
@@ -62,7 +59,7 @@ DatabaseOperations.sql_flush = _flush_by_delete  # type: ignore[method-assign]
 def pytest_configure(config: pytest.Config) -> None:
     """Create the system user the self-started PostgreSQL clusters run as, once.
 
-    PostgreSQL refuses to run as root, so ``tests/pgcluster.py`` and the soak
+    PostgreSQL refuses to run as root, so ``tests/support/pgcluster.py`` and the soak
     run it as ``embedded_postgres``, adding that user when it is missing. Under
     pytest-xdist two workers could both find it missing and race ``useradd``:
     the controller (or a run without xdist) adds it before any test starts.
@@ -81,15 +78,6 @@ def pytest_configure(config: pytest.Config) -> None:
             ensure_user_exists("embedded_postgres")
 
 
-#: For a test that needs the server's own view of its connection (a backend pid to
-#: end, the server's commit and connection counts): ``make test-pgbouncer`` skips it.
-direct_connection_only = pytest.mark.skipif(
-    bool(os.environ.get("K2B_TEST_POOL_MODE")),
-    reason="needs a direct connection: through PgBouncer the backend pid and the "
-    "server's connections are the pooler's",
-)
-
-
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
     """Through a transaction-pooling PgBouncer (``make test-pgbouncer``), the documented
@@ -100,7 +88,7 @@ def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[N
         from django.db import connections
 
         from k2b_workflows.store import lease_ms
-        from tests import pgbouncer
+        from tests.support import pgbouncer
 
         with django_db_blocker.unblock(), connections["direct"].cursor() as cursor:
             name = connections["direct"].settings_dict["NAME"]
@@ -113,7 +101,7 @@ def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[N
     if os.environ.get("K2B_TEST_BOUNCER_PORT"):
         from django.db import connections
 
-        from tests import pgbouncer
+        from tests.support import pgbouncer
 
         # PgBouncer's server connections would keep the test database from being dropped.
         pgbouncer.admin(
@@ -129,8 +117,8 @@ _HEAVY_MARKERS = ("slow", "crash", "browser")
 #: loses its place at the head of the queue.
 _LONGEST = (
     "tests/hot_path/test_bench_smoke.py::test_bench_quick_prints_one_json_line_with_the_numbers",
-    "tests/test_soak.py::test_quick_soak_keeps_every_invariant",
-    "tests/test_waits_stress.py::test_no_wake_is_lost_when_thousands_of_parks_and_wakes_race",
+    "tests/crash/test_soak.py::test_quick_soak_keeps_every_invariant",
+    "tests/kernel/test_waits_stress.py::test_no_wake_is_lost_when_thousands_of_parks_and_wakes_race",
 )
 
 
@@ -166,116 +154,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items[:] = ordered
 
 
-def wait_for(
-    predicate: Callable[[], object],
-    timeout: float = 20.0,
-    interval: float = 0.05,
-    message: str | Callable[[], str] = "condition",
-) -> object:
-    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout``.
-
-    ``message`` may be a callable, called only on failure: what it reports (a
-    worker's log, say) is then what there was at the timeout, not at the start
-    of the wait.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            text = message() if callable(message) else message
-            pytest.fail(f"timed out after {timeout} s waiting for {text}")
-        time.sleep(interval)
-
-
-class WorkerProcess:
-    """A ``manage.py runworkflows`` subprocess on the test database."""
-
-    def __init__(
-        self, db_name: str, env: dict[str, str], args: list[str], prefix: list[str] | None = None
-    ) -> None:
-        """``prefix``: a command that runs the worker elsewhere (``ip netns exec NS``)."""
-        full_env = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "tests.settings",
-            "K2B_TEST_DB_NAME": db_name,
-            "PYTHONUNBUFFERED": "1",
-            **env,
-        }
-        self.log_path = (
-            Path(os.environ.get("TMPDIR", "/tmp"))
-            / f"k2b-worker-{os.getpid()}-{time.monotonic_ns()}.log"
-        )
-        self.log = open(self.log_path, "w")  # noqa: SIM115
-        self.proc = forkserver.popen(
-            [*(prefix or []), sys.executable, str(ROOT / "manage.py"), "runworkflows", *args],
-            cwd=ROOT,
-            env=full_env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def signal(self, sig: int) -> None:
-        self.proc.send_signal(sig)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=10)
-
-    def wait(self, timeout: float = 30) -> int:
-        """The exit code; a worker still running after ``timeout`` fails the test with
-        its log and every thread's stack, so a hang on a loaded machine can be read."""
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pytest.fail(
-                f"worker {self.pid} still running after {timeout} s\n"
-                f"-- threads --\n{self.stacks()}\n-- log --\n{self.output()}"
-            )
-
-    def stacks(self) -> str:
-        """Every thread's Python stack, read from outside by py-spy (in the test extra)."""
-        try:
-            dump = subprocess.run(
-                [str(Path(sys.executable).with_name("py-spy")), "dump", "--pid", str(self.pid)],
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"(no stacks: {exc})"
-        return dump.stdout or dump.stderr
-
-    def output(self) -> str:
-        self.log.flush()
-        return self.log_path.read_text()
-
-    def report(self, tail: int = 3000) -> str:
-        """For a failed wait: whether the worker is alive, its stacks, the end of its log."""
-        code = self.proc.poll()
-        if code is None:
-            state = f"worker {self.pid} running\n-- threads --\n{self.stacks()}"
-        else:
-            state = f"worker {self.pid} exited with {code}"
-        return f"{state}\n-- log --\n{self.output()[-tail:]}"
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-        self.log.close()
-        # A failing test has already put the log in its message.
-        self.log_path.unlink(missing_ok=True)
-
-
 @pytest.fixture
 def start_worker(transactional_db) -> Iterator[Callable[..., WorkerProcess]]:
     """``start_worker(*args, env={...})`` starts a worker subprocess; all are killed at teardown."""
@@ -292,6 +170,14 @@ def start_worker(transactional_db) -> Iterator[Callable[..., WorkerProcess]]:
     yield start
     for worker in workers:
         worker.close()
+
+
+@pytest.fixture
+def operator() -> Any:
+    """A staff user holding the operator's permissions (``OPERATOR_PERMS``)."""
+    from tests.support.admin import OPERATOR_PERMS, make_user
+
+    return make_user("olga", *OPERATOR_PERMS)
 
 
 @pytest.fixture

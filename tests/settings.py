@@ -23,7 +23,7 @@ if os.environ.get("K2B_TEST_DB_NAME"):
 
 # K2B_TEST_DIRECT_URL: DATABASE_URL goes through a transaction-pooling PgBouncer and
 # this is the same database directly, the alias "direct" for LISTEN_DATABASE
-# (docs/operations.md#pgbouncer); tests/test_pgbouncer.py sets it.
+# (docs/operations.md#pgbouncer); tests/worker/test_pgbouncer.py sets it.
 if os.environ.get("K2B_TEST_DIRECT_URL"):
     from example_project.settings import _database_from_env
 
@@ -45,9 +45,9 @@ if os.environ.get("K2B_TEST_SETTINGS"):
     K2B_WORKFLOWS = {**K2B_WORKFLOWS, **json.loads(os.environ["K2B_TEST_SETTINGS"])}
 
 # K2B_TEST_OTEL_FILE: this process exports its spans, as JSON lines, to that file
-# (tests/test_tracing.py); the OpenTelemetry SDK is in the test extra.
+# (tests/kernel/test_tracing.py); the OpenTelemetry SDK is in the test extra.
 if os.environ.get("K2B_TEST_OTEL_FILE"):
-    from tests.otel import export_spans_to
+    from tests.support.otel import export_spans_to
 
     export_spans_to(os.environ["K2B_TEST_OTEL_FILE"])
 
@@ -68,5 +68,5 @@ if django.VERSION >= (6, 0):
     }
 
 # The suite connects as a superuser on purpose (it creates databases and roles);
-# tests/test_roles.py connects as a real runtime role and checks W003 itself.
+# tests/misuse/test_roles.py connects as a real runtime role and checks W003 itself.
 SILENCED_SYSTEM_CHECKS = ["k2b_workflows.W003"]

@@ -1,8 +1,9 @@
 """The operators' admin: runs, incidents, schedules, workers and the overview.
 
 No user code imports this package: Django's admin autodiscovery does, and
-importing it registers the model admins (``runs`` for runs, incidents,
-journal, ledger and workers; ``schedules`` for the Schedules page). The
+importing it registers the model admins (``runs`` for runs and incidents,
+``entries`` for the journal and the ledger, ``workers`` for the fleet,
+``schedules`` for the Schedules page). The
 views, what the run page draws and the overview's queries are imported on
 first use (``runs`` reaches them lazily), so a worker process that imports
 the admin through ``django.setup()`` pays for none of them.
@@ -10,15 +11,11 @@ the admin through ``django.setup()`` pays for none of them.
 
 from __future__ import annotations
 
-from . import runs, schedules
-from .runs import (
-    IncidentAdmin,
-    JournalEntryAdmin,
-    LedgerEntryAdmin,
-    WorkerRecordAdmin,
-    WorkflowRunAdmin,
-)
+from . import entries, runs, schedules, workers
+from .entries import JournalEntryAdmin, LedgerEntryAdmin
+from .runs import IncidentAdmin, WorkflowRunAdmin
 from .schedules import WorkflowScheduleAdmin
+from .workers import WorkerRecordAdmin
 
 __all__ = [
     "IncidentAdmin",
@@ -27,6 +24,8 @@ __all__ = [
     "WorkerRecordAdmin",
     "WorkflowRunAdmin",
     "WorkflowScheduleAdmin",
+    "entries",
     "runs",
     "schedules",
+    "workers",
 ]

@@ -19,7 +19,7 @@ index scan bounded by the window shown or by a cap:
 - finished runs are counted over the window only, never since the beginning
   of time (that count grows with the table and says nothing about now).
 
-``tests/test_overview.py`` checks the plans; ``bench/overview.py`` times them
+``tests/admin/test_overview.py`` checks the plans; ``bench/overview.py`` times them
 on 1,000,000 runs.
 """
 

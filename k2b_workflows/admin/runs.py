@@ -1,4 +1,4 @@
-"""The operators' admin: runs, the incident queue, journal and ledger, all read-only.
+"""The operators' admin of runs and of the incident queue, read-only.
 
 Nothing here writes to the kernel's tables directly: cancel, retry and the
 resolution of an incident go through ``k2b_workflows.control``, which checks
@@ -10,12 +10,10 @@ computed in ``display``.
 from __future__ import annotations
 
 import functools
-import json
 import uuid
-from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.db.models import F, Model, Prefetch, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import path, reverse
@@ -27,8 +25,10 @@ from .. import store
 from ..kernel import clock
 from ..kernel.evidence import hash_value
 from ..lazy import LazyModule
-from ..models import Incident, JournalEntry, LedgerEntry, RunStatus, WorkerRecord, WorkflowRun
-from ..redaction import redact, redact_text, shorten
+from ..models import Incident, LedgerEntry, RunStatus, WorkerRecord, WorkflowRun
+from ..redaction import redact_text
+from .common import ReadOnlyMixin, field_names, pretty_json, short_hash, status_badge
+from .workers import worker_state_badge
 
 if TYPE_CHECKING:
     from .. import versions
@@ -43,70 +43,6 @@ else:
     admin_views = LazyModule("k2b_workflows.admin.views")
     versions = LazyModule("k2b_workflows.versions")
     audit = LazyModule("k2b_workflows.kernel.audit")
-
-HASH_PREVIEW = 8
-
-
-def status_badge(status: str) -> str:
-    label = RunStatus(status).label if status in RunStatus.values else status
-    return format_html('<span class="k2b-badge k2b-status-{}">{}</span>', status, label)
-
-
-def short_hash(value: str) -> str:
-    if not value:
-        return "—"
-    return format_html('<code class="k2b-hash" title="{}">{}…</code>', value, value[:HASH_PREVIEW])
-
-
-#: Strings in JSON shown on a page are cut to this many characters, and the
-#: whole value to ``MAX_JSON_SHOWN`` (the database keeps them whole).
-MAX_STRING_SHOWN = 2_000
-MAX_JSON_SHOWN = 200_000
-
-
-def pretty_json(value: Any) -> str:
-    """A JSON value as the admin shows it: redacted (passwords, tokens, card numbers), bounded."""
-    shown = redact(shorten(value, MAX_STRING_SHOWN))
-    text = json.dumps(shown, indent=2, sort_keys=True, ensure_ascii=False)
-    if len(text) > MAX_JSON_SHOWN:
-        text = (
-            f"{text[:MAX_JSON_SHOWN]}\n… [{len(text) - MAX_JSON_SHOWN} more characters not shown]"
-        )
-    return format_html('<pre class="k2b-json">{}</pre>', text)
-
-
-def field_names(fieldsets: Sequence[tuple[str | None, Mapping[str, Any]]]) -> tuple[str, ...]:
-    """Every field the fieldsets show, in order, rows of several fields flattened."""
-    names: list[str] = []
-    for _, options in fieldsets:
-        for field in options["fields"]:
-            names.extend([field] if isinstance(field, str) else field)
-    return tuple(names)
-
-
-class ReadOnlyMixin:
-    """Journal, ledger and runs are never added, edited or deleted from the admin.
-
-    Their lists refuse a NUL character in a filter or search: PostgreSQL cannot
-    compare text with one, and the error would be a 500 instead of an answer.
-    """
-
-    def changelist_view(
-        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
-    ) -> HttpResponse:
-        if any("\x00" in value for values in request.GET.lists() for value in values[1]):
-            messages.error(request, "A filter or search contained a NUL character; ignored.")
-            return HttpResponseRedirect(request.path)
-        return super().changelist_view(request, extra_context)  # type: ignore[misc]
-
-    def has_add_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
-        return False
 
 
 @admin.register(WorkflowRun)
@@ -566,202 +502,3 @@ class IncidentAdmin(WorkflowRunAdmin):
     ) -> HttpResponse:
         # A resolved incident leaves the queue; its page is the run's page.
         return HttpResponseRedirect(admin_views.run_url(admin_views.run_id_or_404(object_id)))
-
-
-class _EntryAdmin(ReadOnlyMixin, admin.ModelAdmin):
-    list_select_related = ("run",)
-    list_per_page = 100
-    show_full_result_count = False
-    #: Fields shown through ``redact``/``redact_text`` on an entry's page, never raw.
-    redacted_fields: tuple[str, ...] = ()
-
-    #: Large JSON columns the list never shows.
-    list_defer: tuple[str, ...] = ()
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
-        # The "run" column joins the run row: never its JSON bodies (10 MB inputs
-        # times a page of entries), nor the entry's own large columns.
-        queryset = super().get_queryset(request).select_related("run")
-        return queryset.defer("run__input", "run__output", "run__principal", *self.list_defer)
-
-    def get_fields(self, request: HttpRequest, obj: Model | None = None) -> Any:
-        return [
-            f"{name}_shown" if name in self.redacted_fields else name
-            for name in super().get_fields(request, obj)
-        ]
-
-    def get_readonly_fields(
-        self, request: HttpRequest, obj: Model | None = None
-    ) -> tuple[str, ...]:
-        return (*super().get_readonly_fields(request, obj), *self._shown_names())
-
-    def _shown_names(self) -> tuple[str, ...]:
-        return tuple(f"{name}_shown" for name in self.redacted_fields)
-
-    @admin.display(description="output")
-    def output_shown(self, entry: Any) -> str:
-        return pretty_json(entry.output) if entry.output is not None else "—"
-
-    @admin.display(description="detail")
-    def detail_shown(self, entry: Any) -> str:
-        return pretty_json(entry.detail) if entry.detail is not None else "—"
-
-    @admin.display(description="message")
-    def message_shown(self, entry: Any) -> str:
-        return redact_text(entry.message) or "—"
-
-    @admin.display(description="error message")
-    def error_message_shown(self, entry: Any) -> str:
-        return redact_text(entry.error_message) or "—"
-
-    @admin.display(description="summary")
-    def summary_shown(self, entry: Any) -> str:
-        return redact_text(entry.summary) or "—"
-
-    @admin.display(description="evidence")
-    def evidence_shown(self, entry: Any) -> str:
-        return redact_text(entry.evidence) or "—"
-
-    class Media:
-        css = {"all": ["k2b_workflows/admin.css"]}
-
-    def get_search_results(
-        self, request: HttpRequest, queryset: QuerySet, search_term: str
-    ) -> tuple[QuerySet, bool]:
-        try:
-            return queryset.filter(run_id=uuid.UUID(search_term.strip())), False
-        except ValueError:
-            return super().get_search_results(request, queryset, search_term)
-
-
-@admin.register(JournalEntry)
-class JournalEntryAdmin(_EntryAdmin):
-    list_display = ("run", "seq", "action_name", "effect", "state", "error_code", "created_at")
-    list_filter = ("state", "effect", "action_name")
-    redacted_fields = ("output", "error_message", "summary")
-    search_fields = ("action_name",)
-    search_help_text = "Run id (full) or action name."
-
-
-@admin.register(LedgerEntry)
-class LedgerEntryAdmin(_EntryAdmin):
-    list_display = (
-        "run",
-        "seq",
-        "kind",
-        "action_name",
-        "effect",
-        "generation",
-        "invocation_key",
-        "actor",
-        "created_at",
-    )
-    list_filter = ("kind", "effect", "action_name")
-    redacted_fields = ("detail", "message", "evidence")
-    search_fields = ("action_name", "invocation_key", "actor")
-    search_help_text = "Run id (full), action name, invocation key or operator."
-
-
-def effective_worker_state(worker: WorkerRecord) -> str:
-    """A row still "alive" whose heartbeat is too old belongs to a dead process: say lost."""
-    if worker.state == WorkerRecord.State.ALIVE:
-        silent_ms = (clock.now() - worker.heartbeat_at).total_seconds() * 1000
-        if silent_ms > store.worker_lost_after_ms():
-            return WorkerRecord.State.LOST
-    return worker.state
-
-
-def worker_state_badge(worker: WorkerRecord) -> str:
-    state = effective_worker_state(worker)
-    return format_html('<span class="k2b-badge k2b-worker-{}">{}</span>', state, state)
-
-
-@admin.register(WorkerRecord)
-class WorkerRecordAdmin(ReadOnlyMixin, admin.ModelAdmin):
-    """The fleet: one row per worker process, written only by the workers themselves."""
-
-    def get_object(
-        self, request: HttpRequest, object_id: str, from_field: str | None = None
-    ) -> WorkerRecord | None:
-        # A worker id is text: one with a NUL, which PostgreSQL refuses in a query,
-        # names no worker (the admin's "does not exist"), not a server error.
-        if "\x00" in object_id:
-            return None
-        return super().get_object(request, object_id, from_field)
-
-    list_display = (
-        "worker_id",
-        "state_badge",
-        "host",
-        "pid",
-        "busy",
-        "heartbeat_age",
-        "uptime",
-        "apps_column",
-        "workflows_count",
-    )
-    list_filter = ("state", "host")
-    search_fields = ("worker_id", "host")
-    search_help_text = "Worker id or host."
-    list_per_page = 100
-    fields = (
-        "worker_id",
-        "state_badge",
-        "host",
-        "pid",
-        "started_at",
-        "heartbeat_at",
-        "stopped_at",
-        "concurrency",
-        "in_flight",
-        "apps_column",
-        "workflows_column",
-        "running_runs",
-    )
-    readonly_fields = fields
-
-    class Media:
-        css = {"all": ["k2b_workflows/admin.css"]}
-
-    @admin.display(description="state", ordering="state")
-    def state_badge(self, worker: WorkerRecord) -> str:
-        return worker_state_badge(worker)
-
-    @admin.display(description="busy")
-    def busy(self, worker: WorkerRecord) -> str:
-        return f"{worker.in_flight}/{worker.concurrency}"
-
-    @admin.display(description="last heartbeat", ordering="-heartbeat_at")
-    def heartbeat_age(self, worker: WorkerRecord) -> str:
-        return f"{admin_display.format_duration(clock.now() - worker.heartbeat_at)} ago"
-
-    @admin.display(description="up", ordering="started_at")
-    def uptime(self, worker: WorkerRecord) -> str:
-        end = worker.heartbeat_at if worker.state != WorkerRecord.State.ALIVE else clock.now()
-        return admin_display.format_duration(end - worker.started_at)
-
-    @admin.display(description="apps")
-    def apps_column(self, worker: WorkerRecord) -> str:
-        return ", ".join(worker.apps) if worker.apps else "all"
-
-    @admin.display(description="workflows")
-    def workflows_count(self, worker: WorkerRecord) -> str:
-        """A count in the list (a worker may know hundreds); each one on hover and on its page."""
-        names = ", ".join(f"{w['name']} v{w['version']}" for w in worker.workflows)
-        return format_html('<span title="{}">{}</span>', names, len(worker.workflows))
-
-    @admin.display(description="workflows")
-    def workflows_column(self, worker: WorkerRecord) -> str:
-        return format_html_join(
-            ", ", "<code>{}</code>&nbsp;v{}", ((w["name"], w["version"]) for w in worker.workflows)
-        )
-
-    @admin.display(description="runs it holds")
-    def running_runs(self, worker: WorkerRecord) -> str:
-        runs = WorkflowRun.objects.filter(status=RunStatus.RUNNING, claimed_by=worker.worker_id)
-        links = format_html_join(
-            ", ",
-            '<a href="{}">{}</a>',
-            ((admin_views.run_url(r.pk), r.pk) for r in runs.only("id")[:50]),
-        )
-        return links or "—"

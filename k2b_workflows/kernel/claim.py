@@ -20,7 +20,7 @@ from typing import Any
 
 from django.db import connections
 
-from .. import metrics, store
+from .. import counters, store
 from . import db, flow
 
 _CLAIM_SQL = """
@@ -141,7 +141,7 @@ def reap_expired(using: str) -> int:
         cursor.execute(_REAP_SQL, [store.retry_backoff_ms(), store.retry_backoff_max_ms()])
         reaped = cursor.rowcount
     # Counted before the caller's commit: a rolled-back reap is re-counted by the next one.
-    metrics.count_lease_takeovers(reaped)
+    counters.count_lease_takeovers(reaped)
     return reaped
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from django.db import transaction
 
-from .. import metrics
+from .. import counters
 
 if TYPE_CHECKING:
     from ..models import JournalEntry
@@ -83,7 +83,7 @@ def step_journaled(execution: Execution, entry: JournalEntry) -> None:
     seconds = None
     if entry.started_at and entry.created_at:
         seconds = (entry.created_at - entry.started_at).total_seconds()
-    metrics.count_step(entry.effect, entry.state, seconds)
+    counters.count_step(entry.effect, entry.state, seconds)
     _log(
         logging.INFO,
         execution,
@@ -118,7 +118,7 @@ def ledger_written(
 
     def told() -> None:
         if kind == "outcome_unknown":
-            metrics.count_step(effect, "outcome_unknown")
+            counters.count_step(effect, "outcome_unknown")
         _log(
             logging.WARNING if kind in _DOUBT else logging.INFO,
             execution,
@@ -145,7 +145,7 @@ def run_changed(
 
     ``reason`` is the run's stored error text, already scrubbed of credentials.
     """
-    metrics.count_run_transition(outcome)
+    counters.count_run_transition(outcome)
     trace = getattr(execution, "trace", None)
     if trace is not None:
         trace.event(f"k2b.run.{outcome}", {} if step is None else {"k2b.step": step})
@@ -162,7 +162,7 @@ def run_changed(
 
 
 def reconcile_answered(execution: Execution, seq: int, effect_key: str, answer: str) -> None:
-    metrics.count_reconcile_answer(answer)
+    counters.count_reconcile_answer(answer)
     trace = getattr(execution, "trace", None)
     if trace is not None:
         trace.event("k2b.reconcile", {"k2b.step": seq, "k2b.reconcile.answer": answer})

@@ -28,7 +28,6 @@ unkeyed entry after a keyed one is a break: nobody downgrades a chain.
 from __future__ import annotations
 
 import functools
-import hashlib
 import hmac
 import uuid
 from collections.abc import Iterable, Sequence
@@ -37,84 +36,28 @@ from typing import Any, TypeVar
 
 from django.db import connections, models, transaction
 
-from .. import validation
-from ..actions import canonical_json
 from ..models import JournalEntry, LedgerEntry, WorkflowRun
 from . import clock, db
 from .db import lease_lost
+from .hashing import (  # noqa: F401  (hash_value and friends are the chains' API too)
+    canonical,
+    hash_optional,
+    hash_value,
+    hmac_hex,
+    redacted_summary,
+    same_input,
+    sha256_hex,
+    signing_key,
+)
 from .keys import evidence_keys
 
 GENESIS = "0" * 64
 
+#: The names these had before ``hashing`` held them.
+_canonical = canonical
+_hmac_hex = hmac_hex
+
 E = TypeVar("E", bound=JournalEntry | LedgerEntry)
-
-
-def sha256_hex(text: str) -> str:
-    """Unkeyed: only for chains written before keyed hashes (``key_id == ""``)."""
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-@functools.lru_cache(maxsize=8)
-def _keyed(key: bytes) -> hmac.HMAC:
-    """The HMAC state after the key: each hash copies it instead of keying anew."""
-    return hmac.new(key, digestmod=hashlib.sha256)
-
-
-def _hmac_hex(key: bytes, text: str) -> str:
-    # Not ``hmac.digest()``: its one-shot C path releases the GIL around a tiny
-    # hash, and in a worker whose other threads are busy, getting the GIL back
-    # costs many times the hash (docs/performance.md has the figures). A copy of
-    # the keyed state keeps the GIL and skips the keying. A run makes about
-    # fifteen of these.
-    h = _keyed(key).copy()
-    h.update(text.encode())
-    return h.hexdigest()
-
-
-def signing_key() -> tuple[str, bytes]:
-    """The (key id, key) new evidence is made with."""
-    return evidence_keys()[0]
-
-
-def hash_value(value: Any) -> str:
-    """Keyed hash of a JSON value's canonical text (inputs, principals, previews, outputs)."""
-    return _hmac_hex(signing_key()[1], canonical_json(value))
-
-
-def hash_optional(value: str | None) -> str:
-    return _hmac_hex(signing_key()[1], value) if value else ""
-
-
-def same_input(stored: str, value: Any, current: str) -> bool:
-    """Whether a journaled input hash is of ``value``, under whichever key made it.
-
-    ``current`` is the hash under today's key; an entry made before a rotation (or
-    before keyed hashes) is compared under the old keys and unkeyed SHA-256. This is
-    replay's determinism check, not a security boundary: the chain covers the hash.
-    """
-    if hmac.compare_digest(stored, current):
-        return True
-    text = canonical_json(value)
-    candidates = [_hmac_hex(key, text) for _, key in evidence_keys()[1:]]
-    candidates.append(sha256_hex(text))
-    return any(hmac.compare_digest(stored, c) for c in candidates)
-
-
-def redacted_summary(value: Any) -> dict[str, Any]:
-    """What a late result may show an operator: its shape, never its contents.
-
-    A provider's raw output can hold card numbers or live tokens; the keyed
-    ``output_hash`` beside this summary proves which output it was.
-    """
-    summary: dict[str, Any] = {
-        "type": type(value).__name__ if value is not None else "null",
-        "size": len(canonical_json(value).encode()),
-    }
-    if isinstance(value, dict):
-        summary["keys"] = sorted(str(k) for k in value)[:50]
-    elif isinstance(value, list):
-        summary["items"] = len(value)
-    return summary
 
 
 _JOURNAL_FIELDS = (
@@ -152,25 +95,11 @@ _LEDGER_FIELDS = (
 )
 
 
-def _canonical(value: Any) -> str:
-    """``canonical_json`` of what the kernel built or read back as JSON: the same text.
-
-    ``canonical_json`` first walks the value to explain bad input; the values
-    hashed here are checked already (outputs where they entered, entries read
-    from ``jsonb``), and they are hashed several times a step. Anything JSON
-    cannot hold still goes to ``canonical_json``, for its error.
-    """
-    try:
-        return validation.CANONICAL_JSON.encode(value)
-    except (TypeError, ValueError):
-        return canonical_json(value)
-
-
 def _entry_hash(prev_hash: str, entry: Any, fields: Iterable[str], key: bytes | None) -> str:
     body = {name: getattr(entry, name) for name in fields}
     body["run_id"] = str(body["run_id"])
-    text = prev_hash + _canonical(body)
-    return sha256_hex(text) if key is None else _hmac_hex(key, text)
+    text = prev_hash + canonical(body)
+    return sha256_hex(text) if key is None else hmac_hex(key, text)
 
 
 def journal_hash(prev_hash: str, entry: JournalEntry, key: bytes | None) -> str:
@@ -183,7 +112,7 @@ def ledger_hash(prev_hash: str, entry: LedgerEntry, key: bytes | None) -> str:
 
 def anchor(run_id: uuid.UUID, chain: str, count: int, head: str, key_id: str, key: bytes) -> str:
     """The run row's seal over one chain: which run, which chain, how many entries, which head."""
-    mac = _hmac_hex(key, _canonical([str(run_id), chain, count, head]))
+    mac = hmac_hex(key, canonical([str(run_id), chain, count, head]))
     return f"{key_id}:{mac}"
 
 
@@ -218,7 +147,7 @@ def _journal_values(entry: JournalEntry) -> list[Any]:
         entry.action_name,
         entry.effect,
         entry.state,
-        None if entry.output is None else _canonical(entry.output),
+        None if entry.output is None else canonical(entry.output),
         entry.summary,
         entry.error_code,
         entry.error_message,

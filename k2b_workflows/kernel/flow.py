@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
 
-from .. import metrics, store, validation
+from .. import counters, store, validation
 from ..exceptions import InvalidInput
 
 if TYPE_CHECKING:
@@ -300,7 +300,7 @@ def defer(using: str, run_id: uuid.UUID, generation: int, until: dt.datetime, ke
         cursor.execute(_DEFER_SQL, [until, key, run_id, generation])
         deferred = cursor.rowcount == 1
     if deferred:
-        metrics.count_rate_deferral(key.split(":", 1)[0])
+        counters.count_rate_deferral(key.split(":", 1)[0])
     return deferred
 
 

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import metrics, store
+from .. import counters, store
 from . import clock, db, flow, weather
 from .claim import renew_leases
 
@@ -194,7 +194,7 @@ class LeaseKeeper:
                 # fence keeps whatever this process then writes from committing.
                 delay = backoff.next()
                 if weather.is_connection_error(exc):
-                    metrics.count_db_reconnect("lease_keeper")
+                    counters.count_db_reconnect("lease_keeper")
                     logger.warning(
                         "lease keeper: database unavailable: %s; reconnecting in %.1f s",
                         weather.describe(exc),

@@ -38,7 +38,7 @@ from typing import Any
 
 from django.db import transaction
 
-from .. import metrics, store
+from .. import counters, store
 from ..actions import to_json_value
 from ..exceptions import (
     DatabaseNotMigrated,
@@ -209,9 +209,9 @@ def run_pass(
         if skips:
             WorkflowScheduleSkip.objects.using(using).bulk_create(skips)
     for reason, n in result.skipped.items():
-        metrics.count_schedule_skips(reason, n)
+        counters.count_schedule_skips(reason, n)
     for lag in result.lags:
-        metrics.observe_schedule_lag(lag)
+        counters.observe_schedule_lag(lag)
     return result
 
 

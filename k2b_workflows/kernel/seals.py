@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..models import WorkflowRun
-from . import evidence
+from . import hashing
 from .keys import evidence_keys
 
 #: Statuses whose row carries an end seal: the run ended, or waits for an operator.
@@ -42,11 +42,11 @@ class SealBroken(Exception):
 
 
 def _mac(key_id: str, key: bytes, text: str) -> str:
-    return f"{key_id}:{evidence._hmac_hex(key, text)}"
+    return f"{key_id}:{hashing.hmac_hex(key, text)}"
 
 
 def _start_text(run: WorkflowRun) -> str:
-    return evidence._canonical(
+    return hashing.canonical(
         [
             "start",
             str(run.pk),
@@ -67,13 +67,13 @@ def _start_text(run: WorkflowRun) -> str:
 def _end_text(
     run_id: uuid.UUID, status: str, output_text: str, error_code: str, generation: int
 ) -> str:
-    head = evidence._canonical(["end", str(run_id), status, error_code or "", int(generation)])
+    head = hashing.canonical(["end", str(run_id), status, error_code or "", int(generation)])
     return f"{head}\n{output_text}"
 
 
 def start_seal(run: WorkflowRun) -> str:
     """The seal a new run is written with (every start field set, ``root_id`` too)."""
-    key_id, key = evidence.signing_key()
+    key_id, key = hashing.signing_key()
     return _mac(key_id, key, _start_text(run))
 
 
@@ -81,7 +81,7 @@ def end_seal(
     run_id: uuid.UUID, status: str, error_code: str, generation: int, output_text: str = "null"
 ) -> str:
     """The seal of a run's end; ``output_text`` is the canonical JSON of its output."""
-    key_id, key = evidence.signing_key()
+    key_id, key = hashing.signing_key()
     return _mac(key_id, key, _end_text(run_id, status, output_text, error_code, generation))
 
 
@@ -121,7 +121,7 @@ def end_problem(run: WorkflowRun, keys: dict[str, bytes] | None = None) -> str |
         return None
     keys = keys if keys is not None else dict(evidence_keys())
     text = _end_text(
-        run.pk, run.status, evidence._canonical(run.output), run.error_code, run.generation
+        run.pk, run.status, hashing.canonical(run.output), run.error_code, run.generation
     )
     why = _matches(run.end_seal, text, keys)
     if why is None:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import store
-from . import db, evidence
+from . import db, evidence, hashing
 from .keys import evidence_keys
 
 #: Named, not ``__name__``: the ``WITNESS_SINK`` setting and the docs name it.
@@ -55,9 +55,9 @@ def _enabled() -> Any:
 
 
 def _mac(body: dict[str, Any], keys: Iterable[tuple[str, bytes]]) -> Iterator[str]:
-    text = evidence._canonical({k: v for k, v in body.items() if k != "mac"})
+    text = hashing.canonical({k: v for k, v in body.items() if k != "mac"})
     for key_id, key in keys:
-        yield f"{key_id}:{evidence._hmac_hex(key, text)}"
+        yield f"{key_id}:{hashing.hmac_hex(key, text)}"
 
 
 def _tell(record: dict[str, Any]) -> None:
@@ -65,7 +65,7 @@ def _tell(record: dict[str, Any]) -> None:
     if sink is None:
         return
     record = {"k2b_witness": 1, **record}
-    record["mac"] = next(_mac(record, [evidence.signing_key()]))
+    record["mac"] = next(_mac(record, [hashing.signing_key()]))
     try:
         if sink is logger:
             logger.info("%s %s", MARK, json.dumps(record, sort_keys=True))

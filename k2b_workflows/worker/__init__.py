@@ -1,7 +1,8 @@
 """The worker process: what ``manage.py runworkflows`` runs. No user code imports it.
 
 ``loop`` holds ``Worker`` (the claim loop and its threads); beside it, what
-only a worker process needs: its start-up checks (``startup``), the LISTEN
+only a worker process needs: its threads' database connections
+(``connections``), its status line (``status``), its start-up checks (``startup``), the LISTEN
 that wakes it (``wakeups``), the signals that stop it (``signals``), how it
 exits (``exits``), the supervisor of ``--processes`` (``supervisor``), its
 liveness file (``health``), how far ahead it claims (``prefetch``), workflow

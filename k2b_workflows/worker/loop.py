@@ -32,23 +32,20 @@ at start-up on a configuration error (an unmigrated database, a bad URL:
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import logging
 import os
 import socket
-import sys
 import threading
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from typing import Any, TextIO
 
 from django.db import DatabaseError, connections, transaction
-from django.db.backends.signals import connection_created
 
 from .. import fleet, metrics, store
 from ..kernel import ai, claim, db, flow, schedule_passes, waits, weather
@@ -57,9 +54,13 @@ from ..kernel.leases import LeaseKeeper
 from ..kernel.load import Preloaded, preload, preload_statement, preloaded
 from ..workflows import registered_versions
 from . import startup, timeouts
+from .connections import ThreadConnections, keep_or_close
 from .health import HealthFile
 from .prefetch import Prefetch
+from .status import StatusLine, default_status_stream
 from .wakeups import Listener
+
+__all__ = ["Worker", "default_status_stream"]
 
 logger = logging.getLogger(__name__)
 #: The start and stop lines go to the package's logger by name: docs/operations.md
@@ -111,7 +112,6 @@ class Worker:
         self._last_housekeeping = 0.0
         #: The database's time of the last admission of keyed runs that became due.
         self._keyed_due_since: dt.datetime | None = None
-        self._last_status = 0.0
         #: At start-up, give up after this many seconds without a database (None: never).
         self.wait_for_db = wait_for_db
         #: Where start-up notices go ("waiting for the database"), besides the log.
@@ -138,10 +138,9 @@ class Worker:
         #: No claims before this ``time.monotonic()``: connections are short.
         self._claims_paused_until = 0.0
         self._shortage = weather.Backoff(first=0.2, cap=5.0)
-        #: After a lost connection: look for runs whose claim committed unseen.
-        self._orphans_possible = False
-        #: The main loop's Django connection (``_watch_connections``).
-        self._loop_connection: Any = None
+        #: The pool threads' and the main loop's connections.
+        self.connections = ThreadConnections(self.using, concurrency, self.stopping)
+        self.status = StatusLine(self.worker_id, concurrency)
         #: Set by a second SIGTERM/SIGINT: hand back and exit without waiting for steps.
         self.forced = threading.Event()
         #: Pool threads still inside a step when the worker returned (shutdown grace ran
@@ -173,15 +172,15 @@ class Worker:
             len(names),
             " (burst)" if self.burst else "",
         )
-        self._watch_connections()
+        self.connections.watch()
         self.heartbeat.start()
         self.keeper.start()
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="k2b-worker")
         try:
-            self._connect_threads(pool)
+            self.connections.connect_threads(pool)
             metrics.prepare()
             if self.metrics_port is not None:
-                port = fleet.serve(self.metrics_port, using=self.using)
+                port = metrics.serve(self.metrics_port, using=self.using)
                 logger.info("worker %s: metrics on port %d", self.worker_id, port)
             if not self.burst:
                 self._start_listener()
@@ -203,10 +202,10 @@ class Worker:
             probes.join(timeout=10)
             if self.health:
                 self.health.remove()
-            self._print_status(final=True)
+            self._show_status(final=True)
             if not connections[self.using].in_atomic_block:  # e.g. call_command in a test
                 weather.close_quietly(self.using)
-            connection_created.disconnect(self._connection_created)
+            self.connections.unwatch()
         lifecycle.info("worker %s stopped: %s", self.worker_id, dict(self.stats))
 
     def _start_listener(self) -> None:
@@ -279,7 +278,8 @@ class Worker:
         except DatabaseError as exc:
             weather.close_quietly(self.using)
             logger.warning("could not hand back runs (%s); their leases will expire", exc)
-        self._close_thread_connections(pool)
+        self._drain()
+        self.connections.close_all(pool)
         pool.shutdown(wait=True)
 
     def _hand_back_claimed(self) -> None:
@@ -322,79 +322,10 @@ class Worker:
         with self._lock:
             return len(self._inflight)
 
-    def _on_each_thread(self, pool: ThreadPoolExecutor, fn: Callable[[], None]) -> list[Future]:
-        """Submit ``fn`` once per pool thread: a barrier makes each of ``concurrency``
-        jobs land on a different thread (Django's connections are per thread)."""
-        barrier = threading.Barrier(self.concurrency)
-
-        def job() -> None:
-            with contextlib.suppress(threading.BrokenBarrierError):
-                barrier.wait(timeout=5)
-            fn()
-
-        return [pool.submit(job) for _ in range(self.concurrency)]
-
-    def _connect_threads(self, pool: ThreadPoolExecutor) -> None:
-        """Have every pool thread open its connection now, while the loop makes its
-        first claim, instead of at the start of its first run.
-
-        Best effort: a thread that cannot connect now tries again before its
-        first run (``_connected``), which knows what to do about it. Nothing
-        waits for these jobs; the first runs queue behind them.
-        """
-
-        def connect() -> None:
-            if self.stopping.is_set():
-                return
-            try:
-                connections[self.using].ensure_connection()
-            except Exception:  # said and handled before the thread's first run
-                weather.close_quietly(self.using)
-
-        self._on_each_thread(pool, connect)
-
-    def _close_thread_connections(self, pool: ThreadPoolExecutor) -> None:
-        """Have every pool thread close its own connections (Django forbids closing another's)."""
-        self._drain()
-        for future in self._on_each_thread(pool, connections.close_all):
-            future.result()
-
-    def _watch_connections(self) -> None:
-        """From now on, see every connection this worker opens (``_connection_created``);
-        the caller disconnects the receiver when the worker ends."""
-        self._loop_connection = connections[self.using]
-        connection_created.connect(self._connection_created, weak=False)
-
-    def _connection_created(self, sender: Any, connection: Any, **kwargs: Any) -> None:
-        """A new connection to the worker's database, in any of its threads.
-
-        One of the main loop's after start-up replaces a connection it lost.
-        Not every loss reaches ``_weather``: one noticed by the ROLLBACK of an
-        empty claim is closed quietly (nothing to report). Any lost connection
-        may be the one a claim's answer was lost on, so the loop looks for
-        orphaned runs all the same.
-        """
-        if connection.alias != self.using:
-            return
-        if connection is self._loop_connection:
-            self._orphans_possible = True
-        self._limit_idle_transactions(connection)
-
-    def _limit_idle_transactions(self, connection: Any) -> None:
-        """Let the server end a transaction this process leaves idle for longer than a lease.
-
-        A TRANSACTIONAL step (or ``ctx.fenced()``) holds the run row lock in its
-        transaction. If the process freezes there (SIGSTOP, a stuck VM), no lease
-        keeper and no reaper can take the run over: the row stays locked. With this
-        timeout the server rolls the transaction back and closes the session, the
-        lease expires, another worker takes over, and the thawed process cannot
-        commit. A TRANSACTIONAL action must therefore finish within one lease.
-        """
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
-                [str(store.lease_ms())],
-            )
+    def _show_status(self, final: bool = False) -> None:
+        with self._lock:
+            busy = len(self._inflight)
+        self.status.show(self.status_stream, self.stats, busy, final=final)
 
     def stop(self, *, force: bool = False) -> None:
         """Stop claiming; running executions finish their current step and release the run.
@@ -423,7 +354,7 @@ class Worker:
         """One pass of the loop; True when a burst worker is done."""
         self.wake.clear()
         self._hand_back_pending()
-        if self._orphans_possible:
+        if self.connections.orphans_possible:
             self._hand_back_orphans()
         # Claim first: housekeeping (a transaction of five statements) then overlaps
         # the first steps, and a run it makes claimable is claimed at once (wake).
@@ -432,7 +363,7 @@ class Worker:
             self.wake.set()
         if self.health:
             self.health.touch()
-        self._print_status()
+        self._show_status()
         if started:
             return False
         with self._lock:
@@ -467,7 +398,7 @@ class Worker:
         """
         delay = backoff.next()
         weather.close_quietly(self.using)
-        self._orphans_possible = True
+        self.connections.orphans_possible = True
         if weather.is_connection_error(exc):
             self.stats["reconnects"] += 1
             metrics.count_db_reconnect("loop")
@@ -636,7 +567,7 @@ class Worker:
             executing = list(self._claimed)
         with transaction.atomic(using=self.using):
             orphans = claim.hand_back_orphans(self.using, self.worker_id, executing)
-        self._orphans_possible = False
+        self.connections.orphans_possible = False
         if orphans:
             logger.warning(
                 "handed back %d run(s) claimed while the database connection was lost", orphans
@@ -780,7 +711,7 @@ class Worker:
             with self._lock:
                 self._claimed.pop(run_id, None)
                 self.prefetch.ran(time.monotonic() - started)
-            keep_or_close_connection(self.using)
+            keep_or_close(self.using)
 
     def _connected(self, run_id: uuid.UUID, generation: int) -> bool:
         """Make sure this thread has a connection before the run's first step.
@@ -840,54 +771,4 @@ class Worker:
                 logger.exception("AI task %s: unexpected error in the worker", task_id)
         finally:
             self.keeper.untrack_task(task_id)
-            keep_or_close_connection(self.using)
-
-    # -- status line -----------------------------------------------------------
-
-    def _print_status(self, final: bool = False) -> None:
-        stream = self.status_stream
-        if stream is None:
-            return
-        now = time.monotonic()
-        if not final and now - self._last_status < 1.0:
-            return
-        self._last_status = now
-        with self._lock:
-            busy = len(self._inflight)
-        s = self.stats
-        line = (
-            f"k2b worker {self.worker_id}: busy {busy}/{self.concurrency} · runs {s['runs']} · "
-            f"steps {s['steps']} · succeeded {s['succeeded']} · failed {s['failed']} · "
-            f"waiting {s['waiting']} · attention {s['needs_attention']} · retries {s['retry']}"
-        )
-        tty = getattr(stream, "isatty", lambda: False)()
-        if tty:
-            stream.write("\r\x1b[2K" + line + ("\n" if final else ""))
-        elif final:
-            stream.write(line + "\n")
-        stream.flush()
-
-
-def keep_or_close_connection(using: str) -> None:
-    """After a run, keep the pool thread's connection unless it is broken or too old.
-
-    Django's default ``CONN_MAX_AGE = 0`` means "one connection per request";
-    a worker thread is not a request, and reconnecting for every run costs a
-    backend start, the session setup and a commit, and delays every wake-up
-    by as much. A positive ``CONN_MAX_AGE`` is still honoured.
-    """
-    conn = connections[using]
-    if conn.connection is None:
-        return
-    if conn.settings_dict.get("CONN_MAX_AGE") != 0:
-        conn.close_if_unusable_or_obsolete()
-        return
-    broken = conn.errors_occurred and not conn.is_usable()
-    if broken or conn.in_atomic_block or conn.get_autocommit() != conn.settings_dict["AUTOCOMMIT"]:
-        conn.close()
-    else:
-        conn.errors_occurred = False
-
-
-def default_status_stream() -> TextIO | None:
-    return sys.stdout if sys.stdout.isatty() else None
+            keep_or_close(self.using)

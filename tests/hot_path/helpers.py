@@ -1,5 +1,5 @@
 """Helpers of the hot-path tests: count round trips and table statistics (runs are claimed
-by ``tests.kernel_helpers.claim_for``, as the kernel tests claim them)."""
+by ``tests.support.kernel.claim_for``, as the kernel tests claim them)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from k2b_workflows import start_workflow_run
 from k2b_workflows.kernel.execute import Execution
 from k2b_workflows.kernel.load import preload
 from k2b_workflows.models import JournalEntry, WorkflowRun
-from tests.kernel_helpers import claim_for
+from tests.support.kernel import claim_for
 
 TIMEOUT = 90
 

@@ -13,14 +13,14 @@ from k2b_workflows.kernel.ending import RunEnding
 from k2b_workflows.kernel.execute import Execution
 from tests.hot_path.helpers import _ledger
 from tests.hot_path.workflows import committed_hooks
-from tests.kernel_helpers import (
+from tests.models import DomainRow
+from tests.support.kernel import (
     assert_closed_as_never_sent,
     claim_for,
     fresh,
     journal,
     run_to_end,
 )
-from tests.models import DomainRow
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

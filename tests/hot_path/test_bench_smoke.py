@@ -10,7 +10,7 @@ import sys
 import pytest
 from django.db import connection
 
-from tests.conftest import ROOT, direct_connection_only
+from tests.support.processes import ROOT, direct_connection_only
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

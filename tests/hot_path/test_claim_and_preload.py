@@ -11,7 +11,7 @@ from k2b_workflows.kernel import claim
 from k2b_workflows.kernel.load import preload
 from k2b_workflows.models import LedgerEntry, WorkflowRun
 from tests.hot_path.helpers import _round_trips, _run_table_counts
-from tests.kernel_helpers import fresh, journal
+from tests.support.kernel import fresh, journal
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -38,7 +38,7 @@ def test_a_claim_and_its_preload_are_one_transaction_in_two_round_trips(prepares
 
 def test_the_raw_preload_reads_what_the_orm_reads():
     run = start_workflow_run("hot.external_then_pure", {"n": 0})
-    from tests.kernel_helpers import run_to_end
+    from tests.support.kernel import run_to_end
 
     run_to_end()
     loaded = preload("default", [run.pk])[run.pk]

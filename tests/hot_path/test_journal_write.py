@@ -10,7 +10,7 @@ from k2b_workflows.exceptions import LeaseLost, RunCanceled
 from k2b_workflows.kernel import evidence
 from k2b_workflows.models import WorkflowRun
 from tests.hot_path.helpers import _entry, _run_table_counts
-from tests.kernel_helpers import claim_for, fresh, journal
+from tests.support.kernel import claim_for, fresh, journal
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

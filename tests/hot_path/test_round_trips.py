@@ -9,10 +9,10 @@ from django.db import connection
 from k2b_workflows import start_workflow_run
 from k2b_workflows.kernel import evidence
 from k2b_workflows.kernel.execute import Execution
-from tests.conftest import direct_connection_only
 from tests.hot_path.helpers import _counted_run, _ledger, _prepared_statements
 from tests.hot_path.workflows import committed_hooks
-from tests.kernel_helpers import claim_for, fresh, journal
+from tests.support.kernel import claim_for, fresh, journal
+from tests.support.processes import direct_connection_only
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -8,8 +8,8 @@ import pytest
 
 from k2b_workflows import start_workflow_run
 from tests.hot_path.helpers import TIMEOUT
-from tests.kernel_helpers import fresh
 from tests.models import ProviderCall
+from tests.support.kernel import fresh
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

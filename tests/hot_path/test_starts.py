@@ -9,7 +9,7 @@ from django.db import connection
 from k2b_workflows import start_workflow_run
 from k2b_workflows.models import WorkflowRun
 from tests.hot_path.helpers import _round_trips
-from tests.kernel_helpers import fresh
+from tests.support.kernel import fresh
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -44,9 +44,9 @@ def test_a_worker_is_ready_before_its_first_claim(monkeypatch):
 
 
 def test_metrics_prepare_creates_the_metrics():
-    from k2b_workflows import metrics
+    from k2b_workflows import counters, metrics
 
     if not metrics.AVAILABLE:
         pytest.skip("prometheus_client is not installed")
     metrics.prepare()
-    assert {"steps", "step_seconds", "transitions"} <= set(metrics._metrics)
+    assert {"steps", "step_seconds", "transitions"} <= set(counters._metrics)

@@ -1,6 +1,6 @@
 """Actions and workflows of the hot-path tests (app ``hot``).
 
-Imported by those tests only, not by ``tests/workflows.py``: worker subprocesses
+Imported by those tests only, not by ``tests/workflows/__init__.py``: worker subprocesses
 never load them, as when they were defined in the tests' own module.
 """
 

@@ -1,0 +1,253 @@
+"""Real crashes: worker processes killed with SIGKILL, or frozen with SIGSTOP past their lease.
+
+After each: the provider saw each effect at most once (IDEMPOTENT: repeated only with
+the same effect key), no run was lost, and nothing a stale worker wrote committed.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from k2b_workflows import start_workflow_run
+from k2b_workflows.models import BudgetCharge, LedgerEntry
+from k2b_workflows.store import EFFECT_OUTCOME_UNKNOWN
+from tests.models import DomainRow, ProviderCall
+from tests.support.kernel import SETTLED, assert_invariants, describe, fresh, journal, ledger_kinds
+
+pytestmark = [pytest.mark.crash, pytest.mark.django_db(transaction=True)]
+
+TIMEOUT = 90  # generous: the machine is shared; nothing here is a timing assertion
+
+
+def crashing_worker(start_worker, point: str):
+    return start_worker("--concurrency", "1", env={"K2B_TEST_CRASH": point})
+
+
+def freezing_worker(start_worker, point: str):
+    return start_worker("--concurrency", "1", env={"K2B_TEST_FREEZE": point})
+
+
+def healthy_worker(start_worker):
+    return start_worker("--concurrency", "1")
+
+
+def killed(worker) -> None:
+    code = worker.wait(timeout=TIMEOUT)
+    assert code == -signal.SIGKILL, f"worker exited {code}:\n{worker.output()}"
+
+
+def settled(wait, run, worker) -> None:
+    wait(
+        lambda: fresh(run).status in SETTLED,
+        timeout=TIMEOUT,
+        message=lambda: f"run {run.pk} to settle:\n{worker.report()}",
+    )
+
+
+def is_stopped(pid: int) -> bool:
+    """True once the process is in the stopped state (``T``) after its SIGSTOP."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] == "T"
+
+
+def thaw_and_stop(worker) -> None:
+    """SIGCONT, then a graceful SIGTERM: when it exits, whatever it tried has ended."""
+    worker.signal(signal.SIGCONT)
+    worker.signal(signal.SIGTERM)
+    code = worker.wait(timeout=TIMEOUT)
+    assert code == 0, f"thawed worker exited {code}:\n{worker.output()}"
+
+
+# -- SIGKILL -----------------------------------------------------------------------
+
+
+def test_sigkill_inside_a_transactional_step_loses_row_and_journal_and_the_step_reruns_once(
+    start_worker, wait
+):
+    run = start_workflow_run("test.tx", {"key": "k", "crash": "tx_after_write"})
+    first = crashing_worker(start_worker, "tx_after_write")
+    killed(first)
+    assert not DomainRow.objects.exists()
+    assert journal(run) == []
+
+    second = healthy_worker(start_worker)
+    settled(wait, run, second)
+    assert fresh(run).status == "succeeded", describe(run)
+    (row,) = DomainRow.objects.all()
+    (step0, _) = journal(run)
+    assert row.pid == second.pid
+    assert row.generation == step0.generation > 1
+    assert_invariants()
+
+
+def test_sigkill_after_a_transactional_commit_never_reruns_the_committed_step(start_worker, wait):
+    run = start_workflow_run("test.tx", {"key": "k", "crash_next": True})
+    first = crashing_worker(start_worker, "pure")
+    killed(first)
+    (row,) = DomainRow.objects.all()
+    assert row.pid == first.pid
+    assert [e.seq for e in journal(run)] == [0]
+
+    second = healthy_worker(start_worker)
+    settled(wait, run, second)
+    assert fresh(run).status == "succeeded", describe(run)
+    assert list(DomainRow.objects.values_list("pid", flat=True)) == [first.pid]
+    step0, step1 = journal(run)
+    assert step0.generation == 1 and step1.generation > 1
+    assert_invariants()
+
+
+def test_sigkill_after_an_idempotent_effect_repeats_it_only_with_the_same_effect_key(
+    start_worker, wait
+):
+    run = start_workflow_run(
+        "test.idem", {"to": "a@example.com", "crash": "idem_after_effect", "costly": True}
+    )
+    killed(crashing_worker(start_worker, "idem_after_effect"))
+    assert ProviderCall.objects.count() == 1
+    assert not DomainRow.objects.exists()
+
+    second = healthy_worker(start_worker)
+    settled(wait, run, second)
+    done = fresh(run)
+    assert done.status == "succeeded", describe(run)
+    calls = list(ProviderCall.objects.filter(action="test.send_idempotent"))
+    assert len(calls) == 2
+    assert {c.effect_key for c in calls} == {f"{run.pk}:0"}
+    (row,) = DomainRow.objects.all()  # the fenced write committed once, by the survivor
+    assert row.key == f"idem:{run.pk}:0:{done.generation}"
+    assert BudgetCharge.objects.filter(run=run).count() == 1
+    assert_invariants()
+
+
+@pytest.mark.parametrize("point", ["external_before_effect", "external_after_effect"])
+def test_sigkill_around_an_external_effect_without_reconcile_needs_attention(
+    start_worker, wait, point
+):
+    run = start_workflow_run("test.charge_blind", {"amount": 9, "crash": point})
+    killed(crashing_worker(start_worker, point))
+    assert ledger_kinds(run) == ["dispatched"]
+
+    second = healthy_worker(start_worker)
+    settled(wait, run, second)
+    done = fresh(run)
+    assert (done.status, done.error_code) == ("needs_attention", EFFECT_OUTCOME_UNKNOWN)
+    assert done.attention_step == 0
+    expected = 1 if point == "external_after_effect" else 0
+    assert ProviderCall.objects.filter(action="test.charge_blind").count() == expected
+    assert journal(run) == []
+    assert_invariants()
+
+
+def test_sigkill_after_an_external_effect_reconciles_and_succeeds(start_worker, wait):
+    run = start_workflow_run("test.charge", {"amount": 9, "crash": "external_after_effect"})
+    killed(crashing_worker(start_worker, "external_after_effect"))
+
+    second = healthy_worker(start_worker)
+    settled(wait, run, second)
+    done = fresh(run)
+    assert done.status == "succeeded", describe(run)
+    (call,) = ProviderCall.objects.filter(action="test.charge")
+    assert done.output == {"charge_id": f"ch_{call.pk}", "reconciled": True}
+    assert ledger_kinds(run).count("dispatched") == 1
+    assert "reconciled" in ledger_kinds(run)
+    assert_invariants()
+
+
+def test_sigkill_before_an_external_effect_is_reconciled_absent_and_never_dispatched_again(
+    start_worker, wait
+):
+    run = start_workflow_run("test.charge", {"amount": 9, "crash": "external_before_effect"})
+    killed(crashing_worker(start_worker, "external_before_effect"))
+
+    second = healthy_worker(start_worker)
+    settled(wait, run, second)
+    done = fresh(run)
+    # The provider has no such charge; after doubt that fails the step, it is not re-sent.
+    assert done.status == "failed", describe(run)
+    assert not ProviderCall.objects.filter(action="test.charge").exists()
+    assert ledger_kinds(run).count("dispatched") == 1
+    assert "reconciled" in ledger_kinds(run)
+    assert_invariants()
+
+
+# -- SIGSTOP past the lease ----------------------------------------------------------
+
+
+def frozen(wait, worker) -> None:
+    wait(
+        lambda: worker.proc.poll() is None and is_stopped(worker.pid),
+        timeout=TIMEOUT,
+        message=lambda: f"worker {worker.pid} to freeze:\n{worker.report()}",
+    )
+
+
+def test_a_worker_frozen_inside_a_transactional_step_is_taken_over_and_commits_nothing(
+    start_worker, wait
+):
+    run = start_workflow_run("kernel.tx_freeze", {"key": "f", "freeze": "tx_after_write"})
+    first = freezing_worker(start_worker, "tx_after_write")
+    frozen(wait, first)
+
+    # The frozen transaction holds the run row lock; the server ends it after a lease
+    # of idleness, and only then can the lease expire into another worker's claim.
+    second = healthy_worker(start_worker)
+    settled(wait, run, second)
+    done = fresh(run)
+    assert done.status == "succeeded", describe(run)
+
+    thaw_and_stop(first)
+    (row,) = DomainRow.objects.all()
+    assert (row.key, row.pid) == (f"f:{done.generation}", second.pid)
+    (entry,) = journal(run)
+    assert entry.generation == done.generation
+    assert not DomainRow.objects.filter(pid=first.pid).exists()
+    assert_invariants()
+
+
+def test_a_worker_frozen_inside_a_fenced_idempotent_write_is_taken_over_and_commits_nothing(
+    start_worker, wait
+):
+    run = start_workflow_run("kernel.idem_freeze", {"freeze": "idem_in_fence"})
+    first = freezing_worker(start_worker, "idem_in_fence")
+    frozen(wait, first)
+
+    second = healthy_worker(start_worker)
+    settled(wait, run, second)
+    done = fresh(run)
+    assert done.status == "succeeded", describe(run)
+
+    thaw_and_stop(first)
+    calls = list(ProviderCall.objects.filter(action="kernel.idem_freeze"))
+    assert [c.pid for c in calls] == [first.pid, second.pid]
+    assert {c.effect_key for c in calls} == {f"{run.pk}:0"}
+    rows = list(DomainRow.objects.values("key", "generation", "pid"))
+    assert len(rows) == 1, (rows, first.pid, second.pid, first.output())
+    assert (rows[0]["generation"], rows[0]["pid"]) == (done.generation, second.pid)
+    assert_invariants()
+
+
+def test_a_worker_frozen_after_an_external_effect_leaves_only_late_evidence(start_worker, wait):
+    run = start_workflow_run("kernel.charge_freeze", {"freeze": "external_after_effect"})
+    first = freezing_worker(start_worker, "external_after_effect")
+    frozen(wait, first)
+
+    second = healthy_worker(start_worker)
+    settled(wait, run, second)
+    done = fresh(run)
+    assert done.status == "succeeded", describe(run)
+    (call,) = ProviderCall.objects.filter(action="kernel.charge_freeze")
+    assert done.output == {"charge_id": f"ch_{call.pk}", "reconciled": True}
+
+    thaw_and_stop(first)
+    assert ProviderCall.objects.filter(action="kernel.charge_freeze").count() == 1
+    (late,) = LedgerEntry.objects.filter(run=run, kind="late_result")
+    assert late.generation == call.generation < done.generation
+    assert late.output_hash
+    (entry,) = journal(run)
+    assert entry.generation == done.generation
+    assert fresh(run).output == done.output
+    assert_invariants()

@@ -1,0 +1,99 @@
+"""The Schedules page in a real browser: the next five fire times follow the spec as it is typed.
+
+Screenshots of the list and of a schedule's page go to ``test-artifacts/``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.urls import reverse
+
+from k2b_workflows import Schedule, schedule_workflow
+from k2b_workflows.models import WorkflowScheduleSkip
+from k2b_workflows.scheduling import run_schedule_now
+from tests.support.browser import (
+    click_and_wait,
+    csp_violations,
+    screenshot,
+    set_theme,
+)
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def scheduler(browser, live_server) -> User:
+    from selenium.webdriver.common.by import By
+
+    user = User.objects.create_user("sam", password="cron-and-coffee", is_staff=True)
+    user.user_permissions.add(
+        *Permission.objects.filter(
+            content_type__app_label="k2b_workflows",
+            codename__in=[
+                "view_workflowschedule",
+                "change_workflowschedule",
+                "pause_workflowschedule",
+                "run_workflowschedule",
+                "view_workflowrun",
+            ],
+        )
+    )
+    browser.delete_all_cookies()
+    set_theme(browser, "light")
+    browser.get(live_server.url + reverse("admin:login"))
+    browser.find_element(By.NAME, "username").send_keys("sam")
+    browser.find_element(By.NAME, "password").send_keys("cron-and-coffee")
+    click_and_wait(browser, browser.find_element(By.CSS_SELECTOR, "input[type=submit]"))
+    return user
+
+
+def test_the_preview_follows_the_cron_as_it_is_typed(browser, live_server, scheduler):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    nightly = schedule_workflow(
+        "reports-nightly",
+        "sched.echo",
+        Schedule("0 3 * * *", timezone="Europe/Berlin", input={"kind": "daily"}),
+    )
+    schedule_workflow("tenant-42-digest", "sched.echo", Schedule(every=dt.timedelta(hours=1)))
+    paused = schedule_workflow(
+        "tenant-7-digest", "sched.echo", Schedule(every=dt.timedelta(hours=1))
+    )
+    paused.paused = True
+    paused.save()
+    run_schedule_now(nightly)
+    WorkflowScheduleSkip.objects.create(
+        schedule=nightly, first_tick=nightly.anchor, last_tick=nightly.anchor, reason="overlap"
+    )
+    csp_violations(browser)
+
+    browser.get(live_server.url + reverse("admin:k2b_workflows_workflowschedule_changelist"))
+    screenshot(browser, "schedules-list")
+    browser.get(
+        live_server.url + reverse("admin:k2b_workflows_workflowschedule_change", args=[nightly.pk])
+    )
+
+    def items() -> list[str]:
+        return [
+            li.text for li in browser.find_elements(By.CSS_SELECTOR, "#k2b-schedule-preview li")
+        ]
+
+    saved = items()
+    assert len(saved) == 5
+
+    cron = browser.find_element(By.ID, "id_cron")
+    cron.clear()
+    cron.send_keys("30 6 * * 1-5")
+    WebDriverWait(browser, 10).until(lambda d: items() != saved and len(items()) == 5)
+    typed = items()
+    assert len({t.split()[0] for t in typed}) == 5  # five different days
+    screenshot(browser, "schedule-page")
+
+    cron.clear()
+    cron.send_keys("61 * * * *")
+    WebDriverWait(browser, 10).until(lambda d: "Bad minute" in " ".join(items()))
+    assert csp_violations(browser) == []

@@ -1,0 +1,26 @@
+"""Bad input loses nothing: ``Unchanged`` fails a test if any table gained or lost a row."""
+
+from __future__ import annotations
+
+from django.apps import apps
+
+
+def row_counts() -> dict[str, int]:
+    """Rows of every table of the app (and of the tests' own tables)."""
+    counts = {}
+    for label in ("k2b_workflows", "tests"):
+        for model in apps.get_app_config(label).get_models():
+            if not model._meta.proxy:
+                counts[model._meta.db_table] = model._default_manager.count()
+    return counts
+
+
+class Unchanged:
+    """``with Unchanged():`` fails the test if any table gained or lost a row."""
+
+    def __enter__(self) -> Unchanged:
+        self.before = row_counts()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert row_counts() == self.before
