@@ -175,6 +175,7 @@ def next_due_in_ms(using: str) -> float | None:
                    (SELECT min(run_after) FROM k2b_run
                      WHERE status = 'queued' AND priority_credit_ms > 0 AND {flow.CLAIMABLE}
                        AND run_after > k2b_now()),
+                   (SELECT min(run_after) FROM k2b_run WHERE {flow.DELAYED_KEYED}),
                    (SELECT min(wait_deadline) FROM k2b_run WHERE status = 'waiting'),
                    (SELECT min(lease_expires_at) FROM k2b_run WHERE status = 'running')
                ) - k2b_now())) * 1000"""

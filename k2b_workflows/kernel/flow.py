@@ -64,6 +64,13 @@ QUEUE_ORDER = "k2b_queue_order(run_after, priority_credit_ms)"
 #: Claimable: not keyed, or holding a slot. The same text as the index's condition.
 CLAIMABLE = "(concurrency_key IS NULL OR holds_slot)"
 
+#: A queued keyed run not due yet, so without a slot (#35): pending work that the
+#: housekeeping admits once due (``admit_due``). Read through ``k2b_run_delayed_keyed``.
+DELAYED_KEYED = (
+    "(concurrency_key IS NOT NULL AND NOT holds_slot AND status = 'queued'"
+    " AND run_after > k2b_now())"
+)
+
 _HOLDERS_SQL = """
 SELECT id, status FROM k2b_run
  WHERE workflow_name = %s AND concurrency_key = %s AND holds_slot

@@ -645,6 +645,7 @@ class Worker:
                      WHERE (workflow_name, workflow_version)
                            IN (SELECT * FROM unnest(%s::text[], %s::int[])) {app_filter}
                         AND ((status = 'queued' AND {flow.CLAIMABLE})
+                             OR {flow.DELAYED_KEYED}
                              OR (status = 'running'
                                  AND lease_expires_at < k2b_now())))""",
                 params,
