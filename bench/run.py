@@ -57,11 +57,13 @@ so that ratios hold even when the machine is shared and absolute numbers are not
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
 import platform
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -127,6 +129,86 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
+def children_cpu_s() -> float:
+    """CPU seconds (user + system) of this process's reaped children: the bench's worker
+    and pgbench processes, each added once it has exited and been waited for."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _proc_cpu_s(pid: int, *, reaped: bool = False) -> float:
+    """CPU seconds of process ``pid`` from ``/proc`` (with ``reaped``: its waited-for
+    children's too); 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime
+    if reaped:
+        ticks += int(fields[13]) + int(fields[14])  # cutime, cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+class ServerCpu:
+    """CPU seconds of a PostgreSQL server on this host: the postmaster, every process it
+    runs (backends, WAL writer, checkpointer, autovacuum), and those that exited (the
+    postmaster's reaped children). A difference of two readings is what the server
+    did in between, backends that came and went included, and it counts every
+    database of the server: measure on a quiet one."""
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        with psycopg.connect(with_db(url, "postgres"), autocommit=True) as conn:
+            backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+        self.postmaster: int | None = None
+        try:
+            stat = Path(f"/proc/{backend}/stat").read_text().rsplit(")", 1)[1].split()
+            self.postmaster = int(stat[1])  # the backend's parent
+        except OSError:
+            pass  # the server runs elsewhere: its CPU is not ours to read
+
+    def read(self) -> float | None:
+        if self.postmaster is None:
+            return None
+        total = _proc_cpu_s(self.postmaster, reaped=True)
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(stat[1]) == self.postmaster:
+                total += (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+        return total
+
+
+@contextlib.contextmanager
+def _traced(connection: Any) -> Any:
+    """Count the round trips of Django's ``connection`` in the block (libpq's trace)."""
+    from psycopg import pq
+
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    counted: list[int] = []
+    with tempfile.TemporaryFile("w+") as trace:
+        pgconn.trace(trace.fileno())
+        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            yield counted
+        finally:
+            pgconn.untrace()
+            trace.seek(0)
+            messages = ("\n" + trace.read()).split("\nF\t")[1:]
+            kinds = [m.split("\t")[1].split()[0] for m in messages]
+            counted.append(kinds.count("Query") + kinds.count("Sync"))
+
+
+def per_unit_us(seconds: float | None, units: int) -> float | None:
+    return None if seconds is None or units <= 0 else round(seconds * 1e6 / units, 1)
+
+
 class RssSampler(threading.Thread):
     """Samples a process's resident set size (MiB) until it exits."""
 
@@ -164,6 +246,11 @@ class Bench:
             "PYTHONUNBUFFERED": "1",
         }
         self.lines: list[str] = []
+        #: CPU of the last ``burst``: (worker seconds, server seconds or None).
+        self.cpu: tuple[float, float | None] = (0.0, None)
+        self.server_cpu: ServerCpu | None = None
+        #: CPU (client and server) per pgbench transaction, µs, one per pgbench run.
+        self.pgbench_cpu: list[float] = []
 
     def say(self, line: str = "") -> None:
         print(line, flush=True)
@@ -172,6 +259,7 @@ class Bench:
     # -- setup -------------------------------------------------------------
 
     def setup(self) -> None:
+        self.server_cpu = ServerCpu(self.url)
         admin_execute(
             self.url,
             f'DROP DATABASE IF EXISTS "{self.db}" WITH (FORCE)',
@@ -392,6 +480,8 @@ class Bench:
 
         connection.close()
         before = self.commits()
+        server = self.server_cpu.read() if self.server_cpu else None
+        worker = children_cpu_s()
         t0 = time.monotonic()
         procs = [
             self.worker("--burst", "--concurrency", str(threads or self.args.threads))
@@ -405,7 +495,13 @@ class Bench:
         for proc, out in zip(procs, outputs, strict=True):
             if proc.returncode != 0:
                 raise RuntimeError(f"worker failed:\n{out}")
-        return self.commits() - before, wall, sampler.samples
+        commits = self.commits() - before  # every backend gone: the server's CPU is all in
+        after = self.server_cpu.read() if self.server_cpu else None
+        self.cpu = (
+            children_cpu_s() - worker,
+            None if server is None or after is None else after - server,
+        )
+        return commits, wall, sampler.samples
 
     def span(self, name: str) -> float:
         """Seconds from the first step's start to the last run's end, for runs of ``name``."""
@@ -436,20 +532,32 @@ class Bench:
                 "UPDATE k2b_run SET workflow_name = 'bench.done' WHERE workflow_name = %s", [name]
             )
 
-    def throughput(self, effect: str, idle_commits: float) -> dict[str, float]:
+    def throughput(
+        self, effect: str, idle_commits: float, idle_cpu: tuple[float, float | None]
+    ) -> dict[str, Any]:
+        """One class: ``--runs`` runs drained by one ``--burst`` worker. Commits and CPU
+        are net of what an idle ``--burst`` costs (``idle_commits``, ``idle_cpu``: its
+        start-up and exit), so that they are the runs' own."""
         name = f"bench.steps.{effect.lower()}"
         self.retire(name)
         runs, steps = self.args.runs, self.args.steps
         ids = self.enqueue(name, runs, {"steps": steps})
         delta, _, rss = self.burst()
+        worker_s, server_s = self.cpu
         self.check_done(effect, ids)
         seconds = self.span(name)
         total = runs * steps
         net = delta - idle_commits
+        idle_worker_s, idle_server_s = idle_cpu
         return {
             "steps_per_s": round(total / seconds, 1),
             "workflows_per_s": round(runs / seconds, 1),
             "commits_per_step": round(net / total, 3),
+            "worker_cpu_us_per_step": per_unit_us(worker_s - idle_worker_s, total),
+            "server_cpu_us_per_step": per_unit_us(
+                None if server_s is None or idle_server_s is None else server_s - idle_server_s,
+                total,
+            ),
             "rss_start_mb": round(rss[0], 1) if rss else None,
             "rss_end_mb": round(rss[-1], 1) if rss else None,
         }
@@ -606,7 +714,9 @@ class Bench:
             "parent_lag_s": round(float(lag), 3),
         }
 
-    def rounds(self, idle: int) -> tuple[float | None, float | None, dict[str, dict[str, Any]]]:
+    def rounds(
+        self, idle: int, idle_cpu: tuple[float, float | None] = (0.0, None)
+    ) -> tuple[float | None, float | None, dict[str, dict[str, Any]]]:
         """pgbench, then each effect class, ``--rounds`` times; returns the median pgbench
         rate, the median ratio of PURE steps/s to it, and each class's medians.
 
@@ -617,27 +727,41 @@ class Bench:
         beside it.
         """
         rounds: list[tuple[float | None, dict[str, dict[str, Any]]]] = []
+        self.pgbench_cpu = []
         for _ in range(self.args.rounds):
             tps = self.pgbench(self.args.threads, self.args.pgbench_seconds)
-            rounds.append((tps, {effect: self.throughput(effect, idle) for effect in EFFECTS}))
+            rounds.append(
+                (tps, {effect: self.throughput(effect, idle, idle_cpu) for effect in EFFECTS})
+            )
         pure = [measured["PURE"]["steps_per_s"] for _, measured in rounds]
         effects: dict[str, dict[str, Any]] = {}
         for effect in EFFECTS:
             each = [measured[effect] for _, measured in rounds]
-            effects[effect] = {
-                key: statistics.median(e[key] for e in each)
-                for key in ("steps_per_s", "workflows_per_s", "commits_per_step")
-            } | {
-                "rss_start_mb": each[0]["rss_start_mb"],
-                "rss_end_mb": each[-1]["rss_end_mb"],
-                "rounds": [e["steps_per_s"] for e in each],
-                "vs_pure": round(
-                    statistics.median(
-                        e["steps_per_s"] / p for e, p in zip(each, pure, strict=True)
+            effects[effect] = (
+                {
+                    key: statistics.median(e[key] for e in each)
+                    for key in ("steps_per_s", "workflows_per_s", "commits_per_step")
+                }
+                | {
+                    key: (
+                        statistics.median(e[key] for e in each)
+                        if all(e[key] is not None for e in each)
+                        else None
+                    )
+                    for key in ("worker_cpu_us_per_step", "server_cpu_us_per_step")
+                }
+                | {
+                    "rss_start_mb": each[0]["rss_start_mb"],
+                    "rss_end_mb": each[-1]["rss_end_mb"],
+                    "rounds": [e["steps_per_s"] for e in each],
+                    "vs_pure": round(
+                        statistics.median(
+                            e["steps_per_s"] / p for e, p in zip(each, pure, strict=True)
+                        ),
+                        3,
                     ),
-                    3,
-                ),
-            }
+                }
+            )
         rates = [t for t, _ in rounds if t]
         ratios = [p / t for p, (t, _) in zip(pure, rounds, strict=True) if t]
         return (
@@ -645,6 +769,41 @@ class Bench:
             round(statistics.median(ratios), 3) if ratios else None,
             effects,
         )
+
+    # -- round trips -----------------------------------------------------------------
+
+    def round_trips(self, runs: int = 20) -> dict[str, float]:
+        """Round trips per step of each class, after the claim: ``runs`` runs claimed one
+        at a time and executed in this process, counted from libpq's trace of the
+        connection (a simple-protocol Query or an extended-protocol Sync each; a
+        pipeline is one). The claim with its preload is one more per claim, shared
+        by the runs it takes. Deterministic: the same code counts the same."""
+        from django.db import connection, transaction
+
+        from k2b_workflows.kernel import claim
+        from k2b_workflows.kernel.execute import Execution
+        from k2b_workflows.kernel.load import preload
+
+        counts: dict[str, float] = {}
+        for effect in EFFECTS:
+            name = f"bench.steps.{effect.lower()}"
+            self.retire(name)
+            self.enqueue(name, runs + 1, {"steps": self.args.steps})
+            total = 0
+            for index in range(runs + 1):
+                with transaction.atomic():
+                    ((run_id, generation),) = claim.claim_runs(
+                        "default", worker_id="bench", workflows=[(name, 1)], app_ids=None, limit=1
+                    )
+                    loaded = preload("default", [run_id])[run_id]
+                with _traced(connection) as counted:
+                    outcome = Execution(run_id, generation, preloaded=loaded).execute()
+                if outcome != "succeeded":
+                    raise RuntimeError(f"round trips of {effect}: a run ended {outcome}")
+                if index:  # the first prepares the statements on this connection
+                    total += counted[0]
+            counts[effect] = round(total / (runs * self.args.steps), 2)
+        return counts
 
     # -- claim latency -----------------------------------------------------------
 
@@ -712,6 +871,8 @@ class Bench:
             script.write(
                 "\\set id random(1, 10000)\nUPDATE one_row SET n = n + 1 WHERE id = :id;\n"
             )
+        server = self.server_cpu.read() if self.server_cpu else None
+        client = children_cpu_s()
         try:
             result = subprocess.run(
                 [
@@ -724,7 +885,15 @@ class Bench:
             )
         finally:
             os.unlink(script.name)
+        # Client and server CPU of its transactions: what a commit costs on this host.
+        after = self.server_cpu.read() if self.server_cpu else None
+        cpu = None
+        if server is not None and after is not None:
+            cpu = after - server + children_cpu_s() - client
         tps = re.search(r"tps = ([\d.]+) \(without initial connection time\)", result.stdout)
+        done = re.search(r"number of transactions actually processed: (\d+)", result.stdout)
+        if done and cpu is not None:
+            self.pgbench_cpu.append(cpu / int(done.group(1)) * 1e6)
         return float(tps.group(1)) if tps else None
 
     # -- report ------------------------------------------------------------------
@@ -759,7 +928,9 @@ class Bench:
     def main(self) -> dict[str, Any]:
         args = self.args
         self.setup()
-        result: dict[str, Any] = {"mode": "quick" if args.quick else "full"}
+        result: dict[str, Any] = {
+            "mode": "classes" if args.classes else "quick" if args.quick else "full"
+        }
         try:
             self.say("# k2b_workflows benchmarks")
             self.say()
@@ -770,6 +941,8 @@ class Bench:
 
             self.compile_bytecode()
             result["load_average"] = [round(x, 2) for x in os.getloadavg()]
+            if args.classes:
+                return self.classes(result)
             result["startup"] = self.startup(args.startup_repeats)
             self.say(
                 f"Start-up (median of {args.startup_repeats}): exec -> first claim "
@@ -792,10 +965,14 @@ class Bench:
             if not args.quick:
                 self.burst()  # warm the caches once
             idle, _, _ = self.burst()
-            tps, ratio, effects = self.rounds(idle)
+            idle_cpu = self.cpu
+            tps, ratio, effects = self.rounds(idle, idle_cpu)
             pure = effects["PURE"]
+            pgbench_cpu = statistics.median(self.pgbench_cpu) if self.pgbench_cpu else None
             result.update(
                 pgbench_tps=tps,
+                pgbench_cpu_us_per_tx=None if pgbench_cpu is None else round(pgbench_cpu, 1),
+                round_trips_per_step=self.round_trips(),
                 steps_per_s=pure["steps_per_s"],
                 workflows_per_s=pure["workflows_per_s"],
                 commits_per_step=pure["commits_per_step"],
@@ -826,6 +1003,71 @@ class Bench:
             self.teardown()
         return result
 
+    def classes(self, result: dict[str, Any]) -> dict[str, Any]:
+        """``--classes``: only the effect classes and the mix, beside pgbench, with commits,
+        round trips and worker and server CPU per step."""
+        self.burst()  # warm the caches once
+        idle, _, _ = self.burst()
+        idle_cpu = self.cpu
+        tps, ratio, effects = self.rounds(idle, idle_cpu)
+        result.update(
+            pgbench_tps=tps,
+            pgbench_cpu_us_per_tx=(
+                round(statistics.median(self.pgbench_cpu), 1) if self.pgbench_cpu else None
+            ),
+            round_trips_per_step=self.round_trips(),
+            ratio_to_pgbench=ratio,
+            effects=effects,
+        )
+        self.report_classes(result, idle)
+        return result
+
+    def report_classes(self, r: dict[str, Any], idle: int) -> None:
+        a = self.args
+        self.say(
+            f"## {a.runs} runs x {a.steps} steps per effect class, one worker process, "
+            f"{a.threads} threads, {a.rounds} round(s)"
+        )
+        self.say()
+        self.say(
+            f"pgbench, one-row UPDATE + commit, {a.threads} clients, same server, before "
+            f"each round: **{r['pgbench_tps']} tps** (median). PURE steps/s over it, median "
+            f"of the rounds: **{r['ratio_to_pgbench']}**. An idle `--burst` worker costs "
+            f"{idle} commits (subtracted). Medians of the rounds; each round's steps/s "
+            "in the last column."
+        )
+        self.say()
+        self.say(
+            "| effect | steps/s | workflows/s | commits/step | round trips/step | "
+            "worker CPU µs/step | server CPU µs/step | vs PURE | rounds, steps/s |"
+        )
+        self.say("|---|---|---|---|---|---|---|---|---|")
+        trips = r.get("round_trips_per_step", {})
+        for effect, e in r["effects"].items():
+            self.say(
+                f"| {effect} | {e['steps_per_s']:.0f} | {e['workflows_per_s']:.0f} | "
+                f"{e['commits_per_step']:.2f} | {trips.get(effect, '-')} | "
+                f"{_us(e['worker_cpu_us_per_step'])} | {_us(e['server_cpu_us_per_step'])} | "
+                f"{e['vs_pure']:.2f} | {', '.join(f'{v:.0f}' for v in e['rounds'])} |"
+            )
+        self.say()
+        pure = r["effects"]["PURE"]
+        cpu = r.get("pgbench_cpu_us_per_tx")
+        both = (
+            None
+            if cpu is None or pure["server_cpu_us_per_step"] is None
+            else (pure["worker_cpu_us_per_step"] + pure["server_cpu_us_per_step"]) / cpu
+        )
+        self.say(
+            f"pgbench's CPU per transaction (its client and the server), median of the rounds: "
+            f"{_us(cpu)} µs; a PURE step's worker and server CPU is "
+            f"{'-' if both is None else f'{both:.1f}'}x that. Worker and server CPU are net "
+            "of an idle `--burst` worker's (start-up and exit); server CPU is every process "
+            "of the PostgreSQL server on this host (none when it runs elsewhere); round "
+            "trips are after the claim, counted in-process."
+        )
+        self.say()
+
     def report(self, r: dict[str, Any], idle: int) -> None:
         a = self.args
         self.say(
@@ -841,14 +1083,27 @@ class Bench:
             "in the last column."
         )
         self.say()
-        self.say("| effect | steps/s | workflows/s | commits/step | vs PURE | rounds, steps/s |")
-        self.say("|---|---|---|---|---|---|")
+        self.say(
+            "| effect | steps/s | workflows/s | commits/step | round trips/step | "
+            "worker CPU µs/step | server CPU µs/step | vs PURE | rounds, steps/s |"
+        )
+        self.say("|---|---|---|---|---|---|---|---|---|")
+        trips = r.get("round_trips_per_step", {})
         for effect, e in r["effects"].items():
             self.say(
                 f"| {effect} | {e['steps_per_s']:.0f} | {e['workflows_per_s']:.0f} | "
-                f"{e['commits_per_step']:.2f} | {e['vs_pure']:.2f} | "
-                f"{', '.join(f'{v:.0f}' for v in e['rounds'])} |"
+                f"{e['commits_per_step']:.2f} | {trips.get(effect, '-')} | "
+                f"{_us(e['worker_cpu_us_per_step'])} | {_us(e['server_cpu_us_per_step'])} | "
+                f"{e['vs_pure']:.2f} | {', '.join(f'{v:.0f}' for v in e['rounds'])} |"
             )
+        self.say()
+        self.say(
+            f"pgbench's CPU per transaction (its client and the server), median of the rounds: "
+            f"{_us(r.get('pgbench_cpu_us_per_tx'))} µs. Worker and server CPU are net of an "
+            "idle `--burst` worker's (start-up and exit); server CPU is every process of "
+            "the PostgreSQL server on this host (none when it runs elsewhere); round trips "
+            "are after the claim, counted in-process."
+        )
         pure = r["effects"]["PURE"]
         self.say()
         if pure["rss_start_mb"] is None:
@@ -911,9 +1166,19 @@ class Bench:
         self.say()
 
 
+def _us(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, under a minute")
+    parser.add_argument(
+        "--classes",
+        action="store_true",
+        help="only the effect classes and the mix beside pgbench: steps/s, commits, round"
+        " trips, worker and server CPU per step (with --rounds)",
+    )
     parser.add_argument("--runs", type=int, help="runs per effect class (300)")
     parser.add_argument("--steps", type=int, default=3, help="steps per run (3)")
     parser.add_argument(
@@ -973,7 +1238,7 @@ def main() -> None:
         sys.exit("DATABASE_URL is not set (make bench sets it)")
     bench = Bench(url, args)
     result = bench.main()
-    if not quick and not args.results_only and not args.drain:
+    if not quick and not args.results_only and not args.drain and not args.classes:
         RESULTS.write_text("\n".join(bench.lines) + "\n")
         print(f"written to {RESULTS.relative_to(ROOT)}")
     print(json.dumps(result, sort_keys=True))

@@ -8,6 +8,13 @@ arguments and returns or raises the same as its original; the database work
 runs in a thread through ``asgiref.sync.sync_to_async`` (thread-sensitive, as
 Django's own async ORM methods), so the loop keeps serving other requests.
 ``await_workflow_run`` lives in ``results.py``: it waits without a thread.
+
+Each twin spells out its original's parameters (a ``**kwargs`` pass-through
+would hide them from type checkers and editors); the twin of
+``start_workflow_run`` once lagged behind it, and refused ``concurrency_key``,
+``priority`` and ``run_after`` with a TypeError.
+``tests/kernel/test_results_async.py`` compares every pair's signature, so they
+cannot drift apart again (#38).
 """
 
 from __future__ import annotations
@@ -30,8 +37,13 @@ async def astart_workflow_run(
     principal: Any = None,
     parent: WorkflowRun | uuid.UUID | str | None = None,
     version: int | None = None,
+    concurrency_key: str | None = None,
+    priority: int = 0,
+    run_after: Any = None,
+    schedule_id: str | None = None,
+    scheduled_for: Any = None,
 ) -> WorkflowRun:
-    """``start_workflow_run`` for async code."""
+    """``start_workflow_run`` for async code: every argument, passed through by name."""
     return await sync_to_async(control.start_workflow_run)(
         name,
         input,
@@ -39,6 +51,11 @@ async def astart_workflow_run(
         principal=principal,
         parent=parent,
         version=version,
+        concurrency_key=concurrency_key,
+        priority=priority,
+        run_after=run_after,
+        schedule_id=schedule_id,
+        scheduled_for=scheduled_for,
     )
 
 

@@ -1,6 +1,7 @@
 from typing import Any
 
 from django.apps import AppConfig
+from django.db.backends.signals import connection_created
 from django.db.models.signals import post_migrate
 from django.utils.module_loading import autodiscover_modules
 
@@ -13,7 +14,7 @@ class K2BWorkflowsConfig(AppConfig):
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
         from .redaction import install_log_filter
-        from .testdb import record_test_database
+        from .testdb import record_test_database, release_before_drop
 
         # What the kernel logs is scrubbed like what it stores (secrets in URLs).
         install_log_filter()
@@ -21,6 +22,9 @@ class K2BWorkflowsConfig(AppConfig):
         # The test runner migrates each test database it creates: those, and
         # only those, may be flushed past the append-only guards (testdb.py).
         post_migrate.connect(record_test_database, sender=self, dispatch_uid="k2b_test_db")
+        # ... and drops each at the end, which the result listener's LISTEN
+        # connection to it, left by a test that waited, made fail (testdb.py).
+        connection_created.connect(release_before_drop, dispatch_uid="k2b_test_db_drop")
 
         # Each installed app's ``workflows`` module defines its actions and
         # workflows, as ``admin.py`` modules register admin classes.

@@ -251,6 +251,69 @@ def check_runtime_role(
     ]
 
 
+#: What the kernel's locking assumes: each statement sees what committed before it.
+READ_COMMITTED = "read committed"
+
+
+@register(Tags.database)
+def check_isolation_level(
+    app_configs: Sequence[AppConfig] | None = None,
+    databases: Sequence[str] | None = None,
+    **kwargs: object,
+) -> list[CheckMessage]:
+    """Warn when the kernel's database does not run at READ COMMITTED (#38).
+
+    The kernel assumes it: a claim that waited on a row lock re-reads the row
+    as it committed, a waiter reading the run inside an unrelated transaction
+    sees its end, and a fenced write that lost its generation updates nothing
+    rather than raising a serialization error every retry path would have to
+    know. Under REPEATABLE READ or SERIALIZABLE those become errors or stale
+    reads. Two places set it: Django's connection (``OPTIONS["isolation_level"]``,
+    or the server's default) and the kernel's own autocommit connections (the
+    lease keeper, the heartbeat: only the server's, role's or database's
+    ``default_transaction_isolation``), so both are read.
+    """
+    alias = store.database()
+    if not databases or alias not in databases or connections[alias].vendor != "postgresql":
+        return []
+    import psycopg
+    from django.db import DatabaseError, transaction
+
+    from .kernel import db
+
+    query = "SELECT pg_catalog.current_setting('transaction_isolation')"
+    try:
+        with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+            cursor.execute(query)
+            djangos = str(cursor.fetchone()[0])
+        with db.autocommit_connection(alias, follow_clock=False) as conn:
+            row = conn.execute(query).fetchone()
+            own = str(row[0]) if row else READ_COMMITTED
+    except (DatabaseError, psycopg.Error):
+        return []  # no database yet: check_database and migrate say so
+    found = [
+        f"{where} at {level}"
+        for where, level in (
+            ("Django's connection", djangos),
+            ("the kernel's own connections", own),
+        )
+        if level != READ_COMMITTED
+    ]
+    if not found:
+        return []
+    return [
+        Warning(
+            f"database {alias!r} runs transactions of "
+            + " and of ".join(found)
+            + f"; the kernel assumes {READ_COMMITTED.upper()}",
+            hint="Remove OPTIONS['isolation_level'] from the database's settings and reset "
+            "default_transaction_isolation (ALTER ROLE/DATABASE ... RESET "
+            "default_transaction_isolation): PostgreSQL's default is READ COMMITTED.",
+            id="k2b_workflows.W005",
+        )
+    ]
+
+
 @register(Tags.database)
 def check_replication(
     app_configs: Sequence[AppConfig] | None = None,

@@ -203,7 +203,7 @@ def live_workers(using: str | None = None) -> list[dict[str, Any]]:
         f"""SELECT worker_id, host, pid, concurrency, in_flight, workflows,
                    EXTRACT(EPOCH FROM k2b_now() - heartbeat_at)
               FROM k2b_worker WHERE {_LIVE} ORDER BY worker_id""",
-        [store.worker_lost_after_ms()],
+        [store.worker_fresh_ms()],
     )
     return [
         {
@@ -233,7 +233,7 @@ def queue_counts(cursor: Any) -> tuple[dict[str, int], int, float | None, int]:
              FROM k2b_run WHERE status = 'queued' AND run_after <= k2b_now()"""
     )
     due, oldest = cursor.fetchone()
-    cursor.execute(f"SELECT count(*) FROM k2b_worker WHERE {_LIVE}", [store.worker_lost_after_ms()])
+    cursor.execute(f"SELECT count(*) FROM k2b_worker WHERE {_LIVE}", [store.worker_fresh_ms()])
     live = cursor.fetchone()[0]
     return counts, int(due), None if oldest is None else float(oldest), int(live)
 

@@ -9,6 +9,12 @@ per process, on a plain psycopg connection of its own, wakes the callers
 waiting on that run. Never Django's connection: with a pool it would keep
 listening for its next borrower (docs/reference, POSTGRES-FACTS).
 
+The end notifies only a waiter: each holds its run's advisory lock, shared,
+while it waits (``_wait_on``), from before its first read; the end takes it
+exclusively or, when it cannot, notifies (``triggers.NotifyEnded``). A waiter
+refused the lock (the end holds it: not committed yet) takes it at its next
+poll; its reads go on meanwhile.
+
 A notification is only a wake-up. Every waiter subscribes *before* it reads
 the run, so an end that commits between the read and the wait still wakes
 it; an end announced while the listener was disconnected (a restart) is
@@ -29,9 +35,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from django.db import connections
+from django.db import DatabaseError, connections
 
-from . import store, validation
+from . import store, triggers, validation
 from .exceptions import InvalidInput
 from .kernel import db, weather
 from .models import ENDED_CHANNEL, SETTLED_STATUSES, WorkflowRun
@@ -209,6 +215,28 @@ def _written_by_this_transaction(using: str, run_id: uuid.UUID) -> bool:
     return bool(rows and rows[0][0])
 
 
+_WAIT_ON_SQL = "SELECT pg_try_advisory_lock_shared({})".format(
+    triggers.WAITED_LOCK.format(run_id="%s")
+)
+_WAITED_SQL = "SELECT pg_advisory_unlock_shared({})".format(
+    triggers.WAITED_LOCK.format(run_id="%s")
+)
+
+
+def _wait_on(using: str, run_id: uuid.UUID) -> bool:
+    """Tell the run's end that a waiter is here (its advisory lock, shared, on this
+    session): from now on the end notifies. False while an end holds the lock."""
+    return bool(db.fetchall(using, _WAIT_ON_SQL, [str(run_id)])[0][0])
+
+
+def _waited(using: str, run_id: uuid.UUID) -> None:
+    """Give the lock of ``_wait_on`` back. A session that cannot (its transaction
+    broken, its connection gone) releases it when it ends; until then the run's
+    end only notifies once more than it needs to."""
+    with contextlib.suppress(DatabaseError):
+        db.fetchall(using, _WAITED_SQL, [str(run_id)])
+
+
 def _poll_s() -> float:
     return max(store.poll_interval_ms(), 10) / 1000
 
@@ -231,9 +259,11 @@ def wait_for_workflow_run(
     deadline = None if limit is None else time.monotonic() + limit
     woken = threading.Event()
     listener.subscribe(run_id, woken.set)
+    held = False
     try:
         while True:
             woken.clear()
+            held = held or _wait_on(using, run_id)
             run = settled_run(using, run_id)
             if run is not None:
                 return run
@@ -246,6 +276,8 @@ def wait_for_workflow_run(
             woken.wait(wait)
     finally:
         listener.unsubscribe(run_id, woken.set)
+        if held:
+            _waited(using, run_id)
 
 
 async def await_workflow_run(
@@ -270,10 +302,13 @@ async def await_workflow_run(
         loop.call_soon_threadsafe(woken.set)
 
     read = sync_to_async(settled_run)
+    wait_on = sync_to_async(_wait_on)
     listener.subscribe(run_id, wake)
+    held = False
     try:
         while True:
             woken.clear()
+            held = held or await wait_on(using, run_id)
             run = await read(using, run_id)
             if run is not None:
                 return run
@@ -287,3 +322,5 @@ async def await_workflow_run(
                 await asyncio.wait_for(woken.wait(), wait)
     finally:
         listener.unsubscribe(run_id, wake)
+        if held:
+            await sync_to_async(_waited)(using, run_id)

@@ -425,6 +425,18 @@ def worker_lost_after_ms() -> int:
     return int(value) if value else 3 * lease_ms()
 
 
+def worker_fresh_ms() -> int:
+    """How old a heartbeat may be for its worker to count as live: a lease, and at
+    least three beats, never more than ``worker_lost_after_ms()``.
+
+    Not the lost timeout: a SIGKILLed worker was called live by ``workflowstatus``
+    for three leases (90 s by default), while the runs it held were taken over
+    after one (#38). A live worker beats every third of a lease; one silent for
+    a whole lease renews no lease either, so it can keep no run going.
+    """
+    return min(max(lease_ms(), 3 * worker_heartbeat_ms()), worker_lost_after_ms())
+
+
 def worker_purge_after_ms() -> int:
     return int(_get("WORKER_PURGE_AFTER_MS"))
 

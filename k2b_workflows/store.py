@@ -47,6 +47,7 @@ from .settings import (  # noqa: F401  (the readers, importable from here as bef
     shutdown_grace_ms,
     wake_retention_hours,
     witness_sink,
+    worker_fresh_ms,
     worker_heartbeat_ms,
     worker_lost_after_ms,
     worker_purge_after_ms,

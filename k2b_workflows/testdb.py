@@ -24,6 +24,17 @@ Anything else is refused with a clear error before a statement is sent, and
 the database's own refusal (the triggers, the runtime role's missing
 privileges) stays as it was: a ``TRUNCATE`` from ``psql`` or any other code is
 refused exactly as before.
+
+The other failure at a test database's end (#38): a test of a view that waits
+for a result starts the process's result listener, whose LISTEN connection
+outlives the test, so the test runner's ``DROP DATABASE`` failed with
+"database ... is being accessed by other users" (``manage.py test`` exited 1
+and left the database behind; pytest-django warned "Error when trying to
+teardown test databases"). Both runners drop a test database, and create or
+clone one, through a connection to no database (Django's ``_nodb_cursor``);
+when one opens while the test environment is set up, the listener is closed
+first (``release_before_drop``). It starts again at the next wait, so a
+runner that creates a database after dropping one loses nothing.
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ import re
 from typing import Any
 
 from django.db import connections
+from django.db.backends.base.base import NO_DB_ALIAS
 
 #: The triggers a flush steps past: the row-level refusal of DELETE (a flush
 #: made of DELETEs) and the statement-level refusal of TRUNCATE.
@@ -76,3 +88,19 @@ def created_by_test_runner(using: str) -> bool:
     return any(
         name == created or re.fullmatch(re.escape(created) + r"_\d+", name) for created in _created
     )
+
+
+def release_before_drop(sender: Any, connection: Any, **kwargs: Any) -> None:
+    """``connection_created`` receiver: close the result listener before the test
+    runner, on a connection to no database, drops (or creates, or clones) a test
+    database.
+
+    Outside Django's test environment it does nothing: a production process that
+    opens such a connection (``manage.py dbshell`` does not; a host's own
+    maintenance code might) keeps its waiters' listener.
+    """
+    if connection.alias != NO_DB_ALIAS or not test_environment_active():
+        return
+    from .results import listener
+
+    listener.stop()

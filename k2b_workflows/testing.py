@@ -90,7 +90,7 @@ def run_until_idle(
                     run_id, generation, using=using, keeper=keeper, preloaded=loaded.get(run_id)
                 )
                 try:
-                    stats[execution.execute()] += 1
+                    stats[str(execution.execute())] += 1  # the value, as the worker counts
                 except SimulatedCrash:
                     # A dead process renews nothing: a renewal of the keeper's in
                     # flight must not land after the expiry (seen on a loaded

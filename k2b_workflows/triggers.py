@@ -95,8 +95,15 @@ class Notify(PinnedTrigger):
         return f"PERFORM pg_catalog.pg_notify('{self.channel}', NEW.app_id); RETURN NULL;"
 
 
+#: The advisory lock a waiter on a run's result holds, shared, while it waits
+#: (``results.py``); the run's end tries it exclusively (``NotifyEnded``). The
+#: parameter is the run id as text.
+WAITED_LOCK = "pg_catalog.hashtextextended('k2b.result:' || {run_id}, 0)"
+
+
 class NotifyEnded(PinnedTrigger):
-    """``pg_notify`` the id of a run that just ended (or needs an operator).
+    """``pg_notify`` the id of a run that just ended (or needs an operator), when someone
+    waits for it.
 
     In the trigger, not in the code that ends a run: every way a run ends (a
     worker's batched end, a cancel, an operator's decision, a hand-written
@@ -104,13 +111,28 @@ class NotifyEnded(PinnedTrigger):
     statement of its own. A rolled-back end announces nothing; a waiter that
     misses a notification (its connection was down) finds the end by polling
     (``results.py``).
+
+    Only to a waiter: a NOTIFY makes every backend that LISTENs in the database
+    (each worker's, on any channel) wake up and run a transaction to read the
+    queue, and its commit takes the server's notify lock: one more commit and
+    a backend's wake-up per run ended, for runs nobody waits on. A waiter holds
+    ``WAITED_LOCK`` shared while it waits, from before its first read of the
+    run; the end takes it exclusively, or notifies when it cannot. Both sides
+    meet on the lock: a waiter that comes while the end holds it is refused it
+    and reads the run again at its next poll (the end was not committed yet),
+    one that came before is notified.
     """
 
     when = pgtrigger.After
     channel = "k2b_run_ended"
 
     def get_func(self, model: Any) -> str:
-        return f"PERFORM pg_catalog.pg_notify('{self.channel}', NEW.id::text); RETURN NULL;"
+        lock = WAITED_LOCK.format(run_id="NEW.id::text")
+        return (
+            f"IF NOT pg_catalog.pg_try_advisory_xact_lock({lock}) THEN "
+            f"PERFORM pg_catalog.pg_notify('{self.channel}', NEW.id::text); "
+            "END IF; RETURN NULL;"
+        )
 
 
 class OwnerOnlyIgnore(PinnedTrigger):

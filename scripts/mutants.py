@@ -47,6 +47,49 @@ class Mutant:
 
 MUTANTS = (
     Mutant(
+        "wheel-package-data",
+        "pyproject.toml",
+        'k2b_workflows = ["templates/**", "static/**", "py.typed"]',
+        'k2b_workflows = ["templates/**", "py.typed"]',
+        (
+            "tests/docs/test_wheel.py::"
+            "test_the_wheel_holds_every_file_of_the_package_and_passes_twine_check",
+        ),
+    ),
+    Mutant(
+        "redispatch-when-absent",
+        "k2b_workflows/kernel/effects.py",
+        "                may_retry=step.action.redispatch_when_absent,\n",
+        "                may_retry=False,\n",
+        (
+            "tests/crash/test_crash.py::"
+            "test_sigkill_before_an_effect_reconciled_absent_dispatches_again_under_the_same_key",
+            "tests/docs/test_docs_examples.py::"
+            "test_a_charge_reconciled_absent_is_sent_again_under_its_key_and_made_once",
+        ),
+    ),
+    Mutant(
+        "claim-picks-once",
+        "k2b_workflows/kernel/claim.py",
+        " WHERE r.id = ANY(ARRAY(\n",
+        " WHERE r.id IN (\n",
+        (
+            "tests/hot_path/test_claim_and_preload.py::"
+            "test_a_claim_takes_no_more_runs_than_asked_whatever_the_plan",
+        ),
+        also=(("           FOR UPDATE SKIP LOCKED))\n", "           FOR UPDATE SKIP LOCKED)\n"),),
+    ),
+    Mutant(
+        "claim-plan",
+        "k2b_workflows/kernel/claim.py",
+        'CLAIM_PLAN = "SET LOCAL enable_bitmapscan = off"',
+        'CLAIM_PLAN = "SET LOCAL enable_bitmapscan = on"',
+        (
+            "tests/hot_path/test_claim_and_preload.py::"
+            "test_a_claim_reads_a_few_rows_of_a_large_backlog_postgresql_has_not_analyzed",
+        ),
+    ),
+    Mutant(
         "exit-hooks",
         "k2b_workflows/worker/exits.py",
         "    atexit._run_exitfuncs()\n",
@@ -251,14 +294,153 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "riding-pure-only",
+        "k2b_workflows/kernel/journal.py",
+        "            and pending.step.action.effect == Effect.PURE\n"
+        "            and pending.ledger_kind is None\n",
+        "",
+        (
+            "tests/kernel/test_run_journal.py::"
+            "test_a_success_that_is_not_pure_is_written_before_the_next_step_runs",
+        ),
+    ),
+    Mutant(
+        "riding-bound",
+        "k2b_workflows/kernel/journal.py",
+        "            and len(pending.riding) < MAX_RIDING\n",
+        "",
+        ("tests/kernel/test_run_journal.py::test_pure_successes_ride_on_one_write_up_to_a_bound",),
+    ),
+    Mutant(
+        "riding-on-the-park",
+        "k2b_workflows/kernel/ending.py",
+        "            if deferred is not None:\n"
+        "                self.journal.write_pending(deferred)\n",
+        "",
+        ("tests/hot_path/test_batching.py::test_pure_successes_ride_on_a_park",),
+    ),
+    Mutant(
+        "riding-on-the-transactional-block",
+        "k2b_workflows/kernel/effects.py",
+        "                evidence.append_journal_fenced(\n"
+        "                    pending.entries, prev, self.using, lease_ms=store.lease_ms()\n"
+        "                )\n",
+        "                pass\n",
+        (
+            "tests/crash/test_crash.py::"
+            "test_a_pure_step_whose_success_rode_on_a_committed_write_never_runs_again",
+        ),
+    ),
+    Mutant(
+        "waiter-holds-result-lock",
+        "k2b_workflows/results.py",
+        "    return bool(db.fetchall(using, _WAIT_ON_SQL, [str(run_id)])[0][0])\n",
+        "    return False\n",
+        (
+            "tests/kernel/test_results.py::test_wait_returns_the_succeeded_run_when_a_worker_ends_it",
+            "tests/kernel/test_results.py::test_wait_returns_a_canceled_run",
+        ),
+    ),
+    Mutant(
         "supervisor-no-orphans",
         "k2b_workflows/worker/supervisor.py",
-        "        set_parent_death_signal(signal.SIGTERM)\n",
-        "",
+        "        kernel_signals = set_parent_death_signal(signal.SIGTERM)\n",
+        "        kernel_signals = True\n",
         (
             "tests/worker/test_processes.py::test_sigkill_of_the_supervisor_takes_every_worker_process_with_it",
         ),
-        also=(("        ParentWatch(self._pid).start()\n", ""),),
+    ),
+    Mutant(
+        "supervisor-death-one-sigterm",
+        "k2b_workflows/worker/supervisor.py",
+        "        if not kernel_signals:\n",
+        "        if True:\n",
+        (
+            "tests/worker/test_processes.py::"
+            "test_sigkill_of_the_supervisor_lets_each_child_finish_its_external_step_as_after_one_sigterm",
+        ),
+    ),
+    Mutant(
+        "test-db-drop-closes-listener",
+        "k2b_workflows/testdb.py",
+        "    listener.stop()\n",
+        "    pass\n",
+        (
+            "tests/docs/test_fresh_project.py::"
+            "test_pytest_django_with_and_without_transaction_passes_in_a_fresh_project",
+        ),
+    ),
+    Mutant(
+        "astart-passes-every-argument",
+        "k2b_workflows/aio.py",
+        "        priority=priority,\n",
+        "",
+        (
+            "tests/kernel/test_results_async.py::"
+            "test_astart_workflow_run_passes_flow_control_and_scheduling_through",
+        ),
+    ),
+    Mutant(
+        "live-means-fresh",
+        "k2b_workflows/fleet.py",
+        "        [store.worker_fresh_ms()],\n",
+        "        [store.worker_lost_after_ms()],\n",
+        (
+            "tests/worker/test_fleet.py::"
+            "test_a_worker_silent_for_longer_than_fresh_is_not_live_before_it_is_marked_lost",
+        ),
+    ),
+    Mutant(
+        "isolation-level-check",
+        "k2b_workflows/checks.py",
+        "        if level != READ_COMMITTED\n",
+        "        if False\n",
+        (
+            "tests/misuse/test_checks.py::"
+            "test_repeatable_read_on_djangos_connection_is_a_warning_naming_the_level",
+            "tests/misuse/test_checks.py::"
+            "test_a_server_default_of_serializable_is_a_warning_for_the_kernels_own_connections",
+        ),
+    ),
+    Mutant(
+        "admin-last-waited-for",
+        "k2b_workflows/admin/runs.py",
+        "        if obj is None or obj.status == RunStatus.WAITING:\n",
+        "        if True:\n",
+        (
+            "tests/admin/test_admin.py::"
+            "test_a_run_that_waited_and_ended_shows_what_it_last_waited_for_not_waiting_for",
+        ),
+    ),
+    Mutant(
+        "worker-names-unknown-apps",
+        "k2b_workflows/worker/loop.py",
+        "            if app_id not in known:\n",
+        "            if False:\n",
+        (
+            "tests/worker/test_worker_command.py::"
+            "test_an_app_id_no_registered_workflow_has_is_named_at_start_with_the_known_ones",
+        ),
+    ),
+    Mutant(
+        "worker-counts-outcome-values",
+        "k2b_workflows/worker/loop.py",
+        "                self.stats[str(outcome)] += 1\n",
+        "                self.stats[outcome] += 1\n",
+        (
+            "tests/worker/test_worker_command.py::"
+            "test_the_stop_summary_prints_each_outcome_by_its_value",
+        ),
+    ),
+    Mutant(
+        "workers-page-late",
+        "k2b_workflows/admin/workers.py",
+        "        if silent_ms > store.worker_fresh_ms():\n",
+        "        if False:\n",
+        (
+            "tests/worker/test_fleet.py::"
+            "test_the_workers_page_calls_a_worker_late_once_its_heartbeat_is_not_fresh",
+        ),
     ),
     # Flow control and budgets the runtime role cannot bend (#35).
     Mutant(

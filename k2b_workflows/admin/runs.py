@@ -237,10 +237,15 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
         return format_html('<a href="{}">{}</a>', admin_views.run_url(run.root_id), run.root_id)
 
     def get_fieldsets(self, request: HttpRequest, obj: WorkflowRun | None = None) -> Any:
-        # "Waiting for" only matters while a run waits, or when it last waited.
-        if obj is not None and not obj.wait_kind:
+        # The wait fields keep a run's last wait after it moved on: "Waiting for"
+        # while it waits, "Last waited for" after (a succeeded run said it was
+        # still waiting for its AI task, #38), nothing for a run that never waited.
+        if obj is None or obj.status == RunStatus.WAITING:
+            return self.fieldsets
+        if not obj.wait_kind:
             return self.fieldsets[:-1]
-        return self.fieldsets
+        (_, wait_fields) = self.fieldsets[-1]
+        return (*self.fieldsets[:-1], ("Last waited for", wait_fields))
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         # Lists never need the JSON bodies: ten runs with 10 MB inputs would

@@ -28,12 +28,23 @@ else:
     admin_views = LazyModule("k2b_workflows.admin.views")
 
 
+#: A row "alive" whose heartbeat is no longer fresh: not counted live, not yet lost.
+LATE = "late"
+
+
 def effective_worker_state(worker: WorkerRecord) -> str:
-    """A row still "alive" whose heartbeat is too old belongs to a dead process: say lost."""
+    """A row still "alive" whose heartbeat is too old belongs to a dead process: say lost.
+
+    Between the two, "late": ``workflowstatus`` and the overview no longer count
+    it live (``store.worker_fresh_ms()``), and this page says so rather than
+    "alive" (#38).
+    """
     if worker.state == WorkerRecord.State.ALIVE:
         silent_ms = (clock.now() - worker.heartbeat_at).total_seconds() * 1000
         if silent_ms > store.worker_lost_after_ms():
             return WorkerRecord.State.LOST
+        if silent_ms > store.worker_fresh_ms():
+            return LATE
     return worker.state
 
 

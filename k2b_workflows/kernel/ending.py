@@ -185,10 +185,10 @@ class RunEnding:
         except db.BatchRefused as exc:
             logger.info("run %s: end as written refused (%s)", self.run_id, exc)
             return False
-        if rows[0] is None:  # the UPDATE alone found nothing: an empty transaction
+        if evidence.written_row(rows[0]) is None:  # nothing ended: an empty transaction
             return False
         if pending is not None:
-            evidence.fenced_journal_written(pending.entry, self.using, rows[0])
+            evidence.fenced_journal_written(pending.entries, self.using, rows[0])
         batch.committed(rows)
         return True
 
@@ -206,7 +206,7 @@ class RunEnding:
         sealed = self.end_seal("succeeded", "", run_output)
         if pending is not None:
             sql, params = evidence.fenced_journal_statement(
-                pending.entry,
+                pending.entries,
                 self.journal.last_hash,
                 run_output=run_output,
                 end_seal=sealed,
@@ -219,7 +219,7 @@ class RunEnding:
         else:
             sql, params = SUCCEED_SQL, [run_output, sealed, self.run_id, self.generation]
         batch = Batch(self.journal)
-        batch.add((sql, params), pending.entry if pending is not None else None)
+        batch.add((sql, params), pending.entries if pending is not None else None)
         if pending is not None:
             batch.pending_ledger(pending)  # nothing for a success without a ledger kind
         return batch
@@ -245,7 +245,7 @@ class RunEnding:
 
         def finished(row: tuple | None) -> None:
             if pending is not None:
-                evidence.fenced_journal_written(pending.entry, self.using, row)
+                evidence.fenced_journal_written(pending.entries, self.using, row)
             elif row is None:
                 raise db.lease_lost(self.using, self.run_id, self.generation)
 
@@ -453,9 +453,13 @@ class RunEnding:
         """Park on ``dependency``; with ``pending``, also record the provider's "pending"."""
         run = self.claim.run
         parked: list[bool] = []
+        # PURE successes before this step ride on the park (``RunJournal.rides``).
+        deferred = self.journal.pending
 
         def write() -> None:
             self.journal.fence(seq)
+            if deferred is not None:
+                self.journal.write_pending(deferred)
             if pending is not None:
                 self.journal.ledger(pending[0], LedgerEntry.Kind.PENDING, message=pending[1])
             parked.append(
@@ -472,7 +476,12 @@ class RunEnding:
                 )
             )
 
-        db.run_in_transaction(write, self.using)
+        try:
+            db.run_in_transaction(write, self.using)
+        except (LeaseLost, RunCanceled):
+            self.journal.pending_lost(deferred)
+            raise
+        self.journal.pending_committed(deferred)
         outcome = Outcome.WAITING if parked[-1] else Outcome.REWOKEN
         if self.claim.trace is not None:
             self.claim.trace.waiting(seq, dependency)

@@ -177,6 +177,22 @@ def stored(entry: E, using: str, row: Sequence[Any]) -> E:
     return entry
 
 
+def stored_all(entries: Sequence[JournalEntry], using: str, row: Sequence[Any]) -> None:
+    """``stored`` for the journal entries of one append (``journal_statement``), from its
+    returned row: (id, xmin) for one entry, (ids in chain order, xmin) for several."""
+    if len(entries) == 1:
+        stored(entries[0], using, row)
+        return
+    for entry, pk in zip(entries, str(row[0]).split(","), strict=True):
+        stored(entry, using, (int(pk), row[1]))
+
+
+def written_row(row: Sequence[Any] | None) -> Sequence[Any] | None:
+    """An append's returned row, or None when it wrote nothing (an append of several
+    entries always returns one row: NULLs when nothing was inserted)."""
+    return None if row is None or row[0] is None else row
+
+
 def keep_row_version(entry: Any, xmin: str | None) -> None:
     """Note the entry's row version, ``"id:xmin"`` (None: not known)."""
     entry.row_version = None if xmin is None else f"{entry.pk}:{xmin}"
@@ -193,6 +209,19 @@ def _chain_journal(entry: JournalEntry, prev_hash: str) -> tuple[str, bytes]:
     entry.prev_hash = prev_hash
     entry.entry_hash = journal_hash(prev_hash, entry, key)
     return key_id, key
+
+
+def _chain_journals(entries: Sequence[JournalEntry], prev_hash: str) -> tuple[str, bytes]:
+    """Chain ``entries`` in order after ``prev_hash``."""
+    key_id, key = signing_key()
+    for entry in entries:
+        key_id, key = _chain_journal(entry, prev_hash)
+        prev_hash = entry.entry_hash
+    return key_id, key
+
+
+def _many(entries: JournalEntry | Sequence[JournalEntry]) -> list[JournalEntry]:
+    return [entries] if isinstance(entries, JournalEntry) else list(entries)
 
 
 def append_journal(entry: JournalEntry, prev_hash: str, using: str) -> JournalEntry:
@@ -218,13 +247,14 @@ def append_journal(entry: JournalEntry, prev_hash: str, using: str) -> JournalEn
 
 
 def append_journal_fenced(
-    entry: JournalEntry,
+    entry: JournalEntry | Sequence[JournalEntry],
     prev_hash: str,
     using: str,
     *,
     lease_ms: int = 0,
 ) -> JournalEntry:
-    """Fence the run, insert the entry and re-seal the anchor in one statement.
+    """Fence the run, insert the entry (or several, in order) and re-seal the anchor in
+    one statement; returns the last entry.
 
     The UPDATE in the statement takes the run row lock and checks the
     generation (re-checked on the newest row version if a takeover committed
@@ -238,15 +268,16 @@ def append_journal_fenced(
     when the run is no longer ours. (A run's last step, journaled with its end,
     goes through ``fenced_journal_statement(run_output=..., end_seal=...)``.)
     """
-    sql, params = fenced_journal_statement(entry, prev_hash, lease_ms=lease_ms)
+    entries = _many(entry)
+    sql, params = fenced_journal_statement(entries, prev_hash, lease_ms=lease_ms)
     with db.statement_cursor(using) as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
-    return fenced_journal_written(entry, using, row)
+    return fenced_journal_written(entries, using, row)
 
 
 def fenced_journal_statement(
-    entry: JournalEntry,
+    entry: JournalEntry | Sequence[JournalEntry],
     prev_hash: str,
     *,
     lease_ms: int = 0,
@@ -255,48 +286,62 @@ def fenced_journal_statement(
     strict: bool = False,
     as_written: WrittenChains | None = None,
 ) -> tuple[str, list[Any]]:
-    """Chain ``entry`` and return the statement of ``append_journal_fenced`` and its
-    parameters; ``strict``: one that fails instead of matching nothing, for a batch.
+    """Chain ``entry`` (or several entries, in order) and return the statement of
+    ``append_journal_fenced`` and its parameters; ``strict``: one that fails instead
+    of matching nothing, for a batch.
 
     ``as_written`` (with ``run_output``, strict): the run's end also checks that its
-    chains are stored as that execution wrote them (``AS_WRITTEN_CHECK``).
+    chains are stored as that execution wrote them (``AS_WRITTEN_CHECK``; the
+    statement's own entries are not in its snapshot: what is compared is what
+    was stored before).
     ``end_seal`` (with ``run_output``): the run's end seal (``kernel/seals.py``).
     """
+    entries = _many(entry)
+    first, last = entries[0], entries[-1]
     if run_output is None:
-        fence = Fence(entry.generation, lease_ms, entry.seq, reset_failures=True)
-        return journal_statement(entry, prev_hash, fence, strict=strict)
-    key_id, key = _chain_journal(entry, prev_hash)
-    sealed = anchor(entry.run_id, "journal", entry.seq + 1, entry.entry_hash, key_id, key)
-    params = [run_output, end_seal, entry.seq, sealed, entry.run_id, entry.generation]
-    params += [entry.run_id, entry.seq]
+        fence = Fence(last.generation, lease_ms, last.seq, reset_failures=True)
+        return journal_statement(entries, prev_hash, fence, strict=strict)
+    key_id, key = _chain_journals(entries, prev_hash)
+    sealed = anchor(last.run_id, "journal", last.seq + 1, last.entry_hash, key_id, key)
+    params = [run_output, end_seal, last.seq, sealed, last.run_id, last.generation]
+    params += [last.run_id, first.seq]
     if as_written is not None:
-        sql = _AS_WRITTEN_FINISH_JOURNAL_SQL
         params += as_written.params()
-    else:
-        sql = _STRICT_FINISH_JOURNAL_SQL if strict else _FINISH_JOURNAL_SQL
-    return sql, [*params, *_journal_values(entry)]
+    sql = _finish_sql(strict=strict, as_written=as_written is not None, rows=len(entries))
+    return sql, [*params, *(v for e in entries for v in _journal_values(e))]
 
 
 def journal_statement(
-    entry: JournalEntry, prev_hash: str, fence: Fence | None = None, *, strict: bool = True
+    entry: JournalEntry | Sequence[JournalEntry],
+    prev_hash: str,
+    fence: Fence | None = None,
+    *,
+    strict: bool = True,
 ) -> tuple[str, list[Any]]:
-    """An append of ``entry`` chained to ``prev_hash``, strict (for ``db.commit_batch``)
-    unless ``strict`` is False; with ``fence``, the statement fences the run too."""
-    key_id, key = _chain_journal(entry, prev_hash)
-    sealed = anchor(entry.run_id, "journal", entry.seq + 1, entry.entry_hash, key_id, key)
+    """An append of ``entry`` (or several entries, in order) chained to ``prev_hash``,
+    strict (for ``db.commit_batch``) unless ``strict`` is False; with ``fence``, the
+    statement fences the run too."""
+    entries = _many(entry)
+    first, last = entries[0], entries[-1]
+    key_id, key = _chain_journals(entries, prev_hash)
+    sealed = anchor(last.run_id, "journal", last.seq + 1, last.entry_hash, key_id, key)
     fence_set, fence_where = _fenced(fence)
-    params = [sealed, *fence_set, entry.run_id, *fence_where, entry.run_id, entry.seq]
-    return _append_sql("journal", strict=strict, fenced=fence is not None), [
-        *params,
-        *_journal_values(entry),
-    ]
+    params = [sealed, *fence_set, last.run_id, *fence_where, last.run_id, first.seq]
+    sql = _append_sql("journal", strict=strict, fenced=fence is not None, rows=len(entries))
+    return sql, [*params, *(v for e in entries for v in _journal_values(e))]
 
 
-def fenced_journal_written(entry: JournalEntry, using: str, row: tuple | None) -> JournalEntry:
-    """The entry as inserted by that statement's returned ``row``; no row: not ours any more."""
-    if row is None:
-        raise lease_lost(using, entry.run_id, entry.generation)
-    return stored(entry, using, row)
+def fenced_journal_written(
+    entry: JournalEntry | Sequence[JournalEntry], using: str, row: Sequence[Any] | None
+) -> JournalEntry:
+    """The entry (or entries) as inserted by that statement's returned ``row``; returns
+    the last. No row: not ours any more."""
+    entries = _many(entry)
+    written = written_row(row)
+    if written is None:
+        raise lease_lost(using, entries[-1].run_id, entries[-1].generation)
+    stored_all(entries, using, written)
+    return entries[-1]
 
 
 @functools.cache
@@ -330,11 +375,31 @@ WITH sealed AS (
     UPDATE k2b_run SET {chain}_anchor = %s{fence_set}
      WHERE id = %s{fence_where}
        AND {check}
-    RETURNING id)
+    RETURNING id){insert}
+"""
+#: The INSERT of one entry, reading the run id from ``sealed``...
+_INSERT_ONE = """
 INSERT INTO k2b_{chain} ({columns})
 SELECT {values} FROM {source}
-RETURNING id, xmin::text
-"""
+RETURNING id, xmin::text"""
+#: ...or of several (a run's PURE successes riding on one write, ``journal.Pending``), in
+#: chain order, returned as one row: their ids in order, and the transaction's ``xmin``.
+_INSERT_MANY = """,
+written AS (
+INSERT INTO k2b_{chain} ({columns})
+{selects}
+RETURNING id, seq, xmin)
+SELECT string_agg(id::text, ',' ORDER BY seq), min(xmin::text) FROM written"""
+
+
+def _insert(chain: str, columns: str, values: str, source: str, rows: int = 1) -> str:
+    """The INSERT part of an append of ``rows`` entries of ``chain`` (``_INSERT_ONE``/``_MANY``)."""
+    if rows == 1:
+        return _INSERT_ONE.format(chain=chain, columns=columns, values=values, source=source)
+    selects = "\nUNION ALL\n".join([f"SELECT {values} FROM {source}"] * rows)
+    return _INSERT_MANY.format(chain=chain, columns=columns, selects=selects)
+
+
 #: Without its row the INSERT reads no row from ``sealed`` and inserts nothing...
 _LENIENT = "sealed"
 #: ...or, strict, one row whose run id is NULL: the statement fails (``db.guard_failed``).
@@ -358,10 +423,7 @@ WITH sealed AS (
            updated_at = k2b_now()
      WHERE id = %s AND generation = %s AND status = 'running'
        AND (SELECT count(*) FROM k2b_journal WHERE run_id = %s) = %s{verified}
-    RETURNING id)
-INSERT INTO k2b_journal ({columns})
-SELECT {values} FROM {source}
-RETURNING id, xmin::text
+    RETURNING id){insert}
 """
 
 #: A run's chains as its execution wrote them: the run row's two anchors, and each
@@ -377,17 +439,21 @@ AS_WRITTEN_CHECK = """
        AND (SELECT string_agg(l.id || ':' || l.xmin, ',' ORDER BY l.id)
               FROM k2b_ledger l WHERE l.run_id = %s) IS NOT DISTINCT FROM %s"""
 
-_FINISH_JOURNAL_SQL, _STRICT_FINISH_JOURNAL_SQL, _AS_WRITTEN_FINISH_JOURNAL_SQL = (
-    _FINISH_JOURNAL_TEMPLATE.format(
-        columns=_JOURNAL_COLUMNS, values=_JOURNAL_VALUES, source=source, verified=verified
+
+@functools.cache
+def _finish_sql(*, strict: bool = False, as_written: bool = False, rows: int = 1) -> str:
+    """The run's end with its last ``rows`` journal entries (``_FINISH_JOURNAL_TEMPLATE``)."""
+    source = _STRICT if strict or as_written else _LENIENT
+    return _FINISH_JOURNAL_TEMPLATE.format(
+        verified=AS_WRITTEN_CHECK if as_written else "",
+        insert=_insert("journal", _JOURNAL_COLUMNS, _JOURNAL_VALUES, source, rows),
     )
-    for source, verified in ((_LENIENT, ""), (_STRICT, ""), (_STRICT, AS_WRITTEN_CHECK))
-)
 
 
 @functools.cache
-def _append_sql(chain: str, *, strict: bool = False, fenced: bool = False) -> str:
-    """The one-statement append to ``chain`` ("journal" or "ledger") that seals its anchor."""
+def _append_sql(chain: str, *, strict: bool = False, fenced: bool = False, rows: int = 1) -> str:
+    """The one-statement append to ``chain`` ("journal" or "ledger") that seals its anchor;
+    ``rows`` journal entries at once (their count is checked before the first)."""
     if chain == "journal":
         check, columns, values = _JOURNAL_COUNT_CHECK, _JOURNAL_COLUMNS, _JOURNAL_VALUES
     else:
@@ -398,9 +464,7 @@ def _append_sql(chain: str, *, strict: bool = False, fenced: bool = False) -> st
         fence_set=_FENCE_SET if fenced else "",
         fence_where=_FENCE_WHERE if fenced else "",
         check=check,
-        columns=columns,
-        values=values,
-        source=_STRICT if strict else _LENIENT,
+        insert=_insert(chain, columns, values, _STRICT if strict else _LENIENT, rows),
     )
 
 

@@ -276,11 +276,12 @@ class Execution:
         if (
             stopping
             or self.next_seq in self.journal.entries
-            or not self.journal.carries_pending(action)
+            or not (self.journal.carries_pending(action) or self.journal.rides(action))
         ):
             self.journal.flush_pending()
-        # else the step's own first transaction commits the deferred success: an
-        # external step's dispatch, a transactional step's atomic block.
+        # else the step's own first transaction commits the deferred success (an
+        # external step's dispatch, a transactional step's atomic block), or, for a
+        # PURE step after PURE ones, its success joins them (``RunJournal.rides``).
         self._check_shutdown()
         self.retry_policy = None
         seq = self.next_seq

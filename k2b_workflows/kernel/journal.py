@@ -97,14 +97,32 @@ class Step:
     rate_dispatch: int | None = None
 
 
+#: PURE successes riding on one write at most: past these, the next one writes them. A
+#: long loop of PURE steps then commits a few times, not once per step, and no
+#: statement grows without bound (nor what a crash makes run again).
+MAX_RIDING = 32
+
+
 @dataclass
 class Pending:
-    """A step's success whose journal entry (and ledger entry) is not committed yet."""
+    """A step's success whose journal entry (and ledger entry) is not committed yet.
+
+    ``riding``: the entries of earlier PURE steps whose successes wait for the same
+    write (``RunJournal.rides``), in order; written before ``entry``, in the same
+    statement where one can carry them all. A crash before that write loses them,
+    and the replay runs those PURE steps again, as DESIGN.md promises for PURE.
+    """
 
     step: Step
     entry: JournalEntry
     ledger_kind: str | None
     output: Any
+    riding: list[JournalEntry] = field(default_factory=list)
+
+    @property
+    def entries(self) -> list[JournalEntry]:
+        """Every entry this deferred success writes, in chain order."""
+        return [*self.riding, self.entry]
 
 
 class RunJournal:
@@ -126,8 +144,9 @@ class RunJournal:
         self.loaded_anchors: dict[str, tuple[int, str]] = {}
         #: Steps with an external effect and no journal entry, by position.
         self.effects: dict[int, EffectState] = {}
-        #: A step's success not committed yet: it commits with the next write of
-        #: this run (the next step's first transaction, or the run's end), see
+        #: A step's success not committed yet, with the PURE successes before it that
+        #: ride on the same write: they commit with the next write of this run (the
+        #: next non-PURE step's first transaction, a park, or the run's end), see
         #: ``journal_success``.
         self.pending: Pending | None = None
         self.load(loaded)
@@ -224,6 +243,19 @@ class RunJournal:
         self.claim.run.consecutive_failures = 0
         events.step_journaled(self.claim, entry)
 
+    def rides(self, action: Action) -> bool:
+        """Whether a new step of ``action`` leaves the deferred success where it is: a
+        PURE step after PURE successes. Its own success then joins them
+        (``journal_success``), and all of them ride on the run's next write."""
+        pending = self.pending
+        return (
+            action.effect == Effect.PURE
+            and pending is not None
+            and pending.step.action.effect == Effect.PURE
+            and pending.ledger_kind is None
+            and len(pending.riding) < MAX_RIDING
+        )
+
     def carries_pending(self, action: Action) -> bool:
         """Whether a new step of ``action`` writes the deferred success itself, in its
         first transaction: an EXTERNAL step's dispatch always; a TRANSACTIONAL
@@ -252,17 +284,27 @@ class RunJournal:
         for the next step's start (``flush_pending``; an EXTERNAL step's dispatch
         and a TRANSACTIONAL step's block write it themselves, ``carries_pending``)
         or for the run's end, whose transaction then writes both: the finish
-        costs no commit of its own. A crash in between loses only what a crash
-        before the commit always lost: a PURE or IDEMPOTENT step runs again (same
-        ``effect_key``), an EXTERNAL one is reconciled. A charge is never deferred:
-        its failure (``EFFECT_BUDGET_EXCEEDED``) belongs to this step.
+        costs no commit of its own. A PURE step's success waits further: past
+        the PURE steps after it (``rides``), to the next non-PURE step's write, a
+        park or the end, in one statement with theirs. A crash in between loses
+        only what a crash before the commit always lost: a PURE or IDEMPOTENT step
+        runs again (same ``effect_key``), an EXTERNAL one is reconciled. A charge
+        is never deferred: its failure (``EFFECT_BUDGET_EXCEEDED``) belongs to
+        this step.
         """
-        # Every path that journals flushes first; should one not, the earlier
-        # success is written now rather than replaced (a gap in the journal).
-        self.flush_pending()
+        # A PURE success joins the PURE successes before it (``rides``). Every other
+        # path that journals flushes first; should one not, the earlier success is
+        # written now rather than replaced (a gap in the journal).
+        earlier = self.pending
+        riding: list[JournalEntry] = []
+        if not charge and earlier is not None and self.rides(step.action):
+            riding = earlier.entries
+            self.pending = None
+        else:
+            self.flush_pending()
         entry = self.new_entry(step, JournalEntry.State.SUCCEEDED, result)
         if not charge:
-            self.pending = Pending(step, entry, ledger_kind, result.output)
+            self.pending = Pending(step, entry, ledger_kind, result.output, riding)
             # As ``journaled`` will: a completed step resets the failure count and
             # closes its effect, which a transition merged with it must see.
             self.claim.run.consecutive_failures = 0
@@ -303,10 +345,10 @@ class RunJournal:
             return
         try:
             if pending.ledger_kind is None:
-                # Fence and journal entry in one statement, its own transaction.
+                # Fence and journal entries in one statement, its own transaction.
                 db.run_statement(
                     lambda: evidence.append_journal_fenced(
-                        pending.entry, self.last_hash, self.using, lease_ms=store.lease_ms()
+                        pending.entries, self.last_hash, self.using, lease_ms=store.lease_ms()
                     ),
                     self.using,
                 )
@@ -336,14 +378,18 @@ class RunJournal:
                 pending.ledger_kind,
                 output_hash=evidence.hash_value(pending.output),
             )
-        evidence.append_journal(pending.entry, self.last_hash, self.using)
-        return pending.entry.entry_hash
+        prev = self.last_hash
+        for entry in pending.entries:
+            evidence.append_journal(entry, prev, self.using)
+            prev = entry.entry_hash
+        return prev
 
     def pending_committed(self, pending: Pending | None) -> None:
         """A transaction that carried the deferred success committed: apply it."""
         if pending is not None:
             self.pending = None
-            self.journaled(pending.entry)
+            for entry in pending.entries:
+                self.journaled(entry)
 
     def pending_lost(self, pending: Pending | None) -> None:
         """The run was taken over or canceled before the deferred success committed.
@@ -488,14 +534,20 @@ class Batch:
         self.head = evidence.LedgerHead(head.count, head.head)
         self.last_hash = journal.last_hash
         self.statements: list[db.Statement] = []
-        self.entries: list[JournalEntry | LedgerEntry | None] = []
+        #: What each statement writes: a ledger entry, the journal entries of one
+        #: append (``evidence.stored_all``), or None.
+        self.entries: list[JournalEntry | LedgerEntry | list[JournalEntry] | None] = []
         self.written: list[tuple[Step, str]] = []
 
     def _fence(self) -> evidence.Fence | None:
         fence, self.fence = self.fence, None
         return fence
 
-    def add(self, statement: db.Statement, entry: JournalEntry | LedgerEntry | None) -> None:
+    def add(
+        self,
+        statement: db.Statement,
+        entry: JournalEntry | LedgerEntry | list[JournalEntry] | None,
+    ) -> None:
         """A statement that carries its own fence, such as the run's end; first."""
         self.fence = None
         self.statements.append(statement)
@@ -510,15 +562,17 @@ class Batch:
         self.entries.append(entry)
         self.written.append((step, kind))
 
-    def journal_entry(self, entry: JournalEntry) -> None:
-        self.statements.append(evidence.journal_statement(entry, self.last_hash, self._fence()))
-        self.entries.append(entry)
-        self.last_hash = entry.entry_hash
+    def journal_entry(self, entry: JournalEntry | list[JournalEntry]) -> None:
+        """An append of one journal entry, or of several in one statement."""
+        entries = entry if isinstance(entry, list) else [entry]
+        self.statements.append(evidence.journal_statement(entries, self.last_hash, self._fence()))
+        self.entries.append(entries)
+        self.last_hash = entries[-1].entry_hash
 
     def pending(self, pending: Pending) -> None:
         """A deferred success, as ``RunJournal.write_pending`` writes it."""
         self.pending_ledger(pending)
-        self.journal_entry(pending.entry)
+        self.journal_entry(pending.entries)
 
     def pending_ledger(self, pending: Pending) -> None:
         if pending.ledger_kind:
@@ -540,7 +594,10 @@ class Batch:
         """The batch committed: its entries are stored, the ledger head moves past them."""
         journal = self.journal
         for entry, row in zip(self.entries, rows, strict=True):
-            if entry is not None and row is not None:
+            if isinstance(entry, list):
+                if evidence.written_row(row) is not None:
+                    evidence.stored_all(entry, journal.using, row)  # type: ignore[arg-type]
+            elif entry is not None and row is not None:
                 evidence.stored(entry, journal.using, row)
         for entry in self.entries:
             if isinstance(entry, LedgerEntry):

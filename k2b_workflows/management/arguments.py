@@ -10,6 +10,7 @@ past PostgreSQL's ``bigint``.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import math
 import os
@@ -87,6 +88,17 @@ def text(max_length: int) -> Callable[[str], str]:
         return value
 
     return parse
+
+
+def aware_datetime(text: str) -> dt.datetime:
+    """An ISO 8601 date and time; a naive one is left to the API, which says why it refuses."""
+    try:
+        return dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be an ISO 8601 date and time with its UTC offset (2026-12-24T09:00:00+01:00),"
+            f" not {printable(text)[:40]!r}"
+        ) from None
 
 
 def writable_file(path: str) -> str:

@@ -150,7 +150,7 @@ DROP_OLD_ADMIT_SQL = "DROP FUNCTION IF EXISTS k2b_flow_admit(text, text, integer
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("k2b_workflows", "0015_schedules"),
+        ("k2b_workflows", "0023_notify_ended_when_waited"),
     ]
 
     operations = [

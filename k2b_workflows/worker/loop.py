@@ -172,6 +172,7 @@ class Worker:
             len(names),
             " (burst)" if self.burst else "",
         )
+        self._say_unknown_apps()
         self.connections.watch()
         self.heartbeat.start()
         self.keeper.start()
@@ -662,6 +663,28 @@ class Worker:
             )
             return bool(cursor.fetchone()[0])
 
+    def _say_unknown_apps(self) -> None:
+        """Warn of each ``--app`` that no registered workflow has, naming those that exist.
+
+        ``runworkflows --app shpo`` (a typo) idled for ever without a word. A
+        warning, not a refusal: such a worker still claims that app's AI tasks
+        (a process may carry only the providers), and a fleet's command line can
+        name an app before the code that defines it reaches every process (a
+        rolling deploy); refusing would make those processes exit in a loop.
+        """
+        if not self.app_ids:
+            return
+        known = sorted({d.app_id for d in registered_versions()})
+        for app_id in self.app_ids:
+            if app_id not in known:
+                lifecycle.warning(
+                    "worker %s: no registered workflow has app id %r (known: %s); this worker"
+                    " runs no workflow of it, only its AI tasks: a typo?",
+                    self.worker_id,
+                    app_id,
+                    ", ".join(known) or "none",
+                )
+
     def _workflows(self) -> list[tuple[str, int]]:
         """The (name, version) pairs this worker runs: every registered version of its apps."""
         return [
@@ -696,7 +719,8 @@ class Worker:
                 self._give_back(run_id, generation)
             with self._lock:
                 self.stats["runs"] += 1
-                self.stats[outcome] += 1
+                # Its value: an Outcome key printed as <Outcome.SUCCEEDED: 'succeeded'>.
+                self.stats[str(outcome)] += 1
                 self.stats["steps"] += execution.steps_executed
         except Exception as exc:
             if weather.is_connection_error(exc):

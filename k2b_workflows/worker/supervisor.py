@@ -21,9 +21,13 @@ survive are:
   is not counted twice;
 - **the supervisor is SIGKILLed**: nobody forwards anything, so each child
   asks the kernel for a SIGTERM when its parent dies (``PR_SET_PDEATHSIG``,
-  Linux) and, where that is not available or the parent died before it was
-  set, a thread of the child notices that its parent pid changed and sends
-  it the same SIGTERM. No child outlives the group by more than a poll.
+  Linux); where that is not available, a thread of the child notices that
+  its parent pid changed and sends it the same SIGTERM, and a child whose
+  parent died before it could ask exits at once. Exactly one SIGTERM either
+  way, so each child stops as after an operator's one SIGTERM: steps in
+  flight finish within the grace period (two, from both sources, forced an
+  exit mid-step and left every EXTERNAL step in flight in doubt). No child
+  outlives the group by more than the grace period.
 
 The supervisor forks after ``django.setup()``, with no database connection
 open and no thread started (a fork copies only the forking thread; a lock
@@ -270,11 +274,15 @@ class Supervisor:
         # its own the child hears it once, forwarded, not twice (which forces).
         with contextlib.suppress(OSError):
             os.setpgid(0, 0)
-        set_parent_death_signal(signal.SIGTERM)
+        kernel_signals = set_parent_death_signal(signal.SIGTERM)
         if os.getppid() != self._pid:
             # The supervisor died before the request above: nobody will stop us.
             os._exit(0)
-        ParentWatch(self._pid).start()
+        if not kernel_signals:
+            # One SIGTERM per parent death, from the kernel or else from this
+            # thread, never both: a second SIGTERM means "hand back at once", and
+            # every step in flight would end in doubt instead of finishing (#38).
+            ParentWatch(self._pid).start()
         if self._metrics_dir is not None:
             _multiprocess_values()
 
@@ -420,7 +428,10 @@ def _noted(signum: int, frame: object) -> None:
 
 
 class ParentWatch(threading.Thread):
-    """In a child: SIGTERM itself once its parent is gone (the fallback of PR_SET_PDEATHSIG)."""
+    """In a child: SIGTERM itself once its parent is gone, where PR_SET_PDEATHSIG is missing.
+
+    Started only there: beside the kernel's signal it would be a second SIGTERM,
+    which forces the worker out mid-step."""
 
     def __init__(self, parent: int) -> None:
         super().__init__(name="k2b-parent-watch", daemon=True)

@@ -149,6 +149,23 @@ def test_run_page_shows_what_a_waiting_run_waits_for(viewer):
     assert "parcel-7" in html and run.wait_kind in html
 
 
+def test_a_run_that_waited_and_ended_shows_what_it_last_waited_for_not_waiting_for(viewer):
+    """A succeeded run's page said "Waiting for: k2b.ai_task" (#38)."""
+    from k2b_workflows import wake_workflow_runs_waiting_on
+    from tests.models import DomainRow
+
+    run = start_workflow_run("test.wait", {"key": "parcel-8"})
+    run_until_idle()
+    DomainRow.objects.create(key="parcel-8", value="here")
+    wake_workflow_runs_waiting_on(app_id="tests", kind="signal", key="parcel-8")
+    run_until_idle()
+    run.refresh_from_db()
+    assert run.status == "succeeded" and run.wait_kind  # the last wait is kept
+    html = client_for(viewer).get(run_url(run)).content.decode()
+    assert "Waiting for" not in html
+    assert "Last waited for" in html and "parcel-8" in html
+
+
 def test_run_page_counts_children_per_status(viewer):
     parent = start_workflow_run("test.pure", {"a": 1, "b": 2})
     start_workflow_run("test.pure", {"a": 1, "b": 1}, parent=parent)

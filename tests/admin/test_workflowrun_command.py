@@ -99,6 +99,52 @@ def test_start_with_a_key_already_used_for_another_input_is_refused():
     assert WorkflowRun.objects.count() == 1
 
 
+def test_start_takes_a_concurrency_key_a_priority_and_a_run_after():
+    """The arguments of start_workflow_run a shell could not give (#38)."""
+    run = workflowrun(
+        "start",
+        "flow.keyed",
+        "--concurrency-key",
+        "customer-7",
+        "--priority",
+        "9",
+        "--run-after",
+        "2099-01-02T03:04:05+01:00",
+    )["run"]
+    stored = WorkflowRun.objects.get(pk=run["id"])
+    assert (stored.concurrency_key, stored.priority) == ("customer-7", 9)
+    assert stored.run_after.isoformat() == "2099-01-02T02:04:05+00:00"
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["flow.keyed", "--priority", "1001"], "priority"),
+        (["flow.keyed", "--run-after", "2099-01-02T03:04:05"], "run_after must be timezone-aware"),
+        (["test.pure", "--concurrency-key", "k"], "declares no concurrency"),
+    ],
+)
+def test_start_refuses_a_bad_priority_run_after_or_key_as_the_api_does(args, match):
+    returncode, error = refused("start", *args)
+    assert returncode == BAD_INPUT
+    assert match in error["message"], error
+    assert not WorkflowRun.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["--priority", "high"], "--priority: must be a whole number"),
+        (["--run-after", "tomorrow"], "--run-after: must be an ISO 8601 date and time"),
+        (["--concurrency-key", ""], "--concurrency-key: must be 1 to 255 characters"),
+    ],
+)
+def test_start_names_the_option_it_cannot_parse(args, match):
+    with pytest.raises(CommandError, match=match):
+        call_command("workflowrun", "start", "flow.keyed", *args, stdout=StringIO())
+    assert not WorkflowRun.objects.exists()
+
+
 def test_start_reads_its_input_from_a_file(tmp_path):
     path = tmp_path / "input.json"
     path.write_text('{"a": 3, "b": 4}')

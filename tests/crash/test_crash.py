@@ -174,6 +174,32 @@ def test_sigkill_before_an_external_effect_is_reconciled_absent_and_never_dispat
     assert_invariants()
 
 
+def test_sigkill_before_an_effect_reconciled_absent_dispatches_again_under_the_same_key(
+    start_worker, wait
+):
+    """The payments recipe (docs/effects.md): killed between the ledger's "dispatched"
+    and the provider's call, the charge is absent; its provider deduplicates by the
+    effect key, so the step runs again under that key and the card is charged once."""
+    run = start_workflow_run("test.charge_by_key", {"amount": 9, "crash": "external_before_effect"})
+    killed(crashing_worker(start_worker, "external_before_effect"))
+    assert not ProviderCall.objects.filter(action="test.charge_by_key").exists()
+
+    second = healthy_worker(start_worker)
+    settled(wait, run, second)
+    done = fresh(run)
+    assert done.status == "succeeded", describe(run)
+    (call,) = ProviderCall.objects.filter(action="test.charge_by_key")
+    assert done.output == {"charge_id": f"ch_{call.pk}"}
+    dispatched = LedgerEntry.objects.filter(run=run, kind="dispatched").order_by("id")
+    assert [d.invocation_key for d in dispatched] == [
+        f"{call.effect_key}:1",
+        f"{call.effect_key}:2",
+    ]
+    assert call.invocation_key == f"{call.effect_key}:2"
+    assert "reconciled" in ledger_kinds(run)
+    assert_invariants()
+
+
 # -- SIGSTOP past the lease ----------------------------------------------------------
 
 
@@ -250,4 +276,82 @@ def test_a_worker_frozen_after_an_external_effect_leaves_only_late_evidence(star
     (entry,) = journal(run)
     assert entry.generation == done.generation
     assert fresh(run).output == done.output
+    assert_invariants()
+
+
+# -- PURE successes riding on the next write --------------------------------------------
+
+
+def _pure_calls(run) -> dict[int, list[int]]:
+    """Each PURE step of ``kernel.pure_riding``: the pids of the processes that ran it."""
+    calls: dict[int, list[int]] = {}
+    for call in ProviderCall.objects.filter(action="kernel.counted_pure").order_by("id"):
+        run_id, seq = call.effect_key.rsplit(":", 1)
+        if run_id == str(run.pk):
+            calls.setdefault(int(seq), []).append(call.pid)
+    return calls
+
+
+def test_sigkill_after_a_pure_steps_run_before_the_next_write_runs_it_again(start_worker, wait):
+    """Step 0's ``run()`` returned; its success waits for the run's next write. A
+    SIGKILL in step 1 loses it, and the takeover runs step 0 again, as DESIGN.md
+    promises for PURE. The three successes then commit with the run's end."""
+    run = start_workflow_run("kernel.pure_riding", {"at": 1})
+    first = crashing_worker(start_worker, "pure_riding")
+    killed(first)
+    assert journal(run) == []  # nothing was written before the kill
+    assert _pure_calls(run) == {0: [first.pid], 1: [first.pid]}
+
+    second = healthy_worker(start_worker)
+    settled(wait, run, second)
+    done = fresh(run)
+    assert done.status == "succeeded", describe(run)
+    assert _pure_calls(run) == {0: [first.pid, second.pid], 1: [first.pid, second.pid]} | {
+        2: [second.pid]
+    }
+    entries = journal(run)
+    assert [e.seq for e in entries] == [0, 1, 2]
+    assert {e.generation for e in entries} == {done.generation}
+    assert_invariants()
+
+
+def test_a_pure_step_whose_success_rode_on_a_committed_write_never_runs_again(start_worker, wait):
+    """Steps 0 and 1 (PURE) rode on step 2's transactional commit; a SIGKILL in step 3
+    loses only step 3: after the takeover, none of the committed steps runs again."""
+    run = start_workflow_run("kernel.pure_riding", {"at": 2, "write": True})
+    first = crashing_worker(start_worker, "pure_riding")
+    killed(first)
+    (row,) = DomainRow.objects.all()
+    assert row.pid == first.pid
+    committed = journal(run)
+    assert [e.seq for e in committed] == [0, 1, 2]
+    assert {e.generation for e in committed} == {row.generation}
+
+    second = healthy_worker(start_worker)
+    settled(wait, run, second)
+    assert fresh(run).status == "succeeded", describe(run)
+    assert _pure_calls(run) == {0: [first.pid], 1: [first.pid], 3: [first.pid, second.pid]}
+    assert list(DomainRow.objects.values_list("pid", flat=True)) == [first.pid]
+    assert [e.seq for e in journal(run)] == [0, 1, 2, 3]
+    assert_invariants()
+
+
+def test_a_fenced_out_workers_buffered_pure_successes_never_commit(start_worker, wait):
+    """Frozen in step 1 with step 0's success buffered, the first worker loses the run to
+    a takeover; thawed, its end is refused by the fence: every entry is the survivor's."""
+    run = start_workflow_run("kernel.pure_riding", {"at": 1})
+    first = freezing_worker(start_worker, "pure_riding")
+    frozen(wait, first)
+
+    second = healthy_worker(start_worker)
+    settled(wait, run, second)
+    done = fresh(run)
+    assert done.status == "succeeded", describe(run)
+
+    thaw_and_stop(first)
+    assert fresh(run).generation == done.generation
+    entries = journal(run)
+    assert [e.seq for e in entries] == [0, 1, 2]
+    assert {e.generation for e in entries} == {done.generation} != {1}
+    assert first.pid in _pure_calls(run)[0]  # it had run step 0: its success was buffered
     assert_invariants()

@@ -101,6 +101,41 @@ class PlaceTestCase(PlaceMixin, TestCase):
 
 class PlaceTransactionTestCase(PlaceMixin, TransactionTestCase):
     pass
+
+
+class WaitingViewMixin:
+    def test_a_view_that_waits_answers_with_the_result(self):
+        run = start_workflow_run("orders.place", {"sku": "TEA"})
+        run_until_idle()
+        answer = self.client.get(f"/orders/{run.pk}/result")
+        self.assertEqual(answer.json(), {"status": "succeeded"})
+
+
+class WaitingViewTestCase(WaitingViewMixin, TestCase):
+    pass
+
+
+class WaitingViewTransactionTestCase(WaitingViewMixin, TransactionTestCase):
+    pass
+"""
+
+#: A view that waits for a run's result: the waiting opens the result listener's connection.
+VIEWS = """
+from django.http import JsonResponse
+from django.urls import path
+
+from k2b_workflows import wait_for_workflow_run
+
+
+def result(request, run_id):
+    try:
+        run = wait_for_workflow_run(run_id, timeout=5)
+    except TimeoutError:
+        return JsonResponse({"status": "pending"}, status=202)
+    return JsonResponse({"status": run.status})
+
+
+urlpatterns = [path("orders/<uuid:run_id>/result", result)]
 """
 
 PYTEST_TESTS = """
@@ -128,6 +163,21 @@ def test_in_the_test_transaction():
 @pytest.mark.parametrize("attempt", [1, 2])
 def test_committed_and_flushed(attempt, k2b_clock):
     place()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("attempt", [1, 2])
+def test_a_view_that_waits(attempt, client):
+    run = start_workflow_run("orders.place", {"sku": "TEA"})
+    run_until_idle()
+    assert client.get(f"/orders/{run.pk}/result").json() == {"status": "succeeded"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_view_that_waits_on_a_committed_run(client):
+    run = start_workflow_run("orders.place", {"sku": "TEA"})
+    run_until_idle()
+    assert client.get(f"/orders/{run.pk}/result").json() == {"status": "succeeded"}
 """
 
 #: What the site adds to the settings ``startproject`` wrote: getting-started.md's.
@@ -144,6 +194,7 @@ DATABASES = {{
     }}
 }}
 SILENCED_SYSTEM_CHECKS = ["k2b_workflows.W003"]   # one role for owner and runtime here
+ROOT_URLCONF = "orders.views"
 """
 
 #: pytest-django's own documented setup, and the plugin named on its command line.
@@ -171,6 +222,16 @@ def _connect(dbname: str) -> psycopg.Connection:
     )
 
 
+def _test_databases_left(name: str) -> list[str]:
+    """The test databases (and ``--parallel`` clones) of the site's database still on the server."""
+    with _connect("postgres") as conn:
+        rows = conn.execute(
+            "SELECT datname FROM pg_catalog.pg_database WHERE datname LIKE %s ORDER BY 1",
+            [f"test_{name}%"],
+        ).fetchall()
+    return [row[0] for row in rows]
+
+
 @pytest.fixture
 def site(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str], str]]:
     settings = connection.settings_dict
@@ -186,6 +247,7 @@ def site(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str], str]]:
     (tmp_path / "orders" / "workflows.py").write_text(WORKFLOWS)
     (tmp_path / "orders" / "tests.py").write_text(DJANGO_TESTS)
     (tmp_path / "orders" / "test_pytest.py").write_text(PYTEST_TESTS)
+    (tmp_path / "orders" / "views.py").write_text(VIEWS)
     # docs/testing.md's TransactionTestCase, as the page shows it.
     shown = block("docs/testing.md", "# orders/tests.py, run by manage.py test").code
     (tmp_path / "orders" / "test_docs_page.py").write_text(shown)
@@ -215,12 +277,13 @@ def site(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str], str]]:
         yield tmp_path, env, name
     finally:
         with _connect("postgres") as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            for left in [name, *_test_databases_left(name)]:
+                conn.execute(f'DROP DATABASE IF EXISTS "{left}" WITH (FORCE)')
 
 
 @pytest.mark.parametrize("parallel", ["1", "2"])
 def test_djangos_testcase_and_transactiontestcase_pass_in_a_fresh_project(site, parallel):
-    path, env, _ = site
+    path, env, name = site
     done = _run(
         [
             sys.executable,
@@ -237,7 +300,10 @@ def test_djangos_testcase_and_transactiontestcase_pass_in_a_fresh_project(site, 
         env,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert re.search(r"Ran 5 tests .*\n+OK", done.stderr), done.stderr
+    assert re.search(r"Ran 7 tests .*\n+OK", done.stderr), done.stderr
+    # The views' waits opened the result listener; it let the test databases go.
+    assert "being accessed by other users" not in done.stderr, done.stderr
+    assert _test_databases_left(name) == [], done.stderr
     if parallel != "1":  # the transactional tests flushed clones of the test database
         assert "Cloning test database" in done.stderr, done.stderr
     assert re.search(r"test_a_run_reserves_once .*PlaceOrderTests.* ok", done.stderr)
@@ -246,12 +312,14 @@ def test_djangos_testcase_and_transactiontestcase_pass_in_a_fresh_project(site, 
 
 
 def test_pytest_django_with_and_without_transaction_passes_in_a_fresh_project(site):
-    path, env, _ = site
+    path, env, name = site
     done = _run(
         [sys.executable, "-m", "pytest", "orders/test_pytest.py", "--create-db", "-v"], path, env
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "3 passed" in done.stdout, done.stdout
+    assert "6 passed" in done.stdout, done.stdout
+    assert "teardown" not in (done.stdout + done.stderr).lower(), done.stdout + done.stderr
+    assert _test_databases_left(name) == [], done.stdout + done.stderr
     assert "error" not in done.stdout.lower(), done.stdout
 
 

@@ -25,8 +25,9 @@ from tests.support.kernel import (
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_a_run_ends_in_the_same_commit_as_its_last_step():
-    """Three PURE steps and the end: three write transactions, the last holding the end."""
+def test_a_pure_runs_steps_ride_on_its_end():
+    """Three PURE steps and the end: one write transaction holds the three entries and
+    the end (a PURE step's success rides on the run's next write)."""
     run = start_workflow_run("hot.three_pure", {"n": 0})
     generation = claim_for(run)
     assert Execution(run.pk, generation).execute() == "succeeded"
@@ -37,10 +38,26 @@ def test_a_run_ends_in_the_same_commit_as_its_last_step():
         steps = [row[0] for row in cursor.fetchall()]
         cursor.execute("SELECT xmin::text FROM k2b_run WHERE id = %s", [run.pk])
         (end,) = cursor.fetchone()
-    assert len(set(steps)) == 3  # one commit per step ...
-    assert steps[-1] == end  # ... and the run's end is in the last one
+    assert steps == [end] * 3  # one commit, the run's end
     assert fresh(run).status == "succeeded"
     assert fresh(run).output == {"n": 3}
+    assert evidence.verify_chains(run.pk, "default") is None
+
+
+def test_pure_successes_ride_on_a_park():
+    """Two PURE steps, then a step that waits: their entries commit with the park, in
+    one transaction, and the woken run replays them without running them again."""
+    run = start_workflow_run("hot.pure_then_wait", {"n": 0})
+    assert Execution(run.pk, claim_for(run)).execute() == "waiting"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT seq, xmin::text FROM k2b_journal WHERE run_id = %s ORDER BY seq", [run.pk]
+        )
+        entries = cursor.fetchall()
+        cursor.execute("SELECT xmin::text FROM k2b_run WHERE id = %s", [run.pk])
+        (parked,) = cursor.fetchone()
+    assert entries == [(0, parked), (1, parked)]
+    assert fresh(run).status == "waiting"
     assert evidence.verify_chains(run.pk, "default") is None
 
 

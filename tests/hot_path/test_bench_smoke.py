@@ -50,8 +50,14 @@ def test_bench_quick_prints_one_json_line_with_the_numbers():
         "effects",
         "fanout",
         "processes",
+        "pgbench_cpu_us_per_tx",
+        "round_trips_per_step",
     ):
         assert key in result, key
+    # Counted in-process, so exact: a 3-step PURE run's one round trip after its claim.
+    assert result["round_trips_per_step"]["PURE"] == 0.33
+    for measured in result["effects"].values():
+        assert {"worker_cpu_us_per_step", "server_cpu_us_per_step"} <= set(measured)
     assert set(result["effects"]) == {"PURE", "TRANSACTIONAL", "IDEMPOTENT", "EXTERNAL", "MIX"}
     for measured in result["effects"].values():
         assert len(measured["rounds"]) == 2 and measured["vs_pure"] > 0

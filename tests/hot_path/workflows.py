@@ -185,3 +185,13 @@ def pure_then_refused(run, input):
 def pure_then_lost(run, input):
     n = run.step(AddOne, {"n": input["n"]})["n"]
     return run.step(WriteRowThenLose, {"n": n})
+
+
+@workflow("hot.pure_then_wait", app_id="hot")
+def pure_then_wait(run, input):
+    """Two PURE steps, then a PURE step that waits: their successes ride on the park."""
+    from tests.workflows import WaitFor
+
+    n = run.step(AddOne, {"n": input["n"]})["n"]
+    n = run.step(AddOne, {"n": n})["n"]
+    return run.step(WaitFor, {"key": f"gate-{n}"})

@@ -197,3 +197,45 @@ def test_the_listener_reconnects_and_wakes_its_waiters_after_losing_its_connecti
     open_gate("result-reconnect", 3)
     run_until_idle(app_ids=["tests"])
     assert waiter.outcome().output == {"value": 3}
+
+
+def _notified_ends(ended: Any) -> list[str]:
+    """The run ids ``k2b_run_ended`` carried while ``ended()`` ended runs (a listener of
+    its own, in autocommit, as every listener is)."""
+    import psycopg
+
+    from k2b_workflows.models import ENDED_CHANNEL
+
+    params = connection.get_connection_params()
+    with psycopg.connect(**params, autocommit=True) as listening:
+        listening.execute(f"LISTEN {ENDED_CHANNEL}")
+        ended()
+        return [n.payload for n in listening.notifies(timeout=1.0)]
+
+
+def test_a_run_nobody_waits_for_ends_without_a_notification():
+    """A NOTIFY wakes every listening backend of the database (each worker's, on any
+    channel) into a transaction of its own: a run's end notifies only a waiter."""
+    run = start_workflow_run("test.pure", {"a": 1, "b": 2})
+    assert _notified_ends(lambda: run_until_idle(app_ids=["tests"])) == []
+    assert WorkflowRun.objects.get(pk=run.pk).status == "succeeded"
+
+
+def test_a_waiters_lock_makes_the_end_notify_and_an_end_in_progress_refuses_it():
+    """A waiter holds its run's lock from before its first read: the end then notifies.
+    While an end holds the lock (not committed yet), a waiter is refused it and reads
+    the run again at its next poll, by when the end has committed or rolled back."""
+    import psycopg
+
+    waited = start_workflow_run("test.pure", {"a": 1, "b": 3})
+    params = connection.get_connection_params()
+    with psycopg.connect(**params, autocommit=True) as waiter:
+        lock = results_module._WAIT_ON_SQL
+        assert waiter.execute(lock, [str(waited.pk)]).fetchone()[0] is True
+        assert _notified_ends(lambda: run_until_idle(app_ids=["tests"])) == [str(waited.pk)]
+
+        other = start_workflow_run("test.pure", {"a": 1, "b": 4})
+        with transaction.atomic():
+            WorkflowRun.objects.filter(pk=other.pk).update(status="canceled")
+            assert waiter.execute(lock, [str(other.pk)]).fetchone()[0] is False
+        assert waiter.execute(lock, [str(other.pk)]).fetchone()[0] is True

@@ -9,6 +9,7 @@ the view's timeout: the test would fail instead of answering.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import uuid
 
 import pytest
@@ -110,3 +111,48 @@ def test_the_twins_raise_what_their_originals_raise():
         return await sync_to_async(WorkflowRun.objects.count)()
 
     assert asyncio.run(scenario()) == 1
+
+
+#: Each async twin of the public API and its sync original.
+TWINS = {
+    "astart_workflow_run": "start_workflow_run",
+    "await_workflow_run": "wait_for_workflow_run",
+    "acancel_workflow_run": "cancel_workflow_run",
+    "awake_workflow_runs_waiting_on": "wake_workflow_runs_waiting_on",
+}
+
+
+def test_every_async_twin_takes_exactly_its_originals_parameters():
+    """Same names, kinds and defaults: an argument the sync original takes and its
+    twin refused (``concurrency_key``, ``priority``, ``run_after``) was a TypeError (#38)."""
+    import k2b_workflows
+
+    public_coroutines = {
+        name
+        for name in k2b_workflows.__all__
+        if inspect.iscoroutinefunction(getattr(k2b_workflows, name))
+    }
+    assert public_coroutines == set(TWINS), "a new async twin belongs in TWINS"
+    for twin, original in TWINS.items():
+        theirs = inspect.signature(getattr(k2b_workflows, original)).parameters
+        ours = inspect.signature(getattr(k2b_workflows, twin)).parameters
+        assert [(p.name, p.kind, p.default) for p in ours.values()] == [
+            (p.name, p.kind, p.default) for p in theirs.values()
+        ], twin
+
+
+def test_astart_workflow_run_passes_flow_control_and_scheduling_through():
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    later = timezone.now() + timedelta(hours=1)
+
+    async def scenario():
+        return await astart_workflow_run(
+            "flow.keyed", {}, concurrency_key="customer-7", priority=9, run_after=later
+        )
+
+    run = asyncio.run(scenario())
+    run.refresh_from_db()
+    assert (run.concurrency_key, run.priority, run.run_after) == ("customer-7", 9, later)

@@ -141,26 +141,61 @@ def test_a_success_waits_for_the_next_write_then_commits_fenced_and_applied():
     assert execution.run.consecutive_failures == 0  # as the flush will make the row
     assert fresh(run).consecutive_failures == 2
 
-    # The next step's success writes the deferred one first, then waits itself.
+    # A PURE step after it: its success joins the deferred one, nothing is written.
     j.journal_success(new_step(execution, 1, UnitPure, {"n": 1}), succeeded({"n": 2}))
-    assert [(e.seq, e.output) for e in journal(run)] == [(0, {"n": 1})]
-    assert sorted(j.entries) == [0] and j.pending is not None and j.pending.step.seq == 1
-    assert fresh(run).consecutive_failures == 0
-    assert fresh(run).current_step == 0
+    assert journal(run) == []
+    assert j.pending is not None and j.pending.step.seq == 1
+    assert [e.seq for e in j.pending.entries] == [0, 1]
+    assert j.entries == {} and fresh(run).consecutive_failures == 2
 
+    # The next write carries both, in order, in one fenced statement.
     j.flush_pending()
     stored = journal(run)
     assert [(e.seq, e.state, e.generation) for e in stored] == [
         (0, "succeeded", execution.generation),
         (1, "succeeded", execution.generation),
     ]
+    assert stored[0].output == {"n": 1} and stored[1].output == {"n": 2}
     assert stored[1].prev_hash == stored[0].entry_hash
+    assert len(set(writers(run)["journal"])) == 1  # one commit
+    assert fresh(run).consecutive_failures == 0
     assert j.pending is None
     assert sorted(j.entries) == [0, 1] and j.last_hash == stored[1].entry_hash
     assert fresh(run).current_step == 1
     assert evidence.verify_chains(run.pk, "default") is None
     j.flush_pending()  # nothing pending: nothing written
     assert len(journal(run)) == 2
+
+
+def test_a_success_that_is_not_pure_is_written_before_the_next_step_runs():
+    """Only PURE successes ride past a step: an EXTERNAL one (or IDEMPOTENT) is written by
+    the next step's start, and the PURE step after it waits alone."""
+    run, execution = _started()
+    j = execution.journal
+    step = new_step(execution, 0, UnitExternal, invocation=1)
+    j.ledger_event(step, DISPATCHED, fenced=True)
+    j.effects[0] = EffectState(attempts=1, open_key=step.ctx.invocation_key)
+    j.journal_success(step, succeeded({"sent": True}), ledger_kind=SUCCEEDED)
+    assert not j.rides(UnitPure())
+    j.journal_success(new_step(execution, 1, UnitPure, {"n": 1}), succeeded({"n": 2}))
+    assert [e.seq for e in journal(run)] == [0]
+    assert j.pending is not None and [e.seq for e in j.pending.entries] == [1]
+    assert j.rides(UnitPure()) and not j.rides(UnitExternal())
+
+
+def test_pure_successes_ride_on_one_write_up_to_a_bound():
+    """A long loop of PURE steps commits every ``MAX_RIDING + 1`` steps, not once a step
+    and not in one statement of unbounded size."""
+    from k2b_workflows.kernel.journal import MAX_RIDING
+
+    run, execution = _started()
+    j = execution.journal
+    for seq in range(MAX_RIDING + 2):
+        j.journal_success(new_step(execution, seq, UnitPure, {"n": seq}), succeeded({"n": seq}))
+    assert len(journal(run)) == MAX_RIDING + 1
+    assert j.pending is not None and [e.seq for e in j.pending.entries] == [MAX_RIDING + 1]
+    j.flush_pending()
+    assert evidence.verify_chains(run.pk, "default") is None
 
 
 def test_an_external_success_flushes_with_its_ledger_entry_in_one_transaction():

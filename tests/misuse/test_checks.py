@@ -62,3 +62,51 @@ def test_pgtrigger_model_meta_off_fails():
 def test_bad_settings_values_are_reported(configured, expected):
     with override_settings(K2B_WORKFLOWS=configured):
         assert expected in ids(checks.check_settings())
+
+
+# The isolation level (#38) ----------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_read_committed_passes_the_isolation_check():
+    assert checks.check_isolation_level(databases=["default"]) == []
+    assert checks.check_isolation_level(databases=None) == []  # plain `check`: not asked
+
+
+@pytest.mark.django_db(transaction=True)
+def test_repeatable_read_on_djangos_connection_is_a_warning_naming_the_level():
+    """OPTIONS["isolation_level"], or a session default: what Django's transactions run at."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    try:
+        (warning,) = checks.check_isolation_level(databases=["default"])
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED"
+            )
+    assert warning.id == "k2b_workflows.W005"
+    assert "'default'" in warning.msg and "repeatable read" in warning.msg
+    assert "Django's connection" in warning.msg
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_server_default_of_serializable_is_a_warning_for_the_kernels_own_connections():
+    """The lease keeper and the heartbeat run in autocommit: the server's default applies."""
+    from django.db import connection
+    from psycopg import sql
+
+    name = connection.settings_dict["NAME"]
+    alter = "ALTER DATABASE {} SET default_transaction_isolation = 'serializable'"
+    with connection.cursor() as cursor:
+        cursor.execute(sql.SQL(alter).format(sql.Identifier(name)).as_string(cursor.connection))
+    try:
+        (warning,) = checks.check_isolation_level(databases=["default"])
+    finally:
+        reset = "ALTER DATABASE {} RESET default_transaction_isolation"
+        with connection.cursor() as cursor:
+            cursor.execute(sql.SQL(reset).format(sql.Identifier(name)).as_string(cursor.connection))
+    assert warning.id == "k2b_workflows.W005"
+    assert "serializable" in warning.msg and "own connections" in warning.msg

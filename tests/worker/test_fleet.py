@@ -177,6 +177,31 @@ def test_status_treats_a_silent_worker_as_dead_and_marks_it_lost():
     assert WorkerRecord.objects.get().state == "lost"
 
 
+def test_a_worker_silent_for_longer_than_fresh_is_not_live_before_it_is_marked_lost():
+    """A SIGKILLed worker was called live with a 71 s old heartbeat (#38): live means a
+    heartbeat younger than ``worker_fresh_ms()``, a lease and three beats, not the
+    three leases after which the row is marked lost."""
+    start_workflow_run("test.pure", {"a": 1, "b": 2})
+    beat()
+    fresh_ms = store.worker_fresh_ms()
+    assert fresh_ms == max(store.lease_ms(), 3 * store.worker_heartbeat_ms())
+    assert fresh_ms < store.worker_lost_after_ms()
+    WorkerRecord.objects.update(heartbeat_at=fresh_past(fresh_ms - 500))
+    assert workflowstatus()[0] == 0
+    assert len(fleet.live_workers()) == 1
+    WorkerRecord.objects.update(heartbeat_at=fresh_past(fresh_ms + 500))
+    code, out, err = workflowstatus()
+    assert code == 1, out
+    assert "live workers: 0" in out and "NO LIVE WORKER for test.pure" in err
+    assert fleet.live_workers() == []
+    assert WorkerRecord.objects.get().state == "alive"  # not lost yet: only late
+
+
+def test_fresh_never_exceeds_the_time_after_which_a_worker_is_lost(settings):
+    settings.K2B_WORKFLOWS = {**settings.K2B_WORKFLOWS, "WORKER_LOST_AFTER_MS": 1500}
+    assert store.worker_fresh_ms() == 1500
+
+
 def fresh_past(ms: int):
     import datetime as dt
 
@@ -283,6 +308,15 @@ def test_the_workers_page_lists_the_fleet_read_only(admin_client):
     deleted = admin_client.post(f"{url}/delete/", {"post": "yes"})
     assert deleted.status_code == 403
     assert WorkerRecord.objects.get(pk="host-a:10:aaa").concurrency == 2
+
+
+def test_the_workers_page_calls_a_worker_late_once_its_heartbeat_is_not_fresh(admin_client):
+    """As workflowstatus counts it: not live, and not yet lost (#38)."""
+    beat(worker_id="host-c:12:ccc")
+    WorkerRecord.objects.update(heartbeat_at=fresh_past(store.worker_fresh_ms() + 500))
+    html = admin_client.get("/admin/k2b_workflows/workerrecord/").content.decode()
+    assert 'k2b-worker-late">late' in html, html
+    assert "k2b-worker-alive" not in html
 
 
 def test_checks_refuse_an_unknown_listen_alias_and_a_lost_timeout_below_two_beats(settings):

@@ -22,7 +22,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from k2b_workflows import fleet, start_workflow_run
-from k2b_workflows.models import WorkflowRun
+from k2b_workflows.models import Incident, LedgerEntry, WorkflowRun
 from tests.models import DomainRow, ProviderCall
 from tests.support.kernel import SETTLED, assert_invariants, fresh
 from tests.support.processes import wait_for
@@ -212,6 +212,57 @@ def test_sigkill_of_the_supervisor_takes_every_worker_process_with_it(start_grou
         run = fresh(run)
         assert run.status == "queued", (run.status, supervisor.output())
         assert run.consecutive_failures == 0
+
+
+def test_sigkill_of_the_supervisor_lets_each_child_finish_its_external_step_as_after_one_sigterm(
+    start_group, wait
+):
+    """Each child heard of its parent's death once: the kernel's parent-death signal
+    and the child's own watcher both sent SIGTERM, and the second forced an exit
+    mid-step, leaving each EXTERNAL charge in doubt (#38). One SIGTERM waits
+    for a step in flight within the grace period."""
+    runs = [
+        start_workflow_run(
+            "test.charge_blind", {"amount": i, "pause": "external_after_effect", "pause_s": 4}
+        )
+        for i in range(2)
+    ]
+    no_prefetch = {"K2B_TEST_SETTINGS": json.dumps({"CLAIM_PREFETCH": 0})}
+    supervisor = start_group("--processes", "2", "--concurrency", "1", env=no_prefetch)
+    pids = group(wait, supervisor)
+    registered(wait, pids, supervisor)
+    wait(
+        lambda: set(ProviderCall.objects.values_list("pid", flat=True)) == pids,
+        timeout=TIMEOUT,
+        message=lambda: f"a charge in flight in each of {pids}:\n{supervisor.report()}",
+    )
+
+    supervisor.kill()
+    in_flight = not LedgerEntry.objects.filter(kind="succeeded").exists()
+    try:
+        wait(
+            lambda: not any(running(pid) for pid in pids),
+            timeout=TIMEOUT,
+            message=lambda: f"the orphans {[p for p in pids if running(p)]} to exit",
+        )
+    except BaseException:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        raise
+    output = supervisor.output()
+    for run in runs:
+        kinds = list(
+            LedgerEntry.objects.filter(run=run).order_by("id").values_list("kind", flat=True)
+        )
+        # The charge in flight completed and its result was recorded: nothing in doubt.
+        assert kinds == ["dispatched", "succeeded"], (kinds, output)
+        run = fresh(run)
+        assert run.status in ("queued", "succeeded"), (run.status, output)
+        assert run.consecutive_failures == 0
+    assert not Incident.objects.exists(), output
+    assert ProviderCall.objects.count() == 2
+    assert in_flight, "a charge ended before the supervisor was killed: nothing was tested"
 
 
 def test_sigterm_of_the_supervisor_hands_every_run_back_and_exits_zero_after_its_children(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 
 import pytest
@@ -20,6 +21,25 @@ def test_burst_exits_zero_when_nothing_is_left(start_worker):
     worker = start_worker("--burst", "--concurrency", "2")
     assert worker.wait(timeout=TIMEOUT) == 0, worker.output()
     assert [fresh(r).status for r in runs] == ["succeeded"] * 3
+
+
+def test_the_stop_summary_prints_each_outcome_by_its_value(start_worker):
+    """Not ``<Outcome.SUCCEEDED: 'succeeded'>``, as it printed before (#38)."""
+    start_workflow_run("test.pure", {"a": 1, "b": 1})
+    worker = start_worker("--burst")
+    assert worker.wait(timeout=TIMEOUT) == 0, worker.output()
+    out = worker.output()
+    assert re.search(r"stopped: \{.*'succeeded': 1", out), out
+    assert "Outcome." not in out, out
+
+
+def test_run_until_idle_counts_outcomes_by_their_values():
+    from k2b_workflows.testing import run_until_idle
+
+    start_workflow_run("test.pure", {"a": 1, "b": 1})
+    counts = run_until_idle()
+    assert "'succeeded': 1" in repr(counts) and "Outcome." not in repr(counts), repr(counts)
+    assert {type(key) for key in counts} == {str}
 
 
 def test_burst_with_nothing_to_do_exits_zero(start_worker):
@@ -56,6 +76,25 @@ def test_app_runs_only_that_apps_workflows(start_worker):
     assert worker.wait(timeout=TIMEOUT) == 0, worker.output()
     assert fresh(ours).status == "succeeded"
     assert fresh(theirs).status == "queued"
+
+
+def test_an_app_id_no_registered_workflow_has_is_named_at_start_with_the_known_ones(
+    start_worker,
+):
+    """``--app shpo`` (a typo for ``shop``) idled for ever without a word (#38)."""
+    worker = start_worker("--app", "shpo", "--app", "kernel_other", "--burst")
+    assert worker.wait(timeout=TIMEOUT) == 0, worker.output()
+    out = worker.output()
+    line = next((x for x in out.splitlines() if "no registered workflow has app id" in x), "")
+    assert "WARNING" in line and "no registered workflow has app id 'shpo'" in line, out
+    assert "known: " in line and "kernel_other" in line and "tests" in line, line
+    assert out.count("no registered workflow has app id") == 1, out  # kernel_other is known
+
+
+def test_known_app_ids_start_without_a_warning(start_worker):
+    worker = start_worker("--app", "kernel_other", "--burst")
+    assert worker.wait(timeout=TIMEOUT) == 0, worker.output()
+    assert "no registered workflow has app id" not in worker.output()
 
 
 def test_on_a_terminal_the_worker_keeps_one_live_status_line(transactional_db):

@@ -31,7 +31,7 @@ from k2b_workflows import (
 from k2b_workflows.models import BudgetCharge, LedgerEntry
 from tests.models import DomainRow, ProviderCall
 from tests.support.workflow_steps import one_step
-from tests.workflows import Charge
+from tests.workflows import Charge, crash_point
 
 #: In-process attempt counters, keyed by (action, effect_key): they survive a rollback.
 ATTEMPTS: dict[tuple[str, str], int] = defaultdict(int)
@@ -490,6 +490,9 @@ class EditEarlierStep(Action):
 @workflow("kernel.tamper_while_running", app_id="tests")
 def tamper_while_running_workflow(run, input):
     first = run.step(Record, {"n": 1})
+    # A PURE success rides on the run's next write: this step's block commits step 0's
+    # entry, so that there is a stored entry for the attacker to edit.
+    run.step(TxFreeze, {"key": "tamper"})
     run.step(EditEarlierStep, {})
     return first
 
@@ -595,3 +598,36 @@ def blind_once_workflow(run, input):
     sent = run.step(BlindOnce, {})
     run.step(Record, {"n": 1})
     return sent
+
+
+class CountedPure(Action):
+    """PURE: records each call (a test-only trace outside the journal), then may crash or
+    freeze where its input says: after an earlier PURE step's ``run()`` returned, before
+    the run's next write."""
+
+    name = "kernel.counted_pure"
+    effect = Effect.PURE
+
+    def run(self, ctx, input):
+        ProviderCall.objects.create(
+            action=self.name, effect_key=ctx.effect_key, generation=ctx.generation, pid=os.getpid()
+        )
+        crash_point(input, "pure_riding")
+        freeze_point(input, "pure_riding")
+        return succeeded({"i": input["i"]})
+
+
+@workflow("kernel.pure_riding", app_id="tests")
+def pure_riding(run, input):
+    """PURE steps whose successes ride on the next write: a TRANSACTIONAL step's block
+    (``write``) or the run's end. ``at``: the step that crashes or freezes."""
+    at = input.get("at")
+
+    def point(i):
+        return {"i": i, "crash": "pure_riding", "freeze": "pure_riding"} if i == at else {"i": i}
+
+    run.step(CountedPure, point(0))
+    run.step(CountedPure, point(1))
+    if input.get("write"):
+        run.step(TxFreeze, {"key": "riding"})
+    return run.step(CountedPure, point(2))

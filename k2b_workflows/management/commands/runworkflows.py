@@ -81,6 +81,7 @@ class Command(BaseCommand):
             "--concurrency",
             type=arguments.integer(1, MAX_CONCURRENCY),
             default=4,
+            metavar="N",
             help=f"threads executing runs (default 4, at most {MAX_CONCURRENCY})",
         )
         parser.add_argument(

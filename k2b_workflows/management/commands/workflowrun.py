@@ -232,6 +232,27 @@ class Command(BaseCommand):
             default=None,
             help="pin this registered version (default: the newest)",
         )
+        # Every argument of start_workflow_run a caller gives (#38); the API checks
+        # them (the priority's range, a naive run_after, a key without concurrency=).
+        start.add_argument(
+            "--concurrency-key",
+            type=arguments.text(255),
+            default=None,
+            help="the key whose active runs the workflow's concurrency= limits",
+        )
+        start.add_argument(
+            "--priority",
+            type=arguments.integer(-(2**31), 2**31 - 1),
+            default=0,
+            help="0 to 1000, higher claimed first (default 0)",
+        )
+        start.add_argument(
+            "--run-after",
+            type=arguments.aware_datetime,
+            default=None,
+            metavar="DATETIME",
+            help="no claim before this ISO 8601 time with its offset (2026-12-24T09:00:00+01:00)",
+        )
 
         show = verb("show", "a run's state, its steps and the newest ledger entry")
         run_id(show)
@@ -317,6 +338,9 @@ class Command(BaseCommand):
         idempotency_key: str | None,
         principal: str | None,
         workflow_version: int | None,
+        concurrency_key: str | None = None,
+        priority: int = 0,
+        run_after: Any = None,
         **options: Any,
     ) -> tuple[dict, str]:
         run = control.start_workflow_run(
@@ -325,6 +349,9 @@ class Command(BaseCommand):
             idempotency_key=idempotency_key,
             principal=None if principal is None else _json_option(principal, "--principal"),
             version=workflow_version,
+            concurrency_key=concurrency_key,
+            priority=priority,
+            run_after=run_after,
         )
         return {"run": describe(run)}, f"{run.pk} {run.status}"
 
