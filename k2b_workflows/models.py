@@ -28,6 +28,7 @@ from .triggers import (
     Notify,
     NotifyEnded,
     SlotAdmit,
+    SlotNeverInserted,
     SlotRelease,
     append_only,
 )
@@ -249,6 +250,15 @@ class WorkflowRun(models.Model):
                 ),
                 name="k2b_run_behind_key",
             ),
+            # Keyed runs without a slot by the time they are due: admission takes
+            # only due runs, and the housekeeping admits those that became due (#35).
+            models.Index(
+                fields=["run_after"],
+                condition=models.Q(
+                    status="queued", holds_slot=False, concurrency_key__isnull=False
+                ),
+                name="k2b_run_delayed_keyed",
+            ),
             # Running runs, keyed by id and not by lease_expires_at: a step's fenced
             # write (``WHERE id = ... AND status = 'running'``) finds its row through
             # it, and renewing a lease changes no indexed column, so the update is
@@ -330,6 +340,10 @@ class WorkflowRun(models.Model):
                 name="slot_release",
                 condition=pgtrigger.Q(old__holds_slot=True)
                 & pgtrigger.Q(new__status__in=[str(s) for s in TERMINAL_STATUSES]),
+            ),
+            SlotNeverInserted(
+                name="slot_never_inserted",
+                condition=pgtrigger.Q(new__holds_slot=True),
             ),
             SlotAdmit(
                 name="slot_admit_insert",
@@ -742,7 +756,8 @@ class RateDispatch(models.Model):
 
     Reserved in a committed transaction before the effect, stamped with the
     database's clock just before ``run()`` (``kernel/flow.py``). Rows older than
-    the window are deleted by the next admission of their key.
+    their own window are deleted by the next admission of their key, inside
+    ``k2b_rate_admit``: the runtime role may only read this table (#35).
     """
 
     id = models.BigAutoField(primary_key=True)
@@ -762,6 +777,10 @@ class RateDispatch(models.Model):
         related_name="+",
     )
     seq = models.IntegerField()
+    #: The window the dispatch was admitted under (``per`` plus the margin): the row
+    #: counts, and is kept, for that long after ``at`` whatever a later caller's
+    #: window (#35). NULL for rows admitted before it was recorded.
+    window_ms = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         db_table = "k2b_rate_dispatch"

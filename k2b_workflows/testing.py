@@ -143,7 +143,7 @@ def _next_retry_ms(using: str, worker: Worker) -> float | None:
     with connections[using].cursor() as cursor:
         cursor.execute(
             f"""SELECT EXTRACT(EPOCH FROM (min(run_after) - k2b_now())) * 1000 FROM k2b_run
-                 WHERE status = 'queued' AND {flow.CLAIMABLE}
+                 WHERE ((status = 'queued' AND {flow.CLAIMABLE}) OR {flow.DELAYED_KEYED})
                    AND (workflow_name, workflow_version)
                        IN (SELECT * FROM unnest(%s::text[], %s::int[])) {app_filter}""",
             params,

@@ -46,8 +46,6 @@ class Mutant:
 
 
 MUTANTS = (
-    # django.tasks (#37): an external task's crash must never re-run it; a path that
-    # now names another task must not be called.
     Mutant(
         "task-external-never-rerun",
         "k2b_workflows/taskruns.py",
@@ -472,7 +470,6 @@ MUTANTS = (
             "test_the_workers_page_calls_a_worker_late_once_its_heartbeat_is_not_fresh",
         ),
     ),
-    # #35: a worker acts only on what the key holder wrote.
     Mutant(
         "schedule-seal-pass",
         "k2b_workflows/kernel/schedule_passes.py",
@@ -617,6 +614,173 @@ MUTANTS = (
         "    text = _SHAPED_SECRET_RE.sub(REDACTED, text)\n",
         "",
         ("tests/misuse/test_low_findings.py::test_bare_stripe_and_aws_credentials_are_scrubbed",),
+    ),
+    Mutant(
+        "flow-admit-holders-limit",
+        "k2b_workflows/migrations/0021_flow_guards.py",
+        '    SELECT min(concurrency_limit) INTO cap FROM "public".k2b_run\n',
+        '    SELECT NULL INTO cap FROM "public".k2b_run\n',
+        (
+            "tests/misuse/test_attacks_flow.py::test_an_inserted_run_with_a_limit_of_1000_admits_nobody",
+        ),
+    ),
+    Mutant(
+        "runtime-frozen-run-columns",
+        "k2b_workflows/roles.py",
+        '    "k2b_run": ("workflow_name", "concurrency_key", "concurrency_limit", "holds_slot"),',
+        '    "k2b_run": (),',
+        (
+            "tests/misuse/test_attacks_flow.py::"
+            "test_setting_holds_slot_puts_no_second_run_inside_a_limit_1_key",
+            "tests/misuse/test_attacks_flow.py::test_moving_a_run_off_its_key_is_refused",
+        ),
+    ),
+    Mutant(
+        "runtime-frozen-budget-columns",
+        "k2b_workflows/roles.py",
+        '    "k2b_budget_account": ("root_id", "effect_budget", "max_ai_calls", "max_steps"),',
+        '    "k2b_budget_account": ("root_id",),',
+        (
+            "tests/misuse/test_attacks_flow.py::test_a_tree_budget_of_3_lets_3_emails_through_whatever_the_account_says",
+        ),
+    ),
+    Mutant(
+        "runtime-reads-only-rate-stamps",
+        "k2b_workflows/roles.py",
+        'RUNTIME_READS_ONLY = ("k2b_rate_dispatch",)',
+        "RUNTIME_READS_ONLY = ()",
+        ("tests/misuse/test_attacks_flow.py::test_the_rate_stamps_hold_a_2_per_hour_limit",),
+    ),
+    Mutant(
+        "rate-stamp-own-window",
+        "k2b_workflows/migrations/0021_flow_guards.py",
+        "       AND at <= now_ - COALESCE(window_ms, p_per_ms) * interval '1 millisecond';",
+        "       AND at <= now_ - p_per_ms * interval '1 millisecond';",
+        ("tests/misuse/test_attacks_flow.py::test_the_rate_stamps_hold_a_2_per_hour_limit",),
+    ),
+    Mutant(
+        "slot-never-inserted",
+        "k2b_workflows/migrations/0021_flow_guards.py",
+        "func=\"RAISE EXCEPTION 'k2b_workflows: a run is inserted without a slot "
+        "(admission gives it one)' USING ERRCODE = 'insufficient_privilege';\",",
+        'func="RETURN NEW;",',
+        ("tests/misuse/test_attacks_flow.py::test_an_inserted_run_holding_a_slot_is_refused",),
+    ),
+    Mutant(
+        "slot-held-while-leased",
+        "k2b_workflows/migrations/0021_flow_guards.py",
+        'func=\'IF NEW.lease_expires_at IS NULL OR NEW.lease_expires_at <= "public".k2b_now() '
+        "THEN NEW.holds_slot := false; END IF; RETURN NEW;',",
+        "func='NEW.holds_slot := false; RETURN NEW;',",
+        ("tests/worker/test_flow_slots_held.py",),
+    ),
+    Mutant(
+        "cancel-keeps-a-holders-lease",
+        "k2b_workflows/kernel/interventions.py",
+        "       lease_expires_at = CASE WHEN status = 'running' AND holds_slot\n"
+        "                               THEN lease_expires_at END\n",
+        "       lease_expires_at = NULL\n",
+        ("tests/worker/test_flow_slots_held.py",),
+    ),
+    Mutant(
+        "keeper-holds-a-canceled-holders-lease",
+        "k2b_workflows/kernel/flow.py",
+        "    if held:\n        ids = list(held)\n        conn.execute(_HOLD_SQL",
+        "    if False:\n        ids = list(held)\n        conn.execute(_HOLD_SQL",
+        (
+            "tests/worker/test_flow_slots_held.py::"
+            "test_a_canceled_action_keeps_its_slot_until_it_has_left_run",
+        ),
+    ),
+    Mutant(
+        "cancel-in-progress-spares-incidents",
+        "k2b_workflows/kernel/flow.py",
+        '_CANCELABLE_HOLDERS = frozenset({"queued", "running", "waiting"})',
+        '_CANCELABLE_HOLDERS = frozenset({"queued", "running", "waiting", "needs_attention"})',
+        (
+            "tests/worker/test_flow_slots_held.py::"
+            "test_cancel_in_progress_leaves_a_holder_that_needs_an_operator_in_the_queue",
+        ),
+    ),
+    Mutant(
+        "slot-sweep-of-ended-runs",
+        "k2b_workflows/kernel/flow.py",
+        "       AND (lease_expires_at IS NULL OR lease_expires_at <= k2b_now())\n    RETURNING id)",
+        "       AND false\n    RETURNING id)",
+        (
+            "tests/misuse/test_attacks_flow.py::"
+            "test_holds_slot_on_a_finished_run_is_refused_and_healed_when_the_owner_sets_it",
+        ),
+    ),
+    Mutant(
+        "budget-spent-from-charges",
+        "k2b_workflows/kernel/budgets.py",
+        "        if summed is not None:\n            spent = _json(summed)",
+        "        if False:\n            spent = _json(summed)",
+        (
+            "tests/misuse/test_attacks_flow.py::test_a_tree_budget_of_3_lets_3_emails_through_whatever_the_account_says",
+        ),
+    ),
+    Mutant(
+        "verify-flow-findings",
+        "k2b_workflows/management/commands/verifyworkflows.py",
+        "        flow = flow_audit.findings(using)",
+        "        flow: list[str] = []",
+        ("tests/misuse/test_attacks_flow.py::test_verifyworkflows_names_tampered_slots",),
+    ),
+    Mutant(
+        "action-timeout-positive",
+        "k2b_workflows/actions.py",
+        "        or not 0 < timeout <= MAX_ACTION_TIMEOUT_S\n",
+        "        or False\n",
+        (
+            "tests/kernel/test_flow.py::"
+            "test_an_action_timeout_that_is_not_positive_seconds_is_refused_at_class_creation",
+        ),
+    ),
+    Mutant(
+        "workflow-timeout-bound",
+        "k2b_workflows/workflows.py",
+        "        if timeout > MAX_TIMEOUT:",
+        "        if False:",
+        ("tests/kernel/test_flow.py::test_a_malformed_declaration_is_refused_naming_its_field",),
+    ),
+    Mutant(
+        "rate-limit-per-bound",
+        "k2b_workflows/limits.py",
+        "        if self.per > MAX_PER:",
+        "        if False:",
+        ("tests/kernel/test_flow.py::test_a_malformed_declaration_is_refused_naming_its_field",),
+    ),
+    Mutant(
+        "key-page-bad-argument",
+        "k2b_workflows/admin/views.py",
+        '        if "\\x00" in value or len(value) > longest:',
+        "        if False:",
+        ("tests/kernel/test_flow.py::test_the_key_page_answers_400_naming_a_bad_argument",),
+    ),
+    Mutant(
+        "slot-only-when-due",
+        "k2b_workflows/migrations/0021_flow_guards.py",
+        '           AND run_after <= "public".k2b_now()\n',
+        "",
+        ("tests/kernel/test_flow.py::test_a_keyed_run_after_holds_no_slot_before_it_is_due",),
+    ),
+    Mutant(
+        "housekeeping-admits-due-keyed-runs",
+        "k2b_workflows/worker/loop.py",
+        "            if any(d.concurrency is not None for d in registered_versions()):",
+        "            if False:",
+        ("tests/kernel/test_flow.py::test_a_keyed_run_after_holds_no_slot_before_it_is_due",),
+    ),
+    Mutant(
+        "ai-calls-from-charges",
+        "k2b_workflows/kernel/budgets.py",
+        "            used = cursor.fetchone()[0]",
+        "            cursor.fetchone()",
+        (
+            "tests/misuse/test_attacks_flow.py::test_max_ai_calls_holds_whatever_the_ai_calls_counter_says",
+        ),
     ),
 )
 

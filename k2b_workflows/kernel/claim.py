@@ -121,7 +121,10 @@ def claim_statement(
     return sql, params
 
 
-_REAP_SQL = """
+_REAP_SQL = (
+    "WITH"
+    + flow.SWEEP_CTE
+    + """
 UPDATE k2b_run
    SET status = 'queued',
        consecutive_failures = consecutive_failures + 1,
@@ -136,6 +139,7 @@ UPDATE k2b_run
                WHERE status = 'running' AND lease_expires_at < k2b_now()
                LIMIT 500 FOR UPDATE SKIP LOCKED)
 """
+)
 
 _PROMOTE_SQL = """
 UPDATE k2b_run
@@ -148,6 +152,9 @@ UPDATE k2b_run
 
 def reap_expired(using: str) -> int:
     """Re-queue runs whose lease expired: a crash counts as a consecutive failure.
+
+    In the same statement, free the slots of ended runs whose worker died
+    inside ``run()`` (``flow.SWEEP_CTE``).
 
     The run keeps its generation until the next claim raises it, and the
     status change alone already fences the old holder out.
@@ -190,6 +197,7 @@ def next_due_in_ms(using: str) -> float | None:
                    (SELECT min(run_after) FROM k2b_run
                      WHERE status = 'queued' AND priority_credit_ms > 0 AND {flow.CLAIMABLE}
                        AND run_after > k2b_now()),
+                   (SELECT min(run_after) FROM k2b_run WHERE {flow.DELAYED_KEYED}),
                    (SELECT min(wait_deadline) FROM k2b_run WHERE status = 'waiting'),
                    (SELECT min(lease_expires_at) FROM k2b_run WHERE status = 'running')
                ) - k2b_now())) * 1000"""

@@ -32,6 +32,7 @@ at start-up on a configuration error (an unmigrated database, a bad URL:
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
 import socket
@@ -112,6 +113,8 @@ class Worker:
         self.prefetch = Prefetch(store.claim_prefetch(), concurrency)
         self._lock = threading.Lock()
         self._last_housekeeping = 0.0
+        #: The database's time of the last admission of keyed runs that became due.
+        self._keyed_due_since: dt.datetime | None = None
         #: At start-up, give up after this many seconds without a database (None: never).
         self.wait_for_db = wait_for_db
         #: Where start-up notices go ("waiting for the database"), besides the log.
@@ -590,6 +593,10 @@ class Worker:
             ai.reap_expired(self.using)
             waits.purge_stale_rendezvous(self.using)
             overdue = timeouts.overdue(self.using)
+            if any(d.concurrency is not None for d in registered_versions()):
+                # Keyed runs started with a run_after take a slot once due (#35).
+                self._keyed_due_since, admitted = flow.admit_due(self.using, self._keyed_due_since)
+                promoted += admitted
         if reaped:
             logger.warning("re-queued %d run(s) whose lease expired", reaped)
         if overdue:
@@ -648,6 +655,7 @@ class Worker:
                      WHERE (workflow_name, workflow_version)
                            IN (SELECT * FROM unnest(%s::text[], %s::int[])) {app_filter}
                         AND ((status = 'queued' AND {flow.CLAIMABLE})
+                             OR {flow.DELAYED_KEYED}
                              OR (status = 'running'
                                  AND lease_expires_at < k2b_now())))""",
                 params,

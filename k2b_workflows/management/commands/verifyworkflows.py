@@ -1,7 +1,10 @@
 """``manage.py verifyworkflows``: check every run's evidence: chains, anchors and seals.
 
 And every schedule row's seal: a row the runtime role wrote or edited fires
-nothing (``kernel/schedule_seals.py``), and is named here.
+nothing (``kernel/schedule_seals.py``), and is named here. And the
+flow-control and budget state no kernel path leaves behind: a key with more
+slot holders than its limit, a slot held by an ended run or without a key, a
+budget whose spending is not its charges' sum (``kernel/flow_audit.py``).
 
 Finished runs included: a run is verified by the kernel only while it runs,
 and an edited resolution on a run that ended a year ago is still a lie.
@@ -21,7 +24,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from k2b_workflows import store
-from k2b_workflows.kernel import audit, witness
+from k2b_workflows.kernel import audit, flow_audit, witness
 from k2b_workflows.management.arguments import integer
 from k2b_workflows.models import JournalEntry, LedgerEntry, WorkflowRun, WorkflowSchedule
 
@@ -78,6 +81,13 @@ class Command(BaseCommand):
         if schedules:
             summary += f"; {schedules} schedules: {tampered} not written by the key holder"
             broken += tampered
+        # Slots, limits and budgets no kernel path leaves behind (#35).
+        flow = flow_audit.findings(using)
+        for line in flow:
+            self.stdout.write(f"FLOW {line}")
+        if flow:
+            broken += len(flow)
+            summary += f"; {len(flow)} flow-control or budget findings"
         if witness:
             records, findings = _witnessed(lines, using)
             for finding in findings:
