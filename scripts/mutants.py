@@ -20,7 +20,9 @@ longer applies (the guarded code moved: update the table).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import os
+import queue
 import shutil
 import subprocess
 import sys
@@ -815,20 +817,20 @@ def _apply(tree: Path, mutant: Mutant) -> str:
     return original
 
 
-def _own_database(url: str) -> str:
-    """``url`` with ``_mutants`` added to the database name: the test database pytest
-    creates from it (``test_<name>_mutants``) is not the one a ``make test`` beside
-    this run creates and drops."""
+def _own_database(url: str, job: int) -> str:
+    """``url`` with ``_mutants<job>`` added to the database name: the test database
+    pytest creates from it (``test_<name>_mutants<job>``) is neither the one a
+    ``make test`` beside this run creates and drops, nor another job's."""
     parts = urlsplit(url)
     name = parts.path.lstrip("/") or "postgres"
-    return urlunsplit(parts._replace(path=f"/{name}_mutants"))
+    return urlunsplit(parts._replace(path=f"/{name}_mutants{job}"))
 
 
-def _pytest(tree: Path, targets: list[str], timeout: float) -> tuple[int, str]:
+def _pytest(tree: Path, targets: list[str], timeout: float, job: int) -> tuple[int, str]:
     env = {
         **os.environ,
         "PYTHONDONTWRITEBYTECODE": "1",
-        "DATABASE_URL": _own_database(os.environ["DATABASE_URL"]),
+        "DATABASE_URL": _own_database(os.environ["DATABASE_URL"], job),
         # A supervisor's mutant shows as a wait that never ends: wait less for it.
         "K2B_PROCESS_TEST_TIMEOUT": os.environ.get("K2B_PROCESS_TEST_TIMEOUT", "40"),
     }
@@ -852,6 +854,29 @@ def _pytest(tree: Path, targets: list[str], timeout: float) -> tuple[int, str]:
     return done.returncode, tail[-1] if tail else ""
 
 
+def _run(mutant: Mutant, tree: Path, args: argparse.Namespace, job: int) -> tuple[bool, str]:
+    """Apply ``mutant`` to ``tree`` (a job's own copy), run its tests, restore the file."""
+    original = _apply(tree, mutant)
+    started = time.monotonic()
+    try:
+        if args.full:
+            targets = ["-m", "not crash and not slow and not browser", "tests"]
+        else:
+            targets = list(mutant.tests)
+        code, last = _pytest(tree, targets, args.timeout, job)
+    finally:
+        (tree / mutant.path).write_text(original)
+    # Caught: a test failed. Only errors (setup, collection, the database),
+    # or no test at all (exit 5), is no verdict, and is reported as such.
+    caught = code == 1 and " failed" in last
+    verdict = "caught" if caught else ("SURVIVED" if code == 0 else "NO VERDICT")
+    line = (
+        f"{mutant.name:26} {verdict:10} "
+        f"{time.monotonic() - started:7.1f}  {' '.join(mutant.tests)}: {last}"
+    )
+    return caught, line
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", help="mutants to run (default: all)")
@@ -859,6 +884,13 @@ def main() -> int:
         "--full", action="store_true", help="run the whole fast suite against each mutant"
     )
     parser.add_argument("--timeout", type=float, default=900, help="seconds per mutant")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=int(os.environ.get("MUTANTS_JOBS", "3")),
+        help="mutants run at once, each in a copy of the tree and a database of its own "
+        "(most of a mutant's time is spent waiting on PostgreSQL and worker processes)",
+    )
     args = parser.parse_args()
     if not os.environ.get("DATABASE_URL"):
         print("DATABASE_URL is not set (run it through 'make mutants')", file=sys.stderr)
@@ -868,33 +900,33 @@ def main() -> int:
     if unknown:
         print(f"unknown mutants: {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2
+    jobs = max(1, min(args.jobs, len(chosen)))
     survivors = []
     with tempfile.TemporaryDirectory(prefix="k2b-mutants-") as tmp:
-        tree = Path(tmp)
-        _copy_tree(tree)
-        print(f"{'mutant':26} {'result':10} {'seconds':>7}  tests")
-        for mutant in chosen:
-            original = _apply(tree, mutant)
-            started = time.monotonic()
+        trees: queue.Queue[tuple[int, Path]] = queue.Queue()
+        for job in range(jobs):
+            tree = Path(tmp) / str(job)
+            _copy_tree(tree)
+            # Every guarded text occurs once before anything runs: a stale table
+            # fails at once, not after an hour of the others.
+            for mutant in chosen:
+                _apply(tree, mutant)
+                (tree / mutant.path).write_text((ROOT / mutant.path).read_text())
+            trees.put((job, tree))
+
+        def one(mutant: Mutant) -> tuple[Mutant, bool, str]:
+            job, tree = trees.get()
             try:
-                if args.full:
-                    targets = ["-m", "not crash and not slow and not browser", "tests"]
-                else:
-                    targets = list(mutant.tests)
-                code, last = _pytest(tree, targets, args.timeout)
+                return (mutant, *_run(mutant, tree, args, job))
             finally:
-                (tree / mutant.path).write_text(original)
-            # Caught: a test failed. Only errors (setup, collection, the database),
-            # or no test at all (exit 5), is no verdict, and is reported as such.
-            caught = code == 1 and " failed" in last
-            verdict = "caught" if caught else ("SURVIVED" if code == 0 else "NO VERDICT")
-            if not caught:
-                survivors.append(mutant.name)
-            print(
-                f"{mutant.name:26} {verdict:10} "
-                f"{time.monotonic() - started:7.1f}  {' '.join(mutant.tests)}: {last}",
-                flush=True,
-            )
+                trees.put((job, tree))
+
+        print(f"{'mutant':26} {'result':10} {'seconds':>7}  tests", flush=True)
+        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+            for mutant, caught, line in pool.map(one, chosen):
+                print(line, flush=True)
+                if not caught:
+                    survivors.append(mutant.name)
     if survivors:
         print(f"\n{len(survivors)} mutant(s) not caught: {', '.join(survivors)}")
         return 1
