@@ -47,7 +47,7 @@ class TzLoader(Loader):
         self._parse = _PARSER(oid, context).load
 
     def load(self, data: Any) -> datetime.datetime:
-        return self._parse(data).replace(tzinfo=self.timezone)  # type: ignore[no-any-return]
+        return self._parse(data).replace(tzinfo=self.timezone)
 
 
 def install(conn: psycopg.Connection) -> None:
@@ -58,11 +58,11 @@ def install(conn: psycopg.Connection) -> None:
     """
     if _DJANGO is None or _PARSER is None:
         return
-    current = conn.adapters.get_loader(_OID, Format.TEXT)
+    current: Any = conn.adapters.get_loader(_OID, Format.TEXT)
     if current is None or not issubclass(current, _DJANGO):
         return
 
     class Specific(TzLoader):
-        timezone = current.timezone  # type: ignore[attr-defined]
+        timezone = current.timezone
 
     conn.adapters.register_loader(_OID, Specific)
