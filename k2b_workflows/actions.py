@@ -397,6 +397,7 @@ class Action:
                 f"{cls.__name__}.redispatch_when_absent applies to EXTERNAL, IRREVERSIBLE and "
                 f"SNAPSHOT_RESTORE actions, not {effect.name}"
             )
+        _check_timeout(cls.__name__, cls.__dict__.get("timeout"))
 
     def cost(self, input: Any) -> dict[str, int]:
         """Units this step charges to the root run's ``effect_budget``, e.g. ``{"emails": 1}``.
@@ -495,3 +496,24 @@ def as_action(action: Any) -> Action:
     if isinstance(action, Action):
         return action
     raise InvalidInput(f"run.step() takes an Action subclass or instance, not {action!r}")
+
+
+#: The longest ``Action.timeout``: a year of seconds, well inside what the lease
+#: keeper's clock and PostgreSQL's intervals hold.
+MAX_ACTION_TIMEOUT_S = 366 * 86_400
+
+
+def _check_timeout(owner: str, timeout: Any) -> None:
+    """``timeout`` is None or a positive number of seconds (#35): 0 and -1 were accepted
+    and not enforced (the lease was renewed as if no timeout were set)."""
+    if timeout is None:
+        return
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not 0 < timeout <= MAX_ACTION_TIMEOUT_S
+    ):
+        raise InvalidInput(
+            f"{owner}.timeout must be None or seconds above 0 and at most "
+            f"{MAX_ACTION_TIMEOUT_S}, not {timeout!r:.80}"
+        )

@@ -20,6 +20,8 @@ from .exceptions import InvalidInput
 #: Most runs of one key that may be active at once, and most dispatches a rate
 #: limit admits per window: PostgreSQL ``integer``.
 MAX_LIMIT = validation.MAX_INT
+#: The longest rate-limit window: a year. Its dispatches are kept that long.
+MAX_PER = timedelta(days=366)
 
 
 class Strategy(enum.StrEnum):
@@ -71,6 +73,12 @@ class RateLimit:
             )
         if self.per < timedelta(milliseconds=1):
             raise InvalidInput(f"RateLimit(per=...) must be at least 1 ms, not {self.per}")
+        if self.per > MAX_PER:
+            # Accepted, a huge window failed every dispatch in PostgreSQL's date
+            # arithmetic until the step's retries ran out (#35).
+            raise InvalidInput(
+                f"RateLimit(per=...) must be at most {MAX_PER.days} days, not {self.per}"
+            )
 
     @property
     def per_ms(self) -> int:

@@ -18,31 +18,46 @@ from django.db import connections
 from psycopg import sql
 
 #: Tables whose rows are evidence: the runtime role may only add and read.
-APPEND_ONLY_TABLES = ("k2b_journal", "k2b_ledger", "k2b_budget_charge")
+#: ``k2b_task_attempt``: a django.tasks task's failed calls, written once by its worker (#37).
+APPEND_ONLY_TABLES = ("k2b_journal", "k2b_ledger", "k2b_budget_charge", "k2b_task_attempt")
 _FORBIDDEN = ("UPDATE", "DELETE", "TRUNCATE")
 #: Tables whose rows the runtime role removes itself: workers purge the fleet
 #: rows of stopped or lost workers as they beat (``fleet.py``), and wait
 #: rendezvous nobody consumed in their housekeeping (``kernel/waits.py``).
-#: Rate-limited dispatches older than their window go with the next admission of
-#: their key (``kernel/flow.py``), and the admin's overview drops its per-minute
-#: counts older than two days (``admin/overview.py``). None holds evidence. And schedules
-#: an operator deletes in the admin, with their skipped-tick records (their runs
-#: stay). Nothing else.
+#: The admin's overview drops its per-minute counts older than two days
+#: (``admin/overview.py``). None holds evidence. And schedules an operator deletes
+#: in the admin, with their skipped-tick records (their runs stay). Nothing else.
 RUNTIME_DELETES = (
     "k2b_overview_minute",
-    "k2b_rate_dispatch",
     "k2b_schedule",
     "k2b_schedule_skip",
     "k2b_wait",
     "k2b_worker",
 )
-#: The kernel's SQL functions (migrations 0009 and 0016): statements and triggers
-#: call them as the runtime role.
+#: Tables the runtime role may only read (#35): the rate-limit stamps decide how
+#: often an effect may happen, and deleting them let 4 dispatches through a
+#: 2-per-hour limit. ``k2b_rate_admit`` and ``k2b_rate_stamp`` (SECURITY DEFINER,
+#: migration 0021) write them, and delete only rows their own window let go of.
+RUNTIME_READS_ONLY = ("k2b_rate_dispatch",)
+#: Columns the runtime role writes when it inserts a row and never changes (#35):
+#: what decides how often an effect may happen. Each slot is given by
+#: ``k2b_flow_admit`` (SECURITY DEFINER) alone and freed by the row's trigger;
+#: a key or a workflow name changed under a run, or a limit raised, let three
+#: runs of a limit-1 key inside the action at once; a raised budget let three
+#: charges through a budget of one. The runtime role may UPDATE every other column.
+FROZEN_COLUMNS = {
+    "k2b_run": ("workflow_name", "concurrency_key", "concurrency_limit", "holds_slot"),
+    "k2b_budget_account": ("root_id", "effect_budget", "max_ai_calls", "max_steps"),
+}
+#: The kernel's SQL functions (migrations 0009, 0016 and 0021): statements and
+#: triggers call them as the runtime role. None takes an argument that decides
+#: how often an effect may happen: the limit a slot is given under is read from
+#: the rows, and a rate window never deletes a younger one's rows.
 KERNEL_FUNCTIONS = (
     ("k2b_now", ""),
     ("k2b_queue_order", "timestamptz, bigint"),
     ("k2b_flow_holders", "text, text"),
-    ("k2b_flow_admit", "text, text, integer"),
+    ("k2b_flow_admit", "text, text"),
     ("k2b_rate_admit", "text, integer, bigint, uuid, integer, bigint"),
     ("k2b_rate_stamp", "bigint"),
 )
@@ -80,7 +95,11 @@ def grant_statements(role: str, using: str) -> list[sql.Composed]:
     with connections[using].cursor() as cursor:
         cursor.execute("SELECT pg_catalog.current_schema()")
         schema = cursor.fetchone()[0]
-    mutable = [t for t in tables if t not in APPEND_ONLY_TABLES]
+    mutable = [
+        t
+        for t in tables
+        if t not in APPEND_ONLY_TABLES and t not in RUNTIME_READS_ONLY and t not in FROZEN_COLUMNS
+    ]
     grantee = sql.Identifier(role)
 
     def names(items: list[str] | tuple[str, ...]) -> sql.Composed:
@@ -94,6 +113,21 @@ def grant_statements(role: str, using: str) -> list[sql.Composed]:
         ),
         sql.SQL("GRANT SELECT, INSERT, UPDATE ON TABLE {} TO {}").format(names(mutable), grantee),
     ]
+    for table, frozen in FROZEN_COLUMNS.items():
+        if table not in tables:
+            continue
+        statements.append(
+            sql.SQL("GRANT SELECT, INSERT, UPDATE ({}) ON TABLE {} TO {}").format(
+                sql.SQL(", ").join(sql.Identifier(c) for c in _columns(table) if c not in frozen),
+                sql.Identifier(table),
+                grantee,
+            )
+        )
+    readable = [t for t in RUNTIME_READS_ONLY if t in tables]
+    if readable:
+        statements.append(
+            sql.SQL("GRANT SELECT ON TABLE {} TO {}").format(names(readable), grantee)
+        )
     deletable = [t for t in RUNTIME_DELETES if t in tables]
     if deletable:
         statements.append(
@@ -119,6 +153,15 @@ def grant_statements(role: str, using: str) -> list[sql.Composed]:
         )
     )
     return [s if isinstance(s, sql.Composed) else sql.Composed([s]) for s in statements]
+
+
+def _columns(table: str) -> list[str]:
+    """The columns of one of the app's tables, in the model's order."""
+    config = apps.get_app_config("k2b_workflows")
+    for model in config.get_models():
+        if model._meta.db_table == table:
+            return [f.column for f in model._meta.concrete_fields]
+    raise LookupError(table)
 
 
 _SEQUENCES_SQL = """
@@ -163,7 +206,9 @@ def apply_grants(role: str, using: str) -> list[str]:
 
 def excess_privileges(using: str) -> list[str]:
     """What the role connected on ``using`` could do to the append-only tables beyond
-    INSERT and SELECT: each item is a bypass of the evidence's protection."""
+    INSERT and SELECT, or to the flow-control and budget state beyond what
+    ``grantworkflows`` grants: each item is a bypass of the evidence's protection
+    or of a limit."""
     problems = []
     with connections[using].cursor() as cursor:
         cursor.execute("SELECT current_user, rolsuper FROM pg_roles WHERE rolname = current_user")
@@ -184,6 +229,25 @@ def excess_privileges(using: str) -> list[str]:
             for privilege in _FORBIDDEN:
                 cursor.execute(
                     "SELECT has_table_privilege(current_user, %s, %s)", [table, privilege]
+                )
+                if cursor.fetchone()[0]:
+                    problems.append(f"{user} can {privilege} {table}")
+        # What decides how often an effect may happen (#35).
+        for table, frozen in FROZEN_COLUMNS.items():
+            for column in frozen:
+                cursor.execute(
+                    "SELECT CASE WHEN to_regclass(%s) IS NOT NULL"
+                    " THEN has_column_privilege(current_user, %s, %s, 'UPDATE') END",
+                    [table, table, column],
+                )
+                if cursor.fetchone()[0]:
+                    problems.append(f"{user} can UPDATE {table}.{column}")
+        for table in RUNTIME_READS_ONLY:
+            for privilege in ("INSERT", "UPDATE", "DELETE"):
+                cursor.execute(
+                    "SELECT CASE WHEN to_regclass(%s) IS NOT NULL"
+                    " THEN has_table_privilege(current_user, %s, %s) END",
+                    [table, table, privilege],
                 )
                 if cursor.fetchone()[0]:
                     problems.append(f"{user} can {privilege} {table}")

@@ -184,26 +184,57 @@ def append_only(name: str) -> list[pgtrigger.Trigger]:
 
 
 class SlotRelease(PinnedTrigger):
-    """A run that ends gives its concurrency slot up, in the transaction that ends it.
+    """A run that ends gives its concurrency slot up once its action has left ``run()``.
 
     On the row itself, so no path that ends a run (its last step, a failure, a
     cancel, an operator's resolution, a hand-written ``UPDATE``) can keep it.
+    But not while the run's lease is live (#35): a run canceled (by an
+    operator, its timeout or ``cancel_in_progress``) while its worker is inside
+    ``run()`` keeps the slot until that worker has left ``run()`` (it clears the
+    lease, ``flow.leave``) or its lease runs out (the worker died; the
+    housekeeping sweep clears it). Freed at the cancel, the next run of a
+    limit-1 key entered the provider beside the canceled one. Every end a
+    worker writes itself clears the lease in the same statement.
     """
 
     when = pgtrigger.Before
     operation = pgtrigger.Update
 
     def get_func(self, model: Any) -> str:
-        return "NEW.holds_slot := false; RETURN NEW;"
+        return (
+            'IF NEW.lease_expires_at IS NULL OR NEW.lease_expires_at <= "public".k2b_now() THEN '
+            "NEW.holds_slot := false; END IF; RETURN NEW;"
+        )
 
 
 class SlotAdmit(PinnedTrigger):
-    """A freed slot, or a keyed run newly queued without one: admit who is next for the key."""
+    """A freed slot, or a keyed run newly queued without one: admit who is next for the key.
+
+    ``k2b_flow_admit`` takes no limit (#35): it reads the limit from the key's
+    holders and the run it admits, which the runtime role cannot change.
+    """
 
     when = pgtrigger.After
 
     def get_func(self, model: Any) -> str:
         return (
-            'PERFORM "public".k2b_flow_admit(NEW.workflow_name, NEW.concurrency_key, '
-            "NEW.concurrency_limit); RETURN NULL;"
+            'PERFORM "public".k2b_flow_admit(NEW.workflow_name, NEW.concurrency_key); RETURN NULL;'
+        )
+
+
+class SlotNeverInserted(PinnedTrigger):
+    """A run is never written holding a slot: only admission (``k2b_flow_admit``) gives one.
+
+    The runtime role may not UPDATE ``holds_slot`` (``roles.py``), but it
+    inserts runs: without this, an inserted row holding a slot would be one
+    more run inside a full key (#35).
+    """
+
+    when = pgtrigger.Before
+    operation = pgtrigger.Insert
+
+    def get_func(self, model: Any) -> str:
+        return (
+            "RAISE EXCEPTION 'k2b_workflows: a run is inserted without a slot "
+            "(admission gives it one)' USING ERRCODE = 'insufficient_privilege';"
         )

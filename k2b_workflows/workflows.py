@@ -29,6 +29,8 @@ from .schedules import Schedule
 WorkflowFn = Callable[["RunHandle", Any], Any]
 
 DEFAULT_MAX_STEPS = 1000
+#: The longest workflow ``timeout``: a century, far inside a datetime's range.
+MAX_TIMEOUT = dt.timedelta(days=36_525)
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,9 @@ def workflow(
             raise InvalidInput(f"timeout must be a timedelta or None, not {timeout!r:.80}")
         if timeout <= dt.timedelta(0):
             raise InvalidInput(f"timeout must be a positive timedelta, not {timeout}")
+        if timeout > MAX_TIMEOUT:
+            # Accepted, 999,999,999 days raised OverflowError at every start (#35).
+            raise InvalidInput(f"timeout must be at most {MAX_TIMEOUT.days} days, not {timeout}")
     check_concurrency(concurrency)
 
     def register(fn: WorkflowFn) -> WorkflowFn:

@@ -47,6 +47,34 @@ class Mutant:
 
 MUTANTS = (
     Mutant(
+        "task-external-never-rerun",
+        "k2b_workflows/taskruns.py",
+        '"external": Effect.EXTERNAL}',
+        '"external": Effect.IDEMPOTENT}',
+        (
+            "tests/tasks/test_workers.py::"
+            "test_an_external_task_killed_while_running_is_never_run_again",
+        ),
+    ),
+    Mutant(
+        "task-enqueue-on-callers-connection",
+        "k2b_workflows/kernel/starts.py",
+        "    with transaction.mark_for_rollback_on_error(using), connection.cursor() as cursor:",
+        "    with db.autocommit_connection(using) as own, own.cursor() as cursor:",
+        (
+            "tests/tasks/test_contract.py::test_an_enqueue_rolled_back_never_runs",
+            "tests/tasks/test_workers.py::"
+            "test_a_burst_worker_does_not_run_a_task_whose_enqueue_has_not_committed",
+        ),
+    ),
+    Mutant(
+        "task-path-check",
+        "k2b_workflows/taskruns.py",
+        "    if task.module_path != path:",
+        "    if False:",
+        ("tests/tasks/test_workers.py::test_a_path_that_now_names_another_task_is_not_called",),
+    ),
+    Mutant(
         "wheel-package-data",
         "pyproject.toml",
         'k2b_workflows = ["templates/**", "static/**", "py.typed"]',
@@ -447,6 +475,318 @@ MUTANTS = (
         (
             "tests/worker/test_fleet.py::"
             "test_the_workers_page_calls_a_worker_late_once_its_heartbeat_is_not_fresh",
+        ),
+    ),
+    Mutant(
+        "schedule-seal-pass",
+        "k2b_workflows/kernel/schedule_passes.py",
+        "            if tampered is not None:\n",
+        "            if False:\n",
+        (
+            "tests/misuse/test_sealed_rows.py::"
+            "test_the_issues_attack_a_schedule_row_the_runtime_role_inserted_charges_nothing",
+            "tests/misuse/test_sealed_rows.py::"
+            "test_an_operators_schedule_row_edited_by_the_runtime_role_starts_nothing",
+            "tests/misuse/test_sealed_rows.py::test_a_renamed_and_rewound_schedule_fires_no_tick_again",
+        ),
+    ),
+    Mutant(
+        "schedule-seal-save",
+        "k2b_workflows/schedule_models.py",
+        '            if tampered and not getattr(self, "reviewed", False):\n',
+        "            if False:\n",
+        (
+            "tests/misuse/test_sealed_rows.py::"
+            "test_a_tampered_row_is_sealed_again_only_by_a_save_of_its_whole_spec",
+        ),
+    ),
+    Mutant(
+        "schedule-seal-run-now",
+        "k2b_workflows/scheduling.py",
+        "    if tampered is not None:\n        raise InvalidInput(",
+        "    if False:\n        raise InvalidInput(",
+        (
+            "tests/misuse/test_sealed_rows.py::"
+            "test_a_tampered_row_is_sealed_again_only_by_a_save_of_its_whole_spec",
+        ),
+    ),
+    Mutant(
+        "ai-request-seal",
+        "k2b_workflows/kernel/ai.py",
+        "        if forged is not None:\n",
+        "        if False:\n",
+        (
+            "tests/misuse/test_sealed_rows.py::"
+            "test_an_ai_task_request_the_runtime_role_wrote_never_reaches_the_provider",
+        ),
+    ),
+    Mutant(
+        "waiter-end-seal",
+        "k2b_workflows/results.py",
+        "        if forged is not None:\n",
+        "        if False:\n",
+        (
+            "tests/misuse/test_sealed_rows.py::"
+            "test_wait_for_workflow_run_refuses_an_end_the_runtime_role_wrote",
+            "tests/misuse/test_sealed_rows.py::"
+            "test_await_workflow_run_refuses_an_end_the_runtime_role_wrote",
+        ),
+    ),
+    Mutant(
+        "clock-reads-no-setting",
+        "k2b_workflows/migrations/0020_sealed_schedules_and_clock.py",
+        "    RETURN pg_catalog.statement_timestamp();\n",
+        "    RETURN pg_catalog.statement_timestamp() + COALESCE(NULLIF(pg_catalog.current_setting("
+        "'k2b.clock_offset', true), ''), '0')::interval;\n",
+        (
+            "tests/misuse/test_clock_attacks.py::test_a_runtime_role_session_cannot_move_k2b_now",
+            "tests/misuse/test_clock_attacks.py::"
+            "test_through_a_transaction_pooler_a_left_setting_does_not_move_the_next_clients_clock",
+        ),
+    ),
+    Mutant(
+        "clock-offset-off-after-test",
+        "k2b_workflows/testing.py",
+        "        _honour_offset(False)\n",
+        "        pass\n",
+        (
+            "tests/misuse/test_clock_attacks.py::"
+            "test_the_controlled_clock_moves_k2b_now_while_it_runs_and_not_after",
+        ),
+    ),
+    Mutant(
+        "witness-goes-somewhere",
+        "k2b_workflows/checks.py",
+        "    if witness.goes_somewhere():\n",
+        "    if True:\n",
+        ("tests/misuse/test_witness_check.py",),
+    ),
+    Mutant(
+        "schedule-span-cap",
+        "k2b_workflows/schedules.py",
+        "    if every > MAX_SPAN:\n",
+        "    if False:\n",
+        ("tests/schedules/test_schedule_bad_inputs.py",),
+        also=(("    if jitter > MAX_SPAN:\n", "    if False:\n"),),
+    ),
+    Mutant(
+        "schedule-jitter-under-every",
+        "k2b_workflows/schedules.py",
+        "self.jitter is not None and self.jitter >= self.every:",
+        "self.jitter is not None and False:",
+        ("tests/schedules/test_schedule_bad_inputs.py",),
+    ),
+    Mutant(
+        "schedule-zone-with-every",
+        "k2b_workflows/schedules.py",
+        'if self.every is not None and self.timezone != "UTC":',
+        "if False:",
+        ("tests/schedules/test_schedule_bad_inputs.py",),
+    ),
+    Mutant(
+        "schedule-cron-step",
+        "k2b_workflows/schedules.py",
+        "            if len(step) > 4 or int(step) > largest:\n",
+        "            if False:\n",
+        ("tests/schedules/test_schedule_bad_inputs.py",),
+    ),
+    Mutant(
+        "flushable-by-name",
+        "k2b_workflows/testdb.py",
+        "    if test_environment_active() and _named_as_a_test_database(using):\n",
+        "    if test_environment_active():\n",
+        (
+            "tests/misuse/test_low_findings.py::"
+            "test_a_no_op_migrate_of_the_live_database_does_not_make_it_flushable",
+        ),
+    ),
+    Mutant(
+        "trace-context-sane",
+        "k2b_workflows/tracing.py",
+        "    stored = stored_context(run.pk, run.trace_context)\n    span_context",
+        "    stored = run.trace_context or {}\n    span_context",
+        (
+            "tests/misuse/test_low_findings.py::test_a_garbage_trace_context_is_ignored_with_one_warning",
+        ),
+        also=(
+            (
+                "        stored = stored_context(run.pk, run.trace_context)\n        links",
+                "        stored = run.trace_context or {}\n        links",
+            ),
+        ),
+    ),
+    Mutant(
+        "redact-shaped-secrets",
+        "k2b_workflows/redaction.py",
+        "    text = _SHAPED_SECRET_RE.sub(REDACTED, text)\n",
+        "",
+        ("tests/misuse/test_low_findings.py::test_bare_stripe_and_aws_credentials_are_scrubbed",),
+    ),
+    Mutant(
+        "flow-admit-holders-limit",
+        "k2b_workflows/migrations/0021_flow_guards.py",
+        '    SELECT min(concurrency_limit) INTO cap FROM "public".k2b_run\n',
+        '    SELECT NULL INTO cap FROM "public".k2b_run\n',
+        (
+            "tests/misuse/test_attacks_flow.py::test_an_inserted_run_with_a_limit_of_1000_admits_nobody",
+        ),
+    ),
+    Mutant(
+        "runtime-frozen-run-columns",
+        "k2b_workflows/roles.py",
+        '    "k2b_run": ("workflow_name", "concurrency_key", "concurrency_limit", "holds_slot"),',
+        '    "k2b_run": (),',
+        (
+            "tests/misuse/test_attacks_flow.py::"
+            "test_setting_holds_slot_puts_no_second_run_inside_a_limit_1_key",
+            "tests/misuse/test_attacks_flow.py::test_moving_a_run_off_its_key_is_refused",
+        ),
+    ),
+    Mutant(
+        "runtime-frozen-budget-columns",
+        "k2b_workflows/roles.py",
+        '    "k2b_budget_account": ("root_id", "effect_budget", "max_ai_calls", "max_steps"),',
+        '    "k2b_budget_account": ("root_id",),',
+        (
+            "tests/misuse/test_attacks_flow.py::test_a_tree_budget_of_3_lets_3_emails_through_whatever_the_account_says",
+        ),
+    ),
+    Mutant(
+        "runtime-reads-only-rate-stamps",
+        "k2b_workflows/roles.py",
+        'RUNTIME_READS_ONLY = ("k2b_rate_dispatch",)',
+        "RUNTIME_READS_ONLY = ()",
+        ("tests/misuse/test_attacks_flow.py::test_the_rate_stamps_hold_a_2_per_hour_limit",),
+    ),
+    Mutant(
+        "rate-stamp-own-window",
+        "k2b_workflows/migrations/0021_flow_guards.py",
+        "       AND at <= now_ - COALESCE(window_ms, p_per_ms) * interval '1 millisecond';",
+        "       AND at <= now_ - p_per_ms * interval '1 millisecond';",
+        ("tests/misuse/test_attacks_flow.py::test_the_rate_stamps_hold_a_2_per_hour_limit",),
+    ),
+    Mutant(
+        "slot-never-inserted",
+        "k2b_workflows/migrations/0021_flow_guards.py",
+        "func=\"RAISE EXCEPTION 'k2b_workflows: a run is inserted without a slot "
+        "(admission gives it one)' USING ERRCODE = 'insufficient_privilege';\",",
+        'func="RETURN NEW;",',
+        ("tests/misuse/test_attacks_flow.py::test_an_inserted_run_holding_a_slot_is_refused",),
+    ),
+    Mutant(
+        "slot-held-while-leased",
+        "k2b_workflows/migrations/0021_flow_guards.py",
+        'func=\'IF NEW.lease_expires_at IS NULL OR NEW.lease_expires_at <= "public".k2b_now() '
+        "THEN NEW.holds_slot := false; END IF; RETURN NEW;',",
+        "func='NEW.holds_slot := false; RETURN NEW;',",
+        ("tests/worker/test_flow_slots_held.py",),
+    ),
+    Mutant(
+        "cancel-keeps-a-holders-lease",
+        "k2b_workflows/kernel/interventions.py",
+        "       lease_expires_at = CASE WHEN status = 'running' AND holds_slot\n"
+        "                               THEN lease_expires_at END\n",
+        "       lease_expires_at = NULL\n",
+        ("tests/worker/test_flow_slots_held.py",),
+    ),
+    Mutant(
+        "keeper-holds-a-canceled-holders-lease",
+        "k2b_workflows/kernel/flow.py",
+        "    if held:\n        ids = list(held)\n        conn.execute(_HOLD_SQL",
+        "    if False:\n        ids = list(held)\n        conn.execute(_HOLD_SQL",
+        (
+            "tests/worker/test_flow_slots_held.py::"
+            "test_a_canceled_action_keeps_its_slot_until_it_has_left_run",
+        ),
+    ),
+    Mutant(
+        "cancel-in-progress-spares-incidents",
+        "k2b_workflows/kernel/flow.py",
+        '_CANCELABLE_HOLDERS = frozenset({"queued", "running", "waiting"})',
+        '_CANCELABLE_HOLDERS = frozenset({"queued", "running", "waiting", "needs_attention"})',
+        (
+            "tests/worker/test_flow_slots_held.py::"
+            "test_cancel_in_progress_leaves_a_holder_that_needs_an_operator_in_the_queue",
+        ),
+    ),
+    Mutant(
+        "slot-sweep-of-ended-runs",
+        "k2b_workflows/kernel/flow.py",
+        "       AND (lease_expires_at IS NULL OR lease_expires_at <= k2b_now())\n    RETURNING id)",
+        "       AND false\n    RETURNING id)",
+        (
+            "tests/misuse/test_attacks_flow.py::"
+            "test_holds_slot_on_a_finished_run_is_refused_and_healed_when_the_owner_sets_it",
+        ),
+    ),
+    Mutant(
+        "budget-spent-from-charges",
+        "k2b_workflows/kernel/budgets.py",
+        "        if summed is not None:\n            spent = _json(summed)",
+        "        if False:\n            spent = _json(summed)",
+        (
+            "tests/misuse/test_attacks_flow.py::test_a_tree_budget_of_3_lets_3_emails_through_whatever_the_account_says",
+        ),
+    ),
+    Mutant(
+        "verify-flow-findings",
+        "k2b_workflows/management/commands/verifyworkflows.py",
+        "        flow = flow_audit.findings(using)",
+        "        flow: list[str] = []",
+        ("tests/misuse/test_attacks_flow.py::test_verifyworkflows_names_tampered_slots",),
+    ),
+    Mutant(
+        "action-timeout-positive",
+        "k2b_workflows/actions.py",
+        "        or not 0 < timeout <= MAX_ACTION_TIMEOUT_S\n",
+        "        or False\n",
+        (
+            "tests/kernel/test_flow.py::"
+            "test_an_action_timeout_that_is_not_positive_seconds_is_refused_at_class_creation",
+        ),
+    ),
+    Mutant(
+        "workflow-timeout-bound",
+        "k2b_workflows/workflows.py",
+        "        if timeout > MAX_TIMEOUT:",
+        "        if False:",
+        ("tests/kernel/test_flow.py::test_a_malformed_declaration_is_refused_naming_its_field",),
+    ),
+    Mutant(
+        "rate-limit-per-bound",
+        "k2b_workflows/limits.py",
+        "        if self.per > MAX_PER:",
+        "        if False:",
+        ("tests/kernel/test_flow.py::test_a_malformed_declaration_is_refused_naming_its_field",),
+    ),
+    Mutant(
+        "key-page-bad-argument",
+        "k2b_workflows/admin/views.py",
+        '        if "\\x00" in value or len(value) > longest:',
+        "        if False:",
+        ("tests/kernel/test_flow.py::test_the_key_page_answers_400_naming_a_bad_argument",),
+    ),
+    Mutant(
+        "slot-only-when-due",
+        "k2b_workflows/migrations/0021_flow_guards.py",
+        '           AND run_after <= "public".k2b_now()\n',
+        "",
+        ("tests/kernel/test_flow.py::test_a_keyed_run_after_holds_no_slot_before_it_is_due",),
+    ),
+    Mutant(
+        "housekeeping-admits-due-keyed-runs",
+        "k2b_workflows/worker/loop.py",
+        "            if any(d.concurrency is not None for d in registered_versions()):",
+        "            if False:",
+        ("tests/kernel/test_flow.py::test_a_keyed_run_after_holds_no_slot_before_it_is_due",),
+    ),
+    Mutant(
+        "ai-calls-from-charges",
+        "k2b_workflows/kernel/budgets.py",
+        "            used = cursor.fetchone()[0]",
+        "            cursor.fetchone()",
+        (
+            "tests/misuse/test_attacks_flow.py::test_max_ai_calls_holds_whatever_the_ai_calls_counter_says",
         ),
     ),
 )

@@ -17,7 +17,13 @@ from django.contrib import messages
 from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    HttpResponseRedirect,
+)
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -407,6 +413,12 @@ def concurrency_key_view(model_admin: ModelAdmin, request: HttpRequest) -> HttpR
     key = request.GET.get("key", "")
     if not workflow_name or not key:
         raise Http404("a key page needs ?workflow=...&key=...")
+    for argument, value, longest in (("workflow", workflow_name, 200), ("key", key, 255)):
+        # A NUL byte reached PostgreSQL and answered HTTP 500 (#35).
+        if "\x00" in value or len(value) > longest:
+            return HttpResponseBadRequest(
+                f"?{argument}= must be at most {longest} characters, without NUL bytes"
+            )
     view = flow.key_runs(store.database(), workflow_name, key)
     with connection_for_runs().cursor() as cursor:
         busiest = flow.busiest_keys(cursor, limit=20)

@@ -3,6 +3,15 @@
 A charge locks the root's ``BudgetAccount`` row, so concurrent children
 serialize on it. ``BudgetCharge`` is unique per (account, run, step, unit): a
 retried, resumed or re-woken step finds its charge and pays nothing again.
+
+What the limits are checked against is never a counter the runtime role can
+rewrite (#35): raising ``effect_budget`` let three charges through a budget of
+one, and five emails through a tree budget of three. The limits
+(``effect_budget``, ``max_ai_calls``, ``max_steps``) are written with the root
+and the runtime role holds no UPDATE privilege on them (``roles.py``); what
+was spent is summed from the charges themselves (append-only: the runtime
+role can neither change nor delete one), so a ``spent`` or ``ai_calls`` set
+back to zero buys nothing. The counters stay on the account for display.
 """
 
 from __future__ import annotations
@@ -45,6 +54,23 @@ def validate_cost(cost: Any) -> dict[str, int]:
     return {k: v for k, v in cost.items() if v}
 
 
+#: Whether this step was charged already, and (with a budget) what the tree spent:
+#: the charges' sum, read after the account's lock was granted, so in a snapshot
+#: that holds every charge committed before it (a sum in the locking statement
+#: itself is read in that statement's older snapshot, and two workers overshot).
+#: The statement the charge made anyway: no round trip more, its cost the tree's
+#: charges read through their unique index.
+_CHARGED_SQL = """
+SELECT EXISTS (SELECT 1 FROM k2b_budget_charge
+                WHERE account_id = %s AND run_id = %s AND seq = %s AND unit <> %s),
+       CASE WHEN %s THEN
+           (SELECT COALESCE(jsonb_object_agg(c.unit, c.total), '{}'::jsonb)
+              FROM (SELECT unit, sum(amount) AS total FROM k2b_budget_charge
+                     WHERE account_id = %s AND unit <> %s GROUP BY unit) c)
+       END
+"""
+
+
 def charge(
     using: str, *, root_id: uuid.UUID, run_id: uuid.UUID, seq: int, cost: dict[str, int]
 ) -> bool:
@@ -65,12 +91,13 @@ def charge(
             return True
         budget, spent = _json(row[0]), _json(row[1])
         cursor.execute(
-            "SELECT 1 FROM k2b_budget_charge WHERE account_id = %s AND run_id = %s AND seq = %s"
-            " AND unit <> %s LIMIT 1",
-            [root_id, run_id, seq, AI_CALLS],
+            _CHARGED_SQL, [root_id, run_id, seq, AI_CALLS, bool(budget), root_id, AI_CALLS]
         )
-        if cursor.fetchone():
+        already, summed = cursor.fetchone()
+        if already:
             return False
+        if summed is not None:
+            spent = _json(summed)
         for unit, amount in cost.items():
             if unit in budget and spent.get(unit, 0) + amount > budget[unit]:
                 raise BudgetExceeded(unit, budget[unit], spent.get(unit, 0), amount)
@@ -99,6 +126,14 @@ def charge_ai_call(using: str, *, root_id: uuid.UUID, run_id: uuid.UUID, seq: in
         if row is None:
             return
         limit, used = row
+        if limit is not None:
+            # Counted from the charges, after the lock (see _CHARGED_SQL): ai_calls
+            # set back to zero buys no call. Only with a limit: one statement more.
+            cursor.execute(
+                "SELECT count(*) FROM k2b_budget_charge WHERE account_id = %s AND unit = %s",
+                [root_id, AI_CALLS],
+            )
+            used = cursor.fetchone()[0]
         if limit is not None and used + 1 > limit:
             raise BudgetExceeded(AI_CALLS, limit, used, 1)
         cursor.execute(

@@ -56,6 +56,7 @@ from . import (
     events,
     evidence,
     fanout,
+    flow,
     retrying,
     seals,
     timers,
@@ -184,6 +185,9 @@ class Execution:
         except (LeaseLost, RunCanceled) as exc:
             logger.info("run %s: stopped: %s", self.run_id, exc)
             self.outcome = Outcome.CANCELED if isinstance(exc, RunCanceled) else Outcome.LEASE_LOST
+            if isinstance(exc, RunCanceled) and run.concurrency_key is not None:
+                # Ended under us, and our action has left run(): its slot may go (#35).
+                flow.leave(self.using, self.run_id, self.generation)
         except db.CommitOutcomeUnknown as exc:
             # Drop what we believe: the next claim re-reads the journal, which
             # committed (or not) in the very transaction whose outcome we lost.

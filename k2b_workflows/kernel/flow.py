@@ -64,12 +64,23 @@ QUEUE_ORDER = "k2b_queue_order(run_after, priority_credit_ms)"
 #: Claimable: not keyed, or holding a slot. The same text as the index's condition.
 CLAIMABLE = "(concurrency_key IS NULL OR holds_slot)"
 
+#: A queued keyed run not due yet, so without a slot (#35): pending work that the
+#: housekeeping admits once due (``admit_due``). Read through ``k2b_run_delayed_keyed``.
+DELAYED_KEYED = (
+    "(concurrency_key IS NOT NULL AND NOT holds_slot AND status = 'queued'"
+    " AND run_after > k2b_now())"
+)
+
 _HOLDERS_SQL = """
 SELECT id, status FROM k2b_run
  WHERE workflow_name = %s AND concurrency_key = %s AND holds_slot
  ORDER BY created_at, id
    FOR UPDATE
 """
+
+#: The holders ``cancel_in_progress`` may cancel: not one that needs an operator,
+#: nor one that ended and whose action has not left ``run()`` yet.
+_CANCELABLE_HOLDERS = frozenset({"queued", "running", "waiting"})
 
 _DEFER_SQL = """
 UPDATE k2b_run
@@ -136,12 +147,99 @@ def holders_to_cancel(using: str, definition: WorkflowDefinition, key: str) -> l
     Locks the holders' rows first and the key later (the cancel's trigger
     takes it): the order in which a holder's own end takes them, so the two
     never deadlock. Must run inside the start's transaction.
+
+    Never a holder that needs an operator (#35): its effect is unknown, and
+    canceling it took the incident out of the operators' queue while the new
+    run charged again. Such a holder keeps its slot; the new run waits behind
+    the key until the incident is resolved. Nor one already canceled whose
+    action is still inside ``run()``: it keeps its slot until it has left.
     """
     assert definition.concurrency is not None
     with connections[using].cursor() as cursor:
         cursor.execute(_HOLDERS_SQL, [definition.name, key])
-        holders = [row[0] for row in cursor.fetchall()]
-    return holders[: max(0, len(holders) - definition.concurrency.limit + 1)]
+        holders = cursor.fetchall()
+    cancelable = [run_id for run_id, status in holders if status in _CANCELABLE_HOLDERS]
+    return cancelable[: max(0, len(holders) - definition.concurrency.limit + 1)]
+
+
+# -- a delayed run takes its slot once due -------------------------------------------
+
+#: Keyed runs that became due since ``%s`` (the database's time of the previous
+#: pass; NULL: ever) without a slot: their keys' admissions, once per key. A run
+#: started with a ``run_after`` holds no slot before it is due (#35): one in year
+#: 9999 held the key's only slot. Read through ``k2b_run_delayed_keyed``: only
+#: the runs that became due since the last pass, never the backlog behind a key.
+_ADMIT_DUE_SQL = """
+SELECT k2b_now(), COALESCE(sum(k2b_flow_admit(k.workflow_name, k.concurrency_key)), 0)
+  FROM (SELECT DISTINCT workflow_name, concurrency_key FROM k2b_run
+         WHERE status = 'queued' AND NOT holds_slot AND concurrency_key IS NOT NULL
+           AND run_after <= k2b_now()
+           AND run_after > COALESCE(%s::timestamptz, '-infinity')) k
+"""
+
+
+def admit_due(using: str, since: dt.datetime | None) -> tuple[dt.datetime, int]:
+    """Admit the keyed runs that became due after ``since``; returns (now, runs admitted).
+
+    The worker's housekeeping calls it with the ``now`` of its previous call.
+    A run due at its start was admitted by its insert's trigger already.
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute(_ADMIT_DUE_SQL, [since])
+        now, admitted = cursor.fetchone()
+    return now, int(admitted)
+
+
+# -- a slot held until the action has left run() ----------------------------------
+
+#: A run that ended under its worker (a cancel, a timeout) keeps its slot while its
+#: lease is live (``triggers.SlotRelease``): its worker's keeper renews that lease
+#: while the action is inside ``run()``, and clears it once the action has left.
+_HOLD_SQL = """
+UPDATE k2b_run r
+   SET lease_expires_at = k2b_now() + %s * interval '1 millisecond'
+  FROM unnest(%s::uuid[], %s::bigint[]) AS a(id, gen)
+ WHERE r.id = a.id AND r.generation = a.gen AND r.holds_slot
+   AND r.status IN ('succeeded', 'failed', 'canceled') AND r.lease_expires_at > k2b_now()
+"""
+
+_LEAVE_SQL = """
+UPDATE k2b_run SET lease_expires_at = NULL
+ WHERE id = %s AND generation = %s AND holds_slot
+   AND status IN ('succeeded', 'failed', 'canceled')
+"""
+
+#: The housekeeping's half: slots of ended runs whose lease ran out (their worker
+#: died inside ``run()``) or that hold one with no lease at all. Rides on the
+#: reap's statement (``claim.reap_expired``): no round trip of its own.
+SWEEP_CTE = """
+freed AS (
+    UPDATE k2b_run SET lease_expires_at = NULL
+     WHERE holds_slot AND status IN ('succeeded', 'failed', 'canceled')
+       AND (lease_expires_at IS NULL OR lease_expires_at <= k2b_now())
+    RETURNING id)
+"""
+
+
+def hold_slots(conn: Any, held: dict[Any, int], lease: int) -> None:
+    """Renew the leases of runs that ended while their action is still inside ``run()``.
+
+    ``held``: run id -> generation, on the lease keeper's raw connection. Only
+    runs that ended under a worker are ever given (rare: after a cancel or a
+    timeout), so a keeper with none sends nothing.
+    """
+    if held:
+        ids = list(held)
+        conn.execute(_HOLD_SQL, [lease, ids, [held[i] for i in ids]])
+
+
+def leave(using: str, run_id: uuid.UUID, generation: int) -> None:
+    """Our action has left ``run()`` of a run that ended under us: free its slot, if held.
+
+    The slot's trigger frees it as the lease is cleared, and admits the key's next run.
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute(_LEAVE_SQL, [run_id, generation])
 
 
 # -- rate limits ---------------------------------------------------------------

@@ -61,7 +61,11 @@ WITH RECURSIVE tree AS (
     UNION ALL
     SELECT r.id FROM k2b_run r JOIN tree t ON r.parent_id = t.id)
 UPDATE k2b_run SET status = 'canceled', error_code = %s, error_message = %s,
-       finished_at = k2b_now(), lease_expires_at = NULL, updated_at = k2b_now()
+       finished_at = k2b_now(), updated_at = k2b_now(),
+       -- A running holder keeps its lease, and with it its slot, until its
+       -- worker has left run() (#35: triggers.SlotRelease).
+       lease_expires_at = CASE WHEN status = 'running' AND holds_slot
+                               THEN lease_expires_at END
  WHERE id IN (SELECT id FROM tree)
    AND status NOT IN ('succeeded', 'failed', 'canceled')
 RETURNING id, workflow_name, generation

@@ -25,12 +25,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import counters, store
-from . import clock, db, weather
+from . import clock, db, flow, weather
 from .claim import renew_leases
 
 logger = logging.getLogger(__name__)
 
 CHECK_INTERVAL_S = 0.25
+
+_ENDED = frozenset({"succeeded", "failed", "canceled"})
 
 
 @dataclass
@@ -233,6 +235,17 @@ class LeaseKeeper:
                 keep[run_id] = held.generation
             _, states = renew_leases(conn, keep, lease)
             self._mark(runs, states)
+            # Ended under us (a cancel, a timeout) while the action is inside run():
+            # its slot stays held until it has left (#35).
+            flow.hold_slots(
+                conn,
+                {
+                    run_id: generation
+                    for run_id, (status, generation) in states.items()
+                    if status in _ENDED and keep.get(run_id) == generation
+                },
+                lease,
+            )
         elif runs:
             rows = conn.execute(
                 "SELECT id, status, generation FROM k2b_run WHERE id = ANY(%s)"

@@ -32,6 +32,7 @@ at start-up on a configuration error (an unmigrated database, a bad URL:
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
 import socket
@@ -85,10 +86,13 @@ class Worker:
         health_file: str | None = None,
         metrics_port: int | None = None,
         schedules: bool = True,
+        queues: Sequence[str] | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.app_ids = list(app_ids) if app_ids else None
+        #: ``--queue``: only task runs of these django.tasks queues (None: every run).
+        self.queues = list(dict.fromkeys(queues)) if queues else None
         self.concurrency = concurrency
         self.burst = burst
         self.using = using or store.database()
@@ -109,6 +113,8 @@ class Worker:
         self.prefetch = Prefetch(store.claim_prefetch(), concurrency)
         self._lock = threading.Lock()
         self._last_housekeeping = 0.0
+        #: The database's time of the last admission of keyed runs that became due.
+        self._keyed_due_since: dt.datetime | None = None
         #: At start-up, give up after this many seconds without a database (None: never).
         self.wait_for_db = wait_for_db
         #: Where start-up notices go ("waiting for the database"), besides the log.
@@ -486,7 +492,9 @@ class Worker:
         ``task_slots``: how many AI tasks may be claimed at most (default: ``limit``),
         less the runs claimed.
         """
-        statement = claim.claim_statement(self.worker_id, self._workflows(), self.app_ids, limit)
+        statement = claim.claim_statement(
+            self.worker_id, self._workflows(), self.app_ids, limit, self.queues
+        )
         task_slots = limit if task_slots is None else task_slots
         if statement is not None and db.batches_statements(self.using):
             # The same transaction in two round trips instead of four: "BEGIN; claim",
@@ -514,6 +522,7 @@ class Worker:
                 workflows=self._workflows(),
                 app_ids=self.app_ids,
                 limit=limit,
+                queues=self.queues,
             )
             loaded = preload(self.using, [run_id for run_id, _ in runs])
             tasks = []
@@ -584,6 +593,10 @@ class Worker:
             ai.reap_expired(self.using)
             waits.purge_stale_rendezvous(self.using)
             overdue = timeouts.overdue(self.using)
+            if any(d.concurrency is not None for d in registered_versions()):
+                # Keyed runs started with a run_after take a slot once due (#35).
+                self._keyed_due_since, admitted = flow.admit_due(self.using, self._keyed_due_since)
+                promoted += admitted
         if reaped:
             logger.warning("re-queued %d run(s) whose lease expired", reaped)
         if overdue:
@@ -633,12 +646,16 @@ class Worker:
         if self.app_ids:
             app_filter = "AND app_id = ANY(%s)"
             params.append(self.app_ids)
+        if self.queues:
+            app_filter += " AND queue = ANY(%s)"
+            params.append(self.queues)
         with connections[self.using].cursor() as cursor:
             cursor.execute(
                 f"""SELECT EXISTS (SELECT 1 FROM k2b_run
                      WHERE (workflow_name, workflow_version)
                            IN (SELECT * FROM unnest(%s::text[], %s::int[])) {app_filter}
                         AND ((status = 'queued' AND {flow.CLAIMABLE})
+                             OR {flow.DELAYED_KEYED}
                              OR (status = 'running'
                                  AND lease_expires_at < k2b_now())))""",
                 params,

@@ -178,12 +178,23 @@ def test_runs_behind_a_key_are_never_claimed():
 
 def test_cancel_in_progress_cancels_the_active_run_and_admits_the_new_one():
     first = start_workflow_run("flow.latest_wins", {"key": "l", "nap": 0}, concurrency_key="l")
-    claim_one(first)
+    generation = claim_one(first)
     second = start_workflow_run("flow.latest_wins", {"key": "l", "nap": 0}, concurrency_key="l")
     assert fresh(first).status == "canceled"
     assert "cancel_in_progress" in fresh(first).error_message
-    assert second.holds_slot
+    # Its worker may be inside run(): the slot stays with it until it has left (#35).
+    assert not second.holds_slot
+    assert holders("flow.latest_wins", "l") == {first.pk}
+    flow.leave("default", first.pk, generation)
     assert holders("flow.latest_wins", "l") == {second.pk}
+
+
+def test_cancel_in_progress_takes_a_queued_holders_slot_at_once():
+    first = start_workflow_run("flow.latest_wins", {"key": "q", "nap": 0}, concurrency_key="q")
+    second = start_workflow_run("flow.latest_wins", {"key": "q", "nap": 0}, concurrency_key="q")
+    assert fresh(first).status == "canceled"
+    assert second.holds_slot
+    assert holders("flow.latest_wins", "q") == {second.pk}
 
 
 def test_cancel_newest_creates_a_start_beyond_the_limit_canceled():
@@ -251,6 +262,30 @@ def test_run_after_delays_the_first_claim():
     assert fresh(later).run_after == later.run_after
 
 
+def test_a_keyed_run_after_holds_no_slot_before_it_is_due():
+    """Active means claimed at least once: a run_after in year 9999 held the key's only
+    slot, and every later run of the key waited behind it for good (#35)."""
+    later = start_workflow_run(
+        "flow.one_at_a_time",
+        {"key": "d", "nap": 0},
+        concurrency_key="d",
+        run_after=dt.datetime(9999, 1, 1, tzinfo=dt.UTC),
+    )
+    now = start_workflow_run("flow.one_at_a_time", {"key": "d", "nap": 0}, concurrency_key="d")
+    assert not later.holds_slot and now.holds_slot
+    assert execute_exactly(now.pk) == "succeeded"
+    assert fresh(later).status == "queued" and not fresh(later).holds_slot
+    # Once due, the housekeeping admits it: moved to the past here, as time would.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE k2b_run SET run_after = now() - interval '1 second' WHERE id = %s",
+            [later.pk],
+        )
+    assert not fresh(later).holds_slot
+    run_to_end()
+    assert fresh(later).status == "succeeded"
+
+
 def test_a_delayed_run_with_a_priority_is_due_at_its_run_after_not_its_line():
     start_workflow_run(
         "flow.stamp", {}, priority=10, run_after=timezone.now() + timedelta(minutes=30)
@@ -308,11 +343,21 @@ def first_dispatch_at(run: WorkflowRun) -> dt.datetime:
         (lambda: RateLimit(5, per=5), "per"),
         (lambda: RateLimit(5, per=timedelta(0)), "per"),
         (lambda: workflow("flow.bad", concurrency=2), "concurrency"),
+        # #35: accepted, each failed every dispatch or start later, or was not enforced.
+        (lambda: RateLimit(5, per=timedelta(days=999_999_999)), r"RateLimit\(per=\.\.\.\)"),
+        (lambda: workflow("flow.bad", timeout=timedelta(days=999_999_999)), "timeout"),
     ],
 )
 def test_a_malformed_declaration_is_refused_naming_its_field(make, field):
     with pytest.raises(InvalidInput, match=field):
         make()
+
+
+@pytest.mark.parametrize("timeout", [0, -1, 0.0, True, "5", 10**9])
+def test_an_action_timeout_that_is_not_positive_seconds_is_refused_at_class_creation(timeout):
+    """0 and -1 were accepted and not enforced: the lease was renewed as without one (#35)."""
+    with pytest.raises(InvalidInput, match=r"Bad\.timeout must be"):
+        type("Bad", (Action,), {"effect": Effect.PURE, "timeout": timeout})
 
 
 def test_a_rate_limit_that_is_not_a_rate_limit_is_refused_at_class_creation():
@@ -466,6 +511,21 @@ def test_the_run_page_says_which_runs_hold_the_key_it_waits_for(admin_client):
     body = key_page.content.decode()
     assert "Active: 1 holding a slot" in body and str(holder.pk) in body
     assert "Queued behind the key: 1" in body and str(waiting.pk) in body
+
+
+@pytest.mark.parametrize(
+    ("params", "argument"),
+    [
+        ({"workflow": "flow.one_at_a_time", "key": "a\x00b"}, "?key="),
+        ({"workflow": "flow.\x00", "key": "k"}, "?workflow="),
+        ({"workflow": "flow.one_at_a_time", "key": "k" * 256}, "?key="),
+    ],
+)
+def test_the_key_page_answers_400_naming_a_bad_argument(admin_client, params, argument):
+    """A NUL byte in the key reached PostgreSQL and answered HTTP 500 (#35)."""
+    page = admin_client.get("/admin/k2b_workflows/workflowrun/concurrency-key/", params)
+    assert page.status_code == 400
+    assert argument in page.content.decode()
 
 
 def test_the_run_page_gives_a_rate_limited_runs_next_free_instant(admin_client):

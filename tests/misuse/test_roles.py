@@ -206,21 +206,33 @@ def test_grantworkflows_prints_only_insert_and_select_on_the_evidence():
     call_command("grantworkflows", "k2b_app", stdout=out)
     lines = out.getvalue().splitlines()
     assert (
-        'GRANT SELECT, INSERT ON TABLE "k2b_journal", "k2b_ledger", "k2b_budget_charge" '
-        'TO "k2b_app";'
+        'GRANT SELECT, INSERT ON TABLE "k2b_journal", "k2b_ledger", "k2b_budget_charge", '
+        '"k2b_task_attempt" TO "k2b_app";'
     ) in lines
     assert lines[1].startswith("REVOKE ALL ON TABLE ") and '"k2b_journal"' in lines[1]
     mutable = next(line for line in lines if "UPDATE" in line)
-    assert '"k2b_run"' in mutable and '"k2b_journal"' not in mutable
+    assert '"k2b_wait"' in mutable and '"k2b_journal"' not in mutable
+    # The run's and the budget's rows: UPDATE of every column but those that
+    # decide how often an effect may happen (#35).
+    run = next(line for line in lines if 'ON TABLE "k2b_run"' in line)
+    assert run.startswith('GRANT SELECT, INSERT, UPDATE ("id", "workflow_version", ')
+    for column in ("holds_slot", "concurrency_key", "concurrency_limit", "workflow_name"):
+        assert f'"{column}"' not in run
+    account = next(line for line in lines if 'ON TABLE "k2b_budget_account"' in line)
+    assert account == (
+        'GRANT SELECT, INSERT, UPDATE ("spent", "ai_calls", "children") '
+        'ON TABLE "k2b_budget_account" TO "k2b_app";'
+    )
+    assert 'GRANT SELECT ON TABLE "k2b_rate_dispatch" TO "k2b_app";' in lines
     assert not any("TRUNCATE" in line for line in lines)
     deletes = [line for line in lines if "DELETE" in line]
     assert deletes == [
-        'GRANT DELETE ON TABLE "k2b_overview_minute", "k2b_rate_dispatch", "k2b_schedule", '
+        'GRANT DELETE ON TABLE "k2b_overview_minute", "k2b_schedule", '
         '"k2b_schedule_skip", "k2b_wait", "k2b_worker" TO "k2b_app";'
     ]
     functions = next(line for line in lines if "EXECUTE" in line)
     assert functions.startswith('GRANT EXECUTE ON FUNCTION "public"."k2b_now"(), ')
-    assert '"public"."k2b_flow_admit"(text, text, integer)' in functions
+    assert '"public"."k2b_flow_admit"(text, text)' in functions
 
 
 def test_grantworkflows_quotes_a_hostile_role_name_as_one_identifier():

@@ -145,3 +145,38 @@ def blind(run, input):
     from tests.workflows.kernel import BlindOnce
 
     return run.step(BlindOnce, {})
+
+
+@workflow(
+    "flow.one_at_a_time_timed",
+    app_id="tests",
+    concurrency=Concurrency(limit=1),
+    timeout=timedelta(seconds=8),
+)
+def one_at_a_time_timed(run, input):
+    """Canceled by its timeout while its action sleeps inside ``run()`` (#35)."""
+    run.step(Span, input)
+    return {"key": input["key"]}
+
+
+@workflow(
+    "flow.latest_wins_blind",
+    app_id="tests",
+    concurrency=Concurrency(limit=1, strategy="cancel_in_progress"),
+)
+def latest_wins_blind(run, input):
+    """An EXTERNAL step whose first answer is lost, under ``cancel_in_progress`` (#35)."""
+    from tests.workflows.kernel import BlindOnce
+
+    return run.step(BlindOnce, {})
+
+
+class RatedTwiceAnHour(Rated):
+    name = "flow.rated_twice_an_hour"
+    rate_limit = RateLimit(2, per=timedelta(hours=1))
+
+
+@workflow("flow.rated_twice_an_hour", app_id="tests")
+def rated_twice_an_hour(run, input):
+    run.step(RatedTwiceAnHour, input)
+    return {}
