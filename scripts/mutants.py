@@ -266,6 +266,13 @@ MUTANTS = (
         ("tests/kernel/test_witness.py",),
     ),
     Mutant(
+        "witness-mac-of-record",
+        "k2b_workflows/kernel/witness.py",
+        '    record["mac"] = f"{key_id}:{hashing.hmac_hex(key, hashing.canonical(record))}"',
+        '    record["mac"] = f"{key_id}:{hashing.hmac_hex(key, hashing.canonical({}))}"',
+        ("tests/kernel/test_witness.py",),
+    ),
+    Mutant(
         "flush-only-test-databases",
         "k2b_workflows/testdb.py",
         "    if not test_environment_active():\n        return False\n    name =",

@@ -22,7 +22,7 @@ import psycopg
 from django.db import DatabaseError, OperationalError, ProgrammingError, connections, transaction
 
 from ..exceptions import DatabaseNotMigrated, LeaseLost, RunCanceled
-from . import clock, pipeline
+from . import clock, pipeline, timestamps
 
 logger = logging.getLogger(__name__)
 
@@ -328,6 +328,7 @@ class statement_cursor:
         self.errors = wrapper.wrap_database_errors
         self.errors.__enter__()
         conn = wrapper.connection
+        timestamps.install(conn)
         prepares = conn.prepare_threshold is not None
         self.cursor = (pipeline.Cursor if prepares else psycopg.ClientCursor)(conn)
         return self.cursor
