@@ -24,7 +24,7 @@ XDIST = -n $(TEST_WORKERS) --dist load --maxschedchunk 1
 # and stops the recipe if no database could be had.
 WITH_DB = url="$$($(PY) scripts/dbenv.py)" || exit $$?; export DATABASE_URL="$$url";
 
-.PHONY: help venv db db-stop demo serve screenshots test test-pgbouncer test-fast mutants lint format bench bench-quick bench-overview compare soak docs docs-serve clean distclean
+.PHONY: help venv dist db db-stop demo serve screenshots test test-pgbouncer test-fast mutants lint format bench bench-quick bench-overview compare soak docs docs-serve clean distclean
 
 help:
 	@echo "make demo      set everything up and run the demo workflows with real workers"
@@ -43,6 +43,7 @@ help:
 	@echo "make docs      build the documentation site into build/site (strict: a warning fails)"
 	@echo "make docs-serve serve the documentation at http://127.0.0.1:8001/ while you edit it"
 	@echo "make venv      create .venv and install the project with its dev extras"
+	@echo "make dist      build the wheel and sdist into dist/ and check them with twine"
 	@echo "make db        start the embedded PostgreSQL (unless DATABASE_URL is set) and print its URL"
 	@echo "make db-stop   stop the embedded PostgreSQL"
 	@echo "make clean     remove build and cache files (keeps .venv and .pgdata)"
@@ -58,6 +59,14 @@ $(STAMP): pyproject.toml $(wildcard k2b_workflows/__init__.py)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -e '.[dev]'
 	@touch $@
+
+# The package is not on PyPI yet: this wheel (or a VCS URL) is how a site installs it
+# (docs/getting-started.md). tests/docs/test_wheel.py builds one, checks that it holds
+# every file of the package and installs it into a bare venv.
+dist: venv
+	rm -rf build dist
+	$(PY) -m build --outdir dist .
+	$(PY) -m twine check --strict dist/*
 
 db: venv
 	@$(WITH_DB) echo "DATABASE_URL=$$DATABASE_URL"

@@ -347,6 +347,13 @@ class Action:
     #: Dispatches of this action allowed per window, across every worker (None: unlimited).
     #: With ``rate_limit_key`` defined, one limit per key it returns.
     rate_limit: ClassVar[RateLimit | None] = None
+    #: EXTERNAL and stronger: ``run()`` passes ``ctx.effect_key`` to a provider that
+    #: deduplicates by it (an idempotency key). Then a ``reconcile()`` that answers
+    #: ``failed(..., retryable=True)`` ("no charge under this key") dispatches again
+    #: under the same key; without it that answer fails the step, since a lookup can
+    #: lag behind the provider's own write and only the provider's dedup makes a second
+    #: dispatch safe (docs/effects.md, "Absent: dispatch again under the same key").
+    redispatch_when_absent: ClassVar[bool] = False
 
     def __init_subclass__(cls, abstract: bool = False, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -379,6 +386,17 @@ class Action:
                 "may be coroutines)"
             )
         check_rate_limit(cls.__name__, cls.__dict__.get("rate_limit"))
+        redispatch = cls.__dict__.get("redispatch_when_absent", False)
+        if not isinstance(redispatch, bool):
+            raise InvalidInput(
+                f"{cls.__name__}.redispatch_when_absent must be True or False, not {redispatch!r}"
+            )
+        if redispatch and effect is not None and not effect.is_external:
+            # Only a dispatched effect is reconciled; elsewhere the flag would mean nothing.
+            raise InvalidInput(
+                f"{cls.__name__}.redispatch_when_absent applies to EXTERNAL, IRREVERSIBLE and "
+                f"SNAPSHOT_RESTORE actions, not {effect.name}"
+            )
 
     def cost(self, input: Any) -> dict[str, int]:
         """Units this step charges to the root run's ``effect_budget``, e.g. ``{"emails": 1}``.

@@ -47,6 +47,49 @@ class Mutant:
 
 MUTANTS = (
     Mutant(
+        "wheel-package-data",
+        "pyproject.toml",
+        'k2b_workflows = ["templates/**", "static/**", "py.typed"]',
+        'k2b_workflows = ["templates/**", "py.typed"]',
+        (
+            "tests/docs/test_wheel.py::"
+            "test_the_wheel_holds_every_file_of_the_package_and_passes_twine_check",
+        ),
+    ),
+    Mutant(
+        "redispatch-when-absent",
+        "k2b_workflows/kernel/effects.py",
+        "                may_retry=step.action.redispatch_when_absent,\n",
+        "                may_retry=False,\n",
+        (
+            "tests/crash/test_crash.py::"
+            "test_sigkill_before_an_effect_reconciled_absent_dispatches_again_under_the_same_key",
+            "tests/docs/test_docs_examples.py::"
+            "test_a_charge_reconciled_absent_is_sent_again_under_its_key_and_made_once",
+        ),
+    ),
+    Mutant(
+        "claim-picks-once",
+        "k2b_workflows/kernel/claim.py",
+        " WHERE r.id = ANY(ARRAY(\n",
+        " WHERE r.id IN (\n",
+        (
+            "tests/hot_path/test_claim_and_preload.py::"
+            "test_a_claim_takes_no_more_runs_than_asked_whatever_the_plan",
+        ),
+        also=(("           FOR UPDATE SKIP LOCKED))\n", "           FOR UPDATE SKIP LOCKED)\n"),),
+    ),
+    Mutant(
+        "claim-plan",
+        "k2b_workflows/kernel/claim.py",
+        'CLAIM_PLAN = "SET LOCAL enable_bitmapscan = off"',
+        'CLAIM_PLAN = "SET LOCAL enable_bitmapscan = on"',
+        (
+            "tests/hot_path/test_claim_and_preload.py::"
+            "test_a_claim_reads_a_few_rows_of_a_large_backlog_postgresql_has_not_analyzed",
+        ),
+    ),
+    Mutant(
         "exit-hooks",
         "k2b_workflows/worker/exits.py",
         "    atexit._run_exitfuncs()\n",

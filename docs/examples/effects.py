@@ -2,7 +2,7 @@
 
 from django.db.models import F
 
-from k2b_workflows import Action, Effect, succeeded
+from k2b_workflows import Action, Effect, failed, succeeded
 
 # --8<-- [start:dedup_imports]
 from k2b_workflows.dedup import insert_once
@@ -10,7 +10,7 @@ from k2b_workflows.models import DedupRecord
 
 # --8<-- [end:dedup_imports]
 from .models import Invoice, Stock
-from .providers import mailer, provider, sms
+from .providers import gateway, mailer, provider, sms
 
 
 # --8<-- [start:reserve_stock]
@@ -71,3 +71,24 @@ class CreateInvoice(Action):
             Invoice.objects.create(number=result.number, order_id=input["order"])
         return succeeded({"invoice": result.number})
     # --8<-- [end:fenced]
+
+
+# --8<-- [start:charge_by_key]
+class ChargeByKey(Action):
+    name = "shop.charge_by_key"
+    effect = Effect.EXTERNAL
+    redispatch_when_absent = True      # the gateway deduplicates by idempotency key
+
+    def plan(self, ctx, input):
+        return succeeded({"planned": True, "charge_id": None}, summary=f"Charge {input['amount']}")
+
+    def run(self, ctx, input):
+        charge = gateway.charge(input["amount"], idempotency_key=ctx.effect_key)
+        return succeeded({"charge_id": charge.id})
+
+    def reconcile(self, ctx, input):
+        charge = gateway.find(idempotency_key=ctx.effect_key)
+        if charge is None:             # absent: dispatch again, under the same key
+            return failed("no charge under this key", code="CHARGE_ABSENT", retryable=True)
+        return succeeded({"charge_id": charge.id})
+# --8<-- [end:charge_by_key]

@@ -80,6 +80,10 @@ class ChargeCard(Action):
 
     name = "shop.charge_card"
     effect = Effect.EXTERNAL
+    # The gateway deduplicates by idempotency key: a charge reconciled absent (the
+    # worker died between the ledger's "dispatched" and the call) is sent again
+    # under the same key, and the card is charged once.
+    redispatch_when_absent = True
 
     def cost(self, input):
         return {"charges": 1}
@@ -101,7 +105,9 @@ class ChargeCard(Action):
     def reconcile(self, ctx, input):
         charge_id = PaymentGateway().find(ctx.effect_key)
         if charge_id is None:
-            return failed("the gateway has no charge under this key", code="CHARGE_NOT_FOUND")
+            return failed(
+                "the gateway has no charge under this key", code="CHARGE_NOT_FOUND", retryable=True
+            )
         return succeeded({"charge_id": charge_id, "reconciled": True}, summary=charge_id)
 
 

@@ -5,6 +5,13 @@ never wait for each other and never claim the same run. Each claim raises
 ``generation``; that number is the fence every later write of the claimer
 checks under the run lock.
 
+The runs to claim are picked by a subquery read once, as an array (an
+InitPlan). Written ``r.id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)`` it
+may be planned as a semi join that runs the subquery again for every row of
+``k2b_run``: each pass skips the runs the statement already updated and locks
+the next ones, so a claim of 4 took 5 to 7 runs (and read the queue 20,000
+times) on statistics that predated a bulk enqueue (#38).
+
 Claims walk ``k2b_run_queued`` in line order (``kernel/flow.py``): a run's
 ``run_after`` less its priority's credit, which for the runs of priority 0
 is ``run_after`` itself. The walk is bounded by ``k2b_now()`` (a due run's line
@@ -31,7 +38,7 @@ UPDATE k2b_run r
        lease_expires_at = k2b_now() + %s * interval '1 millisecond',
        claimed_by = %s,
        updated_at = k2b_now()
- WHERE r.id IN (
+ WHERE r.id = ANY(ARRAY(
         SELECT id FROM k2b_run
          WHERE status = 'queued' AND {claimable}
            AND {line} <= k2b_now() AND run_after <= k2b_now()
@@ -39,7 +46,7 @@ UPDATE k2b_run r
            {app_filter}
          ORDER BY {line}
          LIMIT %s
-           FOR UPDATE SKIP LOCKED)
+           FOR UPDATE SKIP LOCKED))
 RETURNING r.id, r.generation,
           r.run_after - r.priority_credit_ms * interval '1 millisecond' AS line)
 SELECT id, generation FROM claimed ORDER BY line

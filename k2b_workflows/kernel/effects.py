@@ -496,10 +496,17 @@ class External(EffectPath):
                 pending=(step, f"pending: waiting on {dep.kind}/{dep.key}"),
             )
         if isinstance(result, Failed):
-            # The provider says it did not happen. Still no automatic re-run: a
-            # lookup can lag behind the provider's own writes, and the contract
-            # is that only an operator's "effect absent" runs a doubted step again.
-            self._failed(step, result, LedgerEntry.Kind.RECONCILED, may_retry=False)
+            # The provider says it did not happen. A lookup can lag behind the
+            # provider's own writes, so that alone never re-runs the step: only an
+            # operator's "effect absent" does, or an action whose provider
+            # deduplicates by the effect key, where a second dispatch under the same
+            # key cannot charge twice (#38).
+            self._failed(
+                step,
+                result,
+                LedgerEntry.Kind.RECONCILED,
+                may_retry=step.action.redispatch_when_absent,
+            )
         journal.ledger_event(
             step, LedgerEntry.Kind.RECONCILE_UNKNOWN, message=result.message or "", fenced=True
         )
@@ -513,8 +520,9 @@ class External(EffectPath):
         """The provider says the effect did not happen.
 
         A retryable failure answered by ``run()`` itself is a clean answer: the
-        step runs again later under a new invocation key. After doubt
-        (``may_retry=False``) the step fails instead.
+        step runs again later under a new invocation key and the same effect key.
+        After doubt (``may_retry=False``: ``reconcile()`` of an action without
+        ``redispatch_when_absent``) the step fails instead.
         """
         journal = self.journal
         state = journal.effects[step.seq]

@@ -22,6 +22,8 @@ import psycopg
 import pytest
 from django.db import connection
 
+from tests.support.database_url import database_url
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "screenshots.py"
 
@@ -77,11 +79,7 @@ def test_the_script_makes_every_picture_from_the_demo(tmp_path):
     with _connect("postgres") as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
         conn.execute(f'CREATE DATABASE "{name}"')
-    url = (
-        f"postgres://{settings['USER'] or ''}"
-        + (f":{settings['PASSWORD']}" if settings["PASSWORD"] else "")
-        + f"@{settings['HOST'] or '127.0.0.1'}:{settings['PORT'] or 5432}/{name}"
-    )
+    url = database_url(settings, name=name)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "K2B_"))}
     env["DATABASE_URL"] = url
     try:

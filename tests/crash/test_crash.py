@@ -174,6 +174,32 @@ def test_sigkill_before_an_external_effect_is_reconciled_absent_and_never_dispat
     assert_invariants()
 
 
+def test_sigkill_before_an_effect_reconciled_absent_dispatches_again_under_the_same_key(
+    start_worker, wait
+):
+    """The payments recipe (docs/effects.md): killed between the ledger's "dispatched"
+    and the provider's call, the charge is absent; its provider deduplicates by the
+    effect key, so the step runs again under that key and the card is charged once."""
+    run = start_workflow_run("test.charge_by_key", {"amount": 9, "crash": "external_before_effect"})
+    killed(crashing_worker(start_worker, "external_before_effect"))
+    assert not ProviderCall.objects.filter(action="test.charge_by_key").exists()
+
+    second = healthy_worker(start_worker)
+    settled(wait, run, second)
+    done = fresh(run)
+    assert done.status == "succeeded", describe(run)
+    (call,) = ProviderCall.objects.filter(action="test.charge_by_key")
+    assert done.output == {"charge_id": f"ch_{call.pk}"}
+    dispatched = LedgerEntry.objects.filter(run=run, kind="dispatched").order_by("id")
+    assert [d.invocation_key for d in dispatched] == [
+        f"{call.effect_key}:1",
+        f"{call.effect_key}:2",
+    ]
+    assert call.invocation_key == f"{call.effect_key}:2"
+    assert "reconciled" in ledger_kinds(run)
+    assert_invariants()
+
+
 # -- SIGSTOP past the lease ----------------------------------------------------------
 
 

@@ -81,6 +81,7 @@ RUN_BY = {
         "test_an_idempotent_email_is_sent_again_under_the_same_key_after_a_crash",
         "test_the_dedup_table_keeps_the_sms_from_going_out_twice",
         "test_a_worker_whose_lease_was_taken_commits_no_fenced_write",
+        "test_a_charge_reconciled_absent_is_sent_again_under_its_key_and_made_once",
     ],
     "waits": ["test_the_approval_view_wakes_the_waiting_run", "test_the_wake_of_testing_md_runs"],
     "waits_wake": ["test_the_approval_view_wakes_the_waiting_run"],
@@ -308,6 +309,35 @@ def test_the_dedup_table_keeps_the_sms_from_going_out_twice():
         assert_run_status(run, "succeeded")
         assert sms.sent == [("+4930123", "shipped")]
         assert DedupRecord.objects.filter(key=f"{run.pk}:0", name="sms").count() == 1
+
+
+def test_a_charge_reconciled_absent_is_sent_again_under_its_key_and_made_once(monkeypatch):
+    with examples("effects") as (effects,):
+        from docs.examples.providers import gateway
+
+        charge = gateway.charge
+
+        def lost_once(amount: int, *, idempotency_key: str) -> Any:
+            if not gateway.calls:  # the first request never reaches the gateway
+                gateway.calls.append(idempotency_key)
+                raise ConnectionError("reset before the gateway got the request")
+            return charge(amount, idempotency_key=idempotency_key)
+
+        monkeypatch.setattr(gateway, "charge", lost_once)
+        one_step("shop.pay", effects.ChargeByKey, app_id="shop")
+        with fast_retries():
+            run = start_workflow_run("shop.pay", {"amount": 2900})
+            run_until_idle()
+
+        # Doubt after the dispatch; reconcile() finds no charge, the step runs again
+        # with the same ctx.effect_key, and the gateway made one charge.
+        assert_run_status(run, "succeeded")
+        key = f"{run.pk}:0"
+        assert gateway.calls == [key, key]
+        assert list(gateway.charges) == [key]
+        assert refreshed(run).output == {"charge_id": "ch_1"}
+        assert ledger_kinds(run).count("dispatched") == 2
+        assert "reconciled" in ledger_kinds(run)
 
 
 def test_a_worker_whose_lease_was_taken_commits_no_fenced_write():

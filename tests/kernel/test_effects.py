@@ -227,6 +227,29 @@ def test_external_reconciled_absent_fails_the_step_and_never_runs_it_again():
     assert stats["runs"] == 1
 
 
+@pytest.mark.parametrize(
+    ("effect", "value", "message"),
+    [
+        ("EXTERNAL", "yes", "redispatch_when_absent must be True or False, not 'yes'"),
+        ("IDEMPOTENT", True, "redispatch_when_absent applies to EXTERNAL, .* not IDEMPOTENT"),
+    ],
+)
+def test_redispatch_when_absent_is_refused_where_it_would_mean_nothing(effect, value, message):
+    from k2b_workflows import Action, Effect
+    from k2b_workflows.exceptions import InvalidInput
+
+    with pytest.raises(InvalidInput, match=message):
+        type(
+            "Misdeclared",
+            (Action,),
+            {
+                "name": "tests.misdeclared",
+                "effect": Effect[effect],
+                "redispatch_when_absent": value,
+            },
+        )
+
+
 def test_external_failure_before_effect_is_a_step_failure_the_workflow_can_catch():
     run = start_workflow_run("test.catches", {})
     run_to_end()

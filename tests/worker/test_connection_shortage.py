@@ -21,6 +21,7 @@ from k2b_workflows import start_workflow_run
 from k2b_workflows.models import WorkflowRun
 from tests.models import ProviderCall
 from tests.support import runtime_role
+from tests.support.database_url import database_url
 from tests.support.runtime_role import RUNTIME
 
 pytestmark = [
@@ -49,14 +50,12 @@ def _drain(start_worker, role: str, *, timeout: float = 120) -> int:
     runs = [
         start_workflow_run("kernel.slow", {"seconds": STEP_SECONDS, "n": i}) for i in range(RUNS)
     ]
-    db = connection.settings_dict
     worker = start_worker(
         "--concurrency",
         "2",
         "--burst",
         env={
-            "DATABASE_URL": f"postgres://{role}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}"
-            f"/{db['NAME']}",
+            "DATABASE_URL": database_url(connection.settings_dict, user=role),
             "K2B_TEST_SETTINGS": json.dumps(SETTINGS),
         },
     )

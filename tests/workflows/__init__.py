@@ -160,6 +160,13 @@ class Charge(Action):
         return succeeded({"charge_id": f"ch_{found.pk}", "reconciled": True})
 
 
+class ChargeByKey(Charge):
+    """The provider deduplicates by the effect key: "absent" dispatches again under it."""
+
+    name = "test.charge_by_key"
+    redispatch_when_absent = True
+
+
 class ChargeBlind(Charge):
     """EXTERNAL without reconcile: after any doubt an operator decides."""
 
@@ -283,6 +290,9 @@ one_step("test.idem", SendIdempotent, effect_budget={"emails": 5})
 
 
 one_step("test.charge", Charge, effect_budget={"charges": 2})
+
+
+one_step("test.charge_by_key", ChargeByKey, effect_budget={"charges": 2})
 
 
 @workflow("test.charge_blind", app_id="tests")
