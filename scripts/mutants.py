@@ -351,6 +351,13 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "resolve-confirmed-needs-output",
+        "k2b_workflows/management/commands/workflowrun.py",
+        "        if output is None and DECISIONS[decision] == control.EFFECT_CONFIRMED:\n",
+        "        if False:\n",
+        ("tests/admin/test_workflowrun_command.py::test_resolve_refusals_change_nothing",),
+    ),
+    Mutant(
         "supervisor-no-orphans",
         "k2b_workflows/worker/supervisor.py",
         "        kernel_signals = set_parent_death_signal(signal.SIGTERM)\n",
