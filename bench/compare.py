@@ -27,6 +27,14 @@ Only public APIs are used:
   (each step defers the next), drained by ``run_worker_async(wait=False)``.
 
 An engine that cannot be installed or run here gets a row saying why.
+
+``--tasks`` compares the django.tasks path instead (#37): ``--runs`` no-op tasks
+of one task module (``bench/tasks_app``), each enqueued in a transaction of its
+own, on k2b_workflows' backend (pure tasks, one ``runworkflows`` process with
+``--threads`` threads, listening before the clock starts), on django-tasks-db's
+(two ``db_worker --batch`` processes started after the enqueues, as its users
+drain a queue) and as Procrastinate jobs; pgbench with 2 clients beside them,
+and ``enqueue_many`` of ``--many`` calls against as many ``enqueue()`` calls.
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ from urllib.parse import urlsplit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.run import admin_execute, settled_commits, with_db  # noqa: E402
+from bench.run import admin_execute, pgbench, settled_commits, with_db  # noqa: E402
 
 # -- engines, each run in a process of its own ---------------------------------------
 
@@ -148,6 +156,10 @@ def engine_dbos(url: str, db: str, runs: int, threads: int) -> dict[str, Any]:
 
 
 def engine_procrastinate(url: str, db: str, runs: int, threads: int) -> dict[str, Any]:
+    return _procrastinate(url, db, runs, threads, steps=3)
+
+
+def _procrastinate(url: str, db: str, runs: int, threads: int, steps: int) -> dict[str, Any]:
     import asyncio
 
     import procrastinate
@@ -172,7 +184,7 @@ def engine_procrastinate(url: str, db: str, runs: int, threads: int) -> dict[str
                 await app.schema_manager.apply_schema_async()
             t0 = time.monotonic()
             for _ in range(runs):
-                await step.defer_async(n=0, left=3)
+                await step.defer_async(n=0, left=steps)
             await app.run_worker_async(
                 queues=["compare"], concurrency=threads, wait=False, install_signal_handlers=False
             )
@@ -185,7 +197,228 @@ def engine_procrastinate(url: str, db: str, runs: int, threads: int) -> dict[str
 
 
 ENGINES = {"k2b_workflows": engine_k2b, "DBOS": engine_dbos, "Procrastinate": engine_procrastinate}
-PACKAGES = {"k2b_workflows": "k2b_workflows", "DBOS": "dbos", "Procrastinate": "procrastinate"}
+PACKAGES = {
+    "k2b_workflows": "k2b_workflows",
+    "DBOS": "dbos",
+    "Procrastinate": "procrastinate",
+    "k2b_workflows tasks": "k2b_workflows",
+    "django-tasks-db": "django-tasks-db",
+    "Procrastinate jobs": "procrastinate",
+}
+
+
+# -- the django.tasks path (--tasks) ------------------------------------------------------
+
+
+def _tasks_django(db: str, kind: str) -> dict[str, str]:
+    """Set up Django in this process on ``db`` with the ``kind`` of TASKS; the environment
+    for its worker processes."""
+    env = {
+        "DJANGO_SETTINGS_MODULE": "bench.tasks_app.settings",
+        "K2B_BENCH_DB": db,
+        "K2B_BENCH_TASKS": kind,
+        "PYTHONUNBUFFERED": "1",
+    }
+    os.environ.update(env)
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    return {**os.environ, **env}
+
+
+def engine_tasks_k2b(url: str, db: str, runs: int, threads: int) -> dict[str, Any]:
+    env = _tasks_django(db, "k2b")
+    from django.db import connection
+
+    from bench.tasks_app.tasks import noop
+
+    worker = subprocess.Popen(
+        [
+            *(sys.executable, str(ROOT / "manage.py"), "runworkflows"),
+            *("--app", "tasks", "--concurrency", str(threads)),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    polls = 0
+    try:
+        with connection.cursor() as cursor:
+            deadline = time.monotonic() + 120
+            while True:
+                polls += 1
+                cursor.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND query LIKE 'LISTEN%%'"
+                )
+                if cursor.fetchone()[0]:
+                    break
+                if time.monotonic() > deadline or worker.poll() is not None:
+                    raise RuntimeError("the worker did not start listening")
+                time.sleep(0.1)
+        connection.close()
+        t0 = time.time()
+        for n in range(runs):
+            noop.enqueue(n)
+        with connection.cursor() as cursor:
+            while True:
+                polls += 1
+                cursor.execute(
+                    "SELECT count(*), EXTRACT(EPOCH FROM max(finished_at)) FROM k2b_run"
+                    " WHERE status = 'succeeded' AND workflow_name = 'k2b.task.pure'"
+                )
+                done, last = cursor.fetchone()
+                if done == runs:
+                    break
+                time.sleep(0.2)
+        connection.close()
+        seconds = float(last) - t0 if runs else 0.0
+    finally:
+        worker.terminate()
+        worker.wait(timeout=60)
+    return {"seconds": seconds, "own": polls}
+
+
+def engine_tasks_db(url: str, db: str, runs: int, threads: int) -> dict[str, Any]:
+    """django-tasks-db: the enqueues, then two ``db_worker --batch`` processes drain them."""
+    env = _tasks_django(db, "db")
+    from django.db import connection
+
+    from bench.tasks_app.tasks import noop
+
+    t0 = time.monotonic()
+    for n in range(runs):
+        noop.enqueue(n)
+    connection.close()
+    workers = [
+        subprocess.Popen(
+            [
+                *(sys.executable, str(ROOT / "manage.py"), "db_worker"),
+                *("--batch", "--no-startup-delay", "--interval", "0.05"),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    for worker in workers:
+        _, err = worker.communicate(timeout=1800)
+        if worker.returncode:
+            raise RuntimeError(f"db_worker exited {worker.returncode}: {err.strip()[-300:]}")
+    seconds = time.monotonic() - t0
+    from django_tasks_db.models import DBTaskResult
+
+    done = DBTaskResult.objects.filter(status="SUCCESSFUL").count()
+    connection.close()
+    if done != runs:
+        raise RuntimeError(f"django-tasks-db: {done} of {runs} tasks succeeded")
+    return {"seconds": seconds, "own": 1 if runs else 0}
+
+
+def engine_tasks_procrastinate(url: str, db: str, runs: int, threads: int) -> dict[str, Any]:
+    return _procrastinate(url, db, runs, threads, steps=1)
+
+
+def enqueue_speed(url: str, db: str, calls: int, threads: int) -> dict[str, Any]:
+    """Seconds of ``calls`` ``enqueue()`` calls (each its own transaction) and of one
+    ``enqueue_many`` of as many calls, on our backend; nothing runs them."""
+    _tasks_django(db, "k2b")
+    from bench.tasks_app.tasks import noop
+    from k2b_workflows.tasks import enqueue_many
+
+    t0 = time.monotonic()
+    for n in range(calls):
+        noop.enqueue(n)
+    one_by_one = time.monotonic() - t0
+    t0 = time.monotonic()
+    enqueue_many(noop, [((n,), None) for n in range(calls)])
+    many = time.monotonic() - t0
+    return {"seconds": many, "enqueue_s": one_by_one, "own": 0}
+
+
+TASK_ENGINES = {
+    "k2b_workflows tasks": engine_tasks_k2b,
+    "django-tasks-db": engine_tasks_db,
+    "Procrastinate jobs": engine_tasks_procrastinate,
+}
+CHILDREN = {**ENGINES, **TASK_ENGINES, "enqueue_speed": enqueue_speed}
+
+
+def run_task_engine(engine: str, url: str, runs: int, threads: int) -> dict[str, Any]:
+    """One django.tasks engine on a fresh database: tasks/s and commits per task."""
+    base = urlsplit(url).path.lstrip("/") or "k2b"
+    db = f"{base}_cmp_{engine.lower().replace(' ', '_').replace('-', '_')}"
+    admin_execute(url, f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)', f'CREATE DATABASE "{db}"')
+    try:
+        child(engine, url, db, 0, threads)  # installs the schema: not counted
+        idle = child(engine, url, db, 0, threads)
+        row = child(engine, url, db, runs, threads)
+    except RuntimeError as exc:
+        return {"engine": engine, "version": version(engine), "error": str(exc)}
+    finally:
+        admin_execute(url, f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+    return {
+        "engine": engine,
+        "version": version(engine),
+        "tasks_per_s": round(runs / row["seconds"], 1),
+        "commits_per_task": round((row["commits"] - idle["commits"]) / runs, 2),
+    }
+
+
+def tasks_main(url: str, runs: int, threads: int, many: int, engines: list[str]) -> None:
+    base = urlsplit(url).path.lstrip("/") or "k2b"
+    rows = []
+    for engine in engines:
+        try:
+            rows.append(run_task_engine(engine, url, runs, threads))
+        except Exception as exc:  # the table says why, the other engines still run
+            rows.append({"engine": engine, "version": version(engine), "error": repr(exc)})
+        print(f"{engine}: done", file=sys.stderr, flush=True)
+    pg_db = f"{base}_cmp_pgbench"
+    try:
+        tps = pgbench(url, pg_db, 2, 5, say=lambda line: print(line, file=sys.stderr))
+    finally:
+        admin_execute(url, f'DROP DATABASE IF EXISTS "{pg_db}" WITH (FORCE)')
+    speed_db = f"{base}_cmp_enqueue"
+    admin_execute(
+        url, f'DROP DATABASE IF EXISTS "{speed_db}" WITH (FORCE)', f'CREATE DATABASE "{speed_db}"'
+    )
+    try:
+        speed: dict[str, Any] = child("enqueue_speed", url, speed_db, many, threads)
+    except RuntimeError as exc:
+        speed = {"error": str(exc)}
+    finally:
+        admin_execute(url, f'DROP DATABASE IF EXISTS "{speed_db}" WITH (FORCE)')
+    print(
+        f"\n{runs} no-op tasks, each enqueued in its own transaction; same server, one "
+        f"invocation; pgbench c=2: {tps} tps\n"
+    )
+    print("| engine | version | tasks/s | commits/task | tasks/s over pgbench tps |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['engine']} | {r['version']} | - | - | could not run: {r['error']} |")
+        else:
+            ratio = round(r["tasks_per_s"] / tps, 3) if tps else "-"
+            print(
+                f"| {r['engine']} | {r['version']} | {r['tasks_per_s']} | "
+                f"{r['commits_per_task']} | {ratio} |"
+            )
+    if "error" in speed:
+        print(f"\nenqueue_many: could not run: {speed['error']}")
+    else:
+        print(
+            f"\n{many} enqueue() calls: {speed['enqueue_s']:.2f} s; enqueue_many of {many}: "
+            f"{speed['seconds']:.2f} s ({speed['enqueue_s'] / speed['seconds']:.1f}x)"
+        )
+    print(json.dumps({"pgbench_tps": tps, "engines": rows, "enqueue": speed}))
 
 
 def version(engine: str) -> str:
@@ -252,6 +485,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=300, help="workflows per engine (300)")
     parser.add_argument("--threads", type=int, default=2, help="worker concurrency (2)")
     parser.add_argument("--engines", default=",".join(ENGINES), help="comma-separated")
+    parser.add_argument(
+        "--tasks", action="store_true", help="the django.tasks path instead of workflows"
+    )
+    parser.add_argument(
+        "--many", type=int, default=10_000, help="--tasks: calls of enqueue_many (10000)"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--db", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -259,7 +498,12 @@ def main() -> None:
     if not url:
         sys.exit("DATABASE_URL is not set")
     if args.child:
-        print(json.dumps(ENGINES[args.child](url, args.db, args.runs, args.threads)))
+        print(json.dumps(CHILDREN[args.child](url, args.db, args.runs, args.threads)))
+        return
+    if args.tasks:
+        default = ",".join(ENGINES)
+        names = list(TASK_ENGINES) if args.engines == default else args.engines.split(",")
+        tasks_main(url, args.runs, args.threads, args.many, names)
         return
     rows = []
     for engine in args.engines.split(","):

@@ -1244,5 +1244,43 @@ def main() -> None:
     print(json.dumps(result, sort_keys=True))
 
 
+def pgbench(url: str, database: str, clients: int, seconds: int, say: Any = print) -> float | None:
+    """Transactions/s of a one-row UPDATE + commit with ``clients`` clients, on a fresh
+    ``database`` of the server of ``url`` (left for the caller to drop)."""
+    binary = shutil.which("pgbench") or next(
+        iter(sorted(Path("/usr/lib/postgresql").glob("*/bin/pgbench"), reverse=True)), None
+    )
+    if not binary:
+        say("pgbench: not found (skipped)")
+        return None
+    admin_execute(
+        url,
+        f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)',
+        f'CREATE DATABASE "{database}"',
+    )
+    import psycopg
+
+    target = with_db(url, database)
+    with psycopg.connect(target, autocommit=True) as conn:
+        conn.execute("CREATE TABLE one_row (id int PRIMARY KEY, n bigint NOT NULL)")
+        conn.execute("INSERT INTO one_row SELECT i, 0 FROM generate_series(1, 10000) i")
+    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as script:
+        script.write("\\set id random(1, 10000)\nUPDATE one_row SET n = n + 1 WHERE id = :id;\n")
+    try:
+        result = subprocess.run(
+            [
+                *(str(binary), "-n", "-f", script.name),
+                *("-c", str(clients), "-j", str(clients), "-T", str(seconds), target),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+    finally:
+        os.unlink(script.name)
+    tps = re.search(r"tps = ([\d.]+) \(without initial connection time\)", result.stdout)
+    return float(tps.group(1)) if tps else None
+
+
 if __name__ == "__main__":
     main()

@@ -32,6 +32,7 @@ from .exceptions import (
     NotRetryable,
     ResolutionRefused,
     RunCanceled,
+    RunEndNotSealed,
     StepFailed,
     UnknownWorkflow,
 )
@@ -114,6 +115,7 @@ __all__ = [
     "ResolutionRefused",
     "Retry",
     "RunCanceled",
+    "RunEndNotSealed",
     "Schedule",
     "StepContext",
     "StepFailed",

@@ -1,6 +1,7 @@
 from typing import Any
 
 from django.apps import AppConfig
+from django.conf import settings
 from django.db.backends.signals import connection_created
 from django.db.models.signals import post_migrate
 from django.utils.module_loading import autodiscover_modules
@@ -12,9 +13,16 @@ class K2BWorkflowsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401  (registers the system checks)
+        from . import (
+            checks,  # noqa: F401  (registers the system checks)
+            schedule_models,
+        )
+        from .kernel import schedule_seals
         from .redaction import install_log_filter
         from .testdb import record_test_database, release_before_drop
+
+        # Schedule rows are sealed under the evidence key, which only the kernel holds.
+        schedule_models.sealer = schedule_seals
 
         # What the kernel logs is scrubbed like what it stores (secrets in URLs).
         install_log_filter()
@@ -30,8 +38,24 @@ class K2BWorkflowsConfig(AppConfig):
         # workflows, as ``admin.py`` modules register admin classes.
         autodiscover_modules("workflows")
 
+        # django.tasks: a process whose TASKS names our backend registers the task
+        # workflows (taskruns.py), so its workers claim task runs (#37).
+        if uses_task_backend():
+            from . import tasks  # noqa: F401
+
         # ``migrate`` writes the decorators' schedules (and disables removed ones).
         post_migrate.connect(_sync_decorator_schedules, sender=self)
+
+
+def uses_task_backend() -> bool:
+    """Whether ``settings.TASKS`` has a ``k2b_workflows.tasks.WorkflowsBackend``."""
+    configured = getattr(settings, "TASKS", None)
+    if not isinstance(configured, dict):
+        return False
+    return any(
+        isinstance(params, dict) and params.get("BACKEND") == "k2b_workflows.tasks.WorkflowsBackend"
+        for params in configured.values()
+    )
 
 
 def _sync_decorator_schedules(sender: Any, **kwargs: Any) -> None:

@@ -219,6 +219,31 @@ def check_actions(
 
 # Tagged "database": it connects, so Django runs it with ``check --database`` and
 # before ``migrate``; a migrate on the owner's alias (OWNER_DATABASE) skips it.
+@register(Tags.security, deploy=True)
+def check_witness(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: object
+) -> list[CheckMessage]:
+    """``check --deploy``: the witness records go somewhere (#35).
+
+    They are the only detection of an owner's rollback or a restored backup;
+    without a ``WITNESS_SINK`` or a handler of ``k2b_workflows.witness`` at
+    INFO they are dropped, silently.
+    """
+    from .kernel import witness
+
+    if witness.goes_somewhere():
+        return []
+    return [
+        Warning(
+            "the witness records (k2b_workflows.witness at INFO) go nowhere: without them a"
+            " rolled-back run or a restored backup that repeats effects is not detected",
+            hint='LOGGING["loggers"]["k2b_workflows.witness"] = {"handlers": [<a handler>],'
+            ' "level": "INFO"}, or K2B_WORKFLOWS["WITNESS_SINK"] (docs/security.md#the-witness)',
+            id="k2b_workflows.W040",
+        )
+    ]
+
+
 @register(Tags.database)
 def check_runtime_role(
     app_configs: Sequence[AppConfig] | None = None,
@@ -377,6 +402,18 @@ def check_schedules(
     problems: list[CheckMessage] = []
     for row in rows:
         label = f"schedule {row.schedule_id!r}"
+        tampered = row.seal_problem()
+        if tampered is not None:
+            problems.append(
+                Error(
+                    f"{label} fires nothing: {tampered}",
+                    hint="read every field on its admin page and save it there, or delete it"
+                    " (docs/security.md)",
+                    obj=row,
+                    id="k2b_workflows.E033",
+                )
+            )
+            continue
         if not row.enabled:
             problems.append(
                 Warning(

@@ -33,3 +33,11 @@ CONCURRENCY_LIMITED = "CONCURRENCY_LIMITED"
 #: ``rate_limit_key()`` raised or returned something that is not a key.
 INVALID_RATE_LIMIT_KEY = "INVALID_RATE_LIMIT_KEY"
 ACTION_FAILED = "ACTION_FAILED"
+
+# django.tasks (#37): a task run's own codes.
+#: The task function raised (or returned a value that is not JSON): the task FAILED.
+TASK_FAILED = "TASK_FAILED"
+#: The task's module no longer imports on the worker: nothing was called.
+TASK_IMPORT_FAILED = "TASK_IMPORT_FAILED"
+#: The module imports but holds no task at the enqueued path (renamed or removed).
+TASK_NOT_FOUND = "TASK_NOT_FOUND"

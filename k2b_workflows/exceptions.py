@@ -90,6 +90,22 @@ class EvidenceChanged(ResolutionRefused):
         self.head = head
 
 
+class RunEndNotSealed(WorkflowError):
+    """A run's recorded end (status, output, error code) does not match its end seal.
+
+    Raised by ``wait_for_workflow_run`` / ``await_workflow_run`` instead of
+    returning the run: the end was not written by the kernel or an operator's
+    resolution (a role with SQL access, no evidence key, wrote it), so its
+    output must not be used. ``run_id`` is the run, ``reason`` what does not
+    match; ``manage.py verifyworkflows`` names the run too (docs/security.md).
+    """
+
+    def __init__(self, run_id: object, reason: str) -> None:
+        super().__init__(f"run {run_id}: {reason}")
+        self.run_id = run_id
+        self.reason = reason
+
+
 class NotRetryable(WorkflowError):
     """An operator asked to retry a run that is not failed."""
 

@@ -112,6 +112,12 @@ class WorkflowRun(models.Model):
     run_after = models.DateTimeField(default=timezone.now)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     claimed_by = models.CharField(max_length=200, blank=True, default="")
+    #: The django.tasks queue a task run was enqueued on (``runworkflows --queue``);
+    #: workflow runs are on "default" (#37).
+    queue = models.CharField(max_length=100, default="default")
+    #: A task run's task, as its input names it: what the runs list shows without
+    #: reading inputs (#37). Empty for workflow runs.
+    task_path = models.CharField(max_length=200, blank=True, default="")
     current_step = models.IntegerField(null=True, blank=True)
     #: The step whose effect an operator must resolve (``needs_attention`` only).
     attention_step = models.IntegerField(null=True, blank=True)
@@ -262,6 +268,15 @@ class WorkflowRun(models.Model):
                 fields=["wait_deadline"],
                 condition=models.Q(status="waiting", wait_deadline__isnull=False),
                 name="k2b_run_deadline",
+            ),
+            # The claim of a worker given ``--queue``: the same walk as k2b_run_queued,
+            # one queue at a time, so a worker of a small queue never reads a large one.
+            models.Index(
+                "queue",
+                QueueOrder("run_after", "priority_credit_ms"),
+                condition=models.Q(status="queued")
+                & (models.Q(concurrency_key__isnull=True) | models.Q(holds_slot=True)),
+                name="k2b_run_queued_queue",
             ),
             models.Index(fields=["status", "created_at"], name="k2b_run_status"),
             # The overview's throughput and error codes, and retention's oldest first:
@@ -564,6 +579,9 @@ class AiTask(models.Model):
     effect_key = models.CharField(max_length=200, unique=True)
     provider = models.CharField(max_length=200)
     request = models.JSONField()
+    #: HMAC under the evidence key over the request and whose it is (``kernel/ai.py``):
+    #: a worker calls the provider only with a request the kernel wrote.
+    request_seal = models.CharField(max_length=100, blank=True, default="", editable=False)
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.QUEUED)
     result = models.JSONField(null=True, blank=True)
     error_message = models.TextField(blank=True, default="")
@@ -630,6 +648,31 @@ class DedupRecord(models.Model):
 
     def __str__(self) -> str:
         return self.key
+
+
+class TaskAttempt(models.Model):
+    """One failed call of a django.tasks task function: its ``TaskError`` (#37).
+
+    A task's successful attempt leaves no row (its success rides on the run's
+    end, one commit); an attempt that raised leaves one, written in a fenced
+    transaction before the run is retried or failed, so a stale worker cannot
+    add an error to a run it lost. The traceback is scrubbed before it is stored.
+    """
+
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="task_attempts")
+    attempt = models.PositiveIntegerField()
+    worker_id = models.CharField(max_length=200, blank=True, default="")
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField()
+    exception_class_path = models.CharField(max_length=500)
+    traceback = models.TextField(blank=True, default="")
+
+    class Meta:
+        db_table = "k2b_task_attempt"
+        ordering = ["run", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} attempt {self.attempt}: {self.exception_class_path}"
 
 
 class IncidentManager(models.Manager["Incident"]):

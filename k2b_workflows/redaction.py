@@ -39,6 +39,15 @@ _URL_CREDENTIALS_RE = re.compile(
     r"(?<![a-zA-Z0-9+.-])(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s:@]+:[^/\s@]*@"
 )
 _BEARER_RE = re.compile(r"\b(?P<kind>Bearer|Basic|Token)\s+[A-Za-z0-9._~+/=-]{6,}", re.IGNORECASE)
+# Credentials recognisable by their shape alone, with no key name before them
+# (#35): Stripe's secret and restricted keys, AWS access key ids, and a
+# 40-character AWS secret access key (mixed case: a lowercase hex digest is not one).
+_SHAPED_SECRET_RE = re.compile(
+    r"(?<![A-Za-z0-9])(?:(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{10,}|(?:AKIA|ASIA)[A-Z0-9]{16})"
+    r"(?![A-Za-z0-9])"
+    r"|(?<![A-Za-z0-9/+=])(?=[A-Za-z0-9/+]*[a-z])(?=[A-Za-z0-9/+]*[A-Z])"
+    r"[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])"
+)
 
 
 def _normalize(key: str) -> str:
@@ -83,9 +92,11 @@ def is_sensitive_key(key: Any, rules: tuple[frozenset[str], tuple[str, ...]] | N
 # ``key=value``, ``key: value`` and ``"key": "value"``. A key starts only where
 # a word starts (the lookbehind), so a long run of letters is scanned once, not
 # once per position: the texts are exception messages and inputs of any size.
+# A value is never itself a ``key=``: in ``ValueError: password=x`` (an exception
+# as tracebacks print it) the pair is ``password=x``, not ``ValueError: ...``.
 _PAIR_RE = re.compile(
     r"(?<![\w-])(?P<key>[\w-]+)(?P<sep>[\"']?\s*[=:]\s*)"
-    r"(?P<value>\"[^\"]*\"|'[^']*'|[^\s&;,\"'#)}\]]+)"
+    r"(?P<value>\"[^\"]*\"|'[^']*'|(?![\w-]+[\"']?\s*[=:])[^\s&;,\"'#)}\]]+)"
 )
 
 
@@ -123,6 +134,7 @@ def redact_text(text: Any) -> Any:
         return text
     text = _URL_CREDENTIALS_RE.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
     text = _BEARER_RE.sub(lambda m: f"{m.group('kind')} {REDACTED}", text)
+    text = _SHAPED_SECRET_RE.sub(REDACTED, text)
     rules = _key_rules()
     text = _QUERY_RE.sub(lambda m: _redact_query(m, rules), text)
     text = _PAIR_RE.sub(lambda m: _redact_pair(m, rules), text)

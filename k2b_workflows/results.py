@@ -38,8 +38,8 @@ from typing import Any
 from django.db import DatabaseError, connections
 
 from . import store, triggers, validation
-from .exceptions import InvalidInput
-from .kernel import db, weather
+from .exceptions import InvalidInput, RunEndNotSealed
+from .kernel import db, seals, weather
 from .models import ENDED_CHANNEL, SETTLED_STATUSES, WorkflowRun
 
 logger = logging.getLogger(__name__)
@@ -194,6 +194,12 @@ def settled_run(using: str, run_id: uuid.UUID) -> WorkflowRun | None:
     if run is None:
         raise WorkflowRun.DoesNotExist(f"run_id: no run {run_id}")
     if run.status in SETTLED_STATUSES:
+        # The runtime role can write a queued run's status and output: the caller
+        # would act on an end no worker reached (#35). As a parent reads a child.
+        forged = seals.end_problem(run)
+        if forged is not None:
+            logger.error("run %s: its end is not used: %s", run_id, forged)
+            raise RunEndNotSealed(run_id, forged)
         return run
     if connections[using].in_atomic_block and _written_by_this_transaction(using, run_id):
         raise InvalidInput(
@@ -266,7 +272,8 @@ def wait_for_workflow_run(
     Woken by the run's end notification, within milliseconds; polls every
     ``POLL_INTERVAL_MS`` only as a fallback. Raises ``TimeoutError`` after
     ``timeout`` seconds (real seconds; ``None``: no limit),
-    ``WorkflowRun.DoesNotExist`` for an unknown run id. Safe in a Django view:
+    ``WorkflowRun.DoesNotExist`` for an unknown run id, ``RunEndNotSealed``
+    when the run's end does not match its seal (not written by the kernel). Safe in a Django view:
     it reads through Django's connection (so under READ COMMITTED each read
     sees the latest commit) and listens on a connection of its own.
     """

@@ -18,7 +18,8 @@ from django.db import connections
 from psycopg import sql
 
 #: Tables whose rows are evidence: the runtime role may only add and read.
-APPEND_ONLY_TABLES = ("k2b_journal", "k2b_ledger", "k2b_budget_charge")
+#: ``k2b_task_attempt``: a django.tasks task's failed calls, written once by its worker (#37).
+APPEND_ONLY_TABLES = ("k2b_journal", "k2b_ledger", "k2b_budget_charge", "k2b_task_attempt")
 _FORBIDDEN = ("UPDATE", "DELETE", "TRUNCATE")
 #: Tables whose rows the runtime role removes itself: workers purge the fleet
 #: rows of stopped or lost workers as they beat (``fleet.py``), and wait

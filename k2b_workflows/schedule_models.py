@@ -11,17 +11,46 @@ after now) or the schedule was resumed, and reads now from the database.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Collection
-from typing import Any
+from collections.abc import Collection, Mapping
+from typing import Any, Protocol
 
-from django.db import connections, models
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connections, models, transaction
 from django.utils import timezone
 
 from . import schedules, store
+from .exceptions import InvalidSchedule
 from .schedules import Schedule
 
 #: ``timezone.now`` under a name a model's ``timezone`` field cannot shadow.
 _now = timezone.now
+
+
+class Sealer(Protocol):
+    """What seals a schedule row: ``kernel/schedule_seals.py`` (the HMAC under the evidence key)."""
+
+    SEALED_FIELDS: tuple[str, ...]
+
+    def seal(self, values: Mapping[str, Any]) -> str: ...
+
+    def problem(self, values: Mapping[str, Any], sealed: str) -> str | None: ...
+
+
+class _Unset:
+    """Until ``AppConfig.ready()``: a save then would write a row no pass fires."""
+
+    SEALED_FIELDS: tuple[str, ...] = ()
+
+    def seal(self, values: Mapping[str, Any]) -> str:
+        raise ImproperlyConfigured("k2b_workflows is not ready: schedules cannot be sealed yet")
+
+    def problem(self, values: Mapping[str, Any], sealed: str) -> str | None:
+        return self.seal(values)
+
+
+#: The kernel's schedule sealer, handed down by ``AppConfig.ready()``: the model
+#: layer holds no key and may not import the kernel that does.
+sealer: Sealer = _Unset()
 
 
 class WorkflowSchedule(models.Model):
@@ -83,6 +112,9 @@ class WorkflowSchedule(models.Model):
     resumed_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=_now)
     updated_at = models.DateTimeField(default=_now)
+    #: HMAC under the evidence key over ``kernel/schedule_seals.SEALED_FIELDS``, written by
+    #: every save and every pass: a row the runtime role wrote has none that matches.
+    seal = models.CharField(max_length=100, blank=True, default="", editable=False)
 
     #: Fields a pass writes; an edit of the spec leaves them to the pass.
     STATE_FIELDS = (
@@ -95,6 +127,9 @@ class WorkflowSchedule(models.Model):
         "resumed_at",
     )
     SPEC_FIELDS = ("cron", "every", "timezone", "jitter")
+    #: Set by a caller whose save writes the whole spec from its own source (code,
+    #: a decorator, the operator's form): it may seal a row that failed its seal.
+    reviewed: bool = False
 
     class Meta:
         db_table = "k2b_schedule"
@@ -122,57 +157,110 @@ class WorkflowSchedule(models.Model):
         return self.schedule_id
 
     def save(self, *args: Any, **kwargs: Any) -> None:
-        """Validate the spec, and keep the passes' state consistent with what changed.
+        """Validate the spec, keep the passes' state consistent, and seal the row.
 
         A new row or a changed spec: the ticks start after now (the database's
         clock, ``k2b_now()``). A resume: the ticks missed while paused are left
         to ``catch_up``. Otherwise the passes' fields are not written, so an
         edit from a form loaded a while ago cannot rewind the next tick.
+
+        The stored row is read under a lock first: the seal covers it as it
+        will be after this write (the fields not written are the stored ones).
+        A stored row whose seal does not match was written by someone without
+        the evidence key: only a save that writes its whole spec (``reviewed``
+        set: ``schedule_workflow``, ``migrate``, the admin's change form) may
+        seal it again, and its ticks start afresh; a pause or resume raises
+        ``InvalidSchedule`` instead of sealing what nobody checked.
         """
         spec = self.spec()
         self.cron, self.input = spec.cron or "", spec.input
         loaded: dict[str, Any] = getattr(self, "_loaded", None) or {}
         adding = self._state.adding or not loaded
         using = kwargs.get("using") or self._state.db or store.database()
-        with connections[using].cursor() as cursor:
-            cursor.execute("SELECT k2b_now()")
-            now = cursor.fetchone()[0]
-        self.updated_at = now
-        changed = adding or any(
-            name in loaded and loaded[name] != getattr(self, name) for name in self.SPEC_FIELDS
-        )
-        resumed = not adding and (
-            (loaded.get("paused") and not self.paused)
-            or (loaded.get("enabled") is False and self.enabled)
-        )
-        if adding:
-            self.created_at = now
-        if changed:
-            self.anchor = now
-            self.next_tick = spec.next_tick(now, now)
-            self.next_fire_at = self.fire_at(self.next_tick)
-        if resumed:
-            self.resumed_at = now
-        written = {"updated_at"} | ({"resumed_at"} if resumed else set())
-        if changed:
-            written |= {"anchor", "next_tick", "next_fire_at"}
-        if not adding and kwargs.get("update_fields") is not None:
-            kwargs["update_fields"] = sorted(set(kwargs["update_fields"]) | written)
-        elif not adding:
-            keep = (
-                set()
-                if changed
-                else set(self.STATE_FIELDS) - ({"resumed_at"} if resumed else set())
+        with transaction.atomic(using=using):
+            stored = None if adding else self._stored(using)
+            tampered = stored is not None and bool(sealer.problem(stored, stored["seal"]))
+            if tampered and not getattr(self, "reviewed", False):
+                raise InvalidSchedule(
+                    f"schedule {self.schedule_id!r} was changed outside migrate,"
+                    " schedule_workflow() and the admin (its seal does not match): check"
+                    " every field on its admin page and save it there, or delete it",
+                    field="seal",
+                )
+            with connections[using].cursor() as cursor:
+                cursor.execute("SELECT k2b_now()")
+                now = cursor.fetchone()[0]
+            self.updated_at = now
+            changed = (
+                adding
+                or tampered
+                or any(
+                    name in loaded and loaded[name] != getattr(self, name)
+                    for name in self.SPEC_FIELDS
+                )
             )
-            kwargs["update_fields"] = [
-                f.name
-                for f in self._meta.concrete_fields
-                if not f.primary_key and f.name not in keep
-            ]
-        super().save(*args, **kwargs)
+            resumed = not adding and (
+                (loaded.get("paused") and not self.paused)
+                or (loaded.get("enabled") is False and self.enabled)
+            )
+            if adding:
+                self.created_at = now
+            if changed:
+                self.anchor = now
+                self.next_tick = spec.next_tick(now, now)
+                self.next_fire_at = self.fire_at(self.next_tick)
+            if tampered:
+                # Nothing of the stored state is the key holder's: no buffered tick.
+                self.buffered_tick = None
+            if resumed:
+                self.resumed_at = now
+            written = {"updated_at", "seal"} | ({"resumed_at"} if resumed else set())
+            if changed:
+                written |= {"anchor", "next_tick", "next_fire_at"}
+            if tampered:
+                written |= set(self.STATE_FIELDS)
+            if not adding and kwargs.get("update_fields") is not None:
+                kwargs["update_fields"] = sorted(set(kwargs["update_fields"]) | written)
+            elif not adding:
+                keep = (
+                    set()
+                    if changed
+                    else set(self.STATE_FIELDS) - ({"resumed_at"} if resumed else set())
+                )
+                kwargs["update_fields"] = [
+                    f.name
+                    for f in self._meta.concrete_fields
+                    if not f.primary_key and f.name not in keep
+                ]
+            if stored is not None:
+                for name in sealer.SEALED_FIELDS:
+                    if name not in kwargs["update_fields"]:
+                        setattr(self, name, stored[name])
+            self.seal = sealer.seal(self.sealed_values())
+            super().save(*args, **kwargs)
+        self.reviewed = False
         self._loaded = {
             name: getattr(self, name) for name in (*self.SPEC_FIELDS, "paused", "enabled")
         }
+
+    def _stored(self, using: str) -> dict[str, Any] | None:
+        """The row as stored (the sealed fields and the seal), locked until the save commits."""
+        return (
+            type(self)
+            .objects.using(using)
+            .select_for_update()
+            .filter(pk=self.pk)
+            .values(*sealer.SEALED_FIELDS, "seal")
+            .first()
+        )
+
+    def sealed_values(self) -> dict[str, Any]:
+        """The fields the seal covers, as this object holds them."""
+        return {name: getattr(self, name) for name in sealer.SEALED_FIELDS}
+
+    def seal_problem(self) -> str | None:
+        """Why this row (as loaded) was not written by the key holder, or None."""
+        return sealer.problem(self.sealed_values(), self.seal)
 
     @classmethod
     def from_db(
@@ -197,7 +285,8 @@ class WorkflowSchedule(models.Model):
         return Schedule(
             self.cron or None,
             every=self.every,
-            timezone=self.timezone,
+            # A row stored before #35 may pair every with a zone, which was ignored.
+            timezone=self.timezone if self.cron else "UTC",
             input=self.input,
             catch_up=self.catch_up,
             overlap=self.overlap,

@@ -26,6 +26,7 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import hashlib
+import re
 from collections.abc import Iterator
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
@@ -44,6 +45,19 @@ _MICROSECOND = dt.timedelta(microseconds=1)
 _MAX_ITERATIONS = 100_000
 #: The key ``scheduled_for`` the kernel adds to every scheduled run's input.
 SCHEDULED_FOR = "scheduled_for"
+#: The longest ``every`` and ``jitter``: ten years. Longer ones overflowed the
+#: tick arithmetic (a datetime past year 9999) at the first save or pass (#35).
+MAX_SPAN = dt.timedelta(days=3660)
+#: The largest step (``*/N``) of each cron field, in order, seconds first: a
+#: larger step matches only the field's first value, which is never what was meant.
+_CRON_FIELDS = (
+    ("second", 60),
+    ("minute", 60),
+    ("hour", 24),
+    ("day of month", 31),
+    ("month", 12),
+    ("day of week", 7),
+)
 
 
 class CatchUp(enum.StrEnum):
@@ -96,10 +110,26 @@ class Schedule:
             object.__setattr__(self, "cron", None)
             check_every(every)
         zone(self.timezone)
+        if self.every is not None and self.timezone != "UTC":
+            # Refused rather than ignored: ``every`` ticks are fixed real-time steps
+            # from the anchor, and a zone there reads as a promise (ticks at local
+            # midnight across DST) they do not keep. A cron expression does (#35).
+            raise InvalidSchedule(
+                f"Schedule timezone={self.timezone!r:.100} has no effect with every=: its ticks"
+                " are exactly every apart in real time; use a cron expression for ticks at a"
+                " local wall time, or leave timezone out",
+                field="timezone",
+            )
         object.__setattr__(self, "input", check_input(self.input))
         object.__setattr__(self, "catch_up", _choice(self.catch_up, CatchUp, "catch_up"))
         object.__setattr__(self, "overlap", _choice(self.overlap, Overlap, "overlap"))
         check_jitter(self.jitter)
+        if self.every is not None and self.jitter is not None and self.jitter >= self.every:
+            raise InvalidSchedule(
+                f"Schedule jitter={self.jitter} is not shorter than every={self.every}: a tick"
+                " would fire after the next one is due",
+                field="jitter",
+            )
 
     # -- ticks ---------------------------------------------------------------
 
@@ -145,6 +175,15 @@ def parse_cron(cron: Any) -> str:
             field="cron",
         )
     normalised = " ".join(fields)
+    names = _CRON_FIELDS if len(fields) == 6 else _CRON_FIELDS[1:]
+    for text, (name, largest) in zip(fields, names, strict=True):
+        for step in re.findall(r"/(\d+)", text):
+            if len(step) > 4 or int(step) > largest:
+                raise InvalidSchedule(
+                    f"Schedule cron {cron!r:.200}: the {name} step /{step:.30} is larger than"
+                    f" {largest}: it would match only the first {name}",
+                    field="cron",
+                )
     try:
         CronSim(normalised, dt.datetime(2000, 1, 1))
     except CronSimError as exc:
@@ -165,6 +204,10 @@ def check_every(every: Any) -> dt.timedelta:
             f"Schedule every={every} is under one second: ticks are at least 1 s apart",
             field="every",
         )
+    if every > MAX_SPAN:
+        raise InvalidSchedule(
+            f"Schedule every={every} is longer than {MAX_SPAN.days} days", field="every"
+        )
     return every
 
 
@@ -175,6 +218,10 @@ def check_jitter(jitter: Any) -> dt.timedelta | None:
         raise InvalidSchedule(
             f"Schedule jitter must be a timedelta of zero or more, not {jitter!r:.100}",
             field="jitter",
+        )
+    if jitter > MAX_SPAN:
+        raise InvalidSchedule(
+            f"Schedule jitter={jitter} is longer than {MAX_SPAN.days} days", field="jitter"
         )
     return jitter
 

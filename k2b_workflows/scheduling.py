@@ -71,6 +71,7 @@ def schedule_workflow(
                 row = row or WorkflowSchedule(schedule_id=schedule_id)
                 apply_spec(row, workflow_name, schedule, version)
                 row.source = row.source or WorkflowSchedule.Source.CODE
+                row.reviewed = True  # the whole spec is the caller's: a tampered row is rewritten
                 row.save(using=using)
                 return row
         except IntegrityError:
@@ -101,6 +102,10 @@ def run_schedule_now(row: WorkflowSchedule) -> WorkflowRun:
     ``schedule:<id>:now:<time>``; overlap is not consulted (an operator asked)
     and the ticks are left as they are.
     """
+    row.refresh_from_db()  # what it starts is what is stored now, and sealed
+    tampered = row.seal_problem()
+    if tampered is not None:
+        raise InvalidInput(f"schedule {row.schedule_id!r} was not run: {tampered}")
     if not row.enabled:
         raise InvalidInput(f"schedule {row.schedule_id!r} is disabled: {row.disabled_reason}")
     row.spec()
@@ -145,10 +150,23 @@ def sync_decorator_schedules(using: str | None = None, **kwargs: Any) -> dict[st
             row = rows.get(name) or WorkflowSchedule(schedule_id=name)
             before = _spec_tuple(row) if not row._state.adding else None
             apply_spec(row, name, definition.schedule, None)
-            if before == _spec_tuple(row) and row.enabled and row.source == "decorator":
+            tampered = not row._state.adding and row.seal_problem() is not None
+            if (
+                before == _spec_tuple(row)
+                and row.enabled
+                and row.source == "decorator"
+                and not tampered
+            ):
                 continue
+            if tampered:
+                logger.warning(
+                    "schedule %s was not written by the key holder: written again from its"
+                    " decorator, its ticks start afresh",
+                    name,
+                )
             row.source = WorkflowSchedule.Source.DECORATOR
             row.enabled, row.disabled_reason = True, ""
+            row.reviewed = True  # the whole spec is the decorator's
             row.save(using=using)
             written += 1
         for row in (
@@ -158,6 +176,7 @@ def sync_decorator_schedules(using: str | None = None, **kwargs: Any) -> dict[st
             .exclude(schedule_id__in=list(declared))
         ):
             row.enabled, row.disabled_reason = False, REMOVED_FROM_DECORATOR
+            row.reviewed = True  # disabled: whatever it holds, it fires nothing
             row.save(using=using)
             logger.warning("schedule %s disabled: %s", row.schedule_id, REMOVED_FROM_DECORATOR)
             disabled += 1

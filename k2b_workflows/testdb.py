@@ -75,9 +75,23 @@ def test_environment_active() -> bool:
 
 
 def record_test_database(sender: Any, using: str = "default", **kwargs: Any) -> None:
-    """``post_migrate`` receiver: remember the database the test runner just migrated."""
-    if test_environment_active():
+    """``post_migrate`` receiver: remember the database the test runner just migrated.
+
+    Only a database named as the test runner names the ones it creates
+    (``TEST["NAME"]``, or ``test_`` and the live name): a no-op ``migrate`` of
+    the live database in a process that had called ``setup_test_environment()``
+    made it flushable (#35).
+    """
+    if test_environment_active() and _named_as_a_test_database(using):
         _created.add(str(connections[using].settings_dict["NAME"]))
+
+
+def _named_as_a_test_database(using: str) -> bool:
+    from django.db.backends.base.creation import TEST_DATABASE_PREFIX
+
+    settings = connections[using].settings_dict
+    name = str(settings["NAME"])
+    return name == (settings.get("TEST") or {}).get("NAME") or name.startswith(TEST_DATABASE_PREFIX)
 
 
 def created_by_test_runner(using: str) -> bool:

@@ -44,7 +44,7 @@ from django.db.backends.signals import connection_created
 from django.test import override_settings
 
 from . import store
-from .kernel import ai, claim, flow, hooks
+from .kernel import ai, claim, db, flow, hooks
 from .kernel import clock as kernel_clock
 from .kernel.execute import Execution
 from .kernel.leases import LeaseKeeper
@@ -340,7 +340,9 @@ def controlled_clock() -> Iterator[WorkflowClock]:
     ``with controlled_clock() as clock: ...; clock.advance(hours=1); run_until_idle()``
     passes an hour of retry backoff without sleeping, with the settings your
     production runs with. The offset is a session setting (``k2b.clock_offset``)
-    that ``k2b_now()`` adds to the database's time. It is set on this thread's
+    that ``k2b_now()`` adds to the database's time while the block runs (the
+    owner alias switches that on in the test database, and off on exit:
+    in production ``k2b_now()`` reads no setting). It is set on this thread's
     open connections, on every connection opened while the block runs (any
     thread), and on the kernel's own connections (the lease keeper's, the
     heartbeat's). A connection another thread had open before the block keeps
@@ -351,6 +353,7 @@ def controlled_clock() -> Iterator[WorkflowClock]:
     if _active_clock is not None:
         raise RuntimeError("a controlled_clock() is already running; move that one")
     active = WorkflowClock()
+    _honour_offset(True)
     connection_created.connect(active._follow, weak=False)
     _active_clock = active
     try:
@@ -363,6 +366,22 @@ def controlled_clock() -> Iterator[WorkflowClock]:
         active._django.update(conns)
         kernel_clock.set_offset(dt.timedelta(0), extra=conns)
         kernel_clock.forget(list(active._django))
+        _honour_offset(False)
+
+
+def _honour_offset(honour: bool) -> None:
+    """Switch ``k2b_now()``'s offset on (off) in the test database, as its owner.
+
+    In production ``k2b_now()`` reads no session setting: any session could
+    set one (#35). The owner alias created the test database's functions, so
+    it may replace this one; committed at once, on a connection of its own,
+    so that the kernel's other connections see it.
+    """
+    conn = db.autocommit_connection(store.owner_database(), follow_clock=False)
+    try:
+        kernel_clock.honour_offset(conn, honour)
+    finally:
+        conn.close()
 
 
 def _run_id(run_or_id: WorkflowRun | uuid.UUID | str) -> uuid.UUID:

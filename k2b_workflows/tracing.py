@@ -79,6 +79,49 @@ class Attempt(Protocol):
     outcome: str
 
 
+#: The longest ``traceparent``/``tracestate`` kept: W3C caps tracestate at 512
+#: characters; a 10 MB one was stored on the run and read at every claim (#35).
+MAX_HEADER = 512
+_HEADERS = ("traceparent", "tracestate")
+#: Runs whose stored trace context was garbage, warned about once per process.
+_warned: set[Any] = set()
+
+
+def _headers(value: Any) -> dict[str, str]:
+    """The W3C headers of ``value`` that are strings of at most ``MAX_HEADER`` characters."""
+    if not isinstance(value, dict):
+        return {}
+    return {k: v for k in _HEADERS if isinstance(v := value.get(k), str) and len(v) <= MAX_HEADER}
+
+
+def stored_context(run_id: Any, stored: Any) -> dict[str, Any]:
+    """A run's ``trace_context`` as the kernel wrote it, or what of it is sane.
+
+    The runtime role can write the column: a string, a list or a huge header
+    there raised at every claim (a traceback each time). What does not fit the
+    kernel's shape is dropped, with one warning per run per process.
+    """
+    if stored is None:
+        return {}
+    clean: dict[str, Any] = _headers(stored)
+    if isinstance(stored, dict):
+        for key in ("first_attempt", "attempt"):
+            if key in stored and (headers := _headers(stored[key])):
+                clean[key] = headers
+        generation = stored.get("attempt_generation")
+        if isinstance(generation, int) and not isinstance(generation, bool):
+            clean["attempt_generation"] = generation
+    if clean != stored and run_id not in _warned:
+        if len(_warned) > 10_000:
+            _warned.clear()
+        _warned.add(run_id)
+        logger.warning(
+            "run %s: its stored trace context is not one the kernel wrote; ignored what is not",
+            run_id,
+        )
+    return clean
+
+
 def _tracer() -> Any:
     return trace.get_tracer(TRACER_NAME)
 
@@ -99,7 +142,7 @@ def capture() -> dict[str, str] | None:
     """The current trace context as stored on a new run, or None when nothing is traced."""
     if not ENABLED or not trace.get_current_span().get_span_context().is_valid:
         return None
-    carrier = _carrier()
+    carrier = _headers(_carrier())  # a tracestate past MAX_HEADER is not stored
     return carrier or None
 
 
@@ -114,7 +157,7 @@ def _span_context(headers: Any) -> Any:
 
 def _run_parent(run: WorkflowRun) -> Any:
     """The context a run's spans are children of: the starter's, else the first attempt's."""
-    stored = run.trace_context or {}
+    stored = stored_context(run.pk, run.trace_context)
     span_context = _span_context(stored) or _span_context(stored.get("first_attempt"))
     if span_context is None:
         return otel_context.Context()  # a new trace: not whatever this thread had current
@@ -138,7 +181,7 @@ class RunTrace:
     def __init__(self, execution: Attempt) -> None:
         self.execution = execution
         run = execution.run
-        stored = run.trace_context or {}
+        stored = stored_context(run.pk, run.trace_context)
         links = []
         previous = _span_context(stored.get("attempt"))
         if previous is not None and stored.get("attempt_generation", 0) < execution.generation:
@@ -279,10 +322,10 @@ def child_context(parent: dict[str, Any] | None) -> dict[str, Any] | None:
         current = capture()
         if current is not None:
             return current
-    if not parent:
+    stored = stored_context(None, parent) if isinstance(parent, dict) else {}
+    if not stored:
         return None
-    headers = parent if "traceparent" in parent else parent.get("first_attempt") or {}
-    kept = {k: v for k, v in headers.items() if k in ("traceparent", "tracestate")}
+    kept = _headers(stored) or stored.get("first_attempt") or {}
     return kept or None
 
 

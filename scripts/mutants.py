@@ -46,6 +46,36 @@ class Mutant:
 
 
 MUTANTS = (
+    # django.tasks (#37): an external task's crash must never re-run it; a path that
+    # now names another task must not be called.
+    Mutant(
+        "task-external-never-rerun",
+        "k2b_workflows/taskruns.py",
+        '"external": Effect.EXTERNAL}',
+        '"external": Effect.IDEMPOTENT}',
+        (
+            "tests/tasks/test_workers.py::"
+            "test_an_external_task_killed_while_running_is_never_run_again",
+        ),
+    ),
+    Mutant(
+        "task-enqueue-on-callers-connection",
+        "k2b_workflows/kernel/starts.py",
+        "    with transaction.mark_for_rollback_on_error(using), connection.cursor() as cursor:",
+        "    with db.autocommit_connection(using) as own, own.cursor() as cursor:",
+        (
+            "tests/tasks/test_contract.py::test_an_enqueue_rolled_back_never_runs",
+            "tests/tasks/test_workers.py::"
+            "test_a_burst_worker_does_not_run_a_task_whose_enqueue_has_not_committed",
+        ),
+    ),
+    Mutant(
+        "task-path-check",
+        "k2b_workflows/taskruns.py",
+        "    if task.module_path != path:",
+        "    if False:",
+        ("tests/tasks/test_workers.py::test_a_path_that_now_names_another_task_is_not_called",),
+    ),
     Mutant(
         "wheel-package-data",
         "pyproject.toml",
@@ -457,6 +487,152 @@ MUTANTS = (
             "tests/worker/test_fleet.py::"
             "test_the_workers_page_calls_a_worker_late_once_its_heartbeat_is_not_fresh",
         ),
+    ),
+    # #35: a worker acts only on what the key holder wrote.
+    Mutant(
+        "schedule-seal-pass",
+        "k2b_workflows/kernel/schedule_passes.py",
+        "            if tampered is not None:\n",
+        "            if False:\n",
+        (
+            "tests/misuse/test_sealed_rows.py::"
+            "test_the_issues_attack_a_schedule_row_the_runtime_role_inserted_charges_nothing",
+            "tests/misuse/test_sealed_rows.py::"
+            "test_an_operators_schedule_row_edited_by_the_runtime_role_starts_nothing",
+            "tests/misuse/test_sealed_rows.py::test_a_renamed_and_rewound_schedule_fires_no_tick_again",
+        ),
+    ),
+    Mutant(
+        "schedule-seal-save",
+        "k2b_workflows/schedule_models.py",
+        '            if tampered and not getattr(self, "reviewed", False):\n',
+        "            if False:\n",
+        (
+            "tests/misuse/test_sealed_rows.py::"
+            "test_a_tampered_row_is_sealed_again_only_by_a_save_of_its_whole_spec",
+        ),
+    ),
+    Mutant(
+        "schedule-seal-run-now",
+        "k2b_workflows/scheduling.py",
+        "    if tampered is not None:\n        raise InvalidInput(",
+        "    if False:\n        raise InvalidInput(",
+        (
+            "tests/misuse/test_sealed_rows.py::"
+            "test_a_tampered_row_is_sealed_again_only_by_a_save_of_its_whole_spec",
+        ),
+    ),
+    Mutant(
+        "ai-request-seal",
+        "k2b_workflows/kernel/ai.py",
+        "        if forged is not None:\n",
+        "        if False:\n",
+        (
+            "tests/misuse/test_sealed_rows.py::"
+            "test_an_ai_task_request_the_runtime_role_wrote_never_reaches_the_provider",
+        ),
+    ),
+    Mutant(
+        "waiter-end-seal",
+        "k2b_workflows/results.py",
+        "        if forged is not None:\n",
+        "        if False:\n",
+        (
+            "tests/misuse/test_sealed_rows.py::"
+            "test_wait_for_workflow_run_refuses_an_end_the_runtime_role_wrote",
+            "tests/misuse/test_sealed_rows.py::"
+            "test_await_workflow_run_refuses_an_end_the_runtime_role_wrote",
+        ),
+    ),
+    Mutant(
+        "clock-reads-no-setting",
+        "k2b_workflows/migrations/0020_sealed_schedules_and_clock.py",
+        "    RETURN pg_catalog.statement_timestamp();\n",
+        "    RETURN pg_catalog.statement_timestamp() + COALESCE(NULLIF(pg_catalog.current_setting("
+        "'k2b.clock_offset', true), ''), '0')::interval;\n",
+        (
+            "tests/misuse/test_clock_attacks.py::test_a_runtime_role_session_cannot_move_k2b_now",
+            "tests/misuse/test_clock_attacks.py::"
+            "test_through_a_transaction_pooler_a_left_setting_does_not_move_the_next_clients_clock",
+        ),
+    ),
+    Mutant(
+        "clock-offset-off-after-test",
+        "k2b_workflows/testing.py",
+        "        _honour_offset(False)\n",
+        "        pass\n",
+        (
+            "tests/misuse/test_clock_attacks.py::"
+            "test_the_controlled_clock_moves_k2b_now_while_it_runs_and_not_after",
+        ),
+    ),
+    Mutant(
+        "witness-goes-somewhere",
+        "k2b_workflows/checks.py",
+        "    if witness.goes_somewhere():\n",
+        "    if True:\n",
+        ("tests/misuse/test_witness_check.py",),
+    ),
+    Mutant(
+        "schedule-span-cap",
+        "k2b_workflows/schedules.py",
+        "    if every > MAX_SPAN:\n",
+        "    if False:\n",
+        ("tests/schedules/test_schedule_bad_inputs.py",),
+        also=(("    if jitter > MAX_SPAN:\n", "    if False:\n"),),
+    ),
+    Mutant(
+        "schedule-jitter-under-every",
+        "k2b_workflows/schedules.py",
+        "self.jitter is not None and self.jitter >= self.every:",
+        "self.jitter is not None and False:",
+        ("tests/schedules/test_schedule_bad_inputs.py",),
+    ),
+    Mutant(
+        "schedule-zone-with-every",
+        "k2b_workflows/schedules.py",
+        'if self.every is not None and self.timezone != "UTC":',
+        "if False:",
+        ("tests/schedules/test_schedule_bad_inputs.py",),
+    ),
+    Mutant(
+        "schedule-cron-step",
+        "k2b_workflows/schedules.py",
+        "            if len(step) > 4 or int(step) > largest:\n",
+        "            if False:\n",
+        ("tests/schedules/test_schedule_bad_inputs.py",),
+    ),
+    Mutant(
+        "flushable-by-name",
+        "k2b_workflows/testdb.py",
+        "    if test_environment_active() and _named_as_a_test_database(using):\n",
+        "    if test_environment_active():\n",
+        (
+            "tests/misuse/test_low_findings.py::"
+            "test_a_no_op_migrate_of_the_live_database_does_not_make_it_flushable",
+        ),
+    ),
+    Mutant(
+        "trace-context-sane",
+        "k2b_workflows/tracing.py",
+        "    stored = stored_context(run.pk, run.trace_context)\n    span_context",
+        "    stored = run.trace_context or {}\n    span_context",
+        (
+            "tests/misuse/test_low_findings.py::test_a_garbage_trace_context_is_ignored_with_one_warning",
+        ),
+        also=(
+            (
+                "        stored = stored_context(run.pk, run.trace_context)\n        links",
+                "        stored = run.trace_context or {}\n        links",
+            ),
+        ),
+    ),
+    Mutant(
+        "redact-shaped-secrets",
+        "k2b_workflows/redaction.py",
+        "    text = _SHAPED_SECRET_RE.sub(REDACTED, text)\n",
+        "",
+        ("tests/misuse/test_low_findings.py::test_bare_stripe_and_aws_credentials_are_scrubbed",),
     ),
 )
 

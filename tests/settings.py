@@ -70,3 +70,28 @@ if django.VERSION >= (6, 0):
 # The suite connects as a superuser on purpose (it creates databases and roles);
 # tests/misuse/test_roles.py connects as a real runtime role and checks W003 itself.
 SILENCED_SYSTEM_CHECKS = ["k2b_workflows.W003"]
+
+# django.tasks on the kernel (#37): tests/tasks_app/ holds the tasks.
+from k2b_workflows import Retry  # noqa: E402
+
+TASKS = {
+    "default": {
+        "BACKEND": "k2b_workflows.tasks.WorkflowsBackend",
+        "QUEUES": ["default", "mail", "reports"],
+    },
+    # One alias per declaration: on Django 6.0 @task takes no effect= or retry=, and
+    # tests/tasks_app/tasks.py puts each task on the alias that declares it.
+    **{
+        effect: {
+            "BACKEND": "k2b_workflows.tasks.WorkflowsBackend",
+            "QUEUES": [],
+            "OPTIONS": {"effect": effect},
+        }
+        for effect in ("pure", "idempotent", "external")
+    },
+    "retrying": {
+        "BACKEND": "k2b_workflows.tasks.WorkflowsBackend",
+        "QUEUES": [],
+        "OPTIONS": {"effect": "pure", "retry": Retry(max_attempts=3, backoff=0.01, jitter=False)},
+    },
+}

@@ -20,7 +20,7 @@ from k2b_workflows import (
     Retry,                                                       # retry policies
     StepFailed, LeaseLost, RunCanceled, DatabaseNotMigrated,     # exceptions
     UnknownWorkflow, InvalidInput, IdempotencyConflict, ResolutionRefused, EvidenceChanged,
-    NotRetryable, InvalidSchedule,
+    NotRetryable, InvalidSchedule, RunEndNotSealed,
 )
 from k2b_workflows.store import (
     WORKFLOW_RUN_LEASE_MS, WORKFLOW_RUN_MAX_CONSECUTIVE_FAILURES, WORKFLOW_RETRY_EXHAUSTED,

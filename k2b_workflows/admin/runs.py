@@ -25,7 +25,7 @@ from .. import store
 from ..kernel import clock
 from ..kernel.evidence import hash_value
 from ..lazy import LazyModule
-from ..models import Incident, LedgerEntry, RunStatus, WorkerRecord, WorkflowRun
+from ..models import Incident, LedgerEntry, RunStatus, TaskAttempt, WorkerRecord, WorkflowRun
 from ..redaction import redact_text
 from .common import ReadOnlyMixin, field_names, pretty_json, short_hash, status_badge
 from .workers import worker_state_badge
@@ -44,6 +44,15 @@ else:
     versions = LazyModule("k2b_workflows.versions")
     audit = LazyModule("k2b_workflows.kernel.audit")
 
+#: The workflows a django.tasks task call runs as (``taskruns.WORKFLOW_NAMES``), by their
+#: prefix: the admin must not import django.tasks, which a project may not have (#37).
+TASK_WORKFLOW_PREFIX = "k2b.task."
+
+
+def is_task_run(run: WorkflowRun) -> bool:
+    """Whether ``run`` is a django.tasks task call (``k2b_workflows.tasks``)."""
+    return run.workflow_name.startswith(TASK_WORKFLOW_PREFIX)
+
 
 @admin.register(WorkflowRun)
 class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
@@ -51,6 +60,7 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
         "short_id",
         "status_badge",
         "workflow_name",
+        "task_column",
         "app_id",
         "step_column",
         "generation_column",
@@ -127,7 +137,20 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
             {"fields": ("wait_kind", "wait_key", "wait_deadline", "waiting_since", "wait_step")},
         ),
     )
-    readonly_fields = field_names(fieldsets)
+    #: Shown first on the page of a django.tasks task's run (#37).
+    task_fieldset = (
+        "Task",
+        {
+            "fields": (
+                "task_path",
+                "task_arguments",
+                "task_attempts",
+                "task_errors",
+                "task_return_value",
+            )
+        },
+    )
+    readonly_fields = (*field_names(fieldsets), *field_names((task_fieldset,)))
 
     class Media:
         css = {"all": ["k2b_workflows/admin.css"]}
@@ -240,18 +263,63 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
         # The wait fields keep a run's last wait after it moved on: "Waiting for"
         # while it waits, "Last waited for" after (a succeeded run said it was
         # still waiting for its AI task, #38), nothing for a run that never waited.
-        if obj is None or obj.status == RunStatus.WAITING:
-            return self.fieldsets
-        if not obj.wait_kind:
-            return self.fieldsets[:-1]
-        (_, wait_fields) = self.fieldsets[-1]
-        return (*self.fieldsets[:-1], ("Last waited for", wait_fields))
+        fieldsets: tuple[Any, ...] = self.fieldsets
+        if obj is not None and obj.status != RunStatus.WAITING:
+            if not obj.wait_kind:
+                fieldsets = self.fieldsets[:-1]
+            else:
+                (_, wait_fields) = self.fieldsets[-1]
+                fieldsets = (*self.fieldsets[:-1], ("Last waited for", wait_fields))
+        if obj is not None and is_task_run(obj):
+            fieldsets = (self.task_fieldset, *fieldsets)
+        return fieldsets
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         # Lists never need the JSON bodies: ten runs with 10 MB inputs would
         # otherwise be read whole for a table that shows none of it. The run
-        # page reads them when it draws them.
+        # page reads them when it draws them. A task's path has a column of its own.
         return super().get_queryset(request).defer("input", "output", "principal")
+
+    # django.tasks task runs (#37) -----------------------------------------------------------
+
+    @admin.display(description="task")
+    def task_column(self, run: WorkflowRun) -> str:
+        return run.task_path
+
+    @admin.display(description="task")
+    def task_path(self, run: WorkflowRun) -> str:
+        return format_html("<code>{}</code>", run.input.get("task", ""))
+
+    @admin.display(description="arguments")
+    def task_arguments(self, run: WorkflowRun) -> str:
+        """Redacted as every run's input is (``pretty_json``)."""
+        return pretty_json({"args": run.input.get("args"), "kwargs": run.input.get("kwargs")})
+
+    @admin.display(description="failed attempts")
+    def task_attempts(self, run: WorkflowRun) -> str:
+        rows = list(TaskAttempt.objects.filter(run_id=run.pk).order_by("id"))
+        if not rows:
+            return "none"
+        return format_html_join(
+            mark_safe("<br>"),
+            "#{} on <code>{}</code> at {}: <code>{}</code>",
+            ((r.attempt, r.worker_id or "?", r.started_at, r.exception_class_path) for r in rows),
+        )
+
+    @admin.display(description="errors")
+    def task_errors(self, run: WorkflowRun) -> str:
+        """The failed attempts' tracebacks, scrubbed when they were stored."""
+        rows = TaskAttempt.objects.filter(run_id=run.pk).order_by("id")
+        texts = [redact_text(r.traceback) for r in rows]
+        if not texts:
+            return "—"
+        return format_html_join("", '<pre class="k2b-json">{}</pre>', ((t,) for t in texts))
+
+    @admin.display(description="return value")
+    def task_return_value(self, run: WorkflowRun) -> str:
+        if run.status != RunStatus.SUCCEEDED:
+            return "—"
+        return pretty_json(run.output)
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet, search_term: str

@@ -163,6 +163,13 @@ class WorkflowScheduleAdmin(admin.ModelAdmin):
 
     @admin.display(description="state", ordering="paused")
     def state_badge(self, row: WorkflowSchedule) -> str:
+        tampered = row.seal_problem()
+        if tampered is not None:
+            # Written without the evidence key: no pass fires it, and the operator
+            # must read every field before saving seals it again.
+            return format_html(
+                '<span class="k2b-badge k2b-status-failed" title="{}">tampered</span>', tampered
+            )
         if not row.enabled:
             return format_html(
                 '<span class="k2b-badge k2b-status-failed" title="{}">disabled</span>',
@@ -274,6 +281,9 @@ class WorkflowScheduleAdmin(admin.ModelAdmin):
     ) -> None:
         if not change:
             obj.source = WorkflowSchedule.Source.ADMIN
+        # The operator saved every field the form showed (a tampered row's badge
+        # said so): their save seals the row again and starts its ticks afresh.
+        obj.reviewed = True
         obj.save()
 
     # Permissions and actions ---------------------------------------------------------------
@@ -292,7 +302,11 @@ class WorkflowScheduleAdmin(admin.ModelAdmin):
             if row.paused == paused:
                 continue
             row.paused = paused
-            row.save()
+            try:
+                row.save()
+            except InvalidSchedule as exc:
+                self.message_user(request, f"{row.schedule_id}: {exc}", messages.ERROR)
+                continue
             self.log_change(request, row, "Paused" if paused else "Resumed")
             changed += 1
         return changed

@@ -4,6 +4,13 @@ The task is keyed by the step's ``effect_key`` and charged one ``max_ai_calls``
 unit when it is created; a replay finds it and pays nothing. The step waits
 on ``("k2b.ai_task", effect_key)``; the task's result wakes it. After a
 cancellation the result is discarded and wakes nothing.
+
+A worker calls the provider only with a request the kernel wrote (#35): the
+runtime role can INSERT a ``k2b_ai_task`` row, or rewrite a queued one's
+request, and the next AI worker would send it, paid and with the app's
+credentials. ``request_seal`` is an HMAC under the evidence key over the
+request and whose it is (effect key, run, step, app, provider); a task whose
+seal does not match fails without a call, with an ERROR line.
 """
 
 from __future__ import annotations
@@ -18,8 +25,9 @@ from django.db import connections, transaction
 from .. import codes, redaction, store
 from ..actions import Dependency, Result, canonical_json, failed, succeeded, to_json_value, waiting
 from ..exceptions import InvalidInput
-from . import budgets, db, waits
+from . import budgets, db, hashing, waits
 from .db import holding_run_lock
+from .seals import seal_of, text_problem
 
 if TYPE_CHECKING:
     from ..actions import StepContext
@@ -52,6 +60,32 @@ def providers() -> dict[str, Provider]:
     return dict(_providers)
 
 
+def _request_text(
+    effect_key: str, run_id: Any, seq: int, app_id: str, provider: str, request: Any
+) -> str:
+    return hashing.canonical(
+        ["ai_request", effect_key, str(run_id), int(seq), app_id, provider, request]
+    )
+
+
+def request_seal(
+    effect_key: str, run_id: Any, seq: int, app_id: str, provider: str, request: Any
+) -> str:
+    """The seal a task's request is written with (the kernel holds the key)."""
+    return seal_of(_request_text(effect_key, run_id, seq, app_id, provider, request))
+
+
+def request_problem(
+    sealed: str, effect_key: str, run_id: Any, seq: int, app_id: str, provider: str, request: Any
+) -> str | None:
+    """Why a task's request was not written by the kernel, or None."""
+    text = _request_text(effect_key, run_id, seq, app_id, provider, request)
+    why = text_problem(sealed, text)
+    if why is None:
+        return None
+    return f"its request (or whose step it is) {why}: it was not written by the kernel"
+
+
 def step_task(ctx: StepContext, provider: str, request: Any) -> Result:
     if provider not in _providers:
         return failed(f"no AI provider {provider!r} is registered", code="UNKNOWN_AI_PROVIDER")
@@ -78,9 +112,10 @@ def step_task(ctx: StepContext, provider: str, request: Any) -> Result:
             db.execute(
                 using,
                 """INSERT INTO k2b_ai_task (id, run_id, seq, app_id, effect_key, provider, request,
-                       status, attempts, generation, created_at, updated_at, error_message)
-                   VALUES (gen_random_uuid(), %s, %s, %s, %s, %s, %s, 'queued', 0, 0, k2b_now(),
-                           k2b_now(), '')""",
+                       request_seal, status, attempts, generation, created_at, updated_at,
+                       error_message)
+                   VALUES (gen_random_uuid(), %s, %s, %s, %s, %s, %s, %s, 'queued', 0, 0,
+                           k2b_now(), k2b_now(), '')""",
                 [
                     ctx.run_id,
                     ctx.step,
@@ -88,6 +123,9 @@ def step_task(ctx: StepContext, provider: str, request: Any) -> Result:
                     ctx.effect_key,
                     provider,
                     canonical_json(request),
+                    request_seal(
+                        ctx.effect_key, ctx.run_id, ctx.step, ctx.app_id, provider, request
+                    ),
                 ],
             )
             return waiting(Dependency(KIND, ctx.effect_key))
@@ -108,7 +146,8 @@ UPDATE k2b_ai_task t
  WHERE t.id IN (SELECT id FROM k2b_ai_task
                  WHERE status = 'queued' AND provider = ANY(%s) {app_filter}
                  ORDER BY created_at LIMIT %s FOR UPDATE SKIP LOCKED)
-RETURNING t.id, t.generation, t.provider, t.request, t.app_id, t.effect_key
+RETURNING t.id, t.generation, t.provider, t.request, t.app_id, t.effect_key,
+          t.request_seal, t.run_id, t.seq
 """
 
 
@@ -160,11 +199,22 @@ def reap_expired(using: str) -> int:
 
 def run_task(using: str, task: tuple, abort: threading.Event) -> str:
     """Call the provider and store its result, unless the task was canceled meanwhile."""
-    task_id, generation, provider, request, app_id, effect_key = task
+    task_id, generation, provider, request, app_id, effect_key, sealed, run_id, seq = task
     try:
         request = db.from_json(request)
-        output = to_json_value(_providers[provider](request, abort), f"{provider} result")
-        status, error = "succeeded", ""
+        forged = request_problem(sealed, effect_key, run_id, seq, app_id, provider, request)
+        if forged is not None:
+            # Sending it would spend the app's credentials on a stranger's prompt.
+            logger.error(
+                "AI task %s (%s) refused, the provider was not called: %s",
+                task_id,
+                provider,
+                forged,
+            )
+            output, status, error = None, "failed", f"refused: {forged}"
+        else:
+            output = to_json_value(_providers[provider](request, abort), f"{provider} result")
+            status, error = "succeeded", ""
     except Exception as exc:
         logger.warning("AI task %s (%s) failed: %r", task_id, provider, exc)
         output, status, error = None, "failed", redaction.scrub_error(exc)

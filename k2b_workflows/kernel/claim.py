@@ -43,7 +43,7 @@ UPDATE k2b_run r
          WHERE status = 'queued' AND {claimable}
            AND {line} <= k2b_now() AND run_after <= k2b_now()
            AND (workflow_name, workflow_version) IN (SELECT * FROM unnest(%s::text[], %s::int[]))
-           {app_filter}
+           {app_filter}{queue_filter}
          ORDER BY {line}
          LIMIT %s
            FOR UPDATE SKIP LOCKED))
@@ -68,6 +68,7 @@ def claim_runs(
     workflows: Sequence[tuple[str, int]],
     app_ids: Sequence[str] | None,
     limit: int,
+    queues: Sequence[str] | None = None,
 ) -> list[tuple[Any, int]]:
     """Claim up to ``limit`` due runs of workflows this process knows. Returns (id, generation).
 
@@ -75,7 +76,7 @@ def claim_runs(
     holding the code of the version it started with, so in a rolling deploy an
     old worker never runs a new run and a new worker never replays an old one.
     """
-    statement = claim_statement(worker_id, workflows, app_ids, limit)
+    statement = claim_statement(worker_id, workflows, app_ids, limit, queues)
     if statement is None:
         return []
     return db.fetch_statement(using, *statement, setting=CLAIM_PLAN)
@@ -86,9 +87,13 @@ def claim_statement(
     workflows: Sequence[tuple[str, int]],
     app_ids: Sequence[str] | None,
     limit: int,
+    queues: Sequence[str] | None = None,
 ) -> tuple[str, list[Any]] | None:
     """The statement of ``claim_runs`` and its parameters; None when there is nothing to
-    claim. To be sent after ``CLAIM_PLAN``, in the same transaction."""
+    claim. To be sent after ``CLAIM_PLAN``, in the same transaction.
+
+    ``queues`` (``runworkflows --queue``): only runs enqueued on those django.tasks
+    queues; one queue walks ``k2b_run_queued_queue`` (#37)."""
     if limit <= 0 or not workflows:
         return None
     params: list[Any] = [
@@ -101,8 +106,18 @@ def claim_statement(
     if app_ids:
         app_filter = "AND app_id = ANY(%s)"
         params.append(list(app_ids))
+    queue_filter = ""
+    if queues:
+        # One queue: "=" so that the planner walks the queue's own index in line order.
+        queue_filter = " AND queue = %s" if len(queues) == 1 else " AND queue = ANY(%s)"
+        params.append(queues[0] if len(queues) == 1 else list(queues))
     params.append(limit)
-    sql = _CLAIM_SQL.format(app_filter=app_filter, claimable=flow.CLAIMABLE, line=flow.QUEUE_ORDER)
+    sql = _CLAIM_SQL.format(
+        app_filter=app_filter,
+        queue_filter=queue_filter,
+        claimable=flow.CLAIMABLE,
+        line=flow.QUEUE_ORDER,
+    )
     return sql, params
 
 

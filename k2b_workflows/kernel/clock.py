@@ -5,12 +5,19 @@ retry backoff, wait deadlines, claims) and in Python (deadlines computed from
 a ``timedelta``, action timeouts). A test that moves one of them (freezegun
 moves Python, nothing moves ``statement_timestamp()``) sees a deadline pass on
 one clock and not on the other. So every read goes through one of two doors
-that add the same offset: ``k2b_now()`` in SQL (created by migration 0009: the
-statement's timestamp plus the session setting ``k2b.clock_offset``) and
-``now()`` / ``monotonic()`` here. In production nothing sets the offset:
-``k2b_now()`` is ``statement_timestamp()`` and ``now()`` is ``timezone.now()``.
+that add the same offset: ``k2b_now()`` in SQL and ``now()`` / ``monotonic()``
+here.
 
-``k2b_workflows.testing.clock()`` is the public handle that moves it.
+The second failure (#35): the offset is a session setting
+(``k2b.clock_offset``), and any session may set any such setting. As the
+runtime role, ``set_config('k2b.clock_offset', '86400 seconds', false)``
+moved ``k2b_now()`` a day; through a transaction pooler it stayed on the
+server connection and the workers that got it next fired tomorrow's tick
+today. So ``k2b_now()`` as migrated (0020) is ``statement_timestamp()`` and
+reads no setting at all; only the owner of the function can give it the body
+that adds the offset (``honour_offset``), which
+``k2b_workflows.testing.controlled_clock()`` does on the test database for as
+long as a test's clock runs, and undoes after.
 """
 
 from __future__ import annotations
@@ -27,6 +34,32 @@ from django.utils import timezone
 #: The session setting ``k2b_now()`` adds to ``statement_timestamp()``.
 SETTING = "k2b.clock_offset"
 SET_SQL = "SELECT set_config('k2b.clock_offset', %s, false)"
+
+#: ``k2b_now()`` as production runs it: the statement's timestamp, no setting read.
+REAL_SQL = """
+CREATE OR REPLACE FUNCTION k2b_now() RETURNS timestamptz
+LANGUAGE plpgsql STABLE PARALLEL SAFE COST 1
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN pg_catalog.statement_timestamp();
+END;
+$$;
+"""
+#: ``k2b_now()`` while a test's clock runs: plus the session's ``k2b.clock_offset``.
+OFFSET_SQL = """
+CREATE OR REPLACE FUNCTION k2b_now() RETURNS timestamptz
+LANGUAGE plpgsql STABLE PARALLEL SAFE COST 1
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN pg_catalog.statement_timestamp()
+           + COALESCE(
+               NULLIF(pg_catalog.current_setting('k2b.clock_offset', true), ''),
+               '0')::interval;
+END;
+$$;
+"""
 
 _ZERO = dt.timedelta(0)
 _offset = _ZERO
@@ -100,6 +133,16 @@ def set_offset(new: dt.timedelta, extra: list[Any] | tuple[Any, ...] = ()) -> No
                 continue
             with contextlib.suppress(Exception):
                 _apply(conn, value)
+
+
+def honour_offset(conn: Any, honour: bool) -> None:
+    """Give ``k2b_now()`` the body that adds ``k2b.clock_offset`` (or the real one back).
+
+    ``conn``: a psycopg connection in autocommit as the function's owner (it
+    commits at once, for every session); any other role gets
+    ``insufficient_privilege``: that is the point.
+    """
+    conn.execute(OFFSET_SQL if honour else REAL_SQL)
 
 
 def forget(conns: list[Any] | tuple[Any, ...]) -> None:

@@ -50,7 +50,7 @@ from ..exceptions import (
 from ..models import WorkflowScheduleSkip
 from ..schedules import SCHEDULED_FOR, CatchUp, Overlap, Schedule, idempotency_key, iso, jitter_for
 from ..workflows import get_workflow
-from . import db, starts
+from . import db, schedule_seals, starts
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,8 @@ SELECT EXTRACT(EPOCH FROM (
 
 _COLUMNS = (
     "id, schedule_id, workflow_name, workflow_version, cron, every, timezone, input, catch_up,"
-    " overlap, jitter, anchor, next_tick, last_tick, buffered_tick, resumed_at"
+    " overlap, jitter, anchor, next_tick, last_tick, buffered_tick, resumed_at,"
+    " paused, enabled, next_fire_at, seal"
 )
 DUE_SQL = f"""
 SELECT {_COLUMNS}, k2b_now() FROM k2b_schedule
@@ -101,12 +102,17 @@ SELECT EXISTS (SELECT 1 FROM k2b_run WHERE schedule_id = %s
 """
 ADVANCE_SQL = """
 UPDATE k2b_schedule
-   SET next_tick = %s, next_fire_at = %s, last_tick = COALESCE(%s, last_tick),
-       last_run_id = COALESCE(%s, last_run_id), buffered_tick = %s, updated_at = k2b_now()
+   SET next_tick = %s, next_fire_at = %s, last_tick = %s,
+       last_run_id = COALESCE(%s, last_run_id), buffered_tick = %s, seal = %s,
+       updated_at = k2b_now()
  WHERE id = %s
 """
+#: The pass disables a row it cannot fire: sealed again (the key holder decided),
+#: or, for a row that failed its seal, left with the broken one (``seal`` NULL: kept).
 DISABLE_SQL = """
-UPDATE k2b_schedule SET enabled = false, disabled_reason = %s, updated_at = k2b_now() WHERE id = %s
+UPDATE k2b_schedule SET enabled = false, disabled_reason = %s, seal = COALESCE(%s, seal),
+       updated_at = k2b_now()
+ WHERE id = %s
 """
 #: Schedules a pass should have fired a while ago: none of the fleet's workers
 #: runs passes for them (all ``--no-schedules``, none has the workflow) or they lag.
@@ -125,6 +131,8 @@ class PassResult:
 
     rows: int = 0
     started: int = 0
+    #: Rows refused (and disabled) for a seal that does not match.
+    tampered: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
     lags: list[float] = field(default_factory=list)
 
@@ -147,6 +155,14 @@ class _Row:
     last_tick: dt.datetime | None
     buffered_tick: dt.datetime | None
     resumed_at: dt.datetime | None
+    paused: bool
+    enabled: bool
+    next_fire_at: dt.datetime | None
+    seal: str
+
+    def sealed(self, **changes: Any) -> str:
+        """The seal of this row with ``changes`` written: the pass holds the key."""
+        return schedule_seals.seal({**schedule_seals.of_row(self), **changes})
 
     def fire_at(self, tick: dt.datetime) -> dt.datetime:
         return tick + jitter_for(self.schedule_id, tick, self.jitter)
@@ -187,6 +203,21 @@ def run_pass(
         for values in rows:
             row, now = _Row(*values[:-1]), values[-1]
             row.input = db.from_json(row.input)
+            tampered = schedule_seals.problem(schedule_seals.of_row(row), row.seal)
+            if tampered is not None:
+                # Written without the evidence key (the runtime role's INSERT or UPDATE):
+                # firing it would seal a stranger's run with the key. Disabled, not
+                # resealed: it stays broken for verifyworkflows and the admin.
+                logger.error(
+                    "schedule %s was not written by the key holder and was disabled,"
+                    " nothing started: %s",
+                    row.schedule_id,
+                    tampered,
+                )
+                reason = f"{schedule_seals.TAMPERED}: {tampered}"
+                db.execute(using, DISABLE_SQL, [reason[:300], None, row.id])
+                result.tampered += 1
+                continue
             if row.workflow_version is not None and row.workflow_version not in versions.get(
                 row.workflow_name, set()
             ):
@@ -205,7 +236,11 @@ def run_pass(
                 result.started, result.skipped = counted[0], counted[1]
                 del result.lags[counted[2] :], skips[counted[3] :]
                 logger.error("schedule %s cannot fire and was disabled: %s", row.schedule_id, exc)
-                db.execute(using, DISABLE_SQL, [f"cannot fire: {exc}"[:300], row.id])
+                db.execute(
+                    using,
+                    DISABLE_SQL,
+                    [f"cannot fire: {exc}"[:300], row.sealed(enabled=False), row.id],
+                )
         if skips:
             WorkflowScheduleSkip.objects.using(using).bulk_create(skips)
     for reason, n in result.skipped.items():
@@ -227,7 +262,8 @@ def _fire(
         spec = Schedule(
             row.cron or None,
             every=row.every,
-            timezone=row.timezone,
+            # A row stored before #35 may pair every with a zone, which was ignored.
+            timezone=row.timezone if row.cron else "UTC",
             input=row.input,
             catch_up=row.catch_up,
             overlap=row.overlap,
@@ -237,7 +273,7 @@ def _fire(
         # Written around the validation (raw SQL, a restored dump): firing it would
         # guess. Disabled with the reason on its admin page, never silently run.
         logger.error("schedule %s is invalid and was disabled: %s", row.schedule_id, exc)
-        db.execute(using, DISABLE_SQL, [f"invalid: {exc}"[:300], row.id])
+        db.execute(using, DISABLE_SQL, [f"invalid: {exc}"[:300], row.sealed(enabled=False), row.id])
         return
     plan = _Plan(row, spec, now)
     last_started: tuple[dt.datetime, Any] | None = None
@@ -298,15 +334,22 @@ def _fire(
         )
         result.skipped[reason] = result.skipped.get(reason, 0) + count
     next_tick = plan.next_tick
+    moved = {
+        "next_tick": next_tick,
+        "next_fire_at": row.fire_at(next_tick),
+        "last_tick": last_started[0] if last_started else row.last_tick,
+        "buffered_tick": buffered,
+    }
     db.execute(
         using,
         ADVANCE_SQL,
         [
-            next_tick,
-            row.fire_at(next_tick),
-            last_started[0] if last_started else None,
+            moved["next_tick"],
+            moved["next_fire_at"],
+            moved["last_tick"],
             last_started[1] if last_started else None,
             buffered,
+            row.sealed(**moved),
             row.id,
         ],
     )

@@ -103,6 +103,18 @@ def _matches(sealed: str, text: str, keys: dict[str, bytes]) -> str | None:
     return None
 
 
+def seal_of(text: str) -> str:
+    """A seal of ``text`` under the signing key: for any row the kernel seals (schedules,
+    AI task requests), each with a text of its own kind."""
+    key_id, key = hashing.signing_key()
+    return _mac(key_id, key, text)
+
+
+def text_problem(sealed: str, text: str) -> str | None:
+    """None when ``sealed`` is a seal of ``text`` under one of the evidence keys, else why not."""
+    return _matches(sealed, text, dict(evidence_keys()))
+
+
 def start_problem(run: WorkflowRun, keys: dict[str, bytes] | None = None) -> str | None:
     """Why the run's start fields cannot be trusted, or None."""
     keys = keys if keys is not None else dict(evidence_keys())

@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
+from django.db.models import Model
+from django.db.models.fields import AutoFieldMixin
+from psycopg import sql
 
 from .. import codes, tracing
 from ..dedup import insert_values
@@ -91,6 +95,8 @@ def start(
     run_after: Any = None,
     schedule_id: str | None = None,
     scheduled_for: dt.datetime | None = None,
+    queue: str = "default",
+    task_path: str = "",
 ) -> WorkflowRun:
     """Queue a run of ``definition`` (its root's budget account with it); the same
     ``idempotency_key`` returns the run it started before.
@@ -112,6 +118,8 @@ def start(
     )
     columns["schedule_id"] = schedule_id
     columns["scheduled_for"] = scheduled_for
+    columns["queue"] = queue
+    columns["task_path"] = task_path
     if concurrency_key is None:
         return _start(using, definition, input, idempotency_key, principal, parent_id, now, columns)
     with transaction.atomic(using=using):
@@ -292,3 +300,72 @@ def start_children(
     WorkflowRun.objects.using(using).bulk_create(rows, ignore_conflicts=True)
     existing_ids.update({row.child_index: row.id for row in rows})
     return [existing_ids[i] for i in range(len(inputs))]
+
+
+def start_many(
+    using: str,
+    definition: WorkflowDefinition,
+    inputs: list[Any],
+    *,
+    priority: int = 0,
+    run_after: Any = None,
+    queue: str = "default",
+    task_path: str = "",
+) -> list[WorkflowRun]:
+    """Queue one run of ``definition`` per input (JSON values), in one transaction.
+
+    The runs, then their budget accounts, go in by one ``COPY`` each:
+    ``enqueue_many`` of django.tasks (#37). Two statements whatever the number
+    of runs, and no parameter lists to build (an ``INSERT`` of 10,000 rows of
+    fifty columns spends more time binding than inserting). Each row is built
+    by ``new_run`` like any other, so each is sealed and anchored; the rows'
+    triggers fire as for an ``INSERT``.
+    """
+    now = clock.now()
+    columns = flow.start_fields(
+        definition, concurrency_key=None, priority=priority, run_after=run_after, now=now
+    )
+    columns.update(schedule_id=None, scheduled_for=None, queue=queue, task_path=task_path)
+    trace_context = tracing.capture() if tracing.ENABLED else None
+    runs = [
+        new_run(definition, value, now=now, trace_context=trace_context, **columns)
+        for value in inputs
+    ]
+    accounts = [
+        BudgetAccount(
+            root_id=run.id,
+            effect_budget=definition.effect_budget,
+            max_ai_calls=definition.max_ai_calls,
+            max_steps=definition.max_steps,
+        )
+        for run in runs
+    ]
+    if not runs:
+        return runs
+    with transaction.atomic(using=using):
+        copy_rows(using, runs)
+        copy_rows(using, accounts)
+    for obj in (*runs, *accounts):
+        obj._state.adding = False
+        obj._state.db = using
+    return runs
+
+
+def copy_rows(using: str, objs: Sequence[Model]) -> None:
+    """``COPY`` ``objs`` (one model) into their table as the ORM would save them, inside
+    the current transaction. Database-generated keys are left to the database."""
+    connection = connections[using]
+    meta = objs[0]._meta
+    fields = [f for f in meta.concrete_fields if not isinstance(f, AutoFieldMixin)]
+    statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
+        sql.Identifier(meta.db_table), sql.SQL(", ").join(sql.Identifier(f.column) for f in fields)
+    )
+    with (
+        transaction.mark_for_rollback_on_error(using),
+        connection.cursor() as cursor,
+        cursor.cursor.copy(statement) as copy,
+    ):
+        for obj in objs:
+            copy.write_row(
+                [f.get_db_prep_save(f.pre_save(obj, add=True), connection) for f in fields]
+            )

@@ -54,6 +54,28 @@ def _enabled() -> Any:
     return logger if logger.isEnabledFor(logging.INFO) else None
 
 
+def goes_somewhere() -> bool:
+    """Whether a witness record would leave the process: a sink, or a handler at INFO.
+
+    The records are the only detection of an owner's rollback or a restored
+    backup (#35): with no ``WITNESS_SINK`` and no handler of the
+    ``k2b_workflows.witness`` logger (or of an ancestor it propagates to) that
+    takes INFO, they go nowhere, and nothing said so. ``logging.lastResort``
+    takes WARNING and up only, and a ``NullHandler`` drops them: neither counts.
+    """
+    if store.witness_sink() is not None:
+        return True
+    if not logger.isEnabledFor(logging.INFO):
+        return False
+    current: logging.Logger | None = logger
+    while current is not None:
+        for handler in current.handlers:
+            if handler.level <= logging.INFO and not isinstance(handler, logging.NullHandler):
+                return True
+        current = current.parent if current.propagate else None
+    return False
+
+
 def _mac(body: dict[str, Any], keys: Iterable[tuple[str, bytes]]) -> Iterator[str]:
     text = hashing.canonical({k: v for k, v in body.items() if k != "mac"})
     for key_id, key in keys:

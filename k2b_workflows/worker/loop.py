@@ -85,10 +85,13 @@ class Worker:
         health_file: str | None = None,
         metrics_port: int | None = None,
         schedules: bool = True,
+        queues: Sequence[str] | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.app_ids = list(app_ids) if app_ids else None
+        #: ``--queue``: only task runs of these django.tasks queues (None: every run).
+        self.queues = list(dict.fromkeys(queues)) if queues else None
         self.concurrency = concurrency
         self.burst = burst
         self.using = using or store.database()
@@ -486,7 +489,9 @@ class Worker:
         ``task_slots``: how many AI tasks may be claimed at most (default: ``limit``),
         less the runs claimed.
         """
-        statement = claim.claim_statement(self.worker_id, self._workflows(), self.app_ids, limit)
+        statement = claim.claim_statement(
+            self.worker_id, self._workflows(), self.app_ids, limit, self.queues
+        )
         task_slots = limit if task_slots is None else task_slots
         if statement is not None and db.batches_statements(self.using):
             # The same transaction in two round trips instead of four: "BEGIN; claim",
@@ -514,6 +519,7 @@ class Worker:
                 workflows=self._workflows(),
                 app_ids=self.app_ids,
                 limit=limit,
+                queues=self.queues,
             )
             loaded = preload(self.using, [run_id for run_id, _ in runs])
             tasks = []
@@ -633,6 +639,9 @@ class Worker:
         if self.app_ids:
             app_filter = "AND app_id = ANY(%s)"
             params.append(self.app_ids)
+        if self.queues:
+            app_filter += " AND queue = ANY(%s)"
+            params.append(self.queues)
         with connections[self.using].cursor() as cursor:
             cursor.execute(
                 f"""SELECT EXISTS (SELECT 1 FROM k2b_run

@@ -54,6 +54,12 @@ INCLUDED_FROM = (
     "tests/docs/test_",
 )
 
+#: The witness's one-line setup on docs/security.md (W040 is silent with it).
+ONE_LINE_WITNESS = (
+    'LOGGING = {"version": 1, "handlers": {"console": {"class": "logging.StreamHandler"}},'
+    ' "loggers": {"k2b_workflows.witness": {"handlers": ["console"], "level": "INFO"}}}'
+)
+
 #: (page, first line) of each inline block -> the test that evaluates it.
 INLINE = {
     ("docs/getting-started.md", "INSTALLED_APPS = ["): (
@@ -74,7 +80,11 @@ INLINE = {
         "test_the_redaction_setting_is_known_and_passes_the_checks"
     ),
     ("docs/security.md", "# settings.py"): "test_the_two_role_settings_pass_the_checks",
+    ("docs/tasks.md", "# settings.py"): "test_the_tasks_setting_of_tasks_md_makes_the_backend",
     ("docs/security.md", "LOGGING = {"): "test_the_witness_logging_of_security_md_writes_records",
+    ("docs/security.md", ONE_LINE_WITNESS): (
+        "misuse.test_witness_check.test_the_one_line_setup_of_security_md_silences_the_warning"
+    ),
     ("docs/testing.md", "# settings used by your test run"): (
         "test_the_test_settings_of_testing_md_are_the_suites"
     ),
@@ -102,7 +112,8 @@ MIRRORED = {
 
 #: ``manage.py`` lines of the ```sh blocks the suite does not run as shown, and why.
 NOT_RUN = {
-    "runworkflows [--app APP ...] [--processes N|auto] [--concurrency N] [--burst] "
+    "runworkflows [--app APP ...] [--queue NAME ...] [--processes N|auto] [--concurrency N] "
+    "[--burst] "
     "[--no-listen] [--no-schedules] [--health-file PATH] [--metrics-port PORT] "
     "[--wait-for-db SECONDS] [--log-format text|json]": ("a synopsis"),
     "runworkflows --concurrency 8": (
@@ -583,3 +594,16 @@ def test_the_demo_settles_as_the_tutorial_says(tmp_path) -> None:
     assert Payment.objects.count() == 5
     assert "Incidents waiting for an operator: 1" in text
     assert "/admin/k2b_workflows/incident/" in text
+
+
+def test_the_tasks_setting_of_tasks_md_makes_the_backend() -> None:
+    """The TASKS block of docs/tasks.md, evaluated: our backend, its queues, external by default."""
+    from k2b_workflows.tasks import WorkflowsBackend
+
+    namespace: dict[str, Any] = {}
+    exec(block("docs/tasks.md", "# settings.py").code, namespace)
+    params = namespace["TASKS"]["default"]
+    assert params["BACKEND"] == "k2b_workflows.tasks.WorkflowsBackend"
+    backend = WorkflowsBackend("default", params)
+    assert backend.queues == {"default", "mail"}
+    assert backend.default_effect == "external"

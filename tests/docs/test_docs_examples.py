@@ -119,6 +119,10 @@ RUN_BY = {
     "schedules": ["test_the_nightly_report_fires_at_three_in_berlin_and_the_digest_hourly"],
     "schedules_tests": ["test_the_nightly_report_fires_at_three_in_berlin_and_the_digest_hourly"],
     "tracing": ["test_the_tracing_example_puts_the_run_in_the_requests_trace"],
+    "tasks": [
+        "test_the_tasks_example_charges_once_and_enqueues_nothing_when_the_order_fails",
+        "test_the_tasks_example_invoices_many_and_schedules_one",
+    ],
 }
 
 
@@ -945,3 +949,50 @@ def test_the_tracing_example_puts_the_run_in_the_requests_trace():
     ]
     assert {s["parent"] for s in steps} == {runs[0]["span_id"]}
     assert runs[0]["attributes"]["k2b.outcome"] == "succeeded"
+
+
+def _tasks_example():
+    """docs/examples/tasks.py in the examples' registries, with the task workflows."""
+    from k2b_workflows import taskruns
+
+    return examples("tasks"), taskruns.register
+
+
+def test_the_tasks_example_charges_once_and_enqueues_nothing_when_the_order_fails():
+    from docs.examples import providers
+
+    context, register = _tasks_example()
+    with context as (tasks,):
+        register()
+        result_id = tasks.place_order("o-1", 2900, "ann@example.com")
+        run_until_idle()
+        charged = tasks.charge.get_result(result_id)
+        assert str(charged.status) == "SUCCESSFUL"
+        assert charged.return_value["order"] == "o-1"
+        assert len(providers.gateway.charges) == 1
+        assert WorkflowRun.objects.get(pk=result_id).queue == "default"
+        assert WorkflowRun.objects.filter(queue="mail", status="succeeded").count() == 1
+        before = WorkflowRun.objects.count()
+        try:
+            with transaction.atomic():
+                tasks.place_order("o-2", 100, "bob@example.com")
+                raise RuntimeError("the order could not be saved")
+        except RuntimeError:
+            pass
+        assert WorkflowRun.objects.count() == before
+
+
+def test_the_tasks_example_invoices_many_and_schedules_one():
+    from k2b_workflows.models import WorkflowSchedule
+
+    context, register = _tasks_example()
+    with context as (tasks,):
+        register()
+        results = tasks.invoice_all([{"id": i, "lines": [{"amount": i}]} for i in range(50)])
+        run_until_idle()
+        assert tasks.render_invoice.get_result(results[7].id).return_value == {
+            "order": 7,
+            "total": 7,
+        }
+        schedule = tasks.schedule_nightly_invoices()
+        assert WorkflowSchedule.objects.get(pk=schedule.pk).workflow_name == "k2b.task.pure"

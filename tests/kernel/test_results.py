@@ -24,6 +24,7 @@ from k2b_workflows import (
     wait_for_workflow_run,
 )
 from k2b_workflows import results as results_module
+from k2b_workflows.kernel import seals
 from k2b_workflows.models import WorkflowRun
 from k2b_workflows.testing import run_until_idle
 from tests.support.processes import wait_for
@@ -120,8 +121,12 @@ def test_wait_returns_for_needs_attention_and_failed(reads):
     waiter = waiting_on(run, reads)
     WorkflowRun.objects.filter(pk=run.pk).update(status="queued")
     WorkflowRun.objects.filter(pk=run.pk).update(status="running")
+    generation = WorkflowRun.objects.get(pk=run.pk).generation
     WorkflowRun.objects.filter(pk=run.pk).update(
-        status="needs_attention", error_code="EFFECT_OUTCOME_UNKNOWN"
+        status="needs_attention",
+        error_code="EFFECT_OUTCOME_UNKNOWN",
+        # As the kernel parks a run: sealed (a waiter refuses an unsealed end).
+        end_seal=seals.end_seal(run.pk, "needs_attention", "EFFECT_OUTCOME_UNKNOWN", generation),
     )
     assert waiter.outcome().status == "needs_attention"
 

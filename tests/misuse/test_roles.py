@@ -206,8 +206,8 @@ def test_grantworkflows_prints_only_insert_and_select_on_the_evidence():
     call_command("grantworkflows", "k2b_app", stdout=out)
     lines = out.getvalue().splitlines()
     assert (
-        'GRANT SELECT, INSERT ON TABLE "k2b_journal", "k2b_ledger", "k2b_budget_charge" '
-        'TO "k2b_app";'
+        'GRANT SELECT, INSERT ON TABLE "k2b_journal", "k2b_ledger", "k2b_budget_charge", '
+        '"k2b_task_attempt" TO "k2b_app";'
     ) in lines
     assert lines[1].startswith("REVOKE ALL ON TABLE ") and '"k2b_journal"' in lines[1]
     mutable = next(line for line in lines if "UPDATE" in line)

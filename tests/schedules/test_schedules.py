@@ -25,7 +25,7 @@ from k2b_workflows import (
     workflow,
     workflows,
 )
-from k2b_workflows.kernel import schedule_passes
+from k2b_workflows.kernel import schedule_passes, schedule_seals
 from k2b_workflows.models import WorkflowRun, WorkflowSchedule, WorkflowScheduleSkip
 from k2b_workflows.schedules import iso
 from k2b_workflows.scheduling import (
@@ -151,14 +151,15 @@ def test_jitter_delays_each_tick_by_the_same_amount_on_every_worker(k2b_clock):
 def test_a_rewound_schedule_row_starts_no_second_run_for_a_tick(k2b_clock):
     """The backstop: the run's key is unique, so a pass from an old row state inserts nothing."""
     schedule_workflow("rewound", "sched.echo", Schedule(every=dt.timedelta(minutes=1)))
+    restored = WorkflowSchedule.objects.filter(schedule_id="rewound").values().get()
     k2b_clock.advance(minutes=1)
     run_until_idle(timeout=QUICK)
     (first,) = runs("rewound")
 
-    # As a restored backup or a hand edit would leave it: the fired tick due again.
-    WorkflowSchedule.objects.filter(schedule_id="rewound").update(
-        next_tick=first.scheduled_for, next_fire_at=first.scheduled_for
-    )
+    # As a restored backup leaves it: the row as the key holder wrote it (seal and
+    # all) before the tick fired, the fired tick due again. (A hand edit of the tick
+    # breaks the seal: tests/misuse/test_sealed_rows.py.)
+    WorkflowSchedule.objects.filter(schedule_id="rewound").update(**restored)
     run_until_idle(timeout=QUICK)
 
     assert [r.pk for r in runs("rewound")] == [first.pk]
@@ -215,9 +216,9 @@ def test_a_pass_that_dies_before_its_commit_fired_nothing_and_the_next_fires_the
 
 
 def test_a_schedule_that_cannot_fire_is_disabled_and_holds_back_no_other(k2b_clock, settings):
-    schedule_workflow("too-big", "sched.echo", Schedule(every=dt.timedelta(minutes=1)))
-    schedule_workflow("fine", "sched.echo", Schedule(every=dt.timedelta(minutes=1)))
-    WorkflowSchedule.objects.filter(schedule_id="too-big").update(input={"blob": "x" * 500})
+    every = dt.timedelta(minutes=1)
+    schedule_workflow("too-big", "sched.echo", Schedule(every=every, input={"blob": "x" * 500}))
+    schedule_workflow("fine", "sched.echo", Schedule(every=every))
     settings.K2B_WORKFLOWS = {**settings.K2B_WORKFLOWS, "MAX_VALUE_BYTES": 200}
     k2b_clock.advance(minutes=1)
     run_until_idle(timeout=QUICK)
@@ -225,6 +226,13 @@ def test_a_schedule_that_cannot_fire_is_disabled_and_holds_back_no_other(k2b_clo
     assert len(runs("fine")) == 1 and runs("too-big") == []
     disabled = row("too-big")
     assert not disabled.enabled and "MAX_VALUE_BYTES" in disabled.disabled_reason
+
+
+def resealed(schedule: WorkflowSchedule) -> None:
+    """Seal ``schedule``'s stored row as it is, as only a holder of the evidence key can."""
+    WorkflowSchedule.objects.filter(pk=schedule.pk).update(
+        seal=schedule_seals.seal(schedule.sealed_values())
+    )
 
 
 # -- catch-up ---------------------------------------------------------------
@@ -601,6 +609,7 @@ def test_a_decorator_schedule_must_be_a_schedule():
 def test_a_row_written_around_the_validation_is_disabled_not_fired(k2b_clock):
     schedule_workflow("tampered", "sched.echo", Schedule(every=dt.timedelta(minutes=1)))
     WorkflowSchedule.objects.filter(schedule_id="tampered").update(cron="99 * * * *", every=None)
+    resealed(row("tampered"))  # by a key holder (a dump of an older release, restored)
     k2b_clock.advance(minutes=1)
     run_until_idle(timeout=QUICK)
 

@@ -13,6 +13,7 @@ from django.core.management import call_command
 from prometheus_client import REGISTRY
 
 from k2b_workflows import Schedule, schedule_workflow
+from k2b_workflows.kernel import schedule_seals
 from k2b_workflows.models import WorkflowSchedule
 from k2b_workflows.testing import run_until_idle
 from tests.support.processes import workflowstatus
@@ -85,6 +86,10 @@ def test_the_database_check_names_schedules_that_cannot_fire():
     WorkflowSchedule.objects.filter(schedule_id="gone").update(workflow_name="sched.removed")
     WorkflowSchedule.objects.filter(schedule_id="pinned").update(workflow_version=3)
     WorkflowSchedule.objects.filter(schedule_id="good").update(timezone="Europe/Nowhere")
+    for row in WorkflowSchedule.objects.all():  # by a key holder: a dump of another release
+        WorkflowSchedule.objects.filter(pk=row.pk).update(
+            seal=schedule_seals.seal(row.sealed_values())
+        )
     WorkflowSchedule.objects.create(
         schedule_id="old.decorated",
         workflow_name="sched.echo",

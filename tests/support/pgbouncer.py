@@ -41,10 +41,17 @@ def free_port() -> int:
 
 
 class Bouncer:
-    """``pool_mode`` transaction or session; ``settings``: more ``[pgbouncer]`` lines."""
+    """``pool_mode`` transaction or session; ``users``: roles to admit besides postgres and
+    app; ``settings``: more ``[pgbouncer]`` lines."""
 
     def __init__(
-        self, server_host: str, server_port: int, mode: str, user: str | None, **settings: object
+        self,
+        server_host: str,
+        server_port: int,
+        mode: str,
+        user: str | None,
+        users: tuple[str, ...] = (),
+        **settings: object,
     ) -> None:
         self.binary = require()
         self.mode = mode
@@ -52,7 +59,9 @@ class Bouncer:
         self.root = Path(tempfile.mkdtemp(prefix="k2bbouncer-"))
         os.chmod(self.root, 0o755)
         self.log = self.root / "pgbouncer.log"
-        (self.root / "users.txt").write_text('"postgres" ""\n"app" ""\n')
+        # Trust still wants each user listed; ``users``: more of them (a test's roles).
+        listed = ("postgres", "app", *users)
+        (self.root / "users.txt").write_text("".join(f'"{name}" ""\n' for name in listed))
         lines = {
             "listen_addr": "127.0.0.1",
             "listen_port": self.port,

@@ -55,6 +55,8 @@ class WorkerOptions:
     health_file: str | None
     metrics_port: int | None
     schedules: bool
+    #: ``--queue``: only task runs of these django.tasks queues (None: all runs).
+    queues: list[str] | None = None
 
 
 class Command(BaseCommand):
@@ -76,6 +78,14 @@ class Command(BaseCommand):
             metavar="APP",
             type=arguments.text(100),
             help="only runs of this app id (repeatable); default: all",
+        )
+        parser.add_argument(
+            "--queue",
+            action="append",
+            dest="queues",
+            metavar="NAME",
+            type=arguments.text(100),
+            help="only django.tasks tasks enqueued on this queue (repeatable); default: every run",
         )
         parser.add_argument(
             "--concurrency",
@@ -156,6 +166,7 @@ class Command(BaseCommand):
         metrics_port: int | None = None,
         log_format: str | None = None,
         processes: int = 1,
+        queues: list[str] | None = None,
         **options: Any,
     ) -> None:
         if wait_for_db is not None and wait_for_db < 0:
@@ -173,6 +184,7 @@ class Command(BaseCommand):
             health_file=health_file,
             metrics_port=metrics_port,
             schedules=not no_schedules,
+            queues=queues,
         )
         log_handler = logformat.attach(log_format or "text")
         try:
@@ -258,6 +270,7 @@ class Command(BaseCommand):
             health_file=options.health_file,
             metrics_port=options.metrics_port,
             schedules=options.schedules,
+            queues=options.queues,
         )
 
     def _work(self, worker: Worker, burst: bool) -> None:

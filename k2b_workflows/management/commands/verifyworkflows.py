@@ -1,5 +1,8 @@
 """``manage.py verifyworkflows``: check every run's evidence: chains, anchors and seals.
 
+And every schedule row's seal: a row the runtime role wrote or edited fires
+nothing (``kernel/schedule_seals.py``), and is named here.
+
 Finished runs included: a run is verified by the kernel only while it runs,
 and an edited resolution on a run that ended a year ago is still a lie.
 ``--witness FILE`` also holds the database against the witness records
@@ -20,7 +23,7 @@ from django.db import connections
 from k2b_workflows import store
 from k2b_workflows.kernel import audit, witness
 from k2b_workflows.management.arguments import integer
-from k2b_workflows.models import JournalEntry, LedgerEntry, WorkflowRun
+from k2b_workflows.models import JournalEntry, LedgerEntry, WorkflowRun, WorkflowSchedule
 
 MAX_BATCH = 100_000
 
@@ -71,6 +74,10 @@ class Command(BaseCommand):
                 raise CommandError(f"--witness {path}: {exc.strerror or exc}") from None
         checked, broken = self._runs(using, batch)
         summary = f"verified {checked} runs: {broken} broken"
+        schedules, tampered = self._schedules(using)
+        if schedules:
+            summary += f"; {schedules} schedules: {tampered} not written by the key holder"
+            broken += tampered
         if witness:
             records, findings = _witnessed(lines, using)
             for finding in findings:
@@ -80,6 +87,19 @@ class Command(BaseCommand):
         if broken:
             raise CommandError(summary)
         self.stdout.write(summary)
+
+    def _schedules(self, using: str) -> tuple[int, int]:
+        """Schedule rows whose seal does not match: a pass refuses (or refused) them."""
+        checked = broken = 0
+        for row in WorkflowSchedule.objects.using(using).order_by("schedule_id").iterator():
+            checked += 1
+            problem = row.seal_problem()
+            if problem is not None:
+                broken += 1
+                self.stdout.write(
+                    f"BROKEN schedule {row.schedule_id} ({row.workflow_name}): {problem}"
+                )
+        return checked, broken
 
     def _runs(self, using: str, batch: int) -> tuple[int, int]:
         checked = broken = 0

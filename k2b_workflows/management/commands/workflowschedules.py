@@ -25,6 +25,8 @@ def describe(row: WorkflowSchedule) -> str:
 
 
 def state(row: WorkflowSchedule) -> str:
+    if row.seal_problem() is not None:
+        return "tampered"
     if not row.enabled:
         return "disabled"
     return "paused" if row.paused else "active"

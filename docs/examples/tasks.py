@@ -1,0 +1,67 @@
+"""docs/tasks.md: plain django.tasks tasks on k2b_workflows, one per effect."""
+
+from datetime import timedelta
+
+from django.db import transaction
+
+from k2b_workflows import Retry, Schedule
+from k2b_workflows.tasks import effect_key, enqueue_many, schedule_task
+
+from .providers import gateway
+
+try:
+    from django.tasks import TaskContext, task
+except ImportError:  # Django 5.2 with the django-tasks backport
+    from django_tasks import TaskContext, task
+
+
+# --8<-- [start:tasks]
+@task(effect="pure")
+def render_invoice(order_id, lines):
+    # Pure: a crash while it runs runs it again. No effect outside.
+    return {"order": order_id, "total": sum(line["amount"] for line in lines)}
+
+
+@task(takes_context=True, effect="idempotent", retry=Retry(max_attempts=5))
+def charge(context: TaskContext, order_id, amount):
+    # Idempotent: after a crash it runs again with the same effect_key(context),
+    # which the provider uses to charge once.
+    made = gateway.charge(amount, idempotency_key=effect_key(context))
+    return {"order": order_id, "charge": made.id}
+
+
+@task(priority=10, queue_name="mail")
+def send_receipt(order_id, to):
+    # No effect declared: the backend's OPTIONS["effect"], else "external". A
+    # crash after it started never sends again: an operator decides.
+    return {"sent_to": to, "order": order_id}
+# --8<-- [end:tasks]
+
+
+# --8<-- [start:enqueue]
+def place_order(order_id, amount, email):
+    with transaction.atomic():
+        # ... save the order ...
+        charged = charge.enqueue(order_id, amount)  # in this transaction
+        send_receipt.enqueue(order_id, email)
+    # Nothing is enqueued if the block raised; no worker sees either task before here.
+    return charged.id
+# --8<-- [end:enqueue]
+
+
+# --8<-- [start:many]
+def invoice_all(orders):
+    # One transaction, a few statements for thousands of calls.
+    return enqueue_many(render_invoice, [((o["id"], o["lines"]), None) for o in orders])
+# --8<-- [end:many]
+
+
+# --8<-- [start:schedule]
+def schedule_nightly_invoices():
+    return schedule_task(
+        "nightly-invoice-42",
+        render_invoice,
+        Schedule(every=timedelta(days=1)),
+        args=(42, [{"amount": 100}]),
+    )
+# --8<-- [end:schedule]

@@ -1,0 +1,457 @@
+"""The worker side of django.tasks: a task call is a run of a one-step workflow.
+
+The failure this is built around: a job system that, after its worker died,
+runs a task again without knowing whether its effect already happened (a
+card charged twice), or never again though nothing happened. Here each
+effect a task may declare is one workflow (``k2b.task.pure``,
+``k2b.task.idempotent``, ``k2b.task.external``) whose single step calls the
+task's function under that effect class, so the kernel's crash semantics
+are the task's: a pure task runs again, an idempotent one runs again with
+the same ``effect_key``, an external one is never run again after its
+dispatch was recorded (``needs_attention``, settled by ``resolve_effect``).
+
+The task's function is imported by path inside the step, on the worker: a
+module that no longer imports, or a path that no longer names the task
+enqueued (renamed, or another task took its name), fails the run with a
+code of its own before anything is called. An exception raised by the task
+fails it (``TASK_FAILED``), retried only under the task's ``Retry``; each
+failed call leaves a ``TaskAttempt`` row, written fenced, for
+``TaskResult.errors``. A successful call writes nothing of its own: its
+success rides on the run's end, one commit.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import datetime as dt
+import importlib
+import inspect
+import traceback
+from typing import Any
+
+from django.utils import timezone
+
+from . import codes
+from .actions import Action, Effect, failed, succeeded, to_json_value
+from .exceptions import InvalidInput, LeaseLost, RunCanceled
+from .kernel import hooks
+from .limits import RateLimit
+from .models import RunStatus, TaskAttempt, WorkflowRun
+from .redaction import scrub_error
+from .retries import Retry
+from .workflows import RunHandle, workflow
+
+
+def _api(name: str) -> Any:
+    """A module of django.tasks: Django's own (6.0+), else the ``django-tasks`` backport."""
+    try:
+        return importlib.import_module(f"django.tasks{name}")
+    except ImportError:
+        return importlib.import_module(f"django_tasks{name}")
+
+
+tasks_api = _api("")
+base_api = _api(".base")
+signals_api = _api(".signals")
+exceptions_api = _api(".exceptions")
+backends_api = _api(".backends.base")
+#: Django calls it ``InvalidTask``; the backport ``InvalidTaskError``.
+InvalidTask: type[Exception] = getattr(exceptions_api, "InvalidTask", None) or (
+    exceptions_api.InvalidTaskError
+)
+TaskResultDoesNotExist: type[Exception] = exceptions_api.TaskResultDoesNotExist
+
+#: The app id of task runs: ``runworkflows --app tasks`` runs tasks only.
+TASK_APP_ID = "tasks"
+EFFECTS = {"pure": Effect.PURE, "idempotent": Effect.IDEMPOTENT, "external": Effect.EXTERNAL}
+WORKFLOW_NAMES = {effect: f"k2b.task.{effect}" for effect in EFFECTS}
+EFFECT_OF_WORKFLOW = {name: effect for effect, name in WORKFLOW_NAMES.items()}
+#: ``Action.name`` is 200 characters; the journal names the step ``task:<path>``.
+MAX_PATH = 190
+
+#: The step context of the task this thread is running: what ``effect_key(context)`` reads.
+current_step: contextvars.ContextVar[Any] = contextvars.ContextVar("k2b_task_step", default=None)
+
+#: run id -> (the result its last attempt in this process saw, its return value or None):
+#: ``task_finished`` is built from it when the run's end commits, with no query.
+#: Bounded: an attempt whose run ends elsewhere (a retry on another worker) is dropped.
+last_attempts: dict[Any, tuple[Any, Any]] = {}
+MAX_REMEMBERED = 10_000
+
+
+def remember(run_id: Any, result: Any, value: Any) -> None:
+    last_attempts.pop(run_id, None)
+    while len(last_attempts) >= MAX_REMEMBERED:
+        last_attempts.pop(next(iter(last_attempts)))
+    last_attempts[run_id] = (result, value)
+
+
+def finished_result(run_id: Any, status: str) -> Any | None:
+    """The finished task's result from what its last attempt here saw (None: nothing seen)."""
+    seen = last_attempts.pop(run_id, None)
+    if seen is None:
+        return None
+    result, value = seen
+    statuses = base_api.TaskResultStatus
+    final = dataclasses.replace(
+        result,
+        status=statuses.SUCCESSFUL if status == RunStatus.SUCCEEDED else statuses.FAILED,
+        finished_at=timezone.now(),
+    )
+    if status == RunStatus.SUCCEEDED:
+        object.__setattr__(final, "_return_value", value)
+    return final
+
+
+class TaskUnavailable(Exception):
+    """The enqueued path does not lead to the task on this worker."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def load_task(path: str) -> Any:
+    """The ``Task`` at ``path``, checked to be the task enqueued there.
+
+    A path that now names another function (a rename, another task taking the
+    name) is refused rather than called: an effect must not run under the
+    wrong code.
+    """
+    module_name, _, attr = path.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise TaskUnavailable(
+            codes.TASK_IMPORT_FAILED,
+            f"task {path}: its module {module_name!r} does not import on this worker: "
+            f"{type(exc).__name__}: {exc}",
+        ) from exc
+    task = getattr(module, attr, None)
+    if not isinstance(task, base_api.Task):
+        raise TaskUnavailable(
+            codes.TASK_NOT_FOUND,
+            f"task {path}: module {module_name!r} has no task {attr!r} (renamed or removed "
+            "since it was enqueued?)",
+        )
+    if task.module_path != path:
+        raise TaskUnavailable(
+            codes.TASK_NOT_FOUND,
+            f"task {path}: that name now holds the task {task.module_path} (renamed since it "
+            "was enqueued?): not called",
+        )
+    return task
+
+
+# -- what the run's input says of its task ------------------------------------------
+
+
+def retry_to_json(policy: Retry | None) -> dict[str, Any] | None:
+    if policy is None:
+        return None
+    cap = policy.max_backoff
+    return {
+        "max_attempts": policy.max_attempts,
+        "backoff_s": _seconds(policy.backoff),
+        "max_backoff_s": None if cap is None else _seconds(cap),
+        "jitter": policy.jitter,
+        "multiplier": policy.multiplier,
+    }
+
+
+def retry_from_json(value: dict[str, Any] | None) -> Retry | None:
+    if value is None:
+        return None
+    return Retry(
+        max_attempts=value["max_attempts"],
+        backoff=value["backoff_s"],
+        max_backoff=value["max_backoff_s"],
+        jitter=value["jitter"],
+        multiplier=value["multiplier"],
+    )
+
+
+def rate_limit_to_json(limit: RateLimit | None) -> dict[str, Any] | None:
+    return None if limit is None else {"limit": limit.limit, "per_ms": limit.per_ms}
+
+
+def _seconds(value: dt.timedelta | float) -> float:
+    return value.total_seconds() if isinstance(value, dt.timedelta) else float(value)
+
+
+# -- the step -----------------------------------------------------------------------
+
+
+class TaskAction(Action, abstract=True):
+    """Calls the task's function; one concrete subclass per effect, path and policy."""
+
+    def run(self, ctx: Any, input: Any) -> Any:
+        started = timezone.now()
+        run: WorkflowRun = ctx._execution.run
+        attempt = attempt_number(ctx, run)
+        path = input["task"]
+        try:
+            task = load_task(path)
+        except TaskUnavailable as exc:
+            _record(ctx, attempt, run.claimed_by, started, exc, exc.__cause__)
+            return failed(str(exc), code=exc.code)
+        result = running_result(task, run, input, attempt, started)
+        signals_api.task_started.send(sender=backend_class(task), task_result=result)
+        token = current_step.set(ctx)
+        try:
+            value = self._call(ctx, task, result, input)
+            value = _json_return(value)
+        except (LeaseLost, RunCanceled):
+            raise
+        except BaseException as exc:  # SystemExit and KeyboardInterrupt fail this task only
+            error = base_api.TaskError(
+                exception_class_path=f"{type(exc).__module__}.{type(exc).__qualname__}",
+                traceback=_record(ctx, attempt, run.claimed_by, started, exc, exc),
+            )
+            result.errors.append(error)
+            remember(ctx.run_id, result, None)
+            return failed(
+                scrub_error(f"{type(exc).__name__}: {exc}"),
+                code=codes.TASK_FAILED,
+                retryable=type(self).retry is not None,
+            )
+        finally:
+            current_step.reset(token)
+        remember(ctx.run_id, result, value)
+        return succeeded(value, summary=f"task {path}")
+
+    def _call(self, ctx: Any, task: Any, result: Any, input: Any) -> Any:
+        args = list(input["args"])
+        if task.takes_context:
+            args.insert(0, base_api.TaskContext(task_result=result))
+        value = task.func(*args, **input["kwargs"])
+        if inspect.iscoroutine(value):
+            # On this thread's own loop, cancelled with the run (kernel/hooks.py).
+            value = hooks.run_coroutine(value, ctx.canceled)
+        return value
+
+
+def _json_return(value: Any) -> Any:
+    """The return value as it will read back, or ``TypeError`` as Django's own backends raise."""
+    try:
+        value = base_api.normalize_json(value) if hasattr(base_api, "normalize_json") else value
+        return to_json_value(value, "the task's return value")
+    except (InvalidInput, ValueError) as exc:
+        raise TypeError(f"the task returned a value that is not JSON: {exc}") from exc
+
+
+def _record(
+    ctx: Any,
+    attempt: int,
+    worker_id: str,
+    started: dt.datetime,
+    exc: BaseException,
+    cause: BaseException | None,
+) -> str:
+    """The failed attempt's ``TaskError``, fenced: a worker that lost the run adds nothing.
+    Returns the traceback as stored."""
+    shown = cause or exc
+    text = scrub_error("".join(traceback.format_exception(shown)))
+    with ctx.fenced(ctx.using):
+        TaskAttempt.objects.using(ctx.using).create(
+            run_id=ctx.run_id,
+            attempt=attempt,
+            worker_id=worker_id,
+            started_at=started,
+            finished_at=timezone.now(),
+            exception_class_path=f"{type(shown).__module__}.{type(shown).__qualname__}",
+            traceback=text,
+        )
+    return text
+
+
+def attempt_number(ctx: Any, run: WorkflowRun) -> int:
+    """Which call of the task's function this is, the first being 1.
+
+    An external task's attempts are its dispatches (the invocation key counts
+    them); a pure or idempotent task's are the failures and crashes in a row
+    before this claim, plus this one.
+    """
+    key = getattr(ctx, "invocation_key", None)
+    if key:
+        return int(key.rsplit(":", 1)[1])
+    return run.consecutive_failures + 1
+
+
+_actions: dict[tuple[Any, ...], type[TaskAction]] = {}
+
+
+def action_for(effect: str, input: Any) -> type[TaskAction]:
+    """The step's action: named for the task's path, with its effect, retry and rate limit."""
+    path = input["task"]
+    retry, rate = input.get("retry"), input.get("rate_limit")
+    key = (effect, path, repr(retry), repr(rate))
+    cls = _actions.get(key)
+    if cls is None:
+        attrs: dict[str, Any] = {
+            "name": f"task:{path}",
+            "effect": EFFECTS[effect],
+            "retry": retry_from_json(retry),
+            "__module__": __name__,
+        }
+        if rate is not None:
+            per = dt.timedelta(milliseconds=rate["per_ms"])
+            attrs["rate_limit"] = RateLimit(rate["limit"], per)
+        cls = _actions[key] = type(f"Task_{effect}", (TaskAction,), attrs)
+    return cls
+
+
+def _pure(run: RunHandle, input: Any) -> Any:
+    return run.step(action_for("pure", input), input)
+
+
+def _idempotent(run: RunHandle, input: Any) -> Any:
+    return run.step(action_for("idempotent", input), input)
+
+
+def _external(run: RunHandle, input: Any) -> Any:
+    return run.step(action_for("external", input), input)
+
+
+def register() -> None:
+    """Register the three task workflows (again, after a test cleared the registry)."""
+    for effect, fn in (("pure", _pure), ("idempotent", _idempotent), ("external", _external)):
+        workflow(WORKFLOW_NAMES[effect], app_id=TASK_APP_ID)(fn)
+
+
+register()
+
+
+# -- TaskResult from a run ----------------------------------------------------------
+
+
+def backend_class(task: Any) -> type:
+    return type(task.get_backend())
+
+
+def status_of(run: WorkflowRun, attempts: int) -> Any:
+    """Django's status of a task run: RUNNING until an operator decides an unknown outcome."""
+    status = base_api.TaskResultStatus
+    if run.status == RunStatus.SUCCEEDED:
+        return status.SUCCESSFUL
+    if run.status in (RunStatus.FAILED, RunStatus.CANCELED):
+        return status.FAILED
+    if run.status in (RunStatus.RUNNING, RunStatus.NEEDS_ATTENTION):
+        return status.RUNNING
+    # Queued: ready until a first attempt; after one, it is being retried.
+    return status.RUNNING if attempts or run.consecutive_failures else status.READY
+
+
+def new_result(task: Any, run: WorkflowRun, input: Any, **fields: Any) -> Any:
+    values: dict[str, Any] = {
+        "task": task,
+        "id": str(run.pk),
+        "status": base_api.TaskResultStatus.READY,
+        "enqueued_at": run.created_at,
+        "started_at": None,
+        "finished_at": None,
+        "last_attempted_at": None,
+        "args": input["args"],
+        "kwargs": input["kwargs"],
+        "backend": input.get("backend", "default"),
+        "errors": [],
+        "worker_ids": [],
+    }
+    values.update(fields)
+    return base_api.TaskResult(**values)
+
+
+def running_result(
+    task: Any, run: WorkflowRun, input: Any, attempt: int, started: dt.datetime
+) -> Any:
+    """The result a running task sees (``context.task_result``) and ``task_started`` sends.
+
+    Read from the run's failed attempts only after a first one: a first call
+    costs no query.
+    """
+    rows = list(attempts_of(run)) if attempt > 1 else []
+    worker_ids = [row.worker_id for row in rows]
+    # Crashed attempts left no row: their worker is unknown, their count is not.
+    worker_ids += [""] * max(0, attempt - 1 - len(worker_ids))
+    worker_ids.append(run.claimed_by)
+    return new_result(
+        task,
+        run,
+        input,
+        status=base_api.TaskResultStatus.RUNNING,
+        started_at=rows[0].started_at if rows else started,
+        last_attempted_at=started,
+        errors=[error_of(row) for row in rows],
+        worker_ids=worker_ids,
+    )
+
+
+def attempts_of(run: WorkflowRun) -> Any:
+    return TaskAttempt.objects.using(run._state.db or "default").filter(run_id=run.pk)
+
+
+def error_of(row: TaskAttempt) -> Any:
+    return base_api.TaskError(
+        exception_class_path=row.exception_class_path, traceback=row.traceback
+    )
+
+
+def result_of(task: Any, run: WorkflowRun, rows: list[TaskAttempt], started: Any) -> Any:
+    """The ``TaskResult`` of ``run`` as stored: its failed attempts and, once it
+    succeeded or while it runs, the attempt that holds it."""
+    input = run.input
+    worker_ids = [row.worker_id for row in rows]
+    current = run.status in (RunStatus.RUNNING, RunStatus.SUCCEEDED, RunStatus.NEEDS_ATTENTION)
+    if current and run.claimed_by:
+        worker_ids.append(run.claimed_by)
+    starts = [row.started_at for row in rows]
+    if current and started is not None:
+        starts.append(started)
+    result = new_result(
+        task,
+        run,
+        input,
+        status=status_of(run, len(worker_ids)),
+        started_at=min(starts) if starts else None,
+        last_attempted_at=max(starts) if starts else None,
+        finished_at=run.finished_at if run.status in _FINISHED else None,
+        errors=[error_of(row) for row in rows],
+        worker_ids=worker_ids,
+    )
+    if run.status == RunStatus.SUCCEEDED:
+        object.__setattr__(result, "_return_value", run.output)
+    return result
+
+
+_FINISHED = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELED)
+
+
+def task_at(path: str, input: Any) -> Any:
+    """The task a result names: imported, or a stand-in when its module is gone, so that
+    a result can still be read (its status, errors) after a task was removed."""
+    try:
+        return load_task(path)
+    except TaskUnavailable:
+        stand_in: Any = object.__new__(_stand_in_class())
+        values = {
+            "func": missing_task,
+            "priority": input.get("priority", 0),
+            "backend": input.get("backend", "default"),
+            "queue_name": input.get("queue", "default"),
+            "run_after": None,
+            "takes_context": False,
+        }
+        for field, value in values.items():
+            object.__setattr__(stand_in, field, value)
+        return stand_in
+
+
+def _stand_in_class() -> type:
+    task_class: type = base_api.Task
+    return task_class
+
+
+def missing_task(*args: Any, **kwargs: Any) -> Any:
+    """Stands for a task whose module no longer imports here."""
+    raise RuntimeError("this task's code is not available in this process")

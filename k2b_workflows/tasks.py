@@ -1,0 +1,409 @@
+"""django.tasks on k2b_workflows: the backend ``k2b_workflows.tasks.WorkflowsBackend``.
+
+The failure this is built around: a task enqueued by a request whose
+transaction then rolls back (the order was never saved, the mail is sent
+anyway), or a task a worker picks up before the row it needs is committed.
+``enqueue()`` inserts the task's run on the caller's connection, in the
+caller's transaction, on the app's database: a rolled-back enqueue leaves
+nothing, and no worker sees a task before its transaction commits.
+
+A task call is a run (``TaskResult.id == str(run.pk)``) of one of the
+workflows of ``taskruns.py``, chosen by the task's ``effect``: what a crash
+does to it is what the kernel does to a step of that class. Priorities,
+delays, queues, retries, rate limits and schedules are the kernel's own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import functools
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from . import control, scheduling, signals, store
+from .actions import to_json_value
+from .exceptions import InvalidInput
+from .limits import RateLimit, check_rate_limit
+from .models import JournalEntry, TaskAttempt, WorkflowRun, WorkflowSchedule
+from .retries import Retry, check_policy
+from .schedules import Schedule
+from .taskruns import (
+    EFFECT_OF_WORKFLOW,
+    EFFECTS,
+    MAX_PATH,
+    WORKFLOW_NAMES,
+    InvalidTask,
+    TaskResultDoesNotExist,
+    backends_api,
+    base_api,
+    current_step,
+    finished_result,
+    new_result,
+    rate_limit_to_json,
+    result_of,
+    retry_to_json,
+    signals_api,
+    task_at,
+    tasks_api,
+)
+
+__all__ = [
+    "InvalidTaskCall",
+    "WorkflowsBackend",
+    "WorkflowsTask",
+    "effect_key",
+    "enqueue_many",
+    "schedule_task",
+]
+
+#: Django's priorities (-100..100) on the kernel's scale (0..1000, higher first).
+PRIORITY_OFFSET = 100
+#: What ``OPTIONS`` may hold: the defaults of the backend's tasks.
+KNOWN_OPTIONS = frozenset({"effect", "retry", "rate_limit"})
+
+
+class InvalidTaskCall(InvalidInput, InvalidTask):  # type: ignore[misc,valid-type]
+    """A task or a call of it that the backend refuses: Django's ``InvalidTask`` and
+    this package's ``InvalidInput`` at once, so either ``except`` catches it."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class WorkflowsTask(base_api.Task):
+    """Django's ``Task`` with the arguments Django 6.1 passes through ``@task(...)``.
+
+    ``effect``: what a crash while it runs does (``"pure"``, ``"idempotent"``,
+    ``"external"``; None: the backend's ``OPTIONS["effect"]``, else external).
+    ``retry``: a ``Retry`` for the exceptions it raises (None: never retried).
+    ``rate_limit``: a ``RateLimit`` on its calls across every worker.
+    """
+
+    effect: str | None = None
+    retry: Retry | None = None
+    rate_limit: RateLimit | None = None
+
+
+class WorkflowsBackend(backends_api.BaseTaskBackend):
+    """The django.tasks backend whose tasks are durable runs on PostgreSQL."""
+
+    task_class = WorkflowsTask
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        unknown = set(self.options) - KNOWN_OPTIONS
+        if unknown:
+            raise ImproperlyConfigured(
+                f"TASKS[{alias!r}]['OPTIONS'] has unknown keys {sorted(unknown)}: "
+                f"known are {sorted(KNOWN_OPTIONS)}"
+            )
+        where = f"TASKS[{alias!r}]['OPTIONS']"
+        try:
+            self.default_effect = _effect(self.options.get("effect", "external"), where)
+            self.default_retry = _retry(self.options.get("retry"), where)
+            self.default_rate_limit = check_rate_limit(where, self.options.get("rate_limit"))
+        except InvalidInput as exc:
+            raise ImproperlyConfigured(str(exc)) from None
+
+    # -- what a task declares ------------------------------------------------------
+
+    def validate_task(self, task: Any) -> None:
+        try:
+            super().validate_task(task)
+        except InvalidTask as exc:
+            raise InvalidTaskCall(f"task {_path(task)}: {exc}") from None
+        path = _path(task)
+        if len(path) > MAX_PATH:
+            raise InvalidTaskCall(f"task {path}: the module path is over {MAX_PATH} characters")
+        self.effect_of(task)
+        self.retry_of(task)
+        check_rate_limit(f"task {path}", getattr(task, "rate_limit", None))
+
+    def effect_of(self, task: Any) -> str:
+        declared = getattr(task, "effect", None)
+        if declared is None:
+            return self.default_effect
+        return _effect(declared, f"task {_path(task)}")
+
+    def retry_of(self, task: Any) -> Retry | None:
+        declared = getattr(task, "retry", None)
+        if declared is None:
+            return self.default_retry
+        return _retry(declared, f"task {_path(task)}")
+
+    def rate_limit_of(self, task: Any) -> RateLimit | None:
+        return getattr(task, "rate_limit", None) or self.default_rate_limit
+
+    # -- enqueue ---------------------------------------------------------------------
+
+    def run_input(self, task: Any, args: Sequence[Any], kwargs: dict[str, Any] | None) -> Any:
+        """The run's input: the call and the task's declarations, validated, nothing inserted."""
+        path = _path(task)
+        _check_reachable(task)
+        if not isinstance(args, list | tuple):
+            raise InvalidTaskCall(f"task {path}: args must be a list or tuple, not {args!r:.80}")
+        kwargs = {} if kwargs is None else kwargs
+        if not isinstance(kwargs, dict):
+            raise InvalidTaskCall(f"task {path}: kwargs must be a dict, not {kwargs!r:.80}")
+        try:
+            args = to_json_value(list(args), f"the arguments of task {path}")
+            kwargs = to_json_value(kwargs, f"the keyword arguments of task {path}")
+        except InvalidInput as exc:
+            raise InvalidTaskCall(str(exc)) from None
+        return {
+            "task": path,
+            "args": args,
+            "kwargs": kwargs,
+            "backend": self.alias,
+            "queue": task.queue_name,
+            "priority": task.priority,
+            "retry": retry_to_json(self.retry_of(task)),
+            "rate_limit": rate_limit_to_json(self.rate_limit_of(task)),
+        }
+
+    def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
+        """Insert the task's run in the caller's transaction (one statement)."""
+        self.validate_task(task)
+        input = self.run_input(task, args, kwargs)
+        run = control.start_task_run(
+            WORKFLOW_NAMES[self.effect_of(task)],
+            input,
+            priority=task.priority + PRIORITY_OFFSET,
+            run_after=_aware(task.run_after),
+            queue=task.queue_name,
+            task_path=input["task"],
+        )
+        result = new_result(task, run, input)
+        self._enqueued([result])
+        return result
+
+    def _enqueued(self, results: list[Any]) -> None:
+        """``task_enqueued`` once the enqueue commits: a rolled-back task was never enqueued."""
+
+        def send() -> None:
+            for result in results:
+                signals_api.task_enqueued.send(sender=type(self), task_result=result)
+
+        transaction.on_commit(send, using=store.database())
+
+    # -- results ---------------------------------------------------------------------
+
+    def get_result(self, result_id: str) -> Any:
+        """The task's result from any process; ``TaskResultDoesNotExist`` for an id
+        that is malformed or names no task run."""
+        try:
+            run_id = uuid.UUID(str(result_id))
+        except (TypeError, ValueError, AttributeError):
+            raise TaskResultDoesNotExist(
+                f"{result_id!r:.100} is not a task result id (a run's UUID)"
+            ) from None
+        using = store.database()
+        run = (
+            WorkflowRun.objects.using(using)
+            .filter(pk=run_id, workflow_name__in=list(EFFECT_OF_WORKFLOW))
+            .first()
+        )
+        if run is None:
+            raise TaskResultDoesNotExist(f"no task result {result_id}")
+        rows = list(TaskAttempt.objects.using(using).filter(run_id=run_id).order_by("id"))
+        return result_of(task_at(run.input["task"], run.input), run, rows, _started(using, run))
+
+
+# -- helpers users import ------------------------------------------------------------
+
+
+def effect_key(context: Any) -> str:
+    """The stable key of this task call's effect, for the provider's deduplication.
+
+    The same across every attempt, crash and takeover of this call (and an
+    operator's "effect absent" retry), different for every other call: pass
+    it as the provider's idempotency key.
+    """
+    result = getattr(context, "task_result", None)
+    if result is None:
+        raise InvalidInput(
+            "effect_key() takes the TaskContext of a task declared with takes_context=True"
+        )
+    ctx = current_step.get()
+    if ctx is not None and str(ctx.run_id) == result.id:
+        return str(ctx.effect_key)
+    return f"{result.id}:0"
+
+
+def enqueue_many(
+    task: Any, calls: Iterable[tuple[Sequence[Any], dict[str, Any] | None]]
+) -> list[Any]:
+    """Enqueue one call of ``task`` per ``(args, kwargs)``, in one transaction.
+
+    A few statements for thousands of calls (``control.start_workflow_runs``);
+    each call is validated as ``enqueue()`` does before anything is inserted.
+    """
+    backend = _backend_of(task)
+    backend.validate_task(task)
+    inputs = []
+    for index, call in enumerate(calls):
+        if not isinstance(call, list | tuple) or len(call) != 2:
+            raise InvalidTaskCall(f"enqueue_many(): call {index} must be (args, kwargs)")
+        inputs.append(backend.run_input(task, call[0], call[1]))
+    runs = control.start_workflow_runs(
+        WORKFLOW_NAMES[backend.effect_of(task)],
+        inputs,
+        priority=task.priority + PRIORITY_OFFSET,
+        run_after=_aware(task.run_after),
+        queue=task.queue_name,
+        task_path=_path(task),
+    )
+    results = [new_result(task, run, input) for run, input in zip(runs, inputs, strict=True)]
+    backend._enqueued(results)
+    return results
+
+
+def schedule_task(
+    schedule_id: str,
+    task: Any,
+    schedule: Schedule,
+    *,
+    args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+) -> WorkflowSchedule:
+    """A schedule that enqueues ``task(*args, **kwargs)`` once per tick, as
+    ``schedule_workflow`` does for a workflow: exactly one run per tick."""
+    backend = _backend_of(task)
+    backend.validate_task(task)
+    if not isinstance(schedule, Schedule):
+        raise InvalidTaskCall(f"schedule_task() takes a Schedule(...), not {schedule!r:.80}")
+    input = backend.run_input(task, args, kwargs)
+    spec = dataclasses.replace(schedule, input=input)
+    return scheduling.schedule_workflow(schedule_id, WORKFLOW_NAMES[backend.effect_of(task)], spec)
+
+
+# -- the end of a task run -----------------------------------------------------------
+
+
+def _finished(sender: Any, *, run_id: Any, workflow_name: str, status: str, **kwargs: Any) -> None:
+    """``task_finished`` once a task run's end has committed (``signals.run_finished``).
+
+    On the worker that ran the last attempt, from what that attempt saw: no
+    query on the hot path. Elsewhere (a cancel from a web process), read back.
+    """
+    if workflow_name not in EFFECT_OF_WORKFLOW:
+        return
+    result = finished_result(run_id, status)
+    if result is not None:
+        signals_api.task_finished.send(sender=type(result.task.get_backend()), task_result=result)
+        return
+    run = WorkflowRun.objects.using(store.database()).filter(pk=run_id).only("input").first()
+    if run is None:
+        return
+    backend = _backend_named(run.input.get("backend", "default"))
+    if backend is None:
+        return
+    result = backend.get_result(str(run_id))
+    signals_api.task_finished.send(sender=type(backend), task_result=result)
+
+
+signals.run_finished.connect(_finished, dispatch_uid="k2b_workflows.tasks.finished")
+
+
+# -- private -------------------------------------------------------------------------
+
+
+def _path(task: Any) -> str:
+    func = getattr(task, "func", None)
+    return f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func))}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _reachable(path: str, func: Any) -> bool:
+    """Whether ``path`` imports back to the task of ``func``: the worker imports it so."""
+    try:
+        found = import_string(path)
+    except ImportError:
+        return False
+    return getattr(found, "func", None) is func
+
+
+def _check_reachable(task: Any) -> None:
+    """The task path check: a worker finds a task by its module path; refuse one it
+    could not find (defined in ``__main__``, a function renamed after ``@task``)."""
+    path = _path(task)
+    if not _reachable(path, task.func):
+        raise InvalidTaskCall(
+            f"task {path}: that path does not import back to this task, so no worker could "
+            "run it: define tasks at module level, as the module's attribute of that name"
+        )
+
+
+def _effect(value: Any, where: str) -> str:
+    if isinstance(value, str) and value in EFFECTS:
+        return value
+    raise InvalidTaskCall(
+        f"{where}: effect must be one of {', '.join(repr(e) for e in EFFECTS)}, not {value!r:.80}"
+    )
+
+
+def _retry(value: Any, where: str) -> Retry | None:
+    policy = check_policy(value, f"{where}: retry")
+    if policy is None:
+        return None
+    if policy.non_retryable_codes:
+        raise InvalidTaskCall(
+            f"{where}: Retry(non_retryable_codes=...) means nothing for a task: its failures "
+            "are exceptions, not error codes"
+        )
+    if policy.max_attempts == 1:
+        raise InvalidTaskCall(
+            f"{where}: Retry(max_attempts=1) retries nothing: leave retry out, or allow 2 or more"
+        )
+    return policy
+
+
+def _aware(run_after: dt.datetime | None) -> dt.datetime | None:
+    if run_after is None or timezone.is_aware(run_after):
+        return run_after
+    if settings.USE_TZ:
+        raise InvalidTaskCall("run_after must be an aware datetime (USE_TZ is on)")
+    return timezone.make_aware(run_after)
+
+
+def _backend_of(task: Any) -> WorkflowsBackend:
+    backend = task.get_backend()
+    if not isinstance(backend, WorkflowsBackend):
+        raise InvalidTaskCall(
+            f"task {_path(task)} is on backend {task.backend!r} ({type(backend).__name__}), "
+            "not a k2b_workflows.tasks.WorkflowsBackend"
+        )
+    return backend
+
+
+def _backend_named(alias: str) -> WorkflowsBackend | None:
+    try:
+        backend = tasks_api.task_backends[alias]
+    except Exception:  # the alias left TASKS since: nobody to tell
+        return None
+    return backend if isinstance(backend, WorkflowsBackend) else None
+
+
+def _started(using: str, run: WorkflowRun) -> dt.datetime | None:
+    """When the attempt holding the run started: its journal entry's start once it
+    succeeded, the claim while it runs."""
+    if run.status == "succeeded":
+        return (
+            JournalEntry.objects.using(using)
+            .filter(run_id=run.pk, seq=0)
+            .values_list("started_at", flat=True)
+            .first()
+        )
+    if run.status in ("running", "needs_attention"):
+        return run.updated_at
+    return None

@@ -1,0 +1,119 @@
+"""Bad input to the django.tasks backend (#37): each a clear error naming what is wrong,
+raised before anything is inserted."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from k2b_workflows import Retry
+from k2b_workflows.exceptions import InvalidInput
+from k2b_workflows.models import WorkflowRun
+from k2b_workflows.taskruns import InvalidTask
+from k2b_workflows.tasks import InvalidTaskCall, WorkflowsBackend, enqueue_many
+from tests.tasks_app import tasks as t
+from tests.tasks_app.tasks import EXTRA_ARGUMENTS, declared
+
+try:
+    from django.tasks import task
+except ImportError:  # Django 5.2: the backport
+    from django_tasks import task  # type: ignore[no-redef]
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def nothing_inserted():
+    before = WorkflowRun.objects.count()
+    yield
+    assert WorkflowRun.objects.count() == before
+
+
+def test_the_refusal_is_djangos_invalid_task_and_our_invalid_input():
+    assert issubclass(InvalidTaskCall, InvalidTask)
+    assert issubclass(InvalidTaskCall, InvalidInput)
+
+
+def test_a_task_that_is_not_module_level_is_refused():
+    with pytest.raises(InvalidTask, match="module level"):
+
+        @declared("pure")
+        def nested():
+            return 1
+
+
+def test_a_function_renamed_after_task_is_refused_at_enqueue(nothing_inserted):
+    """The task path check: a worker finds a task by ``module.name``; a task whose
+    function is known by another name there could never run."""
+    hidden = declared("pure")(t.impostor_target)
+    with pytest.raises(InvalidTaskCall, match="does not import back to this task"):
+        hidden.enqueue()
+
+
+def test_an_unknown_queue_is_refused(nothing_inserted):
+    with pytest.raises(InvalidTaskCall, match="nope"):
+        t.add.using(queue_name="nope").enqueue(1, 2)
+
+
+@pytest.mark.parametrize("priority", [101, -101])
+def test_a_priority_out_of_range_is_refused(priority, nothing_inserted):
+    with pytest.raises(InvalidTaskCall, match="priority"):
+        t.add.using(priority=priority).enqueue(1, 2)
+
+
+def test_a_naive_run_after_is_refused_with_use_tz(nothing_inserted):
+    with pytest.raises(InvalidTaskCall, match="run_after"):
+        t.add.using(run_after=dt.datetime(2030, 1, 1)).enqueue(1, 2)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [((object(),), {}), ((1,), {"b": {1, 2}}), ((float("nan"),), {})],
+    ids=["object", "set", "nan"],
+)
+def test_arguments_that_are_not_json_are_refused(args, kwargs, nothing_inserted):
+    with pytest.raises(InvalidTaskCall, match=r"arguments of task tests\.tasks_app\.tasks\.add"):
+        t.add.enqueue(*args, **kwargs)
+
+
+def test_enqueue_many_refuses_a_call_that_is_not_args_and_kwargs(nothing_inserted):
+    with pytest.raises(InvalidTaskCall, match=r"call 1 must be \(args, kwargs\)"):
+        enqueue_many(t.add, [((1, 2), None), (1, 2, 3)])
+
+
+@pytest.mark.skipif(not EXTRA_ARGUMENTS, reason="Django 6.0's @task takes no effect= or retry=")
+@pytest.mark.parametrize(
+    ("retry", "message"),
+    [
+        (3, "must be a Retry"),
+        (Retry(max_attempts=1), "retries nothing"),
+        (Retry(max_attempts=3, non_retryable_codes=("X",)), "means nothing for a task"),
+    ],
+    ids=["not-a-retry", "one-attempt", "codes"],
+)
+def test_a_retry_that_makes_no_sense_for_a_task_is_refused(retry, message):
+    with pytest.raises(InvalidInput, match=message):
+        task(effect="pure", retry=retry)(t.noop.func)
+
+
+@pytest.mark.skipif(not EXTRA_ARGUMENTS, reason="Django 6.0's @task takes no effect= or retry=")
+def test_an_unknown_effect_is_refused():
+    with pytest.raises(InvalidTaskCall, match="effect must be one of 'pure', 'idempotent'"):
+        task(effect="transactional")(t.noop.func)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"effects": "pure"}, "unknown keys"),
+        ({"effect": "maybe"}, "effect must be one of"),
+        ({"retry": Retry(max_attempts=1)}, "retries nothing"),
+    ],
+)
+def test_bad_options_are_an_improperly_configured_backend(options, message):
+    with pytest.raises(ImproperlyConfigured, match=message):
+        WorkflowsBackend(
+            "x", {"BACKEND": "k2b_workflows.tasks.WorkflowsBackend", "OPTIONS": options}
+        )

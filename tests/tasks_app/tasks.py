@@ -1,0 +1,178 @@
+"""django.tasks tasks the suite enqueues on ``k2b_workflows.tasks.WorkflowsBackend`` (#37).
+
+Each records what it did in ``ProviderCall`` (committed at once: the "provider"),
+with the effect key and the process id, so a test counts calls after crashes.
+``crash`` names a point where the task kills its own process with SIGKILL when
+``K2B_TEST_CRASH`` names the same point (``tests.workflows.crash_point``).
+Django 6.1 and the backport pass ``effect=``/``retry=`` through ``@task``; on Django
+6.0, whose ``@task`` takes no extra arguments, ``declared`` puts each task on the
+backend alias whose ``OPTIONS`` say the same (tests/settings.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import time
+
+from k2b_workflows import Retry
+from k2b_workflows.tasks import effect_key
+from tests.models import ProviderCall
+from tests.workflows import crash_point
+
+try:
+    from django.tasks import TaskContext, task
+except ImportError:  # Django 5.2: the backport
+    from django_tasks import TaskContext, task  # type: ignore[no-redef]
+
+
+#: Django 6.1 and the backport pass @task's extra arguments to the backend's task class.
+EXTRA_ARGUMENTS = "kwargs" in inspect.signature(task).parameters
+
+
+def declared(effect: str | None = None, retry: Retry | None = None, **options):
+    """``@task(effect=..., retry=..., **options)``, or on Django 6.0 the alias that
+    declares them in its ``OPTIONS``."""
+    if EXTRA_ARGUMENTS:
+        if effect is not None:
+            options["effect"] = effect
+        if retry is not None:
+            options["retry"] = retry
+        return task(**options)
+    if retry is not None:
+        return task(backend="retrying", **options)
+    return task(backend=effect or "default", **options)
+
+
+def _call(action: str, key: str = "", payload=None) -> None:
+    ProviderCall.objects.create(action=action, effect_key=key, pid=os.getpid(), payload=payload)
+
+
+@declared("pure")
+def add(a, b):
+    return a + b
+
+
+@declared("pure", priority=5, queue_name="mail")
+def mail(to):
+    _call("task.mail", payload={"to": to})
+    return {"sent": to}
+
+
+@declared("idempotent", takes_context=True)
+def record(context: TaskContext, key, crash=None):
+    """IDEMPOTENT: the provider sees the same effect key on every attempt."""
+    _call("task.record", effect_key(context), {"key": key, "attempt": context.attempt})
+    crash_point({"crash": crash}, "task_idempotent")
+    return {"key": effect_key(context)}
+
+
+@declared("external", takes_context=True)
+def charge(context: TaskContext, order, crash=None):
+    """EXTERNAL (also the backend's default): never called twice for one enqueue."""
+    _call("task.charge", effect_key(context), {"order": order})
+    crash_point({"crash": crash}, "task_external")
+    return {"charged": order}
+
+
+@task(takes_context=True)
+def charge_default(context: TaskContext, order):
+    """No effect declared: the backend's OPTIONS["effect"], else external."""
+    _call("task.charge_default", effect_key(context), {"order": order})
+    return order
+
+
+@declared("pure")
+def pure_crash(n, crash=None):
+    _call("task.pure_crash", payload={"n": n})
+    crash_point({"crash": crash}, "task_pure")
+    return n * 2
+
+
+@declared("pure")
+def boom(message):
+    _call("task.boom")
+    raise ValueError(message)
+
+
+@declared("external")
+def external_boom(message):
+    _call("task.external_boom")
+    raise RuntimeError(message)
+
+
+#: The policy of ``flaky`` (on Django 6.0: the "retrying" alias's OPTIONS, the same).
+RETRY = Retry(max_attempts=3, backoff=0.01, jitter=False)
+
+
+@declared("pure", RETRY, takes_context=True)
+def flaky(context: TaskContext, key, failures):
+    """Raises on its first ``failures`` attempts, then returns what it saw."""
+    _call("task.flaky", key, {"attempt": context.attempt})
+    if context.attempt <= failures:
+        raise ConnectionError(f"attempt {context.attempt} failed")
+    return {
+        "attempt": context.attempt,
+        "errors": len(context.task_result.errors),
+        "worker_ids": len(context.task_result.worker_ids),
+    }
+
+
+@declared("pure")
+def returns_set():
+    return {1, 2, 3}
+
+
+@declared("pure")
+def exits():
+    raise SystemExit(3)
+
+
+@declared("pure")
+def interrupted():
+    raise KeyboardInterrupt
+
+
+@declared("pure")
+async def aadd(a, b):
+    await asyncio.sleep(0)
+    return a + b
+
+
+@declared("pure", takes_context=True)
+def context_info(context: TaskContext):
+    result = context.task_result
+    return {
+        "id": result.id,
+        "attempt": context.attempt,
+        "worker_ids": result.worker_ids,
+        "status": str(result.status),
+    }
+
+
+@declared("pure")
+def sleepy(seconds):
+    _call("task.sleepy")
+    time.sleep(seconds)
+    return seconds
+
+
+@declared("pure")
+def noop():
+    return None
+
+
+@declared("idempotent")
+def idempotent_noop(n):
+    return n
+
+
+@declared("external")
+def external_noop(n):
+    return n
+
+
+def impostor_target():
+    """A plain function: wrapped by a test as a task it is not known as here."""
+    return None
