@@ -210,14 +210,31 @@ def settled_run(using: str, run_id: uuid.UUID) -> WorkflowRun | None:
     return None
 
 
+# The row version we read was written by this transaction or one of its
+# savepoints when its xmin is still in progress: under READ COMMITTED another
+# transaction's uncommitted row is never visible. A savepoint (a nested
+# ``atomic()``: a ``TestCase``'s test, a view's block under ATOMIC_REQUESTS)
+# writes under an id of its own, assigned after the top-level one, so comparing
+# with the top-level id alone missed it and the wait sat out its timeout. xmin is
+# 32 bits: it is widened to the epoch of the top-level id, and only ids between
+# that one and the snapshot's end are asked about (never one in the future).
+_WRITTEN_BY_THIS_TRANSACTION_SQL = """
+    SELECT CASE WHEN x.mine >= x.top AND x.mine < x.next
+                THEN pg_catalog.pg_xact_status(x.mine::text::xid8) = 'in progress'
+                ELSE false END
+      FROM (SELECT t.top,
+                   t.top + ((r.xmin::text::bigint - t.top %% 4294967296 + 4294967296)
+                            %% 4294967296) AS mine,
+                   pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint
+                       AS next
+              FROM k2b_run r,
+                   (SELECT pg_catalog.pg_current_xact_id_if_assigned()::text::bigint AS top) t
+             WHERE r.id = %s AND t.top IS NOT NULL) x
+"""
+
+
 def _written_by_this_transaction(using: str, run_id: uuid.UUID) -> bool:
-    rows = db.fetchall(
-        using,
-        """SELECT xmin::text = (pg_current_xact_id_if_assigned()::text::bigint
-                                %% 4294967296)::text
-             FROM k2b_run WHERE id = %s""",
-        [run_id],
-    )
+    rows = db.fetchall(using, _WRITTEN_BY_THIS_TRANSACTION_SQL, [run_id])
     return bool(rows and rows[0][0])
 
 

@@ -379,6 +379,22 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "wait-sees-its-own-savepoint",
+        "k2b_workflows/results.py",
+        "                THEN pg_catalog.pg_xact_status(x.mine::text::xid8) = 'in progress'\n",
+        "                THEN x.mine = x.top\n",
+        (
+            "tests/kernel/test_results.py::test_waiting_inside_the_transaction_that_started_the_run_in_a_savepoint_is_refused",
+        ),
+    ),
+    Mutant(
+        "resolve-confirmed-needs-output",
+        "k2b_workflows/management/commands/workflowrun.py",
+        "        if output is None and DECISIONS[decision] == control.EFFECT_CONFIRMED:\n",
+        "        if False:\n",
+        ("tests/admin/test_workflowrun_command.py::test_resolve_refusals_change_nothing",),
+    ),
+    Mutant(
         "supervisor-no-orphans",
         "k2b_workflows/worker/supervisor.py",
         "        kernel_signals = set_parent_death_signal(signal.SIGTERM)\n",

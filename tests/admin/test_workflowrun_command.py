@@ -328,6 +328,9 @@ def test_resolve_confirmed_journals_the_output_read_from_stdin(doubted_run, monk
             ("resolve_effect",),
             BAD_INPUT,
         ),
+        # As the admin's form: "confirmed" journals --output as the step's result,
+        # and without one the workflow went on with None and crashed on it (#38).
+        (["--decision", "confirmed", "--evidence", "e"], ("resolve_effect",), BAD_INPUT),
     ],
 )
 def test_resolve_refusals_change_nothing(doubted_run, extra, perms, code):

@@ -731,24 +731,15 @@ def test_the_reference_imports_every_public_name():
 
 
 def test_the_nightly_report_fires_at_three_in_berlin_and_the_digest_hourly():
-    import datetime as dt
-    from zoneinfo import ZoneInfo
-
     from k2b_workflows.models import WorkflowSchedule
-    from k2b_workflows.scheduling import sync_decorator_schedules
-    from k2b_workflows.testing import controlled_clock
 
     with examples("schedules", "schedules_tests") as (_, user_tests):
-        sync_decorator_schedules()  # what `migrate` does
-        nightly = WorkflowSchedule.objects.get(schedule_id="reports.nightly")
-        local = nightly.next_tick.astimezone(ZoneInfo("Europe/Berlin"))
-        assert (nightly.source, local.hour, local.minute) == ("decorator", 3, 0)
-        with controlled_clock() as clock:
-            clock.advance_to(nightly.next_fire_at + dt.timedelta(seconds=1))
-            run_until_idle()
+        # A transactional test's flush empties the schedules `migrate` wrote: the
+        # page's test of a decorator's schedule writes them again, and must (#38).
+        assert not WorkflowSchedule.objects.filter(schedule_id="reports.nightly").exists()
+        user_tests.test_the_nightly_report_runs_at_three_in_berlin()
         (run,) = WorkflowRun.objects.filter(schedule_id="reports.nightly")
-        assert run.output == {"kind": "daily", "day": nightly.next_tick.date().isoformat()}
-        assert run.input == {"kind": "daily", "scheduled_for": nightly.next_tick.isoformat()}
+        assert run.output == {"kind": "daily", "day": run.scheduled_for.date().isoformat()}
 
         user_tests.test_the_digest_goes_out_every_hour_and_catches_up_after_downtime()
 

@@ -172,6 +172,21 @@ def test_waiting_inside_the_transaction_that_started_the_run_is_refused():
             wait_for_workflow_run(run.pk, timeout=5)
 
 
+def test_waiting_inside_the_transaction_that_started_the_run_in_a_savepoint_is_refused():
+    """A run inserted inside a nested ``atomic()`` (a ``TestCase``'s test, a view's own block
+    under ``ATOMIC_REQUESTS``) carries the savepoint's transaction id, not the top-level one:
+    compared with the top-level id alone, the wait did not see it as its own and sat until
+    its timeout instead of saying why (#38)."""
+    with transaction.atomic():
+        WorkflowRun.objects.exists()  # the caller's own work first
+        with transaction.atomic():
+            run = start_workflow_run("test.pure", {"a": 1, "b": 2})
+        started = time.monotonic()
+        with pytest.raises(InvalidInput, match="has not committed"):
+            wait_for_workflow_run(run.pk, timeout=5)
+        assert time.monotonic() - started < 4
+
+
 def test_waiting_inside_an_unrelated_transaction_sees_the_end_committed_elsewhere(reads):
     run = parked("result-atomic")
     with transaction.atomic():

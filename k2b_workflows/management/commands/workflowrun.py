@@ -296,7 +296,8 @@ class Command(BaseCommand):
         resolve.add_argument(
             "--output",
             default=None,
-            help="confirmed only: the step's output as JSON; - reads stdin, @FILE a file",
+            help="required with confirmed, refused otherwise: the step's output as JSON; "
+            "- reads stdin, @FILE a file",
         )
         resolve.add_argument(
             "--step",
@@ -423,6 +424,15 @@ class Command(BaseCommand):
         user = _actor(actor, "k2b_workflows.resolve_effect")
         if output is not None and DECISIONS[decision] != control.EFFECT_CONFIRMED:
             raise Failure(BAD_INPUT, "invalid", "--output is for --decision confirmed only")
+        if output is None and DECISIONS[decision] == control.EFFECT_CONFIRMED:
+            # The output is journaled as the step's result: without one the workflow
+            # went on with None and crashed on it. The admin's form requires it too.
+            raise Failure(
+                BAD_INPUT,
+                "invalid",
+                "--output is required with --decision confirmed: the step's output as JSON "
+                "(null if the action returns none)",
+            )
         value = None if output is None else _json_option(output, "--output")
         with transaction.atomic(using=store.database()):
             attention_step = _get_run(run_id).attention_step
