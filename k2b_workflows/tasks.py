@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
+import logging
 import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -30,9 +31,10 @@ from django.utils.module_loading import import_string
 
 from . import control, scheduling, signals, store
 from .actions import to_json_value
-from .exceptions import InvalidInput
+from .exceptions import InvalidInput, RunEndNotSealed
+from .kernel import seals
 from .limits import RateLimit, check_rate_limit
-from .models import JournalEntry, TaskAttempt, WorkflowRun, WorkflowSchedule
+from .models import TERMINAL_STATUSES, JournalEntry, TaskAttempt, WorkflowRun, WorkflowSchedule
 from .retries import Retry, check_policy
 from .schedules import Schedule
 from .taskruns import (
@@ -68,6 +70,8 @@ __all__ = [
 PRIORITY_OFFSET = 100
 #: What ``OPTIONS`` may hold: the defaults of the backend's tasks.
 KNOWN_OPTIONS = frozenset({"effect", "retry", "rate_limit"})
+
+logger = logging.getLogger(__name__)
 
 
 class InvalidTaskCall(InvalidInput, InvalidTask):  # type: ignore[misc,valid-type]
@@ -215,6 +219,13 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
         )
         if run is None:
             raise TaskResultDoesNotExist(f"no task result {result_id}")
+        if run.status in TERMINAL_STATUSES:
+            # The runtime role can write a queued run's status and output: a caller
+            # would read a return value no worker computed (#35). As a waiter does.
+            forged = seals.end_problem(run)
+            if forged is not None:
+                logger.error("task run %s: its end is not used: %s", run_id, forged)
+                raise RunEndNotSealed(run_id, forged)
         rows = list(TaskAttempt.objects.using(using).filter(run_id=run_id).order_by("id"))
         return result_of(task_at(run.input["task"], run.input), run, rows, _started(using, run))
 

@@ -807,6 +807,16 @@ MUTANTS = (
             "tests/misuse/test_attacks_flow.py::test_max_ai_calls_holds_whatever_the_ai_calls_counter_says",
         ),
     ),
+    Mutant(
+        "task-result-end-seal",
+        "k2b_workflows/tasks.py",
+        "            forged = seals.end_problem(run)\n",
+        "            forged = None\n",
+        (
+            "tests/misuse/test_sealed_rows.py::"
+            "test_a_tasks_get_result_refuses_an_end_the_runtime_role_wrote",
+        ),
+    ),
 )
 
 

@@ -226,6 +226,29 @@ def test_await_workflow_run_refuses_an_end_the_runtime_role_wrote(runtime):
         asyncio.run(await_workflow_run(run.pk, timeout=30))
 
 
+def test_a_tasks_get_result_refuses_an_end_the_runtime_role_wrote(runtime, caplog):
+    """django.tasks' ``get_result`` reads a run's end as a waiter does: a return value
+    the runtime role wrote is refused, never handed to the caller as the task's."""
+    from k2b_workflows import RunEndNotSealed
+    from tests.tasks_app import tasks as task_functions
+
+    result = task_functions.add.enqueue(2, 3)
+    forge_success(result.id)
+
+    with pytest.raises(RunEndNotSealed, match="not ended by the kernel"):
+        task_functions.add.get_result(result.id)
+    assert any(r.levelno == logging.ERROR and result.id in r.getMessage() for r in caplog.records)
+
+
+def test_a_tasks_get_result_still_reads_the_end_the_kernel_wrote(runtime):
+    from tests.tasks_app import tasks as task_functions
+
+    result = task_functions.add.enqueue(2, 3)
+    run_until_idle(using=RUNTIME)
+
+    assert task_functions.add.get_result(result.id).return_value == 5
+
+
 def test_a_waiter_still_gets_the_end_the_kernel_wrote(runtime):
     from k2b_workflows import start_workflow_run, wait_for_workflow_run
 
