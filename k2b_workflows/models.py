@@ -115,10 +115,12 @@ class WorkflowRun(models.Model):
     claimed_by = models.CharField(max_length=200, blank=True, default="")
     #: The django.tasks queue a task run was enqueued on (``runworkflows --queue``);
     #: workflow runs are on "default" (#37).
-    queue = models.CharField(max_length=100, default="default")
+    #: With a database default too: a row inserted by hand or by an older release's
+    #: code (a rolling deploy, a seed script) lands on the default queue.
+    queue = models.CharField(max_length=100, default="default", db_default="default")
     #: A task run's task, as its input names it: what the runs list shows without
     #: reading inputs (#37). Empty for workflow runs.
-    task_path = models.CharField(max_length=200, blank=True, default="")
+    task_path = models.CharField(max_length=200, blank=True, default="", db_default="")
     current_step = models.IntegerField(null=True, blank=True)
     #: The step whose effect an operator must resolve (``needs_attention`` only).
     attention_step = models.IntegerField(null=True, blank=True)

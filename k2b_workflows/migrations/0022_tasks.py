@@ -41,12 +41,12 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="workflowrun",
             name="queue",
-            field=models.CharField(default="default", max_length=100),
+            field=models.CharField(db_default="default", default="default", max_length=100),
         ),
         migrations.AddField(
             model_name="workflowrun",
             name="task_path",
-            field=models.CharField(blank=True, default="", max_length=200),
+            field=models.CharField(blank=True, db_default="", default="", max_length=200),
         ),
         migrations.AddIndex(
             model_name="workflowrun",
