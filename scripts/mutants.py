@@ -458,8 +458,8 @@ MUTANTS = (
     Mutant(
         "admin-last-waited-for",
         "k2b_workflows/admin/runs.py",
-        "        if obj is None or obj.status == RunStatus.WAITING:\n",
-        "        if True:\n",
+        "        if obj is not None and obj.status != RunStatus.WAITING:\n",
+        "        if False:\n",
         (
             "tests/admin/test_admin.py::"
             "test_a_run_that_waited_and_ended_shows_what_it_last_waited_for_not_waiting_for",
