@@ -27,6 +27,7 @@ import dataclasses
 import datetime as dt
 import importlib
 import inspect
+import logging
 import traceback
 from typing import Any
 
@@ -35,12 +36,15 @@ from django.utils import timezone
 from . import codes
 from .actions import Action, Effect, failed, succeeded, to_json_value
 from .exceptions import InvalidInput, LeaseLost, RunCanceled
-from .kernel import hooks
+from .kernel import hooks, seals
+from .kernel.hashing import canonical
 from .limits import RateLimit
 from .models import RunStatus, TaskAttempt, WorkflowRun
 from .redaction import scrub_error
 from .retries import Retry
 from .workflows import RunHandle, workflow
+
+logger = logging.getLogger(__name__)
 
 
 def _api(name: str) -> Any:
@@ -253,17 +257,48 @@ def _record(
     Returns the traceback as stored."""
     shown = cause or exc
     text = scrub_error("".join(traceback.format_exception(shown)))
+    row = TaskAttempt(
+        run_id=ctx.run_id,
+        attempt=attempt,
+        worker_id=worker_id,
+        started_at=started,
+        finished_at=timezone.now(),
+        exception_class_path=f"{type(shown).__module__}.{type(shown).__qualname__}",
+        traceback=text,
+    )
+    row.seal = seals.seal_of(attempt_text(row))
     with ctx.fenced(ctx.using):
-        TaskAttempt.objects.using(ctx.using).create(
-            run_id=ctx.run_id,
-            attempt=attempt,
-            worker_id=worker_id,
-            started_at=started,
-            finished_at=timezone.now(),
-            exception_class_path=f"{type(shown).__module__}.{type(shown).__qualname__}",
-            traceback=text,
-        )
+        row.save(using=ctx.using, force_insert=True)
     return text
+
+
+def attempt_text(row: TaskAttempt) -> str:
+    """What an attempt's seal covers: the whole row but its id."""
+    return canonical(
+        [
+            "task_attempt",
+            str(row.run_id),
+            row.attempt,
+            row.worker_id,
+            row.started_at.isoformat(),
+            row.finished_at.isoformat(),
+            row.exception_class_path,
+            row.traceback,
+        ]
+    )
+
+
+def sealed_attempts(run_id: Any, rows: list[TaskAttempt]) -> list[TaskAttempt]:
+    """The attempts the worker wrote: a row the runtime role inserted (or edited) is
+    refused, loudly, and never shown as the task's error."""
+    kept = []
+    for row in rows:
+        problem = seals.text_problem(row.seal, attempt_text(row))
+        if problem is None:
+            kept.append(row)
+        else:
+            logger.error("task run %s: attempt row %s is not used: %s", run_id, row.pk, problem)
+    return kept
 
 
 def attempt_number(ctx: Any, run: WorkflowRun) -> int:
@@ -370,7 +405,7 @@ def running_result(
     Read from the run's failed attempts only after a first one: a first call
     costs no query.
     """
-    rows = list(attempts_of(run)) if attempt > 1 else []
+    rows = sealed_attempts(run.pk, list(attempts_of(run))) if attempt > 1 else []
     worker_ids = [row.worker_id for row in rows]
     # Crashed attempts left no row: their worker is unknown, their count is not.
     worker_ids += [""] * max(0, attempt - 1 - len(worker_ids))
@@ -401,6 +436,7 @@ def result_of(task: Any, run: WorkflowRun, rows: list[TaskAttempt], started: Any
     """The ``TaskResult`` of ``run`` as stored: its failed attempts and, once it
     succeeded or while it runs, the attempt that holds it."""
     input = run.input
+    rows = sealed_attempts(run.pk, rows)
     worker_ids = [row.worker_id for row in rows]
     current = run.status in (RunStatus.RUNNING, RunStatus.SUCCEEDED, RunStatus.NEEDS_ATTENTION)
     if current and run.claimed_by:

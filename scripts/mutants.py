@@ -817,6 +817,16 @@ MUTANTS = (
             "test_a_tasks_get_result_refuses_an_end_the_runtime_role_wrote",
         ),
     ),
+    Mutant(
+        "task-attempt-seal",
+        "k2b_workflows/taskruns.py",
+        "    rows = sealed_attempts(run.pk, rows)\n",
+        "    rows = list(rows)\n",
+        (
+            "tests/misuse/test_sealed_rows.py::"
+            "test_a_task_attempt_the_runtime_role_inserted_is_never_shown_as_the_tasks_error",
+        ),
+    ),
 )
 
 

@@ -249,6 +249,31 @@ def test_a_tasks_get_result_still_reads_the_end_the_kernel_wrote(runtime):
     assert task_functions.add.get_result(result.id).return_value == 5
 
 
+def test_a_task_attempt_the_runtime_role_inserted_is_never_shown_as_the_tasks_error(
+    runtime, caplog
+):
+    """A caller reading ``TaskResult.errors`` reads what the worker wrote: a row the
+    runtime role inserted into ``k2b_task_attempt`` is refused, loudly."""
+    from tests.tasks_app import tasks as task_functions
+
+    result = task_functions.boom.enqueue("the worker's own error")
+    run_until_idle(using=RUNTIME)
+    as_runtime(
+        "INSERT INTO k2b_task_attempt (run_id, attempt, worker_id, started_at, finished_at,"
+        " exception_class_path, traceback, seal)"
+        " SELECT run_id, 2, 'forger', started_at, finished_at, 'builtins.KeyError',"
+        " 'a forged traceback', seal FROM k2b_task_attempt WHERE run_id = %s",
+        [result.id],
+    )
+
+    errors = task_functions.boom.get_result(result.id).errors
+    assert [e.exception_class_path for e in errors] == ["builtins.ValueError"]
+    assert "the worker's own error" in errors[0].traceback
+    assert any(
+        r.levelno == logging.ERROR and "is not used" in r.getMessage() for r in caplog.records
+    )
+
+
 def test_a_waiter_still_gets_the_end_the_kernel_wrote(runtime):
     from k2b_workflows import start_workflow_run, wait_for_workflow_run
 
