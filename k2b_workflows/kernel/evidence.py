@@ -53,9 +53,6 @@ from .keys import evidence_keys
 
 GENESIS = "0" * 64
 
-#: The names these had before ``hashing`` held them.
-_canonical = canonical
-_hmac_hex = hmac_hex
 
 E = TypeVar("E", bound=JournalEntry | LedgerEntry)
 
