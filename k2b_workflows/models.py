@@ -686,7 +686,7 @@ class TaskAttempt(models.Model):
     #: HMAC under the evidence key over the row (``taskruns.attempt_text``): the
     #: runtime role may insert rows here, but a row it wrote is never shown as an
     #: error of the task (#35).
-    seal = models.CharField(max_length=200, blank=True, default="")
+    seal = models.CharField(max_length=200, blank=True, default="", db_default="")
 
     class Meta:
         db_table = "k2b_task_attempt"

@@ -32,7 +32,7 @@ class Migration(migrations.Migration):
                 ("finished_at", models.DateTimeField()),
                 ("exception_class_path", models.CharField(max_length=500)),
                 ("traceback", models.TextField(blank=True, default="")),
-                ("seal", models.CharField(blank=True, default="", max_length=200)),
+                ("seal", models.CharField(blank=True, db_default="", default="", max_length=200)),
             ],
             options={
                 "db_table": "k2b_task_attempt",
