@@ -10,7 +10,7 @@ import signal
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 
 from k2b_workflows import EFFECT_CONFIRMED, resolve_effect
 from k2b_workflows.models import WorkflowRun
@@ -187,12 +187,29 @@ def test_a_path_that_now_names_another_task_is_not_called(start_worker, wait):
 # -- what a task costs ------------------------------------------------------------------
 
 
+def _end_idle_sessions(url: str, db: str) -> None:
+    import psycopg
+
+    from bench.run import with_db
+
+    with psycopg.connect(with_db(url, "postgres"), autocommit=True) as conn:
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = %s AND state = 'idle'",
+            [db],
+        )
+
+
 def _drain_commits(start_worker) -> int:
     """Commits of the test database around one ``--burst`` worker that drains the queue."""
     from bench.run import settled_commits
 
     url, db = os.environ["DATABASE_URL"], connection.settings_dict["NAME"]
-    connection.close()
+    # Every alias of this thread (the owner's and the runtime role's reach this test
+    # database too), and the idle connections earlier tests' threads left behind (a
+    # thread's Django connection outlives the thread): the count needs none open.
+    connections.close_all()
+    _end_idle_sessions(url, db)
     before = settled_commits(url, db)
     # Claims batched: a floor of 16 runs taken ahead (CLAIM_PREFETCH), as a busy fleet
     # tunes it; the adaptive prefetch alone stays near its default floor of 4 on a
