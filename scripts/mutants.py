@@ -156,6 +156,26 @@ MUTANTS = (
         ("tests/crash/test_lease_guards.py",),
     ),
     Mutant(
+        "reap-counts-a-dead-holder",
+        "k2b_workflows/kernel/claim.py",
+        "AND w.state = 'alive' AND w.heartbeat_at > k.lease_expires_at)",
+        "AND w.state = 'alive')",
+        (
+            "tests/crash/test_lease_takeovers.py::"
+            "test_a_run_that_kills_every_worker_that_claims_it_still_exhausts_its_retries",
+        ),
+    ),
+    Mutant(
+        "keeper-disowns-an-overrun",
+        "k2b_workflows/kernel/claim.py",
+        "   SET claimed_by = ''\n  FROM",
+        "   SET claimed_by = r.claimed_by\n  FROM",
+        (
+            "tests/crash/test_lease_takeovers.py::"
+            "test_an_action_that_overruns_its_timeout_every_time_still_exhausts_its_retries",
+        ),
+    ),
+    Mutant(
         "orphans-claimed-by",
         "k2b_workflows/kernel/claim.py",
         "WHERE status = 'running' AND claimed_by = %s AND NOT",

@@ -26,7 +26,7 @@ from typing import Any
 
 from .. import counters, store
 from . import clock, db, flow, weather
-from .claim import renew_leases
+from .claim import disown, renew_leases
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,8 @@ class _Held:
     action_started: float | None = None
     #: An EXTERNAL (or stronger) ``run()`` is in flight: its effect may land at any moment.
     external: bool = False
+    #: Past the action's timeout, the run's ``claimed_by`` was cleared (``claim.disown``).
+    disowned: bool = False
 
 
 @dataclass
@@ -225,14 +227,20 @@ class LeaseKeeper:
             return
         conn = self._connection()
         lease = store.lease_ms()
+        overdue = {
+            run_id: held
+            for run_id, held in runs.items()
+            if held.action_deadline is not None and now > held.action_deadline
+        }
         if runs and renew:
-            keep = {}
-            for run_id, held in runs.items():
-                if held.action_deadline is not None and now > held.action_deadline:
-                    # Past the action's timeout: stop renewing, let the lease expire.
-                    held.event.set()
-                    continue
-                keep[run_id] = held.generation
+            # Past the action's timeout: stop renewing, let the lease expire, and
+            # say so in the row first, so that the takeover counts as a failure.
+            for held in overdue.values():
+                held.event.set()
+            pending = {r: held.generation for r, held in overdue.items() if not held.disowned}
+            for run_id in disown(conn, pending):
+                overdue[run_id].disowned = True
+            keep = {r: held.generation for r, held in runs.items() if r not in overdue}
             _, states = renew_leases(conn, keep, lease)
             self._mark(runs, states)
             # Ended under us (a cancel, a timeout) while the action is inside run():

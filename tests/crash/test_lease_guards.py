@@ -86,3 +86,23 @@ def test_the_orphan_hand_back_leaves_the_runs_this_worker_executes():
     run_id, _ = _claim("me")
     assert claim.hand_back_orphans("default", "me", executing=[run_id]) == 0
     assert WorkflowRun.objects.get(pk=run_id).status == "running"
+
+
+def test_a_reaper_counts_no_failure_for_its_own_run_and_one_for_a_dead_workers():
+    """The reaping worker is alive: a lease of its own that its keeper renewed too late
+    was not lost to a crash (#38). A holder with no heartbeat since is presumed dead."""
+    start_workflow_run("test.pure", {"a": 1, "b": 1})
+    start_workflow_run("test.pure", {"a": 2, "b": 2})
+    own, _ = _claim("reaper")
+    dead, _ = _claim("dead")
+    db.execute(
+        "default",
+        "UPDATE k2b_run SET lease_expires_at = k2b_now() - interval '1 second' WHERE id = ANY(%s)",
+        [[own, dead]],
+    )
+    assert claim.reap_expired("default", "reaper") == 2
+    mine, theirs = WorkflowRun.objects.get(pk=own), WorkflowRun.objects.get(pk=dead)
+    assert (mine.status, mine.consecutive_failures, mine.claimed_by) == ("queued", 0, "")
+    assert mine.error_message.startswith("lease lost by a live worker"), mine.error_message
+    assert (theirs.status, theirs.consecutive_failures) == ("queued", 1)
+    assert theirs.error_message.startswith("lease expired"), theirs.error_message

@@ -87,6 +87,21 @@ class Slow(Action):
         return succeeded({"slept": input.get("seconds", 1)})
 
 
+class Overrun(Action):
+    """PURE, with a one-second timeout: logs its start, then sleeps past it, deaf to the abort."""
+
+    name = "kernel.overrun"
+    effect = Effect.PURE
+    timeout = 1.0
+
+    def run(self, ctx, input):
+        ProviderCall.objects.create(
+            action=self.name, effect_key=ctx.effect_key, generation=ctx.generation, pid=os.getpid()
+        )
+        time.sleep(float(input.get("seconds", 4)))
+        return succeeded({"slept": input.get("seconds", 4)})
+
+
 class TxProbe(Action):
     """TRANSACTIONAL: reports the block it runs in and fails after writing, ``fail_times`` times."""
 
@@ -559,6 +574,9 @@ def slow_workflow(run, input):
     run.step(Slow, {"seconds": input.get("seconds", 1)})
     run.step(Record, {"n": 2})
     return {"done": True}
+
+
+one_step("kernel.overrun", Overrun)
 
 
 one_step("kernel.tx_freeze", TxFreeze)
