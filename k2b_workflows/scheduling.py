@@ -198,9 +198,15 @@ def _spec_tuple(row: WorkflowSchedule) -> tuple[Any, ...]:
 
 
 def post_migrate(sender: Any, using: str = "default", **kwargs: Any) -> None:
-    """``post_migrate`` of this app, after a ``migrate`` (not a test's flush) of the kernel's
-    database to a state that has the schedule table."""
-    if "plan" not in kwargs or using not in (store.database(), store.owner_database()):
+    """``post_migrate`` of this app, after a ``migrate`` of the kernel's database to a
+    state that has the schedule table, or after a ``flush`` of it.
+
+    ``flush`` sends the signal too (without a ``plan``): a transactional test case
+    flushes the test database after each test, and the decorators' schedules,
+    emptied with every other table, are written again, as ``migrate`` first
+    wrote them. The next test sees the database as ``migrate`` left it (#38).
+    """
+    if using not in (store.database(), store.owner_database()):
         return
     state = kwargs.get("apps")
     if state is not None:

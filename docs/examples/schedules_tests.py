@@ -4,7 +4,6 @@ import datetime as dt
 from zoneinfo import ZoneInfo
 
 from k2b_workflows.models import WorkflowRun, WorkflowSchedule
-from k2b_workflows.scheduling import sync_decorator_schedules
 from k2b_workflows.testing import controlled_clock, run_until_idle
 
 from .schedules import schedule_tenant_digest
@@ -32,7 +31,6 @@ def test_the_digest_goes_out_every_hour_and_catches_up_after_downtime():
 
 # --8<-- [start:decorator_test]
 def test_the_nightly_report_runs_at_three_in_berlin():
-    sync_decorator_schedules()  # what `migrate` wrote; a flush between tests emptied it
     nightly = WorkflowSchedule.objects.get(schedule_id="reports.nightly")
     tick, fires = nightly.next_tick, nightly.next_fire_at  # set while the schedule is active
     assert tick and fires and tick.astimezone(ZoneInfo("Europe/Berlin")).hour == 3

@@ -558,6 +558,20 @@ def test_migrate_writes_a_decorator_schedule_and_disables_it_once_removed(decora
     assert len(runs("sched.decorated")) == 1
 
 
+def test_a_flush_writes_the_decorator_schedules_again_and_they_fire(decorated, k2b_clock):
+    """What a transactional test case does after each test: the next test finds the
+    decorator's schedule as ``migrate`` wrote it, and it fires (#38)."""
+    decorated(Schedule(every=dt.timedelta(minutes=1), input={"kind": "daily"}))
+    call_command("migrate", verbosity=0)
+    call_command("flush", verbosity=0, interactive=False)
+
+    written = row("sched.decorated")
+    assert (written.source, written.enabled, written.seal_problem()) == ("decorator", True, None)
+    k2b_clock.advance(minutes=1)
+    run_until_idle(timeout=QUICK)
+    assert len(runs("sched.decorated")) == 1
+
+
 def test_a_decorator_schedule_cannot_be_taken_over_by_schedule_workflow(decorated):
     decorated(Schedule("0 3 * * *"))
     sync_decorator_schedules()
