@@ -262,21 +262,35 @@ def count_child_workflow_runs(run_id: uuid.UUID | str) -> dict[str, int]:
     return children.count(store.database(), validation.run_id(run_id))
 
 
+class _NoOutput:
+    """The default of ``resolve_effect``'s ``output``: not passed (None is an output)."""
+
+    def __repr__(self) -> str:
+        return "<no output given>"
+
+
+_NO_OUTPUT: Any = _NoOutput()
+
+
 def resolve_effect(
     run_id: uuid.UUID | str,
     decision: str,
     *,
     evidence: str,
     actor: Any,
-    output: Any = None,
+    output: Any = _NO_OUTPUT,
     step: int | None = None,
     seen_ledger_id: int | None = None,
 ) -> WorkflowRun:
     """An operator's decision on an effect whose outcome the kernel cannot know.
 
     ``EFFECT_CONFIRMED`` journals ``output`` as the step's result without calling
-    the provider; ``EFFECT_ABSENT`` re-queues the run so the step runs again
-    under a new invocation key and the same ``effect_key``. Both append a
+    the provider, and needs it passed: a confirmation without one raises
+    ``InvalidInput`` and writes nothing, as the admin and ``workflowrun resolve``
+    refuse it. Pass ``output=None`` for an action whose result is ``None``;
+    a default would journal None, which the code after the step may not expect.
+    ``EFFECT_ABSENT`` re-queues the run so the step runs again under a new
+    invocation key and the same ``effect_key``. Both append a
     ledger entry naming the operator with the evidence text.
 
     ``step`` and ``seen_ledger_id`` (the newest ledger entry the operator was
@@ -301,7 +315,14 @@ def resolve_effect(
             "resolving an effect needs the permission k2b_workflows.resolve_effect"
         )
     if decision == EFFECT_CONFIRMED:
+        if output is _NO_OUTPUT:
+            raise InvalidInput(
+                "EFFECT_CONFIRMED needs output=: the step's result, as the action would have"
+                " returned it (output=None if it returns none)"
+            )
         output = to_json_value(output, "the confirmed output")
+    elif output is _NO_OUTPUT:
+        output = None
     for name, value in (("step", step), ("seen_ledger_id", seen_ledger_id)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise InvalidInput(f"{name} must be an integer, not {value!r}")

@@ -166,6 +166,23 @@ def test_a_confirmed_output_must_be_json(doubted_run, resolver):
     assert not JournalEntry.objects.filter(run=doubted_run).exists()
 
 
+def test_a_confirmation_without_an_output_is_refused_and_writes_nothing(doubted_run, resolver):
+    """As in the admin and ``workflowrun resolve``: no default output is journaled (#38)."""
+    with pytest.raises(InvalidInput, match="EFFECT_CONFIRMED needs output="):
+        resolve_effect(doubted_run.pk, EFFECT_CONFIRMED, evidence="seen", actor=resolver)
+    assert fresh(doubted_run).status == "needs_attention"
+    assert not JournalEntry.objects.filter(run=doubted_run).exists()
+    assert "resolved_confirmed" not in ledger_kinds(doubted_run)
+
+
+def test_a_confirmed_output_of_none_is_journaled_when_passed(doubted_run, resolver):
+    resolve_effect(doubted_run.pk, EFFECT_CONFIRMED, evidence="seen", actor=resolver, output=None)
+    run_to_end()
+    assert fresh(doubted_run).status == "succeeded", describe(doubted_run)
+    assert journal(doubted_run)[0].output is None
+    assert "resolved_confirmed" in ledger_kinds(doubted_run)
+
+
 # -- retry_workflow_run ------------------------------------------------------------
 
 
