@@ -12,6 +12,7 @@ getting-started.md's checkout against PostgreSQL.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -128,6 +129,18 @@ def test_the_wheel_holds_every_file_of_the_package_and_passes_twine_check(wheel)
     (sdist,) = wheel.parent.glob("k2b_workflows-*.tar.gz")
     checked = _run([sys.executable, "-m", "twine", "check", "--strict", wheel, sdist], ROOT)
     assert checked.count("PASSED") == 2, checked
+
+
+def test_getting_started_installs_the_wheel_make_dist_builds_and_names_no_unknown_host(wheel):
+    """Its install lines once named ``git+https://YOUR-GIT-HOST/...``, a host no reader
+    has (#38): they build the wheel with ``make dist`` and install that file."""
+    page = (ROOT / "docs" / "getting-started.md").read_text()
+    install = page.split("## Install", 1)[1].split("```python", 1)[0]
+    assert "make dist" in install
+    assert re.search(r"^dist: ", (ROOT / "Makefile").read_text(), re.M)
+    (named,) = re.findall(r"dist/(k2b_workflows-\S+\.whl)", install)
+    assert named == wheel.name
+    assert not re.search(r"YOUR-|example\.com|github\.com", install), install
 
 
 def test_a_bare_venv_with_the_wheel_migrates_a_site_and_runs_the_getting_started_checkout(
