@@ -94,3 +94,20 @@ def test_the_runworkflows_line_lists_every_option_of_the_command():
     rendered = usage("runworkflows")
     lines = [x for x in PAGE.read_text().splitlines() if re.match(r"- `runworkflows\b", x)]
     assert lines == [f"- `{rendered}`"], f"docs/reference.md should list `{rendered}`"
+
+
+#: Public names of ``Action`` that are the framework's, not a subclass's to set.
+ACTION_HELPERS = {"abstract", "action_name", "defines", "definition_hash"}
+
+
+def test_the_action_table_lists_every_attribute_and_hook_of_action():
+    """``redispatch_when_absent`` and ``retry`` were missing from the table (#38): every
+    public attribute a subclass sets, and every hook it defines, has a row."""
+    table = PAGE.read_text().split("### `Action`", 1)[1].split("\n### ", 1)[0]
+    rows = {re.sub(r"\(.*\)$", "", cell) for cell in re.findall(r"^\| `([^`]+)` \|", table, re.M)}
+    public = set(k2b_workflows.Action.__annotations__) | set(vars(k2b_workflows.Action))
+    expected = {name for name in public if not name.startswith("_")} - ACTION_HELPERS
+    assert expected - rows == set(), (
+        f"rows to add to reference.md's Action table: {expected - rows}"
+    )
+    assert rows - expected == set(), f"rows for names Action no longer has: {rows - expected}"
