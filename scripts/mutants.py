@@ -166,11 +166,13 @@ MUTANTS = (
         ),
     ),
     Mutant(
-        "keeper-disowns-an-overrun",
+        "live-loss-free-once-per-step",
         "k2b_workflows/kernel/claim.py",
-        "   SET claimed_by = ''\n  FROM",
-        "   SET claimed_by = r.claimed_by\n  FROM",
+        "AND k.error_message NOT IN (",
+        "AND k.error_message IS NOT NULL OR k.error_message IN (",
         (
+            "tests/crash/test_lease_guards.py::"
+            "test_a_second_live_loss_at_the_same_step_counts_so_a_too_short_lease_still_exhausts",
             "tests/crash/test_lease_takeovers.py::"
             "test_an_action_that_overruns_its_timeout_every_time_still_exhausts_its_retries",
         ),

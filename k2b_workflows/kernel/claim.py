@@ -126,16 +126,28 @@ def claim_statement(
 
 #: A holder known to be alive when its lease expired lost the run because its
 #: keeper could not renew in time (a starved host, its own step transaction
-#: holding the row past the lease): that takeover is not the run's failure. It
-#: is known alive if it is the reaper itself (the second parameter), or if it
-#: beat after the lease had expired. A process that died or froze cannot beat
-#: after its last renewal plus a lease, and a keeper that gives a run up at its
-#: action's timeout disowns it first (``disown``): those takeovers count, so a
-#: run that kills, freezes or hangs every worker still exhausts its retries.
+#: holding the row past the lease). It is known alive if it is the reaper itself
+#: (the first parameter), or if it beat after the lease had expired: a process
+#: that died or froze cannot beat after its last renewal plus a lease, and its
+#: takeovers always count.
 HOLDER_WAS_ALIVE = """(k.claimed_by <> '' AND (k.claimed_by = %s OR EXISTS (
     SELECT 1 FROM k2b_worker w
      WHERE w.worker_id = k.claimed_by
        AND w.state = 'alive' AND w.heartbeat_at > k.lease_expires_at)))"""
+
+LIVE_LOSS = "lease lost by a live worker (not counted as a failure) at step "
+LIVE_LOSS_AGAIN = "lease lost by a live worker again, no step done since (counted) at step "
+
+#: The first live loss at a step is free; another at the same step, with no step
+#: done since, counts. So a run whose action hangs past its timeout in a live
+#: worker every time, or whose lease is too short for its host, still exhausts its
+#: retries (one attempt later than a crash loop) instead of passing from worker to
+#: worker for ever.
+_FREE = (
+    f"({HOLDER_WAS_ALIVE} AND k.error_message NOT IN ("
+    f"'{LIVE_LOSS}' || COALESCE(k.current_step::text, '-'),"
+    f" '{LIVE_LOSS_AGAIN}' || COALESCE(k.current_step::text, '-')))"
+)
 
 _REAP_SQL = (
     "WITH"
@@ -143,27 +155,33 @@ _REAP_SQL = (
     + """,
 expired AS MATERIALIZED (
     SELECT k.id, """
+    + _FREE
+    + " AS free, "
     + HOLDER_WAS_ALIVE
     + """ AS alive
       FROM k2b_run k
      WHERE k.status = 'running' AND k.lease_expires_at < k2b_now()
+       AND NOT (k.claimed_by = %s AND k.id = ANY(%s::uuid[]))
      LIMIT 500 FOR UPDATE OF k SKIP LOCKED)
 UPDATE k2b_run r
    SET status = 'queued',
-       consecutive_failures = r.consecutive_failures + CASE WHEN e.alive THEN 0 ELSE 1 END,
-       run_after = k2b_now() + CASE WHEN e.alive THEN 0 ELSE
+       consecutive_failures = r.consecutive_failures + CASE WHEN e.free THEN 0 ELSE 1 END,
+       run_after = k2b_now() + CASE WHEN e.free THEN 0 ELSE
                        LEAST(%s * power(2, LEAST(r.consecutive_failures, 30)), %s) END
                            * interval '1 millisecond',
        lease_expires_at = NULL,
        claimed_by = '',
-       error_message = CASE WHEN e.alive
-           THEN 'lease lost by a live worker (not counted as a failure) at step '
+       error_message = CASE WHEN e.free THEN '"""
+    + LIVE_LOSS
+    + """' WHEN e.alive THEN '"""
+    + LIVE_LOSS_AGAIN
+    + """'
            ELSE 'lease expired (worker crashed, froze or timed out) at step ' END
            || COALESCE(r.current_step::text, '-'),
        updated_at = k2b_now()
   FROM expired e
  WHERE r.id = e.id
-RETURNING e.alive
+RETURNING e.free
 """
 )
 
@@ -176,14 +194,16 @@ UPDATE k2b_run
 """
 
 
-def reap_expired(using: str, worker_id: str = "") -> int:
+def reap_expired(using: str, worker_id: str = "", executing: Sequence[Any] = ()) -> int:
     """Re-queue runs whose lease expired: a crash counts as a consecutive failure.
 
-    A takeover from a holder that was still alive (``HOLDER_WAS_ALIVE``; the
-    reaping worker's own ``worker_id`` is alive) does not: on a starved host a
-    live worker's keeper may renew late, and counting that against the run
-    failed orders that had no fault of their own (#38). Either way the run is
-    taken over at once, and the old holder is fenced.
+    ``executing``: runs this worker (``worker_id``) executes, in time: their keeper
+    is late, and renews them at its next tick; they are not taken from ourselves.
+    A takeover from a holder that was still alive (``HOLDER_WAS_ALIVE``) is not
+    counted, once per step (``_FREE``): on a starved host a live worker's keeper
+    may renew late, and counting that against the run failed orders that had no
+    fault of their own (#38). Either way the run is taken over at once, and the
+    old holder is fenced.
 
     In the same statement, free the slots of ended runs whose worker died
     inside ``run()`` (``flow.SWEEP_CTE``).
@@ -193,7 +213,15 @@ def reap_expired(using: str, worker_id: str = "") -> int:
     """
     with connections[using].cursor() as cursor:
         cursor.execute(
-            _REAP_SQL, [worker_id, store.retry_backoff_ms(), store.retry_backoff_max_ms()]
+            _REAP_SQL,
+            [
+                worker_id,
+                worker_id,
+                worker_id,
+                list(executing),
+                store.retry_backoff_ms(),
+                store.retry_backoff_max_ms(),
+            ],
         )
         alive = [row[0] for row in cursor.fetchall()]
     reaped = len(alive)
@@ -279,35 +307,6 @@ def renew_leases(conn: Any, held: dict[Any, int], lease: int) -> tuple[set, dict
         ).fetchall():
             states[run_id] = (status, generation)
     return renewed, states
-
-
-_DISOWN_SQL = """
-UPDATE k2b_run r
-   SET claimed_by = ''
-  FROM (SELECT k.id FROM k2b_run k
-          JOIN unnest(%s::uuid[], %s::bigint[]) AS a(id, gen)
-            ON k.id = a.id AND k.status = 'running' AND k.generation = a.gen
-           FOR NO KEY UPDATE OF k SKIP LOCKED) s
- WHERE r.id = s.id
-RETURNING r.id
-"""
-
-
-def disown(conn: Any, held: dict[Any, int]) -> set[Any]:
-    """Give up the runs in ``held`` (run id -> generation) whose action outlived its timeout.
-
-    The keeper stops renewing them, and their leases expire while this process
-    still beats: without a holder's name the reaper counts that takeover as a
-    failure (``HOLDER_WAS_ALIVE``), so an action that hangs every time exhausts
-    the run's retries instead of looping. Rows locked by our own step
-    transaction are skipped, and tried again at the next tick. Generation and
-    status are untouched: the fence is the same. Returns the ids disowned.
-    """
-    if not held:
-        return set()
-    ids = list(held)
-    rows = conn.execute(_DISOWN_SQL, [ids, [held[i] for i in ids]]).fetchall()
-    return {row[0] for row in rows}
 
 
 def release(using: str, run_id: uuid.UUID, generation: int) -> bool:

@@ -26,7 +26,7 @@ from typing import Any
 
 from .. import counters, store
 from . import clock, db, flow, weather
-from .claim import disown, renew_leases
+from .claim import renew_leases
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +43,6 @@ class _Held:
     action_started: float | None = None
     #: An EXTERNAL (or stronger) ``run()`` is in flight: its effect may land at any moment.
     external: bool = False
-    #: Past the action's timeout, the run's ``claimed_by`` was cleared (``claim.disown``).
-    disowned: bool = False
 
 
 @dataclass
@@ -89,6 +87,18 @@ class LeaseKeeper:
                 self._runs[run_id].action_deadline = None
                 self._runs[run_id].action_started = None
                 self._runs[run_id].external = False
+
+    def in_time(self) -> list[Any]:
+        """Runs this process executes whose action, if one is running, is within its
+        timeout: the reaper of this process leaves them to this keeper, however late
+        it renews them (``claim.reap_expired``)."""
+        now = clock.monotonic()
+        with self._lock:
+            return [
+                run_id
+                for run_id, held in self._runs.items()
+                if held.action_deadline is None or now <= held.action_deadline
+            ]
 
     def external_in_flight(self) -> set[Any]:
         """Runs whose external ``run()`` has been called and has not returned."""
@@ -227,20 +237,14 @@ class LeaseKeeper:
             return
         conn = self._connection()
         lease = store.lease_ms()
-        overdue = {
-            run_id: held
-            for run_id, held in runs.items()
-            if held.action_deadline is not None and now > held.action_deadline
-        }
         if runs and renew:
-            # Past the action's timeout: stop renewing, let the lease expire, and
-            # say so in the row first, so that the takeover counts as a failure.
-            for held in overdue.values():
-                held.event.set()
-            pending = {r: held.generation for r, held in overdue.items() if not held.disowned}
-            for run_id in disown(conn, pending):
-                overdue[run_id].disowned = True
-            keep = {r: held.generation for r, held in runs.items() if r not in overdue}
+            keep = {}
+            for run_id, held in runs.items():
+                if held.action_deadline is not None and now > held.action_deadline:
+                    # Past the action's timeout: stop renewing, let the lease expire.
+                    held.event.set()
+                    continue
+                keep[run_id] = held.generation
             _, states = renew_leases(conn, keep, lease)
             self._mark(runs, states)
             # Ended under us (a cancel, a timeout) while the action is inside run():

@@ -588,7 +588,7 @@ class Worker:
             return 0
         self._last_housekeeping = now
         with transaction.atomic(using=self.using):
-            reaped = claim.reap_expired(self.using, self.worker_id)
+            reaped = claim.reap_expired(self.using, self.worker_id, self.keeper.in_time())
             promoted = claim.promote_due_waits(self.using)
             ai.reap_expired(self.using)
             waits.purge_stale_rendezvous(self.using)

@@ -106,3 +106,36 @@ def test_a_reaper_counts_no_failure_for_its_own_run_and_one_for_a_dead_workers()
     assert mine.error_message.startswith("lease lost by a live worker"), mine.error_message
     assert (theirs.status, theirs.consecutive_failures) == ("queued", 1)
     assert theirs.error_message.startswith("lease expired"), theirs.error_message
+
+
+def _expire(*run_ids: object) -> None:
+    db.execute(
+        "default",
+        "UPDATE k2b_run SET lease_expires_at = k2b_now() - interval '1 second' WHERE id = ANY(%s)",
+        [list(run_ids)],
+    )
+
+
+def test_a_reaper_leaves_the_runs_it_executes_in_time_to_its_keeper():
+    start_workflow_run("test.pure", {"a": 1, "b": 1})
+    run_id, generation = _claim("reaper")
+    _expire(run_id)
+    assert claim.reap_expired("default", "reaper", [run_id]) == 0
+    held = WorkflowRun.objects.get(pk=run_id)
+    assert (held.status, held.generation, held.claimed_by) == ("running", generation, "reaper")
+    # Another worker takes it over as ever: the fence does not depend on who reaps.
+    assert claim.reap_expired("default", "other") == 1
+    assert WorkflowRun.objects.get(pk=run_id).status == "queued"
+
+
+def test_a_second_live_loss_at_the_same_step_counts_so_a_too_short_lease_still_exhausts():
+    start_workflow_run("test.pure", {"a": 1, "b": 1})
+    losses = []
+    for _ in range(3):
+        db.execute("default", "UPDATE k2b_run SET run_after = k2b_now() - interval '1 second'")
+        run_id, _ = _claim("reaper")
+        _expire(run_id)
+        assert claim.reap_expired("default", "reaper") == 1
+        run = WorkflowRun.objects.get(pk=run_id)
+        losses.append((run.consecutive_failures, run.error_message.split(" (")[0][:40]))
+    assert [failures for failures, _ in losses] == [0, 1, 2], losses

@@ -3,9 +3,11 @@
 A lease that expires under a worker that still beats was lost by a live
 process whose keeper renewed too late (a starved host; a row its renewal had
 to skip): the run is taken over and fenced as always, but the takeover is not
-one of its consecutive failures. A worker that dies, freezes, or gives a run
-up at its action's timeout cannot prove that, and its takeover counts: a run
-that kills or hangs every worker that claims it still exhausts its retries.
+one of its consecutive failures, once per step. A worker's own reaper leaves
+the runs it executes in time to its keeper. A worker that dies or freezes
+cannot prove it is alive, and its takeover counts; a live loss repeated at the
+same step counts: a run that kills or hangs every worker that claims it still
+exhausts its retries.
 """
 
 from __future__ import annotations
@@ -95,6 +97,23 @@ def test_a_live_worker_whose_keeper_renewed_too_late_loses_the_run_without_a_fai
     assert "generation 1 no longer holds the lease" in worker.output()
 
 
+def test_a_worker_whose_keeper_cannot_keep_up_still_finishes_its_runs(start_worker, wait):
+    """A lease shorter than the keeper's tick (0.25 s): every lease expires under a live
+    worker, as under a keeper starved for longer than a lease. Its own reaper took
+    its runs from it and counted each time, and every run ended
+    WORKFLOW_RETRY_EXHAUSTED (16 of 16 in a trial); now it leaves them to it."""
+    starved = {**SETTINGS, "RUN_LEASE_MS": 150, "RUN_MAX_CONSECUTIVE_FAILURES": 5}
+    runs = [start_workflow_run("kernel.slow", {"seconds": 1}) for _ in range(4)]
+    worker = start_worker("--concurrency", "4", env={"K2B_TEST_SETTINGS": json.dumps(starved)})
+    wait(
+        lambda: all(fresh(run).status in SETTLED for run in runs),
+        timeout=TIMEOUT,
+        message=lambda: f"the runs to settle:\n{worker.report()}",
+    )
+    assert {fresh(run).status for run in runs} == {"succeeded"}, [describe(r) for r in runs]
+    assert len(calls("kernel.slow")) == len(runs)
+
+
 def test_a_run_that_kills_every_worker_that_claims_it_still_exhausts_its_retries(
     start_worker, wait
 ):
@@ -125,7 +144,8 @@ def test_a_run_that_kills_every_worker_that_claims_it_still_exhausts_its_retries
 def test_an_action_that_overruns_its_timeout_every_time_still_exhausts_its_retries(
     start_worker, wait
 ):
-    """The worker stays alive and beating throughout; its keeper gives each attempt up."""
+    """The worker stays alive and beating throughout: the first takeover at the step is
+    taken for a late keeper and not counted, every later one with no step done since is."""
     run = start_workflow_run("kernel.overrun", {"seconds": 4})
     worker = start_worker("--concurrency", "4", env=env())
     wait(
@@ -135,5 +155,5 @@ def test_an_action_that_overruns_its_timeout_every_time_still_exhausts_its_retri
     )
     state = describe(run)
     assert (state["status"], state["code"]) == ("failed", WORKFLOW_RETRY_EXHAUSTED), state
-    assert calls("kernel.overrun") == [(g, worker.pid) for g in range(1, MAX_FAILURES + 1)]
+    assert calls("kernel.overrun") == [(g, worker.pid) for g in range(1, MAX_FAILURES + 2)]
     assert worker.proc.poll() is None, worker.report()
