@@ -223,13 +223,13 @@ def reap_expired(using: str, worker_id: str = "", executing: Sequence[Any] = ())
                 store.retry_backoff_max_ms(),
             ],
         )
-        alive = [row[0] for row in cursor.fetchall()]
-    reaped = len(alive)
-    if any(alive):
+        free = [row[0] for row in cursor.fetchall()]
+    reaped = len(free)
+    if any(free):
         logger.warning(
             "re-queued %d run(s) whose live worker renewed its lease too late;"
             " not counted as failures",
-            sum(alive),
+            sum(free),
         )
     # Counted before the caller's commit: a rolled-back reap is re-counted by the next one.
     counters.count_lease_takeovers(reaped)
