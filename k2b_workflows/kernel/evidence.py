@@ -37,11 +37,12 @@ from typing import Any, TypeVar
 from django.db import connections, models, transaction
 
 from ..models import JournalEntry, LedgerEntry, WorkflowRun
-from . import clock, db
+from . import clock, db, instances
 from .db import lease_lost
 from .hashing import (  # noqa: F401  (hash_value and friends are the chains' API too)
     canonical,
     hash_optional,
+    hash_text,
     hash_value,
     hmac_hex,
     redacted_summary,
@@ -558,9 +559,12 @@ class WrittenChains:
         ]
 
 
-def _writers(versions: list[str]) -> list[str]:
-    """The transactions that wrote the entries of ``versions`` (``"id:xmin"``), each once."""
-    return list(dict.fromkeys(v[v.index(":") + 1 :] for v in versions))
+def _writers(versions: list[str]) -> str | None:
+    """The transactions that wrote the entries of ``versions`` (``"id:xmin"``), each once,
+    as an array's text (a list would cost psycopg a dump of each element); None: none."""
+    if not versions:
+        return None
+    return "{" + ",".join(dict.fromkeys(v[v.index(":") + 1 :] for v in versions)) + "}"
 
 
 def current_anchor(
@@ -582,7 +586,7 @@ def _ledger_entry(
 ) -> tuple[LedgerEntry, list[Any]]:
     """A new ledger entry chained after ``head``, and the parameters of its append
     (the fence's excepted): the anchor, the checks of ``head``, the values."""
-    entry = LedgerEntry(**{"created_at": clock.now(), **fields})
+    entry = instances.fresh(LedgerEntry, {"created_at": clock.now(), **fields})
     key_id, key = signing_key()
     entry.key_id = key_id
     entry.prev_hash = head.head or GENESIS
