@@ -184,6 +184,11 @@ class WorkflowRun(models.Model):
     #: with every entry: a deleted tail no longer matches (``kernel/evidence.py``).
     journal_anchor = models.CharField(max_length=100, blank=True, default="", editable=False)
     ledger_anchor = models.CharField(max_length=100, blank=True, default="", editable=False)
+    #: How many entries the journal holds, set by the statement that appends them (and
+    #: seals ``journal_anchor``): an append matches only the length it chains onto, so
+    #: a stale or repeated one inserts nothing, without counting the journal's rows.
+    #: Not evidence (the anchor is): a guard of the writers' order.
+    journal_length = models.IntegerField(default=0, db_default=0, editable=False)
     #: Keyed seals over the row's own fields (``kernel/seals.py``): what the run was
     #: started with, and how it ended (status, output, error code, generation).
     start_seal = models.CharField(max_length=100, blank=True, default="", editable=False)

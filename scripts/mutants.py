@@ -149,6 +149,55 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "append-journal-length",
+        "k2b_workflows/kernel/evidence.py",
+        '_JOURNAL_LENGTH_CHECK = "journal_length = %s"',
+        '_JOURNAL_LENGTH_CHECK = "%s::int IS NOT NULL"',
+        (
+            "tests/hot_path/test_journal_write.py::"
+            "test_the_one_statement_journal_write_refuses_an_entry_that_is_not_the_next",
+            "tests/kernel/test_evidence.py::"
+            "test_a_journal_append_whose_step_is_not_the_next_seals_over_the_real_count",
+        ),
+    ),
+    Mutant(
+        "end-journal-length",
+        "k2b_workflows/kernel/evidence.py",
+        "       AND journal_length = %s{verified}",
+        "       AND %s::int IS NOT NULL{verified}",
+        (
+            "tests/hot_path/test_journal_write.py::"
+            "test_the_one_statement_journal_write_refuses_an_entry_that_is_not_the_next",
+        ),
+    ),
+    Mutant(
+        "end-as-written-row-versions",
+        "k2b_workflows/kernel/evidence.py",
+        "bool_and(j.xmin = ANY(%s::xid[]))",
+        "bool_and(%s::xid[] IS NOT NULL)",
+        (
+            "tests/kernel/test_run_ending.py::"
+            "test_the_end_as_read_finds_a_tampered_entry_and_hands_the_run_over",
+        ),
+        also=(("bool_and(l.xmin = ANY(%s::xid[]))", "bool_and(%s::xid[] IS NOT NULL)"),),
+    ),
+    Mutant(
+        "end-as-written-count",
+        "k2b_workflows/kernel/evidence.py",
+        "(SELECT count(*) = %s AND bool_and(j.xmin",
+        "(SELECT %s::int IS NOT NULL AND bool_and(j.xmin",
+        (
+            "tests/kernel/test_run_ending.py::"
+            "test_the_end_as_written_refuses_a_journal_missing_an_entry_it_wrote",
+        ),
+        also=(
+            (
+                "(SELECT count(*) = %s AND bool_and(l.xmin",
+                "(SELECT %s::int IS NOT NULL AND bool_and(l.xmin",
+            ),
+        ),
+    ),
+    Mutant(
         "lease-renew-generation",
         "k2b_workflows/kernel/claim.py",
         "ON k.id = a.id AND k.generation = a.gen AND k.status = 'running'",

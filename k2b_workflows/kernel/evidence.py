@@ -37,11 +37,12 @@ from typing import Any, TypeVar
 from django.db import connections, models, transaction
 
 from ..models import JournalEntry, LedgerEntry, WorkflowRun
-from . import clock, db
+from . import clock, db, instances
 from .db import lease_lost
 from .hashing import (  # noqa: F401  (hash_value and friends are the chains' API too)
     canonical,
     hash_optional,
+    hash_text,
     hash_value,
     hmac_hex,
     redacted_summary,
@@ -124,11 +125,17 @@ def initial_anchors(run_id: uuid.UUID) -> dict[str, str]:
 
 def _seal(using: str, run_id: uuid.UUID, chain: str, count: int, head: str) -> None:
     key_id, key = signing_key()
+    sealed = anchor(run_id, chain, count, head, key_id, key)
     with connections[using].cursor() as cursor:
-        cursor.execute(
-            f"UPDATE k2b_run SET {chain}_anchor = %s WHERE id = %s",
-            [anchor(run_id, chain, count, head, key_id, key), run_id],
-        )
+        if chain == "journal":  # the run row keeps the journal's length with its anchor
+            cursor.execute(
+                "UPDATE k2b_run SET journal_anchor = %s, journal_length = %s WHERE id = %s",
+                [sealed, count, run_id],
+            )
+        else:
+            cursor.execute(
+                f"UPDATE k2b_run SET {chain}_anchor = %s WHERE id = %s", [sealed, run_id]
+            )
 
 
 _JOURNAL_COLUMNS = """run_id, seq, action_name, effect, state, output, summary, error_code,
@@ -227,9 +234,9 @@ def append_journal(entry: JournalEntry, prev_hash: str, using: str) -> JournalEn
     Caller holds the run row lock, so no other entry of this run commits meanwhile.
     Steps are journaled in order, so the journal holds ``seq`` entries before this
     one and the anchor is sealed over ``seq + 1``: seal and insert are one statement
-    that matches only if that count is right (the count subquery does not see the
-    statement's own insert). Otherwise (never, unless the journal has a gap) the
-    count is read and the entry written in three statements, as before.
+    that matches only if the run row's ``journal_length`` is ``seq`` (and sets it to
+    ``seq + 1``). Otherwise (never, unless the journal has a gap) the entries are
+    counted and the entry written in three statements, as before.
     """
     with db.statement_cursor(using) as cursor:
         cursor.execute(*journal_statement(entry, prev_hash, strict=False))
@@ -257,9 +264,10 @@ def append_journal_fenced(
     generation (re-checked on the newest row version if a takeover committed
     meanwhile), and the INSERT reads its row from that UPDATE: a fenced-out
     worker inserts nothing. The anchor is sealed over ``seq + 1`` entries, and
-    the UPDATE matches only if the journal holds exactly ``seq`` entries before
-    this one. In autocommit this is one round trip and one commit, where fence +
-    count + insert + seal in a transaction are six.
+    the UPDATE matches only if the run row's ``journal_length`` is ``seq`` (a
+    stale or repeated append inserts nothing), and sets it to ``seq + 1``. In
+    autocommit this is one round trip and one commit, where fence + count +
+    insert + seal in a transaction are six.
 
     The lease is extended by ``lease_ms``. Raises ``LeaseLost`` or ``RunCanceled``
     when the run is no longer ours. (A run's last step, journaled with its end,
@@ -300,8 +308,8 @@ def fenced_journal_statement(
         return journal_statement(entries, prev_hash, fence, strict=strict)
     key_id, key = _chain_journals(entries, prev_hash)
     sealed = anchor(last.run_id, "journal", last.seq + 1, last.entry_hash, key_id, key)
-    params = [run_output, end_seal, last.seq, sealed, last.run_id, last.generation]
-    params += [last.run_id, first.seq]
+    params = [run_output, end_seal, last.seq, sealed, last.seq + 1, last.run_id]
+    params += [last.generation, first.seq]
     if as_written is not None:
         params += as_written.params()
     sql = _finish_sql(strict=strict, as_written=as_written is not None, rows=len(entries))
@@ -323,7 +331,7 @@ def journal_statement(
     key_id, key = _chain_journals(entries, prev_hash)
     sealed = anchor(last.run_id, "journal", last.seq + 1, last.entry_hash, key_id, key)
     fence_set, fence_where = _fenced(fence)
-    params = [sealed, *fence_set, last.run_id, *fence_where, last.run_id, first.seq]
+    params = [sealed, last.seq + 1, *fence_set, last.run_id, *fence_where, first.seq]
     sql = _append_sql("journal", strict=strict, fenced=fence is not None, rows=len(entries))
     return sql, [*params, *(v for e in entries for v in _journal_values(e))]
 
@@ -365,11 +373,15 @@ def _ledger_fields() -> tuple[list[Any], str, str]:
 _LEDGER_HEAD_CHECK = """(SELECT count(*) FROM k2b_ledger WHERE run_id = %s) = %s
        AND (SELECT entry_hash FROM k2b_ledger WHERE run_id = %s ORDER BY id DESC LIMIT 1)
            IS NOT DISTINCT FROM %s"""
-_JOURNAL_COUNT_CHECK = "(SELECT count(*) FROM k2b_journal WHERE run_id = %s) = %s"
+#: The journal's length as the run row keeps it (``WorkflowRun.journal_length``), set by
+#: the same statement (``_JOURNAL_LENGTH_SET``): read on the row the UPDATE locks, so a
+#: takeover's append committed meanwhile is seen, where a count would not see it.
+_JOURNAL_LENGTH_CHECK = "journal_length = %s"
+_JOURNAL_LENGTH_SET = ", journal_length = %s"
 
 _APPEND_SQL = """
 WITH sealed AS (
-    UPDATE k2b_run SET {chain}_anchor = %s{fence_set}
+    UPDATE k2b_run SET {chain}_anchor = %s{length_set}{fence_set}
      WHERE id = %s{fence_where}
        AND {check}
     RETURNING id){insert}
@@ -417,24 +429,28 @@ WITH sealed AS (
        SET status = 'succeeded', output = %s::jsonb, end_seal = %s, error_code = '',
            error_message = '', finished_at = k2b_now(), lease_expires_at = NULL,
            current_step = %s, consecutive_failures = 0, journal_anchor = %s,
-           updated_at = k2b_now()
+           journal_length = %s, updated_at = k2b_now()
      WHERE id = %s AND generation = %s AND status = 'running'
-       AND (SELECT count(*) FROM k2b_journal WHERE run_id = %s) = %s{verified}
+       AND journal_length = %s{verified}
     RETURNING id){insert}
 """
 
-#: A run's chains as its execution wrote them: the run row's two anchors, and each
-#: entry's id and row version (``xmin``) in chain order. PostgreSQL gives every new
-#: row version the id of the transaction that wrote it, so an entry edited, deleted
-#: and re-inserted, or added since, shows here as another list: equal lists are the
-#: entries this execution verified or hashed itself, stored as they were written.
-#: Parameters: ``WrittenChains.params()``.
+#: A run's chains as its execution wrote them: the run row's two anchors, and of each
+#: chain its number of entries and the transactions that wrote them (each row's
+#: ``xmin``). PostgreSQL gives every new row version the id of the transaction that
+#: wrote it, and no other transaction can write one with that id: an entry edited,
+#: or deleted and re-inserted, or added since, carries an id this execution never
+#: saw (its claim's read, its own appends), and an entry deleted changes the count.
+#: Equal, the stored entries are the ones this execution verified or hashed itself,
+#: as they were written; this costs a test of each row's ``xmin`` against a short
+#: list, where a list of every entry's ``id:xmin`` built, sorted and compared as text
+#: cost a string per row on both sides. Parameters: ``WrittenChains.params()``.
 AS_WRITTEN_CHECK = """
        AND journal_anchor = %s AND ledger_anchor = %s
-       AND (SELECT string_agg(j.id || ':' || j.xmin, ',' ORDER BY j.seq)
-              FROM k2b_journal j WHERE j.run_id = %s) IS NOT DISTINCT FROM %s
-       AND (SELECT string_agg(l.id || ':' || l.xmin, ',' ORDER BY l.id)
-              FROM k2b_ledger l WHERE l.run_id = %s) IS NOT DISTINCT FROM %s"""
+       AND (SELECT count(*) = %s AND bool_and(j.xmin = ANY(%s::xid[])) IS NOT FALSE
+              FROM k2b_journal j WHERE j.run_id = %s)
+       AND (SELECT count(*) = %s AND bool_and(l.xmin = ANY(%s::xid[])) IS NOT FALSE
+              FROM k2b_ledger l WHERE l.run_id = %s)"""
 
 
 @functools.cache
@@ -451,13 +467,16 @@ def _finish_sql(*, strict: bool = False, as_written: bool = False, rows: int = 1
 def _append_sql(chain: str, *, strict: bool = False, fenced: bool = False, rows: int = 1) -> str:
     """The one-statement append to ``chain`` ("journal" or "ledger") that seals its anchor;
     ``rows`` journal entries at once (their count is checked before the first)."""
+    length_set = ""
     if chain == "journal":
-        check, columns, values = _JOURNAL_COUNT_CHECK, _JOURNAL_COLUMNS, _JOURNAL_VALUES
+        check, columns, values = _JOURNAL_LENGTH_CHECK, _JOURNAL_COLUMNS, _JOURNAL_VALUES
+        length_set = _JOURNAL_LENGTH_SET
     else:
         check = _LEDGER_HEAD_CHECK
         _, columns, values = _ledger_fields()
     return _APPEND_SQL.format(
         chain=chain,
+        length_set=length_set,
         fence_set=_FENCE_SET if fenced else "",
         fence_where=_FENCE_WHERE if fenced else "",
         check=check,
@@ -531,11 +550,21 @@ class WrittenChains:
         return [
             self.journal_anchor,
             self.ledger_anchor,
+            len(self.journal_versions),
+            _writers(self.journal_versions),
             self.run_id,
-            ",".join(self.journal_versions) or None,
+            len(self.ledger_versions),
+            _writers(self.ledger_versions),
             self.run_id,
-            ",".join(self.ledger_versions) or None,
         ]
+
+
+def _writers(versions: list[str]) -> str | None:
+    """The transactions that wrote the entries of ``versions`` (``"id:xmin"``), each once,
+    as an array's text (a list would cost psycopg a dump of each element); None: none."""
+    if not versions:
+        return None
+    return "{" + ",".join(dict.fromkeys(v[v.index(":") + 1 :] for v in versions)) + "}"
 
 
 def current_anchor(
@@ -557,7 +586,7 @@ def _ledger_entry(
 ) -> tuple[LedgerEntry, list[Any]]:
     """A new ledger entry chained after ``head``, and the parameters of its append
     (the fence's excepted): the anchor, the checks of ``head``, the values."""
-    entry = LedgerEntry(**{"created_at": clock.now(), **fields})
+    entry = instances.fresh(LedgerEntry, {"created_at": clock.now(), **fields})
     key_id, key = signing_key()
     entry.key_id = key_id
     entry.prev_hash = head.head or GENESIS

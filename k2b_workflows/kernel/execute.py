@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import logging
 import threading
 import uuid
@@ -289,10 +290,13 @@ class Execution:
         name = action.action_name()
         try:
             # Step inputs are hashed, never stored: NUL and size are no concern here.
-            input = to_json_value(input, f"input of step {seq} ({name})", stored=False)
+            text = validation.json_text(input, f"input of step {seq} ({name})", stored=False)
         except InvalidInput as exc:
             self.ending.fail(store.INVALID_STEP_INPUT, str(exc))
-        input_hash = evidence.hash_value(input)
+        # The value as JSON gives it back, and its hash, from one canonical text: the
+        # text of that value is this text (``evidence.hash_value`` would make it again).
+        input = json.loads(text)
+        input_hash = evidence.hash_text(text)
         entry = self.journal.get(seq)
         if entry is not None:
             return self._replay(entry, name, input, input_hash)

@@ -55,6 +55,11 @@ def hash_value(value: Any) -> str:
     return hmac_hex(signing_key()[1], canonical_json(value))
 
 
+def hash_text(text: str) -> str:
+    """``hash_value`` of the value whose canonical text is ``text``."""
+    return hmac_hex(signing_key()[1], text)
+
+
 def hash_optional(value: str | None) -> str:
     return hmac_hex(signing_key()[1], value) if value else ""
 

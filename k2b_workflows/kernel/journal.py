@@ -25,7 +25,7 @@ from .. import redaction, store
 from ..actions import Action, Effect, Succeeded
 from ..exceptions import LeaseLost, RunCanceled, StepFailed
 from ..models import JournalEntry, LedgerEntry, WorkflowRun
-from . import budgets, clock, db, events, evidence
+from . import budgets, clock, db, events, evidence, instances
 
 if TYPE_CHECKING:
     from ..retries import Retry
@@ -217,20 +217,23 @@ class RunJournal:
         message: str = "",
     ) -> JournalEntry:
         """An entry for ``step``, not written yet."""
-        return JournalEntry(
-            run_id=self.run_id,
-            seq=step.seq,
-            action_name=step.name,
-            effect=step.action.effect.value,
-            state=state,
-            output=result.output if result else None,
-            summary=(result.summary or "") if result else "",
-            error_code=code,
-            error_message=redaction.scrub_error(message) if message else "",
-            input_hash=step.input_hash,
-            generation=self.generation,
-            started_at=step.started,
-            created_at=clock.now(),
+        return instances.fresh(
+            JournalEntry,
+            {
+                "run_id": self.run_id,
+                "seq": step.seq,
+                "action_name": step.name,
+                "effect": step.action.effect.value,
+                "state": state,
+                "output": result.output if result else None,
+                "summary": (result.summary or "") if result else "",
+                "error_code": code,
+                "error_message": redaction.scrub_error(message) if message else "",
+                "input_hash": step.input_hash,
+                "generation": self.generation,
+                "started_at": step.started,
+                "created_at": clock.now(),
+            },
         )
 
     def journaled(self, entry: JournalEntry) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 from django.db.models import JSONField
 
 from ..models import JournalEntry, LedgerEntry, WorkflowRun
-from . import db, evidence
+from . import db, evidence, instances
 
 
 @dataclass
@@ -80,16 +80,25 @@ def preload_sql(*, single: bool = False) -> str:
     )
 
 
+@functools.cache
+def _run_columns() -> tuple[list[str], list[int]]:
+    """The run row's attnames in ``preload_sql``'s order, and which of them hold JSON."""
+    fields = WorkflowRun._meta.concrete_fields
+    return [f.attname for f in fields], [
+        i for i, f in enumerate(fields) if isinstance(f, JSONField)
+    ]
+
+
 def preloaded(using: str, rows: list[tuple]) -> dict[uuid.UUID, Preloaded]:
     """Runs, journals and ledgers from the rows of ``preload_sql``."""
-    run_fields = WorkflowRun._meta.concrete_fields
+    attnames, json_columns = _run_columns()
+    width = len(attnames)
     loaded: dict[uuid.UUID, Preloaded] = {}
     for row in rows:
-        values = [
-            db.from_json(v) if isinstance(f, JSONField) else v
-            for f, v in zip(run_fields, row, strict=False)
-        ]
-        run = WorkflowRun.from_db(using, [f.attname for f in run_fields], values)
+        values = list(row[:width])
+        for i in json_columns:
+            values[i] = db.from_json(values[i])
+        run = instances.loaded(WorkflowRun, using, attnames, values)
         loaded[run.pk] = _with_entries(using, run, row)
     return loaded
 
@@ -134,14 +143,22 @@ def _with_entries(using: str, run: WorkflowRun, row: tuple) -> Preloaded:
     return Preloaded(run, journal, ledger)
 
 
+@functools.cache
+def _entry_columns(model: Any) -> tuple[list[str], list[tuple[str, Any]]]:
+    """An entry model's attnames, and each field's column with what turns its
+    ``row_to_json`` value into the field's (None: JSON, taken as it is)."""
+    fields = model._meta.concrete_fields
+    return [f.attname for f in fields], [
+        (f.column, None if isinstance(f, JSONField) else f.to_python) for f in fields
+    ]
+
+
 def _from_json_row(model: Any, using: str, data: dict[str, Any]) -> Any:
     """A model instance from ``row_to_json`` output (timestamps and UUIDs arrive as text),
     with its row version (``evidence.row_version``) when the row carried it."""
-    fields = model._meta.concrete_fields
-    values = [
-        data[f.column] if isinstance(f, JSONField) else f.to_python(data[f.column]) for f in fields
-    ]
-    instance = model.from_db(using, [f.attname for f in fields], values)
+    attnames, columns = _entry_columns(model)
+    values = [data[c] if parse is None else parse(data[c]) for c, parse in columns]
+    instance = instances.loaded(model, using, attnames, values)
     if "row_xmin" in data:
         evidence.keep_row_version(instance, data["row_xmin"])
     return instance

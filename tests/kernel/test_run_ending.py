@@ -395,6 +395,24 @@ def _tampered() -> tuple[WorkflowRun, Any]:
     return run, execution
 
 
+def test_the_end_as_written_refuses_a_journal_missing_an_entry_it_wrote():
+    """An entry deleted behind the execution's back (trigger bypassed) leaves the run
+    row's anchor and length as they were and no row version to compare: the count
+    of the entries is what refuses the end; the read then finds the break."""
+    run, execution = _started()
+    _pending_success(execution, 0)
+    execution.journal.flush_pending()
+    _pending_success(execution, 1)
+    with pgtrigger.ignore("k2b_workflows.JournalEntry:journal_append_only"):
+        JournalEntry.objects.filter(run_id=run.pk, seq=0).delete()
+    pending = execution.journal.pending
+    assert execution.ending.end_as_written({"n": 2}, pending) is False
+    assert (fresh(run).status, journal(run)) == ("running", [])
+    with pytest.raises(Suspend):
+        execution.ending.end_as_read({"n": 2}, pending)
+    assert execution.outcome == Outcome.NEEDS_ATTENTION
+
+
 def test_the_end_as_read_finds_a_tampered_entry_and_hands_the_run_over():
     run, execution = _tampered()
     pending = execution.journal.pending
