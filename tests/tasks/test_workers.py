@@ -277,3 +277,18 @@ def test_commits_per_task_after_enqueue(start_worker, task_name, own_commits, bu
     per_task = spent / n
     print(f"{task_name}: {per_task:.2f} commits per task")
     assert per_task <= budget, f"{task_name}: {per_task:.2f} commits per task (budget {budget})"
+
+
+def test_a_task_of_concurrency_one_never_runs_two_calls_at_once(start_worker, wait):
+    """``Concurrency(limit=1)`` on a task: two workers of four threads each, six calls
+    (three enqueued one by one, three by ``enqueue_many``): every call starts after
+    the one before it ended."""
+    from k2b_workflows.tasks import enqueue_many
+
+    results = [t.one_at_a_time.enqueue(n, 0.2) for n in range(3)]
+    results += enqueue_many(t.one_at_a_time, [((n, 0.2), None) for n in range(3, 6)])
+    workers = [start_worker("--concurrency", "4") for _ in range(2)]
+    for result in results:
+        settle(wait, result.id, workers[0], statuses=("succeeded",))
+    phases = [c.payload["phase"] for c in calls("task.one_at_a_time")]
+    assert phases == ["start", "end"] * 6, phases
