@@ -449,9 +449,7 @@ def running_result(
     costs no query.
     """
     rows = sealed_attempts(run.pk, list(attempts_of(run))) if attempt > 1 else []
-    worker_ids = [row.worker_id for row in rows]
-    # Crashed attempts left no row: their worker is unknown, their count is not.
-    worker_ids += [""] * max(0, attempt - 1 - len(worker_ids))
+    worker_ids = attempt_workers(rows, _lost(run), attempt - 1)
     worker_ids.append(run.claimed_by)
     return new_result(
         task,
@@ -463,6 +461,33 @@ def running_result(
         errors=[error_of(row) for row in rows],
         worker_ids=worker_ids,
     )
+
+
+def attempt_workers(rows: list[TaskAttempt], lost: list[str], before: int) -> list[str]:
+    """The worker of each of the ``before`` attempts before the current one, in order.
+
+    A failed attempt left a row naming its worker; a crashed one left its worker
+    in ``lease_lost_by`` (the reap's record). Attempts without either (a crash
+    from before that record existed) are ``""``: their count is known, not their
+    worker.
+    """
+    by_attempt = {row.attempt: row.worker_id for row in rows}
+    crashed = iter(lost)
+    before = max(before, len(rows) + len(lost))
+    ids = [
+        by_attempt.pop(n) if n in by_attempt else next(crashed, "") for n in range(1, before + 1)
+    ]
+    return ids + [by_attempt[n] for n in sorted(by_attempt)]
+
+
+def _lost(run: WorkflowRun) -> list[str]:
+    """The workers whose lease on ``run`` expired while its task ran: attempts of a
+    pure or idempotent task (an external one's crash is not run again: its
+    attempts are its dispatches, whose failures leave rows)."""
+    if EFFECT_OF_WORKFLOW.get(run.workflow_name) == "external":
+        return []
+    lost = run.lease_lost_by
+    return [str(w) for w in lost] if isinstance(lost, list) else []
 
 
 def attempts_of(run: WorkflowRun) -> Any:
@@ -480,7 +505,7 @@ def result_of(task: Any, run: WorkflowRun, rows: list[TaskAttempt], started: Any
     succeeded or while it runs, the attempt that holds it."""
     input = run.input
     rows = sealed_attempts(run.pk, rows)
-    worker_ids = [row.worker_id for row in rows]
+    worker_ids = attempt_workers(rows, _lost(run), 0)
     current = run.status in (RunStatus.RUNNING, RunStatus.SUCCEEDED, RunStatus.NEEDS_ATTENTION)
     if current and run.claimed_by:
         worker_ids.append(run.claimed_by)

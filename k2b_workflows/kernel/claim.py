@@ -131,6 +131,7 @@ UPDATE k2b_run
        run_after = k2b_now() + LEAST(%s * power(2, LEAST(consecutive_failures, 30)), %s)
                            * interval '1 millisecond',
        lease_expires_at = NULL,
+       lease_lost_by = COALESCE(lease_lost_by, '[]'::jsonb) || to_jsonb(claimed_by),
        claimed_by = '',
        error_message = 'lease expired (worker crashed, froze or timed out) at step '
                        || COALESCE(current_step::text, '-'),

@@ -95,12 +95,18 @@ def test_an_idempotent_task_killed_while_running_runs_again_with_the_same_key(st
 
 
 def test_a_pure_task_killed_while_running_runs_again(start_worker, wait):
+    """And ``worker_ids`` names both attempts' workers in order, the killed one first:
+    Django documents it as the workers that ran the task."""
     result = t.pure_crash.enqueue(21, crash="task_pure")
-    killed(start_worker("--concurrency", "1", env={"K2B_TEST_CRASH": "task_pure"}))
+    dying = start_worker("--concurrency", "1", env={"K2B_TEST_CRASH": "task_pure"})
+    killed(dying)
     healthy = start_worker("--concurrency", "1")
     settle(wait, result.id, healthy)
     assert len(calls("task.pure_crash")) == 2
-    assert t.pure_crash.get_result(result.id).return_value == 42
+    done = t.pure_crash.get_result(result.id)
+    assert done.return_value == 42
+    assert [f":{dying.pid}:" in w for w in done.worker_ids] == [True, False], done.worker_ids
+    assert f":{healthy.pid}:" in done.worker_ids[1], done.worker_ids
 
 
 def test_a_task_claimed_but_not_started_by_a_killed_worker_runs_again_without_incident(
