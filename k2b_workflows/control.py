@@ -124,7 +124,7 @@ def start_task_run(name: str, input: Any, *, run_after: Any) -> WorkflowRun:
 
 
 def start_workflow_runs(
-    name: str, inputs: list[Any], *, run_after: Any = None
+    name: str, inputs: list[Any], *, run_after: Any = None, checked: bool = False
 ) -> list[starts.QueuedRun]:
     """Queue one run of workflow ``name`` per input, in one transaction (#37).
 
@@ -133,17 +133,21 @@ def start_workflow_runs(
     per run costs a round trip each. Every input is validated before anything
     is inserted. No idempotency keys or parents: those need
     ``start_workflow_run``. A task's runs take their queue, priority, task path
-    and concurrency from their inputs (``starts.INPUT_COLUMNS``).
+    and concurrency from their inputs (``starts.INPUT_COLUMNS``). ``checked``:
+    the inputs are ``to_json_value``'s results already (the caller validated
+    them), not encoded again.
     """
     validation.text(name, "the workflow name", max_length=200)
     definition = get_workflow(name)
-    checked = []
-    for index, value in enumerate(inputs):
-        if value is None:
-            raise InvalidInput(f"input {index} must not be None (use {{}} for no input)")
-        checked.append(to_json_value(value, f"input {index}"))
+    values = inputs
+    if not checked:
+        values = []
+        for index, value in enumerate(inputs):
+            if value is None:
+                raise InvalidInput(f"input {index} must not be None (use {{}} for no input)")
+            values.append(to_json_value(value, f"input {index}"))
     with db.schema_required():
-        return starts.start_many(store.database(), definition, checked, run_after=run_after)
+        return starts.start_many(store.database(), definition, values, run_after=run_after)
 
 
 def cancel_workflow_run(run_id: uuid.UUID | str, reason: str) -> WorkflowRun:

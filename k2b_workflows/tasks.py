@@ -160,31 +160,11 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
 
     # -- enqueue ---------------------------------------------------------------------
 
-    def run_input(self, task: Any, args: Sequence[Any], kwargs: dict[str, Any] | None) -> Any:
-        """The run's input: the call and the task's declarations, validated, nothing inserted."""
-        path = _path(task)
+    def declared_input(self, task: Any) -> dict[str, Any]:
+        """The part of a run's input that is the task's, the same for all its calls."""
         _check_reachable(task)
-        if not isinstance(args, list | tuple):
-            raise InvalidTaskCall(f"task {path}: args must be a list or tuple, not {args!r:.80}")
-        kwargs = {} if kwargs is None else kwargs
-        if not isinstance(kwargs, dict):
-            raise InvalidTaskCall(f"task {path}: kwargs must be a dict, not {kwargs!r:.80}")
-        try:
-            # One pass for both (enqueue_many makes thousands of these); on a
-            # refusal, one each, so that the error names which of them it is.
-            args, kwargs = to_json_value([list(args), kwargs], f"the call of task {path}")
-        except InvalidInput as both:
-            refused = both
-            try:
-                to_json_value(list(args), f"the arguments of task {path}")
-                to_json_value(kwargs, f"the keyword arguments of task {path}")
-            except InvalidInput as exc:
-                refused = exc
-            raise InvalidTaskCall(str(refused)) from None
         return {
-            "task": path,
-            "args": args,
-            "kwargs": kwargs,
+            "task": _path(task),
             "backend": self.alias,
             "queue": task.queue_name,
             "priority": task.priority,
@@ -192,6 +172,37 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
             "rate_limit": rate_limit_to_json(self.rate_limit_of(task)),
             "concurrency": concurrency_to_json(self.concurrency_of(task)),
         }
+
+    def run_input(
+        self,
+        task: Any,
+        args: Sequence[Any],
+        kwargs: dict[str, Any] | None,
+        declared: dict[str, Any] | None = None,
+    ) -> Any:
+        """The run's input: the call and the task's declarations (``declared_input``),
+        validated and as it will read back, nothing inserted."""
+        declared = self.declared_input(task) if declared is None else declared
+        path = declared["task"]
+        if not isinstance(args, list | tuple):
+            raise InvalidTaskCall(f"task {path}: args must be a list or tuple, not {args!r:.80}")
+        kwargs = {} if kwargs is None else kwargs
+        if not isinstance(kwargs, dict):
+            raise InvalidTaskCall(f"task {path}: kwargs must be a dict, not {kwargs!r:.80}")
+        try:
+            # One pass over the whole input (enqueue_many makes thousands); on a
+            # refusal, the arguments alone, so that the error names which it is.
+            return to_json_value(
+                {**declared, "args": list(args), "kwargs": kwargs}, f"the call of task {path}"
+            )
+        except InvalidInput as whole:
+            refused = whole
+            try:
+                to_json_value(list(args), f"the arguments of task {path}")
+                to_json_value(kwargs, f"the keyword arguments of task {path}")
+            except InvalidInput as exc:
+                refused = exc
+            raise InvalidTaskCall(str(refused)) from None
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
         """Insert the task's run in the caller's transaction (one statement)."""
@@ -274,13 +285,17 @@ def enqueue_many(
     """
     backend = _backend_of(task)
     backend.validate_task(task)
+    declared = backend.declared_input(task)
     inputs = []
     for index, call in enumerate(calls):
         if not isinstance(call, list | tuple) or len(call) != 2:
             raise InvalidTaskCall(f"enqueue_many(): call {index} must be (args, kwargs)")
-        inputs.append(backend.run_input(task, call[0], call[1]))
+        inputs.append(backend.run_input(task, call[0], call[1], declared))
     runs = control.start_workflow_runs(
-        WORKFLOW_NAMES[backend.effect_of(task)], inputs, run_after=_aware(task.run_after)
+        WORKFLOW_NAMES[backend.effect_of(task)],
+        inputs,
+        run_after=_aware(task.run_after),
+        checked=True,
     )
     results = [new_result(task, run, input) for run, input in zip(runs, inputs, strict=True)]
     backend._enqueued(results)

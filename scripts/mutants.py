@@ -120,6 +120,13 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "task-worker-ids-of-crashes",
+        "k2b_workflows/kernel/claim.py",
+        "       lease_lost_by = COALESCE(lease_lost_by, '[]'::jsonb) || to_jsonb(claimed_by),\n",
+        "",
+        ("tests/tasks/test_workers.py::test_a_pure_task_killed_while_running_runs_again",),
+    ),
+    Mutant(
         "wheel-package-data",
         "pyproject.toml",
         'k2b_workflows = ["templates/**", "static/**", "py.typed"]',
