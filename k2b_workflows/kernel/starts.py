@@ -398,9 +398,10 @@ def start_many(
     fields = _copied_fields(WorkflowRun)
     names = [f.attname for f in fields]
     prepared = _prepared(template, fields, connection)
+    other_values = _dumped(_prepared(other, fields, connection), connection)
     differing = {
         name
-        for name, a, b in zip(names, prepared, _prepared(other, fields, connection), strict=True)
+        for name, a, b in zip(names, _dumped(prepared, connection), other_values, strict=True)
         if a != b
     }
     if not differing <= set(PER_RUN_COLUMNS):

@@ -330,6 +330,22 @@ def test_enqueue_many_refuses_to_copy_a_column_new_run_makes_per_run(monkeypatch
     assert WorkflowRun.objects.count() == before
 
 
+def test_enqueue_many_copies_a_json_column_new_run_makes_the_same_for_every_run(monkeypatch):
+    """A JSON column equal in every run (a trace context, a principal) is not mistaken
+    for one that differs per run, and every row carries it, under its seal."""
+    built = starts.new_run
+
+    def with_a_principal(*args, **kwargs):
+        kwargs["principal"] = {"user": 7}
+        return built(*args, **kwargs)
+
+    monkeypatch.setattr(starts, "new_run", with_a_principal)
+    results = enqueue_many(t.add, [((1, 2), None), ((3, 4), None)])
+    rows = WorkflowRun.objects.filter(pk__in=[r.id for r in results])
+    assert [r.principal for r in rows] == [{"user": 7}] * 2
+    assert all(seals.start_problem(r) is None for r in rows)
+
+
 def test_enqueue_many_refuses_rows_sealed_otherwise_than_new_run_seals(monkeypatch):
     monkeypatch.setattr(seals, "start_seal_like", lambda template, run_id, value: "k:forged")
     before = WorkflowRun.objects.count()
