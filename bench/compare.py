@@ -28,13 +28,19 @@ Only public APIs are used:
 
 An engine that cannot be installed or run here gets a row saying why.
 
-``--tasks`` compares the django.tasks path instead (#37): ``--runs`` no-op tasks
-of one task module (``bench/tasks_app``), each enqueued in a transaction of its
-own, on k2b_workflows' backend (pure tasks, one ``runworkflows`` process with
-``--threads`` threads, listening before the clock starts), on django-tasks-db's
-(two ``db_worker --batch`` processes started after the enqueues, as its users
-drain a queue) and as Procrastinate jobs; pgbench with 2 clients beside them,
-and ``enqueue_many`` of ``--many`` calls against as many ``enqueue()`` calls.
+``--tasks`` compares the django.tasks path instead (#37): ``--runs`` (default
+3,000, the size of the issue's measurement) no-op tasks of one task module
+(``bench/tasks_app``), enqueued each in a transaction of its own, then drained
+by the engine's workers started on the full queue: k2b_workflows' backend
+(pure tasks, one ``runworkflows --burst`` process with ``--threads`` threads,
+default 8), django-tasks-db's (two ``db_worker --batch`` processes, as its
+users drain a queue) and Procrastinate jobs (one worker, ``--threads``
+concurrency). Every engine is timed the same way: tasks/s from the first
+task's start to the last task's end as the engine itself records them, so
+neither the enqueues nor a worker's start-up count for anyone; the enqueues
+are reported apart (enqueues/s, commits per enqueue), the drain's wall time
+beside. pgbench with 2 clients runs beside them, and ``enqueue_many`` of
+``--many`` calls against as many ``enqueue()`` calls.
 """
 
 from __future__ import annotations
@@ -229,63 +235,9 @@ def _tasks_django(db: str, kind: str) -> dict[str, str]:
     return {**os.environ, **env}
 
 
-def engine_tasks_k2b(url: str, db: str, runs: int, threads: int) -> dict[str, Any]:
-    env = _tasks_django(db, "k2b")
-    from django.db import connection
-
-    from bench.tasks_app.tasks import noop
-
-    worker = subprocess.Popen(
-        [
-            *(sys.executable, str(ROOT / "manage.py"), "runworkflows"),
-            *("--app", "tasks", "--concurrency", str(threads)),
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    polls = 0
-    try:
-        with connection.cursor() as cursor:
-            deadline = time.monotonic() + 120
-            while True:
-                polls += 1
-                cursor.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                    " AND query LIKE 'LISTEN%%'"
-                )
-                if cursor.fetchone()[0]:
-                    break
-                if time.monotonic() > deadline or worker.poll() is not None:
-                    raise RuntimeError("the worker did not start listening")
-                time.sleep(0.1)
-        connection.close()
-        t0 = time.time()
-        for n in range(runs):
-            noop.enqueue(n)
-        with connection.cursor() as cursor:
-            while True:
-                polls += 1
-                cursor.execute(
-                    "SELECT count(*), EXTRACT(EPOCH FROM max(finished_at)) FROM k2b_run"
-                    " WHERE status = 'succeeded' AND workflow_name = 'k2b.task.pure'"
-                )
-                done, last = cursor.fetchone()
-                if done == runs:
-                    break
-                time.sleep(0.2)
-        connection.close()
-        seconds = float(last) - t0 if runs else 0.0
-    finally:
-        worker.terminate()
-        worker.wait(timeout=60)
-    return {"seconds": seconds, "own": polls}
-
-
-def engine_tasks_db(url: str, db: str, runs: int, threads: int) -> dict[str, Any]:
-    """django-tasks-db: the enqueues, then two ``db_worker --batch`` processes drain them."""
-    env = _tasks_django(db, "db")
+def _enqueue_noops(runs: int) -> dict[str, Any]:
+    """``runs`` calls of ``noop.enqueue()``, each in a transaction of its own, on the
+    backend of this process's ``TASKS``; nothing runs them yet."""
     from django.db import connection
 
     from bench.tasks_app.tasks import noop
@@ -293,7 +245,68 @@ def engine_tasks_db(url: str, db: str, runs: int, threads: int) -> dict[str, Any
     t0 = time.monotonic()
     for n in range(runs):
         noop.enqueue(n)
+    seconds = time.monotonic() - t0
     connection.close()
+    return {"seconds": seconds, "own": 0}
+
+
+def _span(query: str, runs: int) -> dict[str, Any]:
+    """``query``'s (finished count, seconds from the first start to the last end)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(query)
+        done, span = cursor.fetchone()
+    connection.close()
+    if done != runs:
+        raise RuntimeError(f"{done} of {runs} tasks succeeded")
+    return {"span": float(span or 0.0)}
+
+
+def k2b_tasks_enqueue(url: str, db: str, runs: int, threads: int) -> dict[str, Any]:
+    _tasks_django(db, "k2b")
+    return _enqueue_noops(runs)
+
+
+def k2b_tasks_drain(url: str, db: str, runs: int, threads: int) -> dict[str, Any]:
+    """One ``runworkflows --burst`` process with ``threads`` threads drains the queue."""
+    env = _tasks_django(db, "k2b")
+    t0 = time.monotonic()
+    worker = subprocess.run(
+        [
+            *(sys.executable, str(ROOT / "manage.py"), "runworkflows", "--burst"),
+            *("--app", "tasks", "--concurrency", str(threads)),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=1800,
+    )
+    if worker.returncode:
+        raise RuntimeError(f"runworkflows exited {worker.returncode}: {worker.stderr[-300:]}")
+    # A pure task's journal entry records when its call started; the run's end
+    # when it finished.
+    row = _span(
+        "SELECT count(*), EXTRACT(EPOCH FROM max(r.finished_at) - min(j.started_at))"
+        " FROM k2b_run r JOIN k2b_journal j ON j.run_id = r.id AND j.seq = 0"
+        " WHERE r.status = 'succeeded' AND r.workflow_name = 'k2b.task.pure'",
+        runs,
+    )
+    return {**row, "seconds": time.monotonic() - t0, "own": 1}
+
+
+def db_tasks_enqueue(url: str, db: str, runs: int, threads: int) -> dict[str, Any]:
+    _tasks_django(db, "db")
+    return _enqueue_noops(runs)
+
+
+def db_tasks_drain(url: str, db: str, runs: int, threads: int) -> dict[str, Any]:
+    """django-tasks-db: two ``db_worker --batch`` processes drain the queue, as its
+    users run it (``threads`` does not apply: each worker runs one task at a time)."""
+    env = _tasks_django(db, "db")
+    t0 = time.monotonic()
     workers = [
         subprocess.Popen(
             [
@@ -313,17 +326,64 @@ def engine_tasks_db(url: str, db: str, runs: int, threads: int) -> dict[str, Any
         if worker.returncode:
             raise RuntimeError(f"db_worker exited {worker.returncode}: {err.strip()[-300:]}")
     seconds = time.monotonic() - t0
-    from django_tasks_db.models import DBTaskResult
+    row = _span(
+        "SELECT count(*), EXTRACT(EPOCH FROM max(finished_at) - min(started_at))"
+        " FROM django_tasks_database_dbtaskresult WHERE status = 'SUCCESSFUL'",
+        runs,
+    )
+    return {**row, "seconds": seconds, "own": 1}
 
-    done = DBTaskResult.objects.filter(status="SUCCESSFUL").count()
-    connection.close()
-    if done != runs:
-        raise RuntimeError(f"django-tasks-db: {done} of {runs} tasks succeeded")
-    return {"seconds": seconds, "own": 1 if runs else 0}
+
+def procrastinate_tasks_enqueue(url: str, db: str, runs: int, threads: int) -> dict[str, Any]:
+    return _procrastinate_jobs(url, db, runs, threads, drain=False)
 
 
-def engine_tasks_procrastinate(url: str, db: str, runs: int, threads: int) -> dict[str, Any]:
-    return _procrastinate(url, db, runs, threads, steps=1)
+def procrastinate_tasks_drain(url: str, db: str, runs: int, threads: int) -> dict[str, Any]:
+    return _procrastinate_jobs(url, db, runs, threads, drain=True)
+
+
+def _procrastinate_jobs(
+    url: str, db: str, runs: int, threads: int, *, drain: bool
+) -> dict[str, Any]:
+    """Procrastinate: defer ``runs`` no-op jobs, or drain them with one worker of
+    ``threads`` concurrency (``run_worker_async(wait=False)``)."""
+    import asyncio
+
+    import procrastinate
+
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=with_db(url, db)))
+
+    @app.task(name="noop", queue="compare")
+    async def noop(n: int) -> int:
+        return n
+
+    async def main() -> dict[str, Any]:
+        async with app.open_async():
+            present = await app.connector.execute_query_one_async(
+                "SELECT to_regclass('procrastinate_jobs') IS NOT NULL AS present"
+            )
+            if not present["present"]:
+                await app.schema_manager.apply_schema_async()
+            t0 = time.monotonic()
+            if not drain:
+                for n in range(runs):
+                    await noop.defer_async(n=n)
+                return {"seconds": time.monotonic() - t0, "own": 0}
+            await app.run_worker_async(
+                queues=["compare"], concurrency=threads, wait=False, install_signal_handlers=False
+            )
+            seconds = time.monotonic() - t0
+            row = await app.connector.execute_query_one_async(
+                "SELECT count(*) FILTER (WHERE type = 'succeeded') AS done,"
+                " EXTRACT(EPOCH FROM max(at) FILTER (WHERE type = 'succeeded')"
+                " - min(at) FILTER (WHERE type = 'started')) AS span"
+                " FROM procrastinate_events"
+            )
+        if row["done"] != runs:
+            raise RuntimeError(f"Procrastinate: {row['done']} of {runs} jobs succeeded")
+        return {"seconds": seconds, "span": float(row["span"] or 0.0), "own": 1}
+
+    return asyncio.run(main())
 
 
 def enqueue_speed(url: str, db: str, calls: int, threads: int) -> dict[str, Any]:
@@ -343,23 +403,40 @@ def enqueue_speed(url: str, db: str, calls: int, threads: int) -> dict[str, Any]
     return {"seconds": many, "enqueue_s": one_by_one, "own": 0}
 
 
+#: Each engine of ``--tasks``: its enqueue and its drain, each a process of its own.
 TASK_ENGINES = {
-    "k2b_workflows tasks": engine_tasks_k2b,
-    "django-tasks-db": engine_tasks_db,
-    "Procrastinate jobs": engine_tasks_procrastinate,
+    "k2b_workflows tasks": (k2b_tasks_enqueue, k2b_tasks_drain),
+    "django-tasks-db": (db_tasks_enqueue, db_tasks_drain),
+    "Procrastinate jobs": (procrastinate_tasks_enqueue, procrastinate_tasks_drain),
 }
-CHILDREN = {**ENGINES, **TASK_ENGINES, "enqueue_speed": enqueue_speed}
+CHILDREN = {
+    **ENGINES,
+    **{f"{name}/enqueue": fns[0] for name, fns in TASK_ENGINES.items()},
+    **{f"{name}/drain": fns[1] for name, fns in TASK_ENGINES.items()},
+    "enqueue_speed": enqueue_speed,
+}
 
 
 def run_task_engine(engine: str, url: str, runs: int, threads: int) -> dict[str, Any]:
-    """One django.tasks engine on a fresh database: tasks/s and commits per task."""
+    """One django.tasks engine on a fresh database: its enqueues, then its drain.
+
+    The enqueues (one transaction each) and the drain (the engine's workers
+    started on the full queue, stopped once it is empty) are measured apart,
+    commits included, each less an idle run of the same process. Tasks/s is
+    the drain's, from the first task's start to the last task's end as the
+    engine records them: neither the enqueues nor the workers' start-up are
+    in it, for any engine.
+    """
     base = urlsplit(url).path.lstrip("/") or "k2b"
     db = f"{base}_cmp_{engine.lower().replace(' ', '_').replace('-', '_')}"
     admin_execute(url, f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)', f'CREATE DATABASE "{db}"')
+    enqueue, drain = f"{engine}/enqueue", f"{engine}/drain"
     try:
-        child(engine, url, db, 0, threads)  # installs the schema: not counted
-        idle = child(engine, url, db, 0, threads)
-        row = child(engine, url, db, runs, threads)
+        child(enqueue, url, db, 0, threads)  # installs the schema: not counted
+        idle_enqueue = child(enqueue, url, db, 0, threads)
+        idle_drain = child(drain, url, db, 0, threads)
+        queued = child(enqueue, url, db, runs, threads)
+        drained = child(drain, url, db, runs, threads)
     except RuntimeError as exc:
         return {"engine": engine, "version": version(engine), "error": str(exc)}
     finally:
@@ -367,8 +444,11 @@ def run_task_engine(engine: str, url: str, runs: int, threads: int) -> dict[str,
     return {
         "engine": engine,
         "version": version(engine),
-        "tasks_per_s": round(runs / row["seconds"], 1),
-        "commits_per_task": round((row["commits"] - idle["commits"]) / runs, 2),
+        "tasks_per_s": round(runs / drained["span"], 1),
+        "drain_wall_s": round(drained["seconds"], 2),
+        "enqueues_per_s": round(runs / queued["seconds"], 1),
+        "commits_per_task": round((drained["commits"] - idle_drain["commits"]) / runs, 2),
+        "enqueue_commits_per_task": round((queued["commits"] - idle_enqueue["commits"]) / runs, 2),
     }
 
 
@@ -397,20 +477,28 @@ def tasks_main(url: str, runs: int, threads: int, many: int, engines: list[str])
     finally:
         admin_execute(url, f'DROP DATABASE IF EXISTS "{speed_db}" WITH (FORCE)')
     print(
-        f"\n{runs} no-op tasks, each enqueued in its own transaction; same server, one "
-        f"invocation; pgbench c=2: {tps} tps\n"
+        f"\n{runs} no-op tasks on a full queue; same server, one invocation; pgbench c=2: "
+        f"{tps} tps. tasks/s: from the first task's start to the last task's end as each "
+        "engine records them (enqueues and worker start-up not included); commits/task: "
+        "the drain's; enqueues: one transaction each, measured apart\n"
     )
-    print("| engine | version | tasks/s | commits/task | tasks/s over pgbench tps |")
-    print("|---|---|---|---|---|")
+    print(
+        "| engine | version | tasks/s | vs django-tasks-db | commits/task | "
+        "tasks/s over pgbench tps | drain wall s | enqueues/s | commits/enqueue |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    peer = next((r for r in rows if r["engine"] == "django-tasks-db" and "error" not in r), None)
     for r in rows:
         if "error" in r:
-            print(f"| {r['engine']} | {r['version']} | - | - | could not run: {r['error']} |")
-        else:
-            ratio = round(r["tasks_per_s"] / tps, 3) if tps else "-"
-            print(
-                f"| {r['engine']} | {r['version']} | {r['tasks_per_s']} | "
-                f"{r['commits_per_task']} | {ratio} |"
-            )
+            print(f"| {r['engine']} | {r['version']} | - | - | - | - | - | - | {r['error']} |")
+            continue
+        ratio = round(r["tasks_per_s"] / tps, 3) if tps else "-"
+        times = f"{r['tasks_per_s'] / peer['tasks_per_s']:.1f}x" if peer else "-"
+        print(
+            f"| {r['engine']} | {r['version']} | {r['tasks_per_s']} | {times} | "
+            f"{r['commits_per_task']} | {ratio} | {r['drain_wall_s']} | "
+            f"{r['enqueues_per_s']} | {r['enqueue_commits_per_task']} |"
+        )
     if "error" in speed:
         print(f"\nenqueue_many: could not run: {speed['error']}")
     else:
@@ -482,8 +570,12 @@ def child(engine: str, url: str, db: str, runs: int, threads: int) -> dict[str, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=300, help="workflows per engine (300)")
-    parser.add_argument("--threads", type=int, default=2, help="worker concurrency (2)")
+    parser.add_argument(
+        "--runs", type=int, help="workflows per engine (300); --tasks: tasks (3000)"
+    )
+    parser.add_argument(
+        "--threads", type=int, help="worker concurrency (2); --tasks: k2b's threads (8)"
+    )
     parser.add_argument("--engines", default=",".join(ENGINES), help="comma-separated")
     parser.add_argument(
         "--tasks", action="store_true", help="the django.tasks path instead of workflows"
@@ -497,6 +589,10 @@ def main() -> None:
     url = os.environ.get("DATABASE_URL")
     if not url:
         sys.exit("DATABASE_URL is not set")
+    if args.runs is None:
+        args.runs = 3000 if args.tasks else 300
+    if args.threads is None:
+        args.threads = 8 if args.tasks else 2
     if args.child:
         print(json.dumps(CHILDREN[args.child](url, args.db, args.runs, args.threads)))
         return

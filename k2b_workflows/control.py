@@ -110,71 +110,44 @@ def start_workflow_run(
         )
 
 
-def start_task_run(
-    name: str,
-    input: Any,
-    *,
-    priority: int,
-    run_after: Any,
-    queue: str,
-    task_path: str,
-) -> WorkflowRun:
+def start_task_run(name: str, input: Any, *, run_after: Any) -> WorkflowRun:
     """Queue the run of one django.tasks task call (``k2b_workflows.tasks``, #37).
 
-    ``input`` is the run's input, a JSON object the backend built and checked.
-    ``queue`` is the task's queue (``runworkflows --queue``), ``task_path`` the
-    task it calls (what the runs list shows). In the caller's transaction.
+    ``input`` is the run's input, a JSON object the backend built and checked;
+    the run's queue (``runworkflows --queue``), priority, task path and
+    concurrency are read from it (``starts.INPUT_COLUMNS``). In the caller's
+    transaction.
     """
-    validation.text(queue, "queue", max_length=100)
-    validation.text(task_path, "task_path", max_length=200)
     definition = get_workflow(name)
     with db.schema_required():
-        return starts.start(
-            store.database(),
-            definition,
-            input,
-            priority=priority,
-            run_after=run_after,
-            queue=queue,
-            task_path=task_path,
-        )
+        return starts.start(store.database(), definition, input, run_after=run_after)
 
 
 def start_workflow_runs(
-    name: str,
-    inputs: list[Any],
-    *,
-    priority: int = 0,
-    run_after: Any = None,
-    queue: str = "default",
-    task_path: str = "",
-) -> list[WorkflowRun]:
+    name: str, inputs: list[Any], *, run_after: Any = None, checked: bool = False
+) -> list[starts.QueuedRun]:
     """Queue one run of workflow ``name`` per input, in one transaction (#37).
 
     What ``enqueue_many`` of django.tasks is made of: a handful of statements
     for thousands of runs (``kernel/starts.py``, ``start_many``), where a start
     per run costs a round trip each. Every input is validated before anything
-    is inserted. No idempotency keys, parents or concurrency keys: those need
-    ``start_workflow_run``.
+    is inserted. No idempotency keys or parents: those need
+    ``start_workflow_run``. A task's runs take their queue, priority, task path
+    and concurrency from their inputs (``starts.INPUT_COLUMNS``). ``checked``:
+    the inputs are ``to_json_value``'s results already (the caller validated
+    them), not encoded again.
     """
     validation.text(name, "the workflow name", max_length=200)
     definition = get_workflow(name)
-    validation.text(queue, "queue", max_length=100)
-    checked = []
-    for index, value in enumerate(inputs):
-        if value is None:
-            raise InvalidInput(f"input {index} must not be None (use {{}} for no input)")
-        checked.append(to_json_value(value, f"input {index}"))
+    values = inputs
+    if not checked:
+        values = []
+        for index, value in enumerate(inputs):
+            if value is None:
+                raise InvalidInput(f"input {index} must not be None (use {{}} for no input)")
+            values.append(to_json_value(value, f"input {index}"))
     with db.schema_required():
-        return starts.start_many(
-            store.database(),
-            definition,
-            checked,
-            priority=priority,
-            run_after=run_after,
-            queue=queue,
-            task_path=task_path,
-        )
+        return starts.start_many(store.database(), definition, values, run_after=run_after)
 
 
 def cancel_workflow_run(run_id: uuid.UUID | str, reason: str) -> WorkflowRun:

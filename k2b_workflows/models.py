@@ -113,6 +113,10 @@ class WorkflowRun(models.Model):
     run_after = models.DateTimeField(default=timezone.now)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     claimed_by = models.CharField(max_length=200, blank=True, default="")
+    #: The workers whose lease on the run expired (a crash, a freeze), in order, as
+    #: the reap read ``claimed_by``: a task's ``TaskResult.worker_ids`` names the
+    #: workers of its crashed attempts from it (#37). NULL: none.
+    lease_lost_by = models.JSONField(null=True, blank=True, editable=False)
     #: The django.tasks queue a task run was enqueued on (``runworkflows --queue``);
     #: workflow runs are on "default" (#37).
     #: With a database default too: a row inserted by hand or by an older release's

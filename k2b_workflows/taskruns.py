@@ -33,12 +33,12 @@ from typing import Any
 
 from django.utils import timezone
 
-from . import codes
+from . import codes, validation
 from .actions import Action, Effect, failed, succeeded, to_json_value
 from .exceptions import InvalidInput, LeaseLost, RunCanceled
-from .kernel import hooks, seals
+from .kernel import hooks, seals, starts
 from .kernel.hashing import canonical
-from .limits import RateLimit
+from .limits import Concurrency, RateLimit, Strategy
 from .models import RunStatus, TaskAttempt, WorkflowRun
 from .redaction import scrub_error
 from .retries import Retry
@@ -73,6 +73,8 @@ WORKFLOW_NAMES = {effect: f"k2b.task.{effect}" for effect in EFFECTS}
 EFFECT_OF_WORKFLOW = {name: effect for effect, name in WORKFLOW_NAMES.items()}
 #: ``Action.name`` is 200 characters; the journal names the step ``task:<path>``.
 MAX_PATH = 190
+#: Django's priorities (-100..100) on the kernel's scale (0..1000, higher first).
+PRIORITY_OFFSET = 100
 
 #: The step context of the task this thread is running: what ``effect_key(context)`` reads.
 current_step: contextvars.ContextVar[Any] = contextvars.ContextVar("k2b_task_step", default=None)
@@ -178,6 +180,46 @@ def retry_from_json(value: dict[str, Any] | None) -> Retry | None:
 
 def rate_limit_to_json(limit: RateLimit | None) -> dict[str, Any] | None:
     return None if limit is None else {"limit": limit.limit, "per_ms": limit.per_ms}
+
+
+def concurrency_to_json(declared: Concurrency | None) -> dict[str, Any] | None:
+    if declared is None:
+        return None
+    return {"limit": declared.limit, "strategy": Strategy(declared.strategy).value}
+
+
+def run_columns(input: Any) -> dict[str, Any]:
+    """The start columns of a task's run, read from its input (``starts.INPUT_COLUMNS``).
+
+    Whoever starts the run (an enqueue, a schedule's tick, the admin's "run
+    now") it lands on its task's queue, with its task's priority (Django's
+    -100..100 on the kernel's 0..200), task path and concurrency: the input is
+    sealed with the run, and nothing else a starter passes can differ from it.
+    A task's concurrency key is its path: ``Concurrency(limit=1)`` on a task
+    means one call of it at a time across every worker.
+    """
+    if not isinstance(input, dict) or not isinstance(input.get("task"), str):
+        raise InvalidInput(
+            "a task run's input is the call enqueue() builds ({'task': 'module.path', ...}): "
+            "enqueue the task instead of starting its workflow"
+        )
+    path = validation.text(input["task"], "the task path", max_length=MAX_PATH)
+    queue = validation.text(input.get("queue", "default"), "the task's queue", max_length=100)
+    priority = input.get("priority", 0)
+    validation.integer(priority, "the task's priority", minimum=-PRIORITY_OFFSET, maximum=100)
+    limit = input.get("concurrency")
+    declared = None
+    if limit is not None:
+        if not isinstance(limit, dict):
+            raise InvalidInput(f"the task's concurrency must be an object, not {limit!r:.80}")
+        declared = Concurrency(limit.get("limit", 1), limit.get("strategy", Strategy.QUEUE))
+    return {
+        "queue": queue,
+        "priority": priority + PRIORITY_OFFSET,
+        "task_path": path,
+        "concurrency": declared,
+        "concurrency_key": None if declared is None else f"task:{path}",
+    }
 
 
 def _seconds(value: dt.timedelta | float) -> float:
@@ -353,6 +395,7 @@ def register() -> None:
     """Register the three task workflows (again, after a test cleared the registry)."""
     for effect, fn in (("pure", _pure), ("idempotent", _idempotent), ("external", _external)):
         workflow(WORKFLOW_NAMES[effect], app_id=TASK_APP_ID)(fn)
+        starts.INPUT_COLUMNS[WORKFLOW_NAMES[effect]] = run_columns
 
 
 register()
@@ -378,7 +421,7 @@ def status_of(run: WorkflowRun, attempts: int) -> Any:
     return status.RUNNING if attempts or run.consecutive_failures else status.READY
 
 
-def new_result(task: Any, run: WorkflowRun, input: Any, **fields: Any) -> Any:
+def new_result(task: Any, run: WorkflowRun | starts.QueuedRun, input: Any, **fields: Any) -> Any:
     values: dict[str, Any] = {
         "task": task,
         "id": str(run.pk),
@@ -406,9 +449,7 @@ def running_result(
     costs no query.
     """
     rows = sealed_attempts(run.pk, list(attempts_of(run))) if attempt > 1 else []
-    worker_ids = [row.worker_id for row in rows]
-    # Crashed attempts left no row: their worker is unknown, their count is not.
-    worker_ids += [""] * max(0, attempt - 1 - len(worker_ids))
+    worker_ids = attempt_workers(rows, _lost(run), attempt - 1)
     worker_ids.append(run.claimed_by)
     return new_result(
         task,
@@ -420,6 +461,33 @@ def running_result(
         errors=[error_of(row) for row in rows],
         worker_ids=worker_ids,
     )
+
+
+def attempt_workers(rows: list[TaskAttempt], lost: list[str], before: int) -> list[str]:
+    """The worker of each of the ``before`` attempts before the current one, in order.
+
+    A failed attempt left a row naming its worker; a crashed one left its worker
+    in ``lease_lost_by`` (the reap's record). Attempts without either (a crash
+    from before that record existed) are ``""``: their count is known, not their
+    worker.
+    """
+    by_attempt = {row.attempt: row.worker_id for row in rows}
+    crashed = iter(lost)
+    before = max(before, len(rows) + len(lost))
+    ids = [
+        by_attempt.pop(n) if n in by_attempt else next(crashed, "") for n in range(1, before + 1)
+    ]
+    return ids + [by_attempt[n] for n in sorted(by_attempt)]
+
+
+def _lost(run: WorkflowRun) -> list[str]:
+    """The workers whose lease on ``run`` expired while its task ran: attempts of a
+    pure or idempotent task (an external one's crash is not run again: its
+    attempts are its dispatches, whose failures leave rows)."""
+    if EFFECT_OF_WORKFLOW.get(run.workflow_name) == "external":
+        return []
+    lost = run.lease_lost_by
+    return [str(w) for w in lost] if isinstance(lost, list) else []
 
 
 def attempts_of(run: WorkflowRun) -> Any:
@@ -437,7 +505,7 @@ def result_of(task: Any, run: WorkflowRun, rows: list[TaskAttempt], started: Any
     succeeded or while it runs, the attempt that holds it."""
     input = run.input
     rows = sealed_attempts(run.pk, rows)
-    worker_ids = [row.worker_id for row in rows]
+    worker_ids = attempt_workers(rows, _lost(run), 0)
     current = run.status in (RunStatus.RUNNING, RunStatus.SUCCEEDED, RunStatus.NEEDS_ATTENTION)
     if current and run.claimed_by:
         worker_ids.append(run.claimed_by)

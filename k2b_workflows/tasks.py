@@ -33,7 +33,7 @@ from . import control, scheduling, signals, store
 from .actions import to_json_value
 from .exceptions import InvalidInput, RunEndNotSealed
 from .kernel import seals
-from .limits import RateLimit, check_rate_limit
+from .limits import Concurrency, RateLimit, check_rate_limit
 from .models import TERMINAL_STATUSES, JournalEntry, TaskAttempt, WorkflowRun, WorkflowSchedule
 from .retries import Retry, check_policy
 from .schedules import Schedule
@@ -46,6 +46,7 @@ from .taskruns import (
     TaskResultDoesNotExist,
     backends_api,
     base_api,
+    concurrency_to_json,
     current_step,
     finished_result,
     new_result,
@@ -66,10 +67,8 @@ __all__ = [
     "schedule_task",
 ]
 
-#: Django's priorities (-100..100) on the kernel's scale (0..1000, higher first).
-PRIORITY_OFFSET = 100
 #: What ``OPTIONS`` may hold: the defaults of the backend's tasks.
-KNOWN_OPTIONS = frozenset({"effect", "retry", "rate_limit"})
+KNOWN_OPTIONS = frozenset({"effect", "retry", "rate_limit", "concurrency"})
 
 logger = logging.getLogger(__name__)
 
@@ -87,11 +86,14 @@ class WorkflowsTask(base_api.Task):
     ``"external"``; None: the backend's ``OPTIONS["effect"]``, else external).
     ``retry``: a ``Retry`` for the exceptions it raises (None: never retried).
     ``rate_limit``: a ``RateLimit`` on its calls across every worker.
+    ``concurrency``: a ``Concurrency``, at most ``limit`` calls of it active at
+    once across every worker (its key is the task's path).
     """
 
     effect: str | None = None
     retry: Retry | None = None
     rate_limit: RateLimit | None = None
+    concurrency: Concurrency | None = None
 
 
 class WorkflowsBackend(backends_api.BaseTaskBackend):
@@ -116,6 +118,7 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
             self.default_effect = _effect(self.options.get("effect", "external"), where)
             self.default_retry = _retry(self.options.get("retry"), where)
             self.default_rate_limit = check_rate_limit(where, self.options.get("rate_limit"))
+            self.default_concurrency = _concurrency(self.options.get("concurrency"), where)
         except InvalidInput as exc:
             raise ImproperlyConfigured(str(exc)) from None
 
@@ -132,6 +135,7 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
         self.effect_of(task)
         self.retry_of(task)
         check_rate_limit(f"task {path}", getattr(task, "rate_limit", None))
+        self.concurrency_of(task)
 
     def effect_of(self, task: Any) -> str:
         declared = getattr(task, "effect", None)
@@ -148,44 +152,64 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
     def rate_limit_of(self, task: Any) -> RateLimit | None:
         return getattr(task, "rate_limit", None) or self.default_rate_limit
 
+    def concurrency_of(self, task: Any) -> Concurrency | None:
+        declared = getattr(task, "concurrency", None)
+        if declared is None:
+            return self.default_concurrency
+        return _concurrency(declared, f"task {_path(task)}")
+
     # -- enqueue ---------------------------------------------------------------------
 
-    def run_input(self, task: Any, args: Sequence[Any], kwargs: dict[str, Any] | None) -> Any:
-        """The run's input: the call and the task's declarations, validated, nothing inserted."""
-        path = _path(task)
+    def declared_input(self, task: Any) -> dict[str, Any]:
+        """The part of a run's input that is the task's, the same for all its calls."""
         _check_reachable(task)
+        return {
+            "task": _path(task),
+            "backend": self.alias,
+            "queue": task.queue_name,
+            "priority": task.priority,
+            "retry": retry_to_json(self.retry_of(task)),
+            "rate_limit": rate_limit_to_json(self.rate_limit_of(task)),
+            "concurrency": concurrency_to_json(self.concurrency_of(task)),
+        }
+
+    def run_input(
+        self,
+        task: Any,
+        args: Sequence[Any],
+        kwargs: dict[str, Any] | None,
+        declared: dict[str, Any] | None = None,
+    ) -> Any:
+        """The run's input: the call and the task's declarations (``declared_input``),
+        validated and as it will read back, nothing inserted."""
+        declared = self.declared_input(task) if declared is None else declared
+        path = declared["task"]
         if not isinstance(args, list | tuple):
             raise InvalidTaskCall(f"task {path}: args must be a list or tuple, not {args!r:.80}")
         kwargs = {} if kwargs is None else kwargs
         if not isinstance(kwargs, dict):
             raise InvalidTaskCall(f"task {path}: kwargs must be a dict, not {kwargs!r:.80}")
         try:
-            args = to_json_value(list(args), f"the arguments of task {path}")
-            kwargs = to_json_value(kwargs, f"the keyword arguments of task {path}")
-        except InvalidInput as exc:
-            raise InvalidTaskCall(str(exc)) from None
-        return {
-            "task": path,
-            "args": args,
-            "kwargs": kwargs,
-            "backend": self.alias,
-            "queue": task.queue_name,
-            "priority": task.priority,
-            "retry": retry_to_json(self.retry_of(task)),
-            "rate_limit": rate_limit_to_json(self.rate_limit_of(task)),
-        }
+            # One pass over the whole input (enqueue_many makes thousands); on a
+            # refusal, the arguments alone, so that the error names which it is.
+            return to_json_value(
+                {**declared, "args": list(args), "kwargs": kwargs}, f"the call of task {path}"
+            )
+        except InvalidInput as whole:
+            refused = whole
+            try:
+                to_json_value(list(args), f"the arguments of task {path}")
+                to_json_value(kwargs, f"the keyword arguments of task {path}")
+            except InvalidInput as exc:
+                refused = exc
+            raise InvalidTaskCall(str(refused)) from None
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
         """Insert the task's run in the caller's transaction (one statement)."""
         self.validate_task(task)
         input = self.run_input(task, args, kwargs)
         run = control.start_task_run(
-            WORKFLOW_NAMES[self.effect_of(task)],
-            input,
-            priority=task.priority + PRIORITY_OFFSET,
-            run_after=_aware(task.run_after),
-            queue=task.queue_name,
-            task_path=input["task"],
+            WORKFLOW_NAMES[self.effect_of(task)], input, run_after=_aware(task.run_after)
         )
         result = new_result(task, run, input)
         self._enqueued([result])
@@ -261,18 +285,17 @@ def enqueue_many(
     """
     backend = _backend_of(task)
     backend.validate_task(task)
+    declared = backend.declared_input(task)
     inputs = []
     for index, call in enumerate(calls):
         if not isinstance(call, list | tuple) or len(call) != 2:
             raise InvalidTaskCall(f"enqueue_many(): call {index} must be (args, kwargs)")
-        inputs.append(backend.run_input(task, call[0], call[1]))
+        inputs.append(backend.run_input(task, call[0], call[1], declared))
     runs = control.start_workflow_runs(
         WORKFLOW_NAMES[backend.effect_of(task)],
         inputs,
-        priority=task.priority + PRIORITY_OFFSET,
         run_after=_aware(task.run_after),
-        queue=task.queue_name,
-        task_path=_path(task),
+        checked=True,
     )
     results = [new_result(task, run, input) for run, input in zip(runs, inputs, strict=True)]
     backend._enqueued(results)
@@ -377,6 +400,12 @@ def _retry(value: Any, where: str) -> Retry | None:
             f"{where}: Retry(max_attempts=1) retries nothing: leave retry out, or allow 2 or more"
         )
     return policy
+
+
+def _concurrency(value: Any, where: str) -> Concurrency | None:
+    if value is None or isinstance(value, Concurrency):
+        return value
+    raise InvalidTaskCall(f"{where}: concurrency must be a Concurrency(...), not {value!r:.80}")
 
 
 def _aware(run_after: dt.datetime | None) -> dt.datetime | None:

@@ -77,6 +77,56 @@ MUTANTS = (
         ("tests/tasks/test_workers.py::test_a_path_that_now_names_another_task_is_not_called",),
     ),
     Mutant(
+        "task-concurrency-key",
+        "k2b_workflows/taskruns.py",
+        '        "concurrency_key": None if declared is None else f"task:{path}",',
+        '        "concurrency_key": None,',
+        (
+            "tests/tasks/test_workers.py::"
+            "test_a_task_of_concurrency_one_never_runs_two_calls_at_once",
+        ),
+    ),
+    Mutant(
+        "task-columns-from-input",
+        "k2b_workflows/kernel/starts.py",
+        "    of_input = INPUT_COLUMNS.get(definition.name)\n    if of_input is not None:\n"
+        "        own = of_input(input)",
+        "    of_input = INPUT_COLUMNS.get(definition.name)\n"
+        "    if of_input is not None and schedule_id is None:\n        own = of_input(input)",
+        (
+            "tests/tasks/test_contract.py::"
+            "test_a_scheduled_task_runs_on_its_tasks_queue_with_its_priority_and_path",
+        ),
+    ),
+    Mutant(
+        "bulk-start-row-check",
+        "k2b_workflows/kernel/starts.py",
+        "    if _dumped(row(template.pk, template.input), connection) != "
+        "_dumped(prepared, connection):",
+        "    if False:",
+        (
+            "tests/tasks/test_contract.py::"
+            "test_enqueue_many_refuses_rows_sealed_otherwise_than_new_run_seals",
+        ),
+    ),
+    Mutant(
+        "bulk-start-per-run-columns",
+        "k2b_workflows/kernel/starts.py",
+        "    if not differing <= set(PER_RUN_COLUMNS):",
+        "    if False:",
+        (
+            "tests/tasks/test_contract.py::"
+            "test_enqueue_many_refuses_to_copy_a_column_new_run_makes_per_run",
+        ),
+    ),
+    Mutant(
+        "task-worker-ids-of-crashes",
+        "k2b_workflows/kernel/claim.py",
+        "       lease_lost_by = COALESCE(lease_lost_by, '[]'::jsonb) || to_jsonb(claimed_by),\n",
+        "",
+        ("tests/tasks/test_workers.py::test_a_pure_task_killed_while_running_runs_again",),
+    ),
+    Mutant(
         "wheel-package-data",
         "pyproject.toml",
         'k2b_workflows = ["templates/**", "static/**", "py.typed"]',

@@ -72,7 +72,7 @@ if django.VERSION >= (6, 0):
 SILENCED_SYSTEM_CHECKS = ["k2b_workflows.W003"]
 
 # django.tasks on the kernel (#37): tests/tasks_app/ holds the tasks.
-from k2b_workflows import Retry  # noqa: E402
+from k2b_workflows import Concurrency, Retry  # noqa: E402
 
 TASKS = {
     "default": {
@@ -93,5 +93,10 @@ TASKS = {
         "BACKEND": "k2b_workflows.tasks.WorkflowsBackend",
         "QUEUES": [],
         "OPTIONS": {"effect": "pure", "retry": Retry(max_attempts=3, backoff=0.01, jitter=False)},
+    },
+    "one_at_a_time": {
+        "BACKEND": "k2b_workflows.tasks.WorkflowsBackend",
+        "QUEUES": [],
+        "OPTIONS": {"effect": "pure", "concurrency": Concurrency(limit=1)},
     },
 }

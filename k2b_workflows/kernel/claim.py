@@ -170,6 +170,7 @@ UPDATE k2b_run r
                        LEAST(%s * power(2, LEAST(r.consecutive_failures, 30)), %s) END
                            * interval '1 millisecond',
        lease_expires_at = NULL,
+       lease_lost_by = COALESCE(lease_lost_by, '[]'::jsonb) || to_jsonb(claimed_by),
        claimed_by = '',
        error_message = CASE WHEN e.free THEN '"""
     + LIVE_LOSS

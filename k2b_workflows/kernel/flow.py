@@ -50,7 +50,7 @@ from ..exceptions import InvalidInput
 
 if TYPE_CHECKING:
     from ..actions import Action
-    from ..limits import RateLimit
+    from ..limits import Concurrency, RateLimit
     from ..workflows import WorkflowDefinition
 
 logger = logging.getLogger(__name__)
@@ -100,18 +100,24 @@ def start_fields(
     priority: Any,
     run_after: Any,
     now: dt.datetime,
+    concurrency: Concurrency | None = None,
 ) -> dict[str, Any]:
-    """The flow-control columns of a new run, or ``InvalidInput`` naming the argument."""
+    """The flow-control columns of a new run, or ``InvalidInput`` naming the argument.
+
+    ``concurrency``: the run's own limit where it is not its workflow's (a
+    django.tasks task declares one per task, and its runs share three workflows).
+    """
     fields: dict[str, Any] = {"run_after": now}
+    declared = concurrency if concurrency is not None else definition.concurrency
     if concurrency_key is not None:
         validation.text(concurrency_key, "concurrency_key", max_length=255)
-        if definition.concurrency is None:
+        if declared is None:
             raise InvalidInput(
                 f"concurrency_key given, but workflow {definition.name!r} declares no "
                 "concurrency=Concurrency(...): the key would limit nothing"
             )
         fields["concurrency_key"] = concurrency_key
-        fields["concurrency_limit"] = definition.concurrency.limit
+        fields["concurrency_limit"] = declared.limit
     validation.integer(priority, "priority", minimum=0, maximum=MAX_PRIORITY)
     fields["priority"] = priority
     fields["priority_credit_ms"] = priority * store.priority_aging_ms()
@@ -129,19 +135,21 @@ def start_fields(
     return fields
 
 
-def has_room(using: str, definition: WorkflowDefinition, key: str) -> bool:
+def has_room(using: str, definition: WorkflowDefinition, key: str, limit: int) -> bool:
     """``cancel_newest``: whether the key has a free slot, counted under its lock.
 
     The lock is held until the start commits, so a concurrent start counts
     after this one's run is in. Must run inside the start's transaction.
+    ``limit``: the key's (its workflow's, or a task's own).
     """
-    assert definition.concurrency is not None
     with connections[using].cursor() as cursor:
         cursor.execute("SELECT k2b_flow_holders(%s, %s)", [definition.name, key])
-        return cursor.fetchone()[0] < definition.concurrency.limit
+        return bool(cursor.fetchone()[0] < limit)
 
 
-def holders_to_cancel(using: str, definition: WorkflowDefinition, key: str) -> list[Any]:
+def holders_to_cancel(
+    using: str, definition: WorkflowDefinition, key: str, limit: int
+) -> list[Any]:
     """``cancel_in_progress``: the oldest holders of the key to cancel to make room for one.
 
     Locks the holders' rows first and the key later (the cancel's trigger
@@ -154,12 +162,11 @@ def holders_to_cancel(using: str, definition: WorkflowDefinition, key: str) -> l
     the key until the incident is resolved. Nor one already canceled whose
     action is still inside ``run()``: it keeps its slot until it has left.
     """
-    assert definition.concurrency is not None
     with connections[using].cursor() as cursor:
         cursor.execute(_HOLDERS_SQL, [definition.name, key])
         holders = cursor.fetchall()
     cancelable = [run_id for run_id, status in holders if status in _CANCELABLE_HOLDERS]
-    return cancelable[: max(0, len(holders) - definition.concurrency.limit + 1)]
+    return cancelable[: max(0, len(holders) - limit + 1)]
 
 
 # -- a delayed run takes its slot once due -------------------------------------------

@@ -46,18 +46,22 @@ def _mac(key_id: str, key: bytes, text: str) -> str:
 
 
 def _start_text(run: WorkflowRun) -> str:
+    return _start_text_of(run, run.pk, run.root_id, run.input)
+
+
+def _start_text_of(run: WorkflowRun, run_id: Any, root_id: Any, input: Any) -> str:
     return hashing.canonical(
         [
             "start",
-            str(run.pk),
+            str(run_id),
             run.workflow_name,
             run.workflow_version,
             run.app_id,
-            run.input,
+            input,
             run.principal,
             run.idempotency_key,
             None if run.parent_id is None else str(run.parent_id),
-            None if run.root_id is None else str(run.root_id),
+            None if root_id is None else str(root_id),
             run.parent_step,
             run.child_index,
         ]
@@ -75,6 +79,14 @@ def start_seal(run: WorkflowRun) -> str:
     """The seal a new run is written with (every start field set, ``root_id`` too)."""
     key_id, key = hashing.signing_key()
     return _mac(key_id, key, _start_text(run))
+
+
+def start_seal_like(template: WorkflowRun, run_id: uuid.UUID, input: Any) -> str:
+    """``start_seal`` of a root run that differs from ``template`` (a root run) only by its
+    id (its own root) and input: ``starts.start_many`` seals thousands of rows so,
+    without building a model instance for each."""
+    key_id, key = hashing.signing_key()
+    return _mac(key_id, key, _start_text_of(template, run_id, run_id, input))
 
 
 def end_seal(

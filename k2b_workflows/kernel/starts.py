@@ -14,25 +14,36 @@ new ``k2b_run`` row is built by ``new_run`` and inserted here (``start``,
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import json
 import uuid
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from django.db import connections, transaction
 from django.db.models import Model
 from django.db.models.fields import AutoFieldMixin
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from .. import codes, tracing
 from ..dedup import insert_values
 from ..exceptions import IdempotencyConflict, InvalidInput
-from ..limits import Strategy
+from ..limits import Concurrency, Strategy
 from ..models import BudgetAccount, RunStatus, WorkflowRun
-from . import budgets, clock, db, evidence, flow, interventions, seals, witness
+from . import budgets, clock, db, evidence, flow, hashing, interventions, seals, witness
 
 if TYPE_CHECKING:
     from ..workflows import WorkflowDefinition
+
+
+#: Workflow name -> the start columns its runs take from their input: the
+#: django.tasks task workflows register theirs (``taskruns.run_columns``), so that
+#: a task's run has its task's queue, priority, task path and concurrency however
+#: it is started (an enqueue, a schedule's tick, the admin's "run now"), read from
+#: its sealed input rather than from whichever caller remembered to pass them.
+INPUT_COLUMNS: dict[str, Callable[[Any], dict[str, Any]]] = {}
 
 
 def new_run(
@@ -97,9 +108,13 @@ def start(
     scheduled_for: dt.datetime | None = None,
     queue: str = "default",
     task_path: str = "",
+    concurrency: Concurrency | None = None,
 ) -> WorkflowRun:
     """Queue a run of ``definition`` (its root's budget account with it); the same
     ``idempotency_key`` returns the run it started before.
+
+    A workflow in ``INPUT_COLUMNS`` (a django.tasks task's) takes its queue,
+    priority, task path and concurrency from its input, whoever starts it.
 
     ``input`` and ``principal`` are JSON values. Raises ``InvalidInput`` (a bad
     flow-control argument, a missing parent) before writing anything, and
@@ -109,21 +124,29 @@ def start(
     (``cancel_newest``): both commit with the insert, in one transaction.
     """
     now = clock.now()
+    of_input = INPUT_COLUMNS.get(definition.name)
+    if of_input is not None:
+        own = of_input(input)
+        queue, task_path, priority = own["queue"], own["task_path"], own["priority"]
+        concurrency, concurrency_key = own["concurrency"], own["concurrency_key"]
     columns = flow.start_fields(
         definition,
         concurrency_key=concurrency_key,
         priority=priority,
         run_after=run_after,
         now=now,
+        concurrency=concurrency,
     )
     columns["schedule_id"] = schedule_id
     columns["scheduled_for"] = scheduled_for
     columns["queue"] = queue
     columns["task_path"] = task_path
+    declared = concurrency if concurrency is not None else definition.concurrency
+    args = (using, definition, input, idempotency_key, principal, parent_id, now, columns, declared)
     if concurrency_key is None:
-        return _start(using, definition, input, idempotency_key, principal, parent_id, now, columns)
+        return _start(*args)
     with transaction.atomic(using=using):
-        return _start(using, definition, input, idempotency_key, principal, parent_id, now, columns)
+        return _start(*args)
 
 
 def _start(
@@ -135,6 +158,7 @@ def _start(
     parent_id: uuid.UUID | None,
     now: dt.datetime,
     columns: dict[str, Any],
+    declared: Concurrency | None,
 ) -> WorkflowRun:
     parent = None
     if parent_id is not None:
@@ -154,25 +178,27 @@ def _start(
     )
     name = definition.name
     key = columns.get("concurrency_key")
-    if key is not None and definition.concurrency is not None:
+    if key is not None and declared is not None:
         if idempotency_key is not None:
             # A repeated start must not cancel (or be refused by) the runs of its key.
             found = existing(using, name, idempotency_key, input, principal)
             if found is not None:
                 return found
-        strategy = definition.concurrency.strategy
-        if strategy == Strategy.CANCEL_NEWEST and not flow.has_room(using, definition, key):
+        strategy = declared.strategy
+        if strategy == Strategy.CANCEL_NEWEST and not flow.has_room(
+            using, definition, key, declared.limit
+        ):
             run.status = RunStatus.CANCELED
             run.error_code = codes.CONCURRENCY_LIMITED
             run.error_message = (
-                f"concurrency_key {key!r} already has {definition.concurrency.limit} "
+                f"concurrency_key {key!r} already has {declared.limit} "
                 "active run(s) (cancel_newest)"
             )
             run.finished_at = now
             # Born ended: sealed as every end is (kernel/seals.py).
             run.end_seal = seals.end_seal(run.id, "canceled", codes.CONCURRENCY_LIMITED, 0)
         elif strategy == Strategy.CANCEL_IN_PROGRESS:
-            for holder in flow.holders_to_cancel(using, definition, key):
+            for holder in flow.holders_to_cancel(using, definition, key, declared.limit):
                 interventions.cancel(
                     using,
                     holder,
@@ -302,6 +328,18 @@ def start_children(
     return [existing_ids[i] for i in range(len(inputs))]
 
 
+class QueuedRun(NamedTuple):
+    """A run ``start_many`` queued: what a caller of a bulk start reads back of it."""
+
+    pk: uuid.UUID
+    created_at: dt.datetime
+
+
+#: The columns in which the runs of one ``start_many`` differ: everything else is
+#: the same in every row, taken from one run ``new_run`` built.
+PER_RUN_COLUMNS = ("id", "root_id", "input", "start_seal", "journal_anchor", "ledger_anchor")
+
+
 def start_many(
     using: str,
     definition: WorkflowDefinition,
@@ -311,61 +349,140 @@ def start_many(
     run_after: Any = None,
     queue: str = "default",
     task_path: str = "",
-) -> list[WorkflowRun]:
+) -> list[QueuedRun]:
     """Queue one run of ``definition`` per input (JSON values), in one transaction.
 
     The runs, then their budget accounts, go in by one ``COPY`` each:
     ``enqueue_many`` of django.tasks (#37). Two statements whatever the number
     of runs, and no parameter lists to build (an ``INSERT`` of 10,000 rows of
-    fifty columns spends more time binding than inserting). Each row is built
-    by ``new_run`` like any other, so each is sealed and anchored; the rows'
-    triggers fire as for an ``INSERT``.
+    fifty columns spends more time binding than inserting).
+
+    Nor a model instance per run: ``new_run`` builds one run (sealed and
+    anchored as any other), and every row is that run's prepared columns with
+    its own id, input, start seal and chain anchors (``PER_RUN_COLUMNS``),
+    computed as ``new_run`` computes them. Both are checked on each call: two
+    runs ``new_run`` builds differ only in those columns, and the first row
+    as built here is the row ``new_run`` built. A column added to ``new_run``
+    that differs per run, or a seal computed another way, fails here rather
+    than writing rows a claim would refuse. The rows' triggers fire as for an
+    ``INSERT``.
     """
+    if not inputs:
+        return []
     now = clock.now()
+    concurrency, concurrency_key = None, None
+    of_input = INPUT_COLUMNS.get(definition.name)
+    if of_input is not None:
+        # The inputs of one task's calls: they differ in the call's arguments only.
+        own = of_input(inputs[0])
+        queue, task_path, priority = own["queue"], own["task_path"], own["priority"]
+        concurrency, concurrency_key = own["concurrency"], own["concurrency_key"]
+        if concurrency is not None and concurrency.strategy != Strategy.QUEUE:
+            raise InvalidInput(
+                f"concurrency strategy {concurrency.strategy.value!r} decides each start "
+                "against the runs before it: start them one by one"
+            )
     columns = flow.start_fields(
-        definition, concurrency_key=None, priority=priority, run_after=run_after, now=now
+        definition,
+        concurrency_key=concurrency_key,
+        priority=priority,
+        run_after=run_after,
+        now=now,
+        concurrency=concurrency,
     )
     columns.update(schedule_id=None, scheduled_for=None, queue=queue, task_path=task_path)
     trace_context = tracing.capture() if tracing.ENABLED else None
-    runs = [
-        new_run(definition, value, now=now, trace_context=trace_context, **columns)
-        for value in inputs
-    ]
-    accounts = [
+    template = new_run(definition, inputs[0], now=now, trace_context=trace_context, **columns)
+    other = new_run(definition, inputs[0], now=now, trace_context=trace_context, **columns)
+    connection = connections[using]
+    fields = _copied_fields(WorkflowRun)
+    names = [f.attname for f in fields]
+    prepared = _prepared(template, fields, connection)
+    other_values = _dumped(_prepared(other, fields, connection), connection)
+    differing = {
+        name
+        for name, a, b in zip(names, _dumped(prepared, connection), other_values, strict=True)
+        if a != b
+    }
+    if not differing <= set(PER_RUN_COLUMNS):
+        raise AssertionError(
+            f"new_run() builds runs that differ in {sorted(differing - set(PER_RUN_COLUMNS))}: "
+            "start_many() would copy one run's value into every row"
+        )
+    at = {name: names.index(name) for name in PER_RUN_COLUMNS}
+    input_field = fields[at["input"]]
+    key_id, key = hashing.signing_key()
+
+    def row(run_id: uuid.UUID, value: Any) -> list[Any]:
+        values = list(prepared)
+        values[at["id"]] = values[at["root_id"]] = run_id
+        values[at["input"]] = input_field.get_db_prep_save(value, connection)
+        values[at["start_seal"]] = seals.start_seal_like(template, run_id, value)
+        values[at["journal_anchor"]] = evidence.anchor(
+            run_id, "journal", 0, evidence.GENESIS, key_id, key
+        )
+        values[at["ledger_anchor"]] = evidence.anchor(
+            run_id, "ledger", 0, evidence.GENESIS, key_id, key
+        )
+        return values
+
+    if _dumped(row(template.pk, template.input), connection) != _dumped(prepared, connection):
+        raise AssertionError("start_many() builds a row other than new_run() builds")
+    account_fields = _copied_fields(BudgetAccount)
+    account = _prepared(
         BudgetAccount(
-            root_id=run.id,
+            root_id=template.pk,
             effect_budget=definition.effect_budget,
             max_ai_calls=definition.max_ai_calls,
             max_steps=definition.max_steps,
-        )
-        for run in runs
-    ]
-    if not runs:
-        return runs
+        ),
+        account_fields,
+        connection,
+    )
+    root_at = [f.attname for f in account_fields].index("root_id")
+    # The same JSON in every row: dumped once, not once per row (COPY reads text).
+    for values in (prepared, account):
+        for i, value in enumerate(values):
+            if isinstance(value, Jsonb):
+                values[i] = (value.dumps or json.dumps)(value.obj)
+    ids = [uuid.uuid4() for _ in inputs]
     with transaction.atomic(using=using):
-        copy_rows(using, runs)
-        copy_rows(using, accounts)
-    for obj in (*runs, *accounts):
-        obj._state.adding = False
-        obj._state.db = using
-    return runs
+        with _copy(using, WorkflowRun, fields) as copy:
+            for run_id, value in zip(ids, inputs, strict=True):
+                copy.write_row(row(run_id, value))
+        with _copy(using, BudgetAccount, account_fields) as copy:
+            for run_id in ids:
+                account[root_at] = run_id
+                copy.write_row(account)
+    return [QueuedRun(run_id, now) for run_id in ids]
 
 
-def copy_rows(using: str, objs: Sequence[Model]) -> None:
-    """``COPY`` ``objs`` (one model) into their table as the ORM would save them, inside
-    the current transaction. Database-generated keys are left to the database."""
+def _copied_fields(model: type[Model]) -> list[Any]:
+    """The columns ``COPY`` writes: all but database-generated keys."""
+    return [f for f in model._meta.concrete_fields if not isinstance(f, AutoFieldMixin)]
+
+
+def _prepared(obj: Model, fields: list[Any], connection: Any) -> list[Any]:
+    """``obj``'s columns as the ORM would save them."""
+    return [f.get_db_prep_save(f.pre_save(obj, add=True), connection) for f in fields]
+
+
+def _dumped(values: list[Any], connection: Any) -> list[Any]:
+    """Prepared columns as text, to compare two rows (a ``Jsonb`` has no equality)."""
+    return [json.dumps(v.obj, sort_keys=True) if isinstance(v, Jsonb) else str(v) for v in values]
+
+
+@contextlib.contextmanager
+def _copy(using: str, model: type[Model], fields: list[Any]) -> Iterator[Any]:
+    """A ``COPY`` into ``model``'s table inside the current transaction."""
     connection = connections[using]
-    meta = objs[0]._meta
-    fields = [f for f in meta.concrete_fields if not isinstance(f, AutoFieldMixin)]
     statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
-        sql.Identifier(meta.db_table), sql.SQL(", ").join(sql.Identifier(f.column) for f in fields)
+        sql.Identifier(model._meta.db_table),
+        sql.SQL(", ").join(sql.Identifier(f.column) for f in fields),
     )
     with (
         transaction.mark_for_rollback_on_error(using),
         connection.cursor() as cursor,
         cursor.cursor.copy(statement) as copy,
     ):
-        for obj in objs:
-            copy.write_row(
-                [f.get_db_prep_save(f.pre_save(obj, add=True), connection) for f in fields]
-            )
+        yield copy

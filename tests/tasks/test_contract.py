@@ -13,6 +13,8 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
+from k2b_workflows import Schedule
+from k2b_workflows.kernel import schedule_passes, seals, starts
 from k2b_workflows.models import TaskAttempt, WorkflowRun
 from k2b_workflows.taskruns import TaskResultDoesNotExist, signals_api
 from k2b_workflows.tasks import (
@@ -20,6 +22,7 @@ from k2b_workflows.tasks import (
     WorkflowsBackend,
     effect_key,
     enqueue_many,
+    schedule_task,
 )
 from k2b_workflows.testing import run_until_idle
 from tests.models import ProviderCall
@@ -32,6 +35,7 @@ except ImportError:  # Django 5.2: the backport
     from django_tasks import TaskResultStatus, task, task_backends  # type: ignore[no-redef]
 
 pytestmark = pytest.mark.django_db(transaction=True)
+pytest_plugins = ["k2b_workflows.pytest_plugin"]
 
 READY, RUNNING = TaskResultStatus.READY, TaskResultStatus.RUNNING
 SUCCESSFUL, FAILED = TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED
@@ -271,3 +275,80 @@ def test_task_attempt_rows_hold_the_failures():
 def test_decorating_with_an_unknown_effect_is_a_clear_error():
     with pytest.raises(InvalidTaskCall, match="effect must be one of"):
         task(effect="transactional")(t.noop.func)
+
+
+def test_a_scheduled_task_runs_on_its_tasks_queue_with_its_priority_and_path(k2b_clock):
+    """A schedule's tick starts the task's run as an enqueue does: its queue (which
+    ``runworkflows --queue`` selects), its priority and its task path, not the
+    defaults of a workflow run."""
+    schedule_task(
+        "mail-every-minute", t.mail, Schedule(every=dt.timedelta(minutes=1)), args=["a@x.org"]
+    )
+    k2b_clock.advance(minutes=1, seconds=1)
+    assert schedule_passes.run_pass("default", {"k2b.task.pure": {1}}).started == 1
+    ticked = WorkflowRun.objects.get(schedule_id="mail-every-minute")
+    enqueued = run(t.mail.enqueue("b@x.org").id)
+    for row in (ticked, enqueued):
+        assert (row.queue, row.priority, row.task_path) == (
+            "mail",
+            105,
+            "tests.tasks_app.tasks.mail",
+        )
+    run_until_idle(timeout=60)
+    assert t.mail.get_result(str(ticked.pk)).return_value == {"sent": "a@x.org"}
+
+
+def test_enqueue_many_runs_carry_their_tasks_queue_priority_and_seals():
+    """The bulk rows are the rows an enqueue writes: the claim checks each run's start
+    seal and chain anchors before running it, so every one running proves them."""
+    results = enqueue_many(t.mail, [((f"{i}@x.org",), None) for i in range(5)])
+    rows = WorkflowRun.objects.filter(pk__in=[r.id for r in results])
+    assert {(r.queue, r.priority, r.task_path) for r in rows} == {
+        ("mail", 105, "tests.tasks_app.tasks.mail")
+    }
+    assert all(seals.start_problem(r) is None for r in rows)
+    run_until_idle(timeout=60)
+    assert [t.mail.get_result(r.id).return_value for r in results] == [
+        {"sent": f"{i}@x.org"} for i in range(5)
+    ]
+
+
+def test_enqueue_many_refuses_to_copy_a_column_new_run_makes_per_run(monkeypatch):
+    """A column ``new_run`` sets per run, that the bulk path would copy from one run into
+    every row, stops the bulk start before anything is inserted."""
+    built = starts.new_run
+
+    def with_a_per_run_column(*args, **kwargs):
+        row = built(*args, **kwargs)
+        row.error_message = str(uuid.uuid4())
+        return row
+
+    monkeypatch.setattr(starts, "new_run", with_a_per_run_column)
+    before = WorkflowRun.objects.count()
+    with pytest.raises(AssertionError, match="error_message"):
+        enqueue_many(t.add, [((1, 2), None), ((3, 4), None)])
+    assert WorkflowRun.objects.count() == before
+
+
+def test_enqueue_many_copies_a_json_column_new_run_makes_the_same_for_every_run(monkeypatch):
+    """A JSON column equal in every run (a trace context, a principal) is not mistaken
+    for one that differs per run, and every row carries it, under its seal."""
+    built = starts.new_run
+
+    def with_a_principal(*args, **kwargs):
+        kwargs["principal"] = {"user": 7}
+        return built(*args, **kwargs)
+
+    monkeypatch.setattr(starts, "new_run", with_a_principal)
+    results = enqueue_many(t.add, [((1, 2), None), ((3, 4), None)])
+    rows = WorkflowRun.objects.filter(pk__in=[r.id for r in results])
+    assert [r.principal for r in rows] == [{"user": 7}] * 2
+    assert all(seals.start_problem(r) is None for r in rows)
+
+
+def test_enqueue_many_refuses_rows_sealed_otherwise_than_new_run_seals(monkeypatch):
+    monkeypatch.setattr(seals, "start_seal_like", lambda template, run_id, value: "k:forged")
+    before = WorkflowRun.objects.count()
+    with pytest.raises(AssertionError, match="other than new_run"):
+        enqueue_many(t.add, [((1, 2), None)])
+    assert WorkflowRun.objects.count() == before

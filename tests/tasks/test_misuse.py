@@ -8,7 +8,7 @@ import datetime as dt
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from k2b_workflows import Retry
+from k2b_workflows import Concurrency, Retry
 from k2b_workflows.exceptions import InvalidInput
 from k2b_workflows.models import WorkflowRun
 from k2b_workflows.taskruns import InvalidTask
@@ -112,6 +112,7 @@ def test_an_unknown_effect_is_refused():
         ({"effects": "pure"}, "unknown keys"),
         ({"effect": "maybe"}, "effect must be one of"),
         ({"retry": Retry(max_attempts=1)}, "retries nothing"),
+        ({"concurrency": 1}, "concurrency must be a Concurrency"),
     ],
 )
 def test_bad_options_are_an_improperly_configured_backend(options, message):
@@ -119,3 +120,28 @@ def test_bad_options_are_an_improperly_configured_backend(options, message):
         WorkflowsBackend(
             "x", {"BACKEND": "k2b_workflows.tasks.WorkflowsBackend", "OPTIONS": options}
         )
+
+
+@pytest.mark.skipif(not EXTRA_ARGUMENTS, reason="Django 6.0's @task takes no concurrency=")
+def test_a_concurrency_that_is_not_a_concurrency_is_refused():
+    with pytest.raises(InvalidTaskCall, match="concurrency must be a Concurrency"):
+        task(concurrency=1)(t.noop.func)
+
+
+@pytest.mark.skipif(not EXTRA_ARGUMENTS, reason="Django 6.0's @task takes no concurrency=")
+def test_enqueue_many_refuses_a_concurrency_that_decides_each_start_alone(nothing_inserted):
+    """``cancel_newest`` counts the key's runs before each start: a bulk insert cannot."""
+    newest = task(concurrency=Concurrency(limit=1, strategy="cancel_newest"))(t.noop.func)
+    with pytest.raises(InvalidInput, match="start them one by one"):
+        enqueue_many(newest, [((), None), ((), None)])
+
+
+def test_a_task_workflow_started_without_a_task_call_is_refused():
+    """The task workflows read their run's queue and task from the input: a start that
+    is not an enqueue (``start_workflow_run`` by hand) says so instead of guessing."""
+    from k2b_workflows import start_workflow_run
+
+    before = WorkflowRun.objects.count()
+    with pytest.raises(InvalidInput, match="enqueue the task"):
+        start_workflow_run("k2b.task.pure", {"n": 1})
+    assert WorkflowRun.objects.count() == before

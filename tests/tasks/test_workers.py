@@ -95,12 +95,18 @@ def test_an_idempotent_task_killed_while_running_runs_again_with_the_same_key(st
 
 
 def test_a_pure_task_killed_while_running_runs_again(start_worker, wait):
+    """And ``worker_ids`` names both attempts' workers in order, the killed one first:
+    Django documents it as the workers that ran the task."""
     result = t.pure_crash.enqueue(21, crash="task_pure")
-    killed(start_worker("--concurrency", "1", env={"K2B_TEST_CRASH": "task_pure"}))
+    dying = start_worker("--concurrency", "1", env={"K2B_TEST_CRASH": "task_pure"})
+    killed(dying)
     healthy = start_worker("--concurrency", "1")
     settle(wait, result.id, healthy)
     assert len(calls("task.pure_crash")) == 2
-    assert t.pure_crash.get_result(result.id).return_value == 42
+    done = t.pure_crash.get_result(result.id)
+    assert done.return_value == 42
+    assert [f":{dying.pid}:" in w for w in done.worker_ids] == [True, False], done.worker_ids
+    assert f":{healthy.pid}:" in done.worker_ids[1], done.worker_ids
 
 
 def test_a_task_claimed_but_not_started_by_a_killed_worker_runs_again_without_incident(
@@ -277,3 +283,18 @@ def test_commits_per_task_after_enqueue(start_worker, task_name, own_commits, bu
     per_task = spent / n
     print(f"{task_name}: {per_task:.2f} commits per task")
     assert per_task <= budget, f"{task_name}: {per_task:.2f} commits per task (budget {budget})"
+
+
+def test_a_task_of_concurrency_one_never_runs_two_calls_at_once(start_worker, wait):
+    """``Concurrency(limit=1)`` on a task: two workers of four threads each, six calls
+    (three enqueued one by one, three by ``enqueue_many``): every call starts after
+    the one before it ended."""
+    from k2b_workflows.tasks import enqueue_many
+
+    results = [t.one_at_a_time.enqueue(n, 0.2) for n in range(3)]
+    results += enqueue_many(t.one_at_a_time, [((n, 0.2), None) for n in range(3, 6)])
+    workers = [start_worker("--concurrency", "4") for _ in range(2)]
+    for result in results:
+        settle(wait, result.id, workers[0], statuses=("succeeded",))
+    phases = [c.payload["phase"] for c in calls("task.one_at_a_time")]
+    assert phases == ["start", "end"] * 6, phases

@@ -16,7 +16,7 @@ import inspect
 import os
 import time
 
-from k2b_workflows import Retry
+from k2b_workflows import Concurrency, Retry
 from k2b_workflows.tasks import effect_key
 from tests.models import ProviderCall
 from tests.workflows import crash_point
@@ -31,17 +31,26 @@ except ImportError:  # Django 5.2: the backport
 EXTRA_ARGUMENTS = "kwargs" in inspect.signature(task).parameters
 
 
-def declared(effect: str | None = None, retry: Retry | None = None, **options):
-    """``@task(effect=..., retry=..., **options)``, or on Django 6.0 the alias that
-    declares them in its ``OPTIONS``."""
+def declared(
+    effect: str | None = None,
+    retry: Retry | None = None,
+    concurrency: Concurrency | None = None,
+    **options,
+):
+    """``@task(effect=..., retry=..., concurrency=..., **options)``, or on Django 6.0 the
+    alias that declares them in its ``OPTIONS``."""
     if EXTRA_ARGUMENTS:
         if effect is not None:
             options["effect"] = effect
         if retry is not None:
             options["retry"] = retry
+        if concurrency is not None:
+            options["concurrency"] = concurrency
         return task(**options)
     if retry is not None:
         return task(backend="retrying", **options)
+    if concurrency is not None:
+        return task(backend="one_at_a_time", **options)
     return task(backend=effect or "default", **options)
 
 
@@ -161,6 +170,16 @@ def sleepy(seconds):
 @declared("pure")
 def noop():
     return None
+
+
+@declared("pure", concurrency=Concurrency(limit=1))
+def one_at_a_time(n, seconds):
+    """At most one call at a time across every worker: each call records its start and
+    its end, so overlapping calls show as two starts in a row."""
+    _call("task.one_at_a_time", payload={"n": n, "phase": "start"})
+    time.sleep(seconds)
+    _call("task.one_at_a_time", payload={"n": n, "phase": "end"})
+    return n
 
 
 @declared("idempotent")
