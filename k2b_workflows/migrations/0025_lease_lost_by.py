@@ -11,7 +11,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("k2b_workflows", "0021_flow_guards"),
+        ("k2b_workflows", "0024_journal_length"),
     ]
 
     operations = [
