@@ -80,8 +80,7 @@ def run_until_idle(
         while True:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"run_until_idle: still busy after {timeout} s ({dict(stats)})")
-            worker._last_housekeeping = 0.0
-            worker._housekeeping(0)
+            worker.housekeeping.run(0)  # a poll of 0: every call is a pass
             if scheduled := worker.fire_schedules(force=True):
                 stats["scheduled"] += scheduled
             runs, loaded, tasks = worker.claim(1)
@@ -110,7 +109,7 @@ def run_until_idle(
                     keeper.untrack_task(task[0])
             if runs or tasks:
                 continue
-            if worker._pending():
+            if worker.selection.pending(using):
                 if _active_clock is not None and _active_clock._skip_ms(
                     _next_retry_ms(using, worker)
                 ):
@@ -134,7 +133,7 @@ def _next_retry_ms(using: str, worker: Worker) -> float | None:
     Only what ``run_until_idle`` waits for: not another app's retries, not a
     lease some other (dead) worker still holds, not a wait deadline.
     """
-    workflows = worker._workflows()
+    workflows = worker.selection.workflows()
     params: list[Any] = [[n for n, _ in workflows], [v for _, v in workflows]]
     app_filter = ""
     if worker.app_ids:

@@ -467,7 +467,7 @@ MUTANTS = (
     ),
     Mutant(
         "worker-names-unknown-apps",
-        "k2b_workflows/worker/loop.py",
+        "k2b_workflows/worker/selection.py",
         "            if app_id not in known:\n",
         "            if False:\n",
         (
@@ -477,7 +477,7 @@ MUTANTS = (
     ),
     Mutant(
         "worker-counts-outcome-values",
-        "k2b_workflows/worker/loop.py",
+        "k2b_workflows/worker/runner.py",
         "                self.stats[str(outcome)] += 1\n",
         "                self.stats[outcome] += 1\n",
         (
@@ -793,7 +793,7 @@ MUTANTS = (
     ),
     Mutant(
         "housekeeping-admits-due-keyed-runs",
-        "k2b_workflows/worker/loop.py",
+        "k2b_workflows/worker/housekeeping.py",
         "            if any(d.concurrency is not None for d in registered_versions()):",
         "            if False:",
         ("tests/kernel/test_flow.py::test_a_keyed_run_after_holds_no_slot_before_it_is_due",),
