@@ -29,6 +29,7 @@ from django.db import connections
 
 from .. import counters, store
 from . import db, flow
+from .requeue import requeue_set
 
 _CLAIM_SQL = """
 WITH claimed AS (
@@ -126,24 +127,25 @@ _REAP_SQL = (
     + flow.SWEEP_CTE
     + """
 UPDATE k2b_run
-   SET status = 'queued',
-       consecutive_failures = consecutive_failures + 1,
-       run_after = k2b_now() + LEAST(%s * power(2, LEAST(consecutive_failures, 30)), %s)
-                           * interval '1 millisecond',
-       lease_expires_at = NULL,
-       claimed_by = '',
-       error_message = 'lease expired (worker crashed, froze or timed out) at step '
-                       || COALESCE(current_step::text, '-'),
-       updated_at = k2b_now()
+   SET """
+    + requeue_set(
+        release=True,
+        consecutive_failures="consecutive_failures + 1",
+        run_after="k2b_now() + LEAST(%s * power(2, LEAST(consecutive_failures, 30)), %s)"
+        " * interval '1 millisecond'",
+        error_message="'lease expired (worker crashed, froze or timed out) at step '"
+        " || COALESCE(current_step::text, '-')",
+    )
+    + """
  WHERE id IN (SELECT id FROM k2b_run
                WHERE status = 'running' AND lease_expires_at < k2b_now()
                LIMIT 500 FOR UPDATE SKIP LOCKED)
 """
 )
 
-_PROMOTE_SQL = """
+_PROMOTE_SQL = f"""
 UPDATE k2b_run
-   SET status = 'queued', run_after = k2b_now(), updated_at = k2b_now()
+   SET {requeue_set(release=False, run_after="k2b_now()")}
  WHERE id IN (SELECT id FROM k2b_run
                WHERE status = 'waiting' AND wait_deadline <= k2b_now()
                LIMIT 500 FOR UPDATE SKIP LOCKED)
@@ -240,28 +242,32 @@ def renew_leases(conn: Any, held: dict[Any, int], lease: int) -> tuple[set, dict
     return renewed, states
 
 
+_RELEASE_SQL = f"""
+UPDATE k2b_run
+   SET {requeue_set(release=True, run_after="k2b_now()")}
+ WHERE id = %s AND generation = %s AND status = 'running'
+"""
+
+
 def release(using: str, run_id: uuid.UUID, generation: int) -> bool:
     """Hand a run we still own back to the queue, without counting a failure."""
     with connections[using].cursor() as cursor:
-        cursor.execute(
-            """UPDATE k2b_run SET status = 'queued', run_after = k2b_now(),
-                      lease_expires_at = NULL, claimed_by = '', updated_at = k2b_now()
-                WHERE id = %s AND generation = %s AND status = 'running'""",
-            [run_id, generation],
-        )
+        cursor.execute(_RELEASE_SQL, [run_id, generation])
         return cursor.rowcount == 1
 
 
-_HAND_BACK_SQL = """
+#: Each run handed back may be claimed after its own delay (a lease, for one whose
+#: EXTERNAL step may still land: ``hand_back``).
+_HAND_BACK_AFTER = "k2b_now() + free.delay_ms * interval '1 millisecond'"
+
+_HAND_BACK_SQL = f"""
 WITH held(id, gen, delay_ms) AS (SELECT * FROM unnest(%s::uuid[], %s::bigint[], %s::bigint[])),
      free AS (SELECT k.id, held.delay_ms
                 FROM k2b_run k JOIN held ON k.id = held.id AND k.generation = held.gen
                WHERE k.status = 'running'
                  FOR NO KEY UPDATE OF k SKIP LOCKED)
 UPDATE k2b_run r
-   SET status = 'queued',
-       run_after = k2b_now() + free.delay_ms * interval '1 millisecond',
-       lease_expires_at = NULL, claimed_by = '', updated_at = k2b_now()
+   SET {requeue_set(release=True, run_after=_HAND_BACK_AFTER)}
   FROM free
  WHERE r.id = free.id
 RETURNING r.id
@@ -284,10 +290,9 @@ def hand_back(using: str, held: dict[Any, tuple[int, int]]) -> set[Any]:
         return {row[0] for row in cursor.fetchall()}
 
 
-_ORPHANS_SQL = """
+_ORPHANS_SQL = f"""
 UPDATE k2b_run
-   SET status = 'queued', run_after = k2b_now(), lease_expires_at = NULL,
-       claimed_by = '', updated_at = k2b_now()
+   SET {requeue_set(release=True, run_after="k2b_now()")}
  WHERE id IN (SELECT id FROM k2b_run
                WHERE status = 'running' AND claimed_by = %s AND NOT (id = ANY(%s::uuid[]))
                  FOR NO KEY UPDATE SKIP LOCKED)

@@ -47,6 +47,7 @@ from django.db import connections, transaction
 
 from .. import counters, store, validation
 from ..exceptions import InvalidInput
+from .requeue import requeue_set
 
 if TYPE_CHECKING:
     from ..actions import Action
@@ -82,10 +83,9 @@ SELECT id, status FROM k2b_run
 #: nor one that ended and whose action has not left ``run()`` yet.
 _CANCELABLE_HOLDERS = frozenset({"queued", "running", "waiting"})
 
-_DEFER_SQL = """
+_DEFER_SQL = f"""
 UPDATE k2b_run
-   SET status = 'queued', run_after = %s, lease_expires_at = NULL, claimed_by = '',
-       deferred_by = %s, updated_at = k2b_now()
+   SET {requeue_set(release=True, run_after="%s", deferred_by="%s")}
  WHERE id = %s AND generation = %s AND status = 'running'
 """
 
