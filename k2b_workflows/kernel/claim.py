@@ -176,6 +176,25 @@ def promote_due_waits(using: str) -> int:
         return cursor.rowcount
 
 
+#: Milliseconds until the next run becomes claimable (or a wait or a lease ends).
+_NEXT_DUE_SQL = f"""
+SELECT EXTRACT(EPOCH FROM (LEAST(
+    (SELECT k2b_now() FROM k2b_run
+      WHERE status = 'queued' AND {flow.CLAIMABLE}
+        AND {flow.QUEUE_ORDER} <= k2b_now() AND run_after <= k2b_now() LIMIT 1),
+    (SELECT min({flow.QUEUE_ORDER}) FROM k2b_run
+      WHERE status = 'queued' AND {flow.CLAIMABLE} AND {flow.QUEUE_ORDER} > k2b_now()
+        AND priority_credit_ms = 0),
+    (SELECT min(run_after) FROM k2b_run
+      WHERE status = 'queued' AND priority_credit_ms > 0 AND {flow.CLAIMABLE}
+        AND run_after > k2b_now()),
+    (SELECT min(run_after) FROM k2b_run WHERE {flow.DELAYED_KEYED}),
+    (SELECT min(wait_deadline) FROM k2b_run WHERE status = 'waiting'),
+    (SELECT min(lease_expires_at) FROM k2b_run WHERE status = 'running')
+) - k2b_now())) * 1000
+"""
+
+
 def next_due_in_ms(using: str) -> float | None:
     """Milliseconds until the next delayed run or deadline is due (None: nothing pending).
 
@@ -186,24 +205,8 @@ def next_due_in_ms(using: str) -> float | None:
     Runs queued behind a key are admitted by a transaction that notifies the
     workers.
     """
-    line = flow.QUEUE_ORDER
     with connections[using].cursor() as cursor:
-        cursor.execute(
-            f"""SELECT EXTRACT(EPOCH FROM (LEAST(
-                   (SELECT k2b_now() FROM k2b_run
-                     WHERE status = 'queued' AND {flow.CLAIMABLE}
-                       AND {line} <= k2b_now() AND run_after <= k2b_now() LIMIT 1),
-                   (SELECT min({line}) FROM k2b_run
-                     WHERE status = 'queued' AND {flow.CLAIMABLE} AND {line} > k2b_now()
-                       AND priority_credit_ms = 0),
-                   (SELECT min(run_after) FROM k2b_run
-                     WHERE status = 'queued' AND priority_credit_ms > 0 AND {flow.CLAIMABLE}
-                       AND run_after > k2b_now()),
-                   (SELECT min(run_after) FROM k2b_run WHERE {flow.DELAYED_KEYED}),
-                   (SELECT min(wait_deadline) FROM k2b_run WHERE status = 'waiting'),
-                   (SELECT min(lease_expires_at) FROM k2b_run WHERE status = 'running')
-               ) - k2b_now())) * 1000"""
-        )
+        cursor.execute(_NEXT_DUE_SQL)
         value = cursor.fetchone()[0]
     return None if value is None else max(0.0, float(value))
 
@@ -218,6 +221,10 @@ UPDATE k2b_run r
  WHERE r.id = s.id
 RETURNING r.id
 """
+
+
+#: The status and generation of held runs the renewal skipped: lost, ended or canceled?
+_STATES_SQL = "SELECT id, status, generation FROM k2b_run WHERE id = ANY(%s)"
 
 
 def renew_leases(conn: Any, held: dict[Any, int], lease: int) -> tuple[set, dict[Any, tuple]]:
@@ -235,9 +242,7 @@ def renew_leases(conn: Any, held: dict[Any, int], lease: int) -> tuple[set, dict
     others = [i for i in ids if i not in renewed]
     states: dict[Any, tuple] = {}
     if others:
-        for run_id, status, generation in conn.execute(
-            "SELECT id, status, generation FROM k2b_run WHERE id = ANY(%s)", [others]
-        ).fetchall():
+        for run_id, status, generation in conn.execute(_STATES_SQL, [others]).fetchall():
             states[run_id] = (status, generation)
     return renewed, states
 

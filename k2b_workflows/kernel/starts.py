@@ -232,6 +232,15 @@ def existing(
     return found
 
 
+#: A run's row; ``{table} {columns}`` as ``dedup.insert_values`` writes them. A row
+#: with the same idempotency key is left alone (nothing returned).
+_INSERT_RUN_SQL = "INSERT INTO {table} {columns} ON CONFLICT DO NOTHING RETURNING id"
+#: The run's row and its budget account's in one statement, the account only with the run.
+_INSERT_RUN_AND_BUDGET_SQL = (
+    "WITH run AS ({run}) INSERT INTO {table} {columns} FROM run RETURNING root_id"
+)
+
+
 def insert(using: str, run: WorkflowRun, budget: BudgetAccount | None) -> bool:
     """Insert ``run`` (and its root's budget account) in one statement; False when a
     unique constraint (the idempotency key) kept it out, and the account with it.
@@ -243,10 +252,10 @@ def insert(using: str, run: WorkflowRun, budget: BudgetAccount | None) -> bool:
     """
     connection = connections[using]
     table, columns, params = insert_values(run, connection)
-    sql = f"INSERT INTO {table} {columns} ON CONFLICT DO NOTHING RETURNING id"
+    sql = _INSERT_RUN_SQL.format(table=table, columns=columns)
     if budget is not None:
         table, columns, budget_params = insert_values(budget, connection, select=True)
-        sql = f"WITH run AS ({sql}) INSERT INTO {table} {columns} FROM run RETURNING root_id"
+        sql = _INSERT_RUN_AND_BUDGET_SQL.format(run=sql, table=table, columns=columns)
         params = [*params, *budget_params]
     # As Django's own saves: an error inside the caller's atomic block marks it
     # for rollback, so their next query says so instead of failing obscurely.
@@ -351,13 +360,16 @@ def start_many(
     return runs
 
 
+_COPY_SQL = "COPY {} ({}) FROM STDIN"
+
+
 def copy_rows(using: str, objs: Sequence[Model]) -> None:
     """``COPY`` ``objs`` (one model) into their table as the ORM would save them, inside
     the current transaction. Database-generated keys are left to the database."""
     connection = connections[using]
     meta = objs[0]._meta
     fields = [f for f in meta.concrete_fields if not isinstance(f, AutoFieldMixin)]
-    statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
+    statement = sql.SQL(_COPY_SQL).format(
         sql.Identifier(meta.db_table), sql.SQL(", ").join(sql.Identifier(f.column) for f in fields)
     )
     with (

@@ -140,15 +140,31 @@ def wake(using: str, *, app_id: str, kind: str, key: str) -> int:
             return cursor.rowcount
 
 
+_NOTIFY_SQL = "SELECT pg_notify(%s, %s)"
+
+
 def notify(using: str, app_id: str) -> None:
     """Wake idle workers now; delivered only if the surrounding transaction commits."""
     with connections[using].cursor() as cursor:
-        cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, app_id])
+        cursor.execute(_NOTIFY_SQL, [CHANNEL, app_id])
 
 
 #: Seconds between two purges by one process: the scan is cheap but need not run every poll.
 PURGE_INTERVAL_S = 60.0
 _last_purge = 0.0
+
+
+_PURGE_STALE_SQL = """
+DELETE FROM k2b_wait WHERE id IN (
+SELECT w.id FROM k2b_wait w
+ WHERE COALESCE(w.signaled_at, w.created_at)
+       < k2b_now() - %s * interval '1 hour'
+   AND NOT EXISTS (
+       SELECT 1 FROM k2b_run r
+        WHERE r.status = 'waiting' AND r.app_id = w.app_id
+          AND r.wait_kind = w.kind AND r.wait_key = w.key)
+ LIMIT %s FOR UPDATE SKIP LOCKED)
+"""
 
 
 def purge_stale_rendezvous(using: str, *, force: bool = False, batch: int = 1000) -> int:
@@ -170,15 +186,7 @@ def purge_stale_rendezvous(using: str, *, force: bool = False, batch: int = 1000
     _last_purge = now
     with connections[using].cursor() as cursor:
         cursor.execute(
-            """DELETE FROM k2b_wait WHERE id IN (
-                   SELECT w.id FROM k2b_wait w
-                    WHERE COALESCE(w.signaled_at, w.created_at)
-                          < k2b_now() - %s * interval '1 hour'
-                      AND NOT EXISTS (
-                          SELECT 1 FROM k2b_run r
-                           WHERE r.status = 'waiting' AND r.app_id = w.app_id
-                             AND r.wait_kind = w.kind AND r.wait_key = w.key)
-                    LIMIT %s FOR UPDATE SKIP LOCKED)""",
+            _PURGE_STALE_SQL,
             [store.wake_retention_hours(), batch],
         )
         return cursor.rowcount
