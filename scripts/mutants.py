@@ -792,6 +792,17 @@ MUTANTS = (
         ("tests/kernel/test_flow.py::test_a_keyed_run_after_holds_no_slot_before_it_is_due",),
     ),
     Mutant(
+        "requeue-releases-the-holder",
+        "k2b_workflows/kernel/requeue.py",
+        "        parts.extend(_RELEASED)\n",
+        "        pass\n",
+        (
+            "tests/crash/test_survive.py::"
+            "test_a_hand_back_is_not_skipped_for_the_lease_keepers_own_renewal",
+            "tests/kernel/test_requeue.py",
+        ),
+    ),
+    Mutant(
         "housekeeping-admits-due-keyed-runs",
         "k2b_workflows/worker/housekeeping.py",
         "            if any(d.concurrency is not None for d in registered_versions()):",
