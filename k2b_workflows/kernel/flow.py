@@ -129,8 +129,8 @@ def start_fields(
     return fields
 
 
-#: How many runs hold a slot of the key (k2b_flow_holders, definer's rights).
-_HOLDERS_SQL = "SELECT k2b_flow_holders(%s, %s)"
+#: How many runs hold a slot of the key.
+_HOLDER_COUNT_SQL = "SELECT k2b_flow_holders(%s, %s)"
 
 
 def has_room(using: str, definition: WorkflowDefinition, key: str) -> bool:
@@ -141,7 +141,7 @@ def has_room(using: str, definition: WorkflowDefinition, key: str) -> bool:
     """
     assert definition.concurrency is not None
     with connections[using].cursor() as cursor:
-        cursor.execute(_HOLDERS_SQL, [definition.name, key])
+        cursor.execute(_HOLDER_COUNT_SQL, [definition.name, key])
         return cursor.fetchone()[0] < definition.concurrency.limit
 
 
