@@ -51,6 +51,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -454,13 +455,7 @@ def run_task_engine(engine: str, url: str, runs: int, threads: int) -> dict[str,
 
 def tasks_main(url: str, runs: int, threads: int, many: int, engines: list[str]) -> None:
     base = urlsplit(url).path.lstrip("/") or "k2b"
-    rows = []
-    for engine in engines:
-        try:
-            rows.append(run_task_engine(engine, url, runs, threads))
-        except Exception as exc:  # the table says why, the other engines still run
-            rows.append({"engine": engine, "version": version(engine), "error": repr(exc)})
-        print(f"{engine}: done", file=sys.stderr, flush=True)
+    rows = run_each(run_task_engine, engines, url, runs, threads)
     pg_db = f"{base}_cmp_pgbench"
     try:
         tps = pgbench(url, pg_db, 2, 5, say=lambda line: print(line, file=sys.stderr))
@@ -519,10 +514,14 @@ def version(engine: str) -> str:
         return "not installed"
 
 
-def run_engine(engine: str, url: str, runs: int, threads: int) -> dict[str, Any]:
-    """Run one engine in a child process on a fresh database; returns its row."""
+def measure(engine: str, url: str, runs: int, threads: int) -> dict[str, Any]:
+    """Run one engine in a child process on a fresh database: its seconds and commits.
+
+    The first child installs the schema (not counted); an idle one measures what
+    the engine commits for nothing, taken off the measured run's commits.
+    """
     base = urlsplit(url).path.lstrip("/") or "k2b"
-    db = f"{base}_cmp_{engine.lower()}"
+    db = f"{base}_cmp_{engine.lower().replace(' ', '_').replace('-', '_')}"
     admin_execute(url, f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)', f'CREATE DATABASE "{db}"')
     try:
         child(engine, url, db, 0, threads)  # installs the schema: not counted
@@ -532,14 +531,44 @@ def run_engine(engine: str, url: str, runs: int, threads: int) -> dict[str, Any]
         return {"engine": engine, "version": version(engine), "error": str(exc)}
     finally:
         admin_execute(url, f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
-    steps = runs * 3
     return {
         "engine": engine,
         "version": version(engine),
-        "workflows_per_s": round(runs / row["seconds"], 1),
-        "steps_per_s": round(steps / row["seconds"], 1),
-        "commits_per_workflow": round((row["commits"] - idle["commits"]) / runs, 2),
+        "seconds": row["seconds"],
+        "commits": row["commits"] - idle["commits"],
     }
+
+
+def run_engine(engine: str, url: str, runs: int, threads: int) -> dict[str, Any]:
+    """One workflow engine on a fresh database: workflows/s, steps/s, commits per workflow."""
+    row = measure(engine, url, runs, threads)
+    if "error" in row:
+        return row
+    seconds, commits = row.pop("seconds"), row.pop("commits")
+    return {
+        **row,
+        "workflows_per_s": round(runs / seconds, 1),
+        "steps_per_s": round(runs * 3 / seconds, 1),
+        "commits_per_workflow": round(commits / runs, 2),
+    }
+
+
+def run_each(
+    run_one: Callable[[str, str, int, int], dict[str, Any]],
+    engines: list[str],
+    url: str,
+    runs: int,
+    threads: int,
+) -> list[dict[str, Any]]:
+    """Each engine's row, one after another; an engine that fails gets a row saying why."""
+    rows = []
+    for engine in engines:
+        try:
+            rows.append(run_one(engine, url, runs, threads))
+        except Exception as exc:  # the table says why, the other engines still run
+            rows.append({"engine": engine, "version": version(engine), "error": repr(exc)})
+        print(f"{engine}: done", file=sys.stderr, flush=True)
+    return rows
 
 
 def child(engine: str, url: str, db: str, runs: int, threads: int) -> dict[str, Any]:
@@ -601,13 +630,7 @@ def main() -> None:
         names = list(TASK_ENGINES) if args.engines == default else args.engines.split(",")
         tasks_main(url, args.runs, args.threads, args.many, names)
         return
-    rows = []
-    for engine in args.engines.split(","):
-        try:
-            rows.append(run_engine(engine, url, args.runs, args.threads))
-        except Exception as exc:  # the table says why, the other engines still run
-            rows.append({"engine": engine, "version": version(engine), "error": repr(exc)})
-        print(f"{engine}: done", file=sys.stderr, flush=True)
+    rows = run_each(run_engine, args.engines.split(","), url, args.runs, args.threads)
     print(
         f"\n{args.runs} workflows x 3 steps, one worker process, concurrency {args.threads}, "
         "same server, one invocation; enqueues included\n"

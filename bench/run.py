@@ -849,52 +849,17 @@ class Bench:
     # -- pgbench -----------------------------------------------------------------
 
     def pgbench(self, clients: int, seconds: int) -> float | None:
-        """Transactions/s of a one-row UPDATE + commit with ``clients`` clients."""
-        binary = shutil.which("pgbench") or next(
-            iter(sorted(Path("/usr/lib/postgresql").glob("*/bin/pgbench"), reverse=True)), None
-        )
-        if not binary:
-            self.say("pgbench: not found (skipped)")
-            return None
-        admin_execute(
+        """Transactions/s of a one-row UPDATE + commit with ``clients`` clients; the CPU
+        (client and server) per transaction goes to ``pgbench_cpu``."""
+        return pgbench(
             self.url,
-            f'DROP DATABASE IF EXISTS "{self.pgbench_db}" WITH (FORCE)',
-            f'CREATE DATABASE "{self.pgbench_db}"',
+            self.pgbench_db,
+            clients,
+            seconds,
+            say=self.say,
+            server_cpu=self.server_cpu,
+            cpu_per_tx_us=self.pgbench_cpu,
         )
-        import psycopg
-
-        target = with_db(self.url, self.pgbench_db)
-        with psycopg.connect(target, autocommit=True) as conn:
-            conn.execute("CREATE TABLE one_row (id int PRIMARY KEY, n bigint NOT NULL)")
-            conn.execute("INSERT INTO one_row SELECT i, 0 FROM generate_series(1, 10000) i")
-        with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as script:
-            script.write(
-                "\\set id random(1, 10000)\nUPDATE one_row SET n = n + 1 WHERE id = :id;\n"
-            )
-        server = self.server_cpu.read() if self.server_cpu else None
-        client = children_cpu_s()
-        try:
-            result = subprocess.run(
-                [
-                    *(str(binary), "-n", "-f", script.name),
-                    *("-c", str(clients), "-j", str(clients), "-T", str(seconds), target),
-                ],
-                check=True,
-                capture_output=True,
-                text=True,
-            )
-        finally:
-            os.unlink(script.name)
-        # Client and server CPU of its transactions: what a commit costs on this host.
-        after = self.server_cpu.read() if self.server_cpu else None
-        cpu = None
-        if server is not None and after is not None:
-            cpu = after - server + children_cpu_s() - client
-        tps = re.search(r"tps = ([\d.]+) \(without initial connection time\)", result.stdout)
-        done = re.search(r"number of transactions actually processed: (\d+)", result.stdout)
-        if done and cpu is not None:
-            self.pgbench_cpu.append(cpu / int(done.group(1)) * 1e6)
-        return float(tps.group(1)) if tps else None
 
     # -- report ------------------------------------------------------------------
 
@@ -1244,9 +1209,23 @@ def main() -> None:
     print(json.dumps(result, sort_keys=True))
 
 
-def pgbench(url: str, database: str, clients: int, seconds: int, say: Any = print) -> float | None:
+def pgbench(
+    url: str,
+    database: str,
+    clients: int,
+    seconds: int,
+    say: Any = print,
+    *,
+    server_cpu: ServerCpu | None = None,
+    cpu_per_tx_us: list[float] | None = None,
+) -> float | None:
     """Transactions/s of a one-row UPDATE + commit with ``clients`` clients, on a fresh
-    ``database`` of the server of ``url`` (left for the caller to drop)."""
+    ``database`` of the server of ``url`` (left for the caller to drop).
+
+    With ``server_cpu`` and ``cpu_per_tx_us``, the client and server CPU per
+    transaction (µs) is appended to ``cpu_per_tx_us``: what a commit costs on
+    this host, beside which the benchmark's own CPU figures are read.
+    """
     binary = shutil.which("pgbench") or next(
         iter(sorted(Path("/usr/lib/postgresql").glob("*/bin/pgbench"), reverse=True)), None
     )
@@ -1266,6 +1245,8 @@ def pgbench(url: str, database: str, clients: int, seconds: int, say: Any = prin
         conn.execute("INSERT INTO one_row SELECT i, 0 FROM generate_series(1, 10000) i")
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as script:
         script.write("\\set id random(1, 10000)\nUPDATE one_row SET n = n + 1 WHERE id = :id;\n")
+    server = server_cpu.read() if server_cpu else None
+    client = children_cpu_s()
     try:
         result = subprocess.run(
             [
@@ -1278,7 +1259,14 @@ def pgbench(url: str, database: str, clients: int, seconds: int, say: Any = prin
         )
     finally:
         os.unlink(script.name)
+    after = server_cpu.read() if server_cpu else None
+    cpu = None
+    if server is not None and after is not None:
+        cpu = after - server + children_cpu_s() - client
     tps = re.search(r"tps = ([\d.]+) \(without initial connection time\)", result.stdout)
+    done = re.search(r"number of transactions actually processed: (\d+)", result.stdout)
+    if done and cpu is not None and cpu_per_tx_us is not None:
+        cpu_per_tx_us.append(cpu / int(done.group(1)) * 1e6)
     return float(tps.group(1)) if tps else None
 
 

@@ -280,6 +280,9 @@ def check_runtime_role(
 READ_COMMITTED = "read committed"
 
 
+_ISOLATION_SQL = "SELECT pg_catalog.current_setting('transaction_isolation')"
+
+
 @register(Tags.database)
 def check_isolation_level(
     app_configs: Sequence[AppConfig] | None = None,
@@ -306,7 +309,7 @@ def check_isolation_level(
 
     from .kernel import db
 
-    query = "SELECT pg_catalog.current_setting('transaction_isolation')"
+    query = _ISOLATION_SQL
     try:
         with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
             cursor.execute(query)

@@ -24,6 +24,10 @@ class DedupConflict(WorkflowError):
     """Another row holds one of the constraints, or the row under ``key`` has other values."""
 
 
+#: The row, unless one with its key (or its run, step and name) exists: nothing returned then.
+_INSERT_ONCE_SQL = "INSERT INTO {table} {insert} ON CONFLICT DO NOTHING RETURNING {pk}"
+
+
 def insert_once(
     model: type[M], key: Any, *, using: str | None = None, **values: Any
 ) -> tuple[M, bool]:
@@ -44,9 +48,8 @@ def insert_once(
     obj = model(key=key, **values)
     table, insert, params = insert_values(obj, connection)
     pk = model._meta.pk
-    sql = (
-        f"INSERT INTO {table} {insert} ON CONFLICT DO NOTHING "
-        f"RETURNING {connection.ops.quote_name(pk.column)}"
+    sql = _INSERT_ONCE_SQL.format(
+        table=table, insert=insert, pk=connection.ops.quote_name(pk.column)
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)

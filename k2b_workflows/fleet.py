@@ -196,13 +196,18 @@ def purge(using: str | None = None, older_than_ms: int | None = None) -> int:
 _LIVE = "state = 'alive' AND heartbeat_at >= k2b_now() - %s * interval '1 millisecond'"
 
 
+_LIVE_WORKERS_SQL = f"""
+SELECT worker_id, host, pid, concurrency, in_flight, workflows,
+     EXTRACT(EPOCH FROM k2b_now() - heartbeat_at)
+FROM k2b_worker WHERE {_LIVE} ORDER BY worker_id
+"""
+
+
 def live_workers(using: str | None = None) -> list[dict[str, Any]]:
     """Workers whose heartbeat is fresh, whatever their row says."""
     rows = db.fetchall(
         using or store.database(),
-        f"""SELECT worker_id, host, pid, concurrency, in_flight, workflows,
-                   EXTRACT(EPOCH FROM k2b_now() - heartbeat_at)
-              FROM k2b_worker WHERE {_LIVE} ORDER BY worker_id""",
+        _LIVE_WORKERS_SQL,
         [store.worker_fresh_ms()],
     )
     return [
@@ -219,6 +224,17 @@ def live_workers(using: str | None = None) -> list[dict[str, Any]]:
     ]
 
 
+_STATUS_COUNTS_SQL = "SELECT status, count(*) FROM k2b_run GROUP BY status"
+
+#: Runs due now, and how long the oldest of them has waited (seconds).
+_DUE_SQL = """
+SELECT count(*), EXTRACT(EPOCH FROM k2b_now() - min(run_after))
+FROM k2b_run WHERE status = 'queued' AND run_after <= k2b_now()
+"""
+
+_LIVE_COUNT_SQL = f"SELECT count(*) FROM k2b_worker WHERE {_LIVE}"
+
+
 def queue_counts(cursor: Any) -> tuple[dict[str, int], int, float | None, int]:
     """Runs by status, queued runs that are due, the oldest due one's age, live workers.
 
@@ -226,16 +242,21 @@ def queue_counts(cursor: Any) -> tuple[dict[str, int], int, float | None, int]:
     a connection of its own). Returns (counts, due, oldest age in seconds or
     None when nothing is due, live worker count).
     """
-    cursor.execute("SELECT status, count(*) FROM k2b_run GROUP BY status")
+    cursor.execute(_STATUS_COUNTS_SQL)
     counts = dict(cursor.fetchall())
-    cursor.execute(
-        """SELECT count(*), EXTRACT(EPOCH FROM k2b_now() - min(run_after))
-             FROM k2b_run WHERE status = 'queued' AND run_after <= k2b_now()"""
-    )
+    cursor.execute(_DUE_SQL)
     due, oldest = cursor.fetchone()
-    cursor.execute(f"SELECT count(*) FROM k2b_worker WHERE {_LIVE}", [store.worker_fresh_ms()])
+    cursor.execute(_LIVE_COUNT_SQL, [store.worker_fresh_ms()])
     live = cursor.fetchone()[0]
     return counts, int(due), None if oldest is None else float(oldest), int(live)
+
+
+_QUEUED_BY_WORKFLOW_SQL = """
+SELECT workflow_name, workflow_version, app_id, count(*),
+      EXTRACT(EPOCH FROM k2b_now() - min(created_at))
+ FROM k2b_run WHERE status = 'queued'
+GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
+"""
 
 
 def status(using: str | None = None) -> dict[str, Any]:
@@ -247,12 +268,7 @@ def status(using: str | None = None) -> dict[str, Any]:
     using = using or store.database()
     with connections[using].cursor() as cursor:
         counts, due, oldest, _ = queue_counts(cursor)
-        cursor.execute(
-            """SELECT workflow_name, workflow_version, app_id, count(*),
-                      EXTRACT(EPOCH FROM k2b_now() - min(created_at))
-                 FROM k2b_run WHERE status = 'queued'
-                GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"""
-        )
+        cursor.execute(_QUEUED_BY_WORKFLOW_SQL)
         queued = cursor.fetchall()
         busiest = flow.busiest_keys(cursor, limit=5)
         behind, _ = flow.flow_counts(cursor)

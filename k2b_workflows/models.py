@@ -515,53 +515,6 @@ class LedgerEntry(models.Model):
         return f"{self.run_id} #{self.seq} {self.kind}"
 
 
-class BudgetAccount(models.Model):
-    """The root run's budget: limits and what the whole tree has spent.
-
-    Every charge locks this row, so concurrent children serialize on it and
-    can never overshoot.
-    """
-
-    root = models.OneToOneField(
-        WorkflowRun, primary_key=True, on_delete=models.PROTECT, related_name="budget"
-    )
-    effect_budget = models.JSONField(default=dict, blank=True)
-    max_ai_calls = models.IntegerField(null=True, blank=True)
-    max_steps = models.IntegerField(null=True, blank=True)
-    spent = models.JSONField(default=dict, blank=True)
-    ai_calls = models.IntegerField(default=0)
-    children = models.IntegerField(default=0)
-
-    class Meta:
-        db_table = "k2b_budget_account"
-
-    def __str__(self) -> str:
-        return f"budget of {self.root_id}"
-
-
-class BudgetCharge(models.Model):
-    """One unit of cost paid by one step: unique per root, run, step and unit."""
-
-    account = models.ForeignKey(BudgetAccount, on_delete=models.PROTECT, related_name="charges")
-    run = models.ForeignKey(WorkflowRun, on_delete=models.PROTECT, related_name="charges")
-    seq = models.IntegerField()
-    unit = models.CharField(max_length=100)
-    amount = models.IntegerField()
-    created_at = models.DateTimeField(default=timezone.now)
-
-    class Meta:
-        db_table = "k2b_budget_charge"
-        constraints = [
-            models.UniqueConstraint(
-                fields=["account", "run", "seq", "unit"], name="k2b_charge_once_per_step"
-            )
-        ]
-        triggers = append_only("charge_append_only")
-
-    def __str__(self) -> str:
-        return f"{self.amount} {self.unit} for {self.run_id} #{self.seq}"
-
-
 class WaitRendezvous(models.Model):
     """The one row per ``(app_id, kind, key)`` that parking and waking both lock.
 
@@ -585,68 +538,6 @@ class WaitRendezvous(models.Model):
 
     def __str__(self) -> str:
         return f"{self.app_id}/{self.kind}/{self.key}"
-
-
-class AiTask(models.Model):
-    """A durable call to an AI provider, created once per step and run by workers."""
-
-    class Status(models.TextChoices):
-        QUEUED = "queued"
-        RUNNING = "running"
-        SUCCEEDED = "succeeded"
-        FAILED = "failed"
-        CANCELED = "canceled"
-
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    run = models.ForeignKey(WorkflowRun, on_delete=models.PROTECT, related_name="ai_tasks")
-    seq = models.IntegerField()
-    app_id = models.CharField(max_length=100)
-    effect_key = models.CharField(max_length=200, unique=True)
-    provider = models.CharField(max_length=200)
-    request = models.JSONField()
-    #: HMAC under the evidence key over the request and whose it is (``kernel/ai.py``):
-    #: a worker calls the provider only with a request the kernel wrote.
-    request_seal = models.CharField(max_length=100, blank=True, default="", editable=False)
-    status = models.CharField(max_length=20, choices=Status.choices, default=Status.QUEUED)
-    result = models.JSONField(null=True, blank=True)
-    error_message = models.TextField(blank=True, default="")
-    attempts = models.IntegerField(default=0)
-    generation = models.BigIntegerField(default=0)
-    lease_expires_at = models.DateTimeField(null=True, blank=True)
-    created_at = models.DateTimeField(default=timezone.now)
-    updated_at = models.DateTimeField(default=timezone.now)
-    finished_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        db_table = "k2b_ai_task"
-        verbose_name = "AI task"
-        indexes = [
-            models.Index(
-                fields=["created_at"], condition=models.Q(status="queued"), name="k2b_ai_queued"
-            ),
-        ]
-        triggers = [
-            GuardedFSM(
-                name="ai_status_transitions",
-                field="status",
-                transitions=[
-                    ("queued", "running"),
-                    ("queued", "canceled"),
-                    ("running", "queued"),
-                    ("running", "succeeded"),
-                    ("running", "failed"),
-                    ("running", "canceled"),
-                ],
-            ),
-            Notify(
-                name="notify_ai_queued",
-                operation=pgtrigger.Insert | pgtrigger.Update,
-                condition=pgtrigger.Q(new__status="queued"),
-            ),
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.provider} for {self.run_id} #{self.seq}"
 
 
 class DedupRecord(models.Model):
@@ -728,118 +619,12 @@ class Incident(WorkflowRun):
         ordering = ["updated_at", "created_at"]
 
 
-class WorkerRecord(models.Model):
-    """One ``runworkflows`` process, as it last reported itself: the fleet an operator sees.
-
-    Written only by the worker's heartbeat thread (on a connection of its own,
-    so a worker busy with long steps still beats) and by whoever notices a
-    heartbeat too old and marks the row lost. Runs name their worker in
-    ``WorkflowRun.claimed_by``, which is ``worker_id``. Not a foreign key: a
-    run must never wait on, or be deleted with, the row of a dead process.
-    """
-
-    class State(models.TextChoices):
-        ALIVE = "alive"
-        STOPPED = "stopped"
-        LOST = "lost"
-
-    worker_id = models.CharField(max_length=200, primary_key=True)
-    host = models.CharField(max_length=255)
-    pid = models.IntegerField()
-    started_at = models.DateTimeField()
-    heartbeat_at = models.DateTimeField()
-    stopped_at = models.DateTimeField(null=True, blank=True)
-    state = models.CharField(max_length=10, choices=State.choices, default=State.ALIVE)
-    concurrency = models.PositiveIntegerField()
-    #: The ``--app`` filter; empty: every app.
-    apps = models.JSONField(default=list, blank=True)
-    #: What it can claim: ``[{"name": ..., "version": ..., "app_id": ...}, ...]``.
-    workflows = models.JSONField(default=list, blank=True)
-    in_flight = models.PositiveIntegerField(default=0)
-
-    class Meta:
-        db_table = "k2b_worker"
-        ordering = ["state", "-heartbeat_at"]
-        verbose_name = "worker"
-        indexes = [models.Index(fields=["state", "heartbeat_at"], name="k2b_worker_state_beat")]
-
-    def __str__(self) -> str:
-        return self.worker_id
-
-
-class RateDispatch(models.Model):
-    """One admitted dispatch of a rate-limited action: what the sliding window counts.
-
-    Reserved in a committed transaction before the effect, stamped with the
-    database's clock just before ``run()`` (``kernel/flow.py``). Rows older than
-    their own window are deleted by the next admission of their key, inside
-    ``k2b_rate_admit``: the runtime role may only read this table (#35).
-    """
-
-    id = models.BigAutoField(primary_key=True)
-    #: ``<action name>`` or ``<action name>:<rate_limit_key(input)>``.
-    limit_key = models.CharField(max_length=500)
-    #: When ``run()`` was about to be called; NULL while only reserved (it counts
-    #: as a call made now until it is stamped).
-    at = models.DateTimeField(null=True, blank=True)
-    reserved_at = models.DateTimeField()
-    #: The run's fence at the reservation: an unstamped one of an older life is void.
-    generation = models.BigIntegerField()
-    run = models.ForeignKey(
-        WorkflowRun,
-        on_delete=models.DO_NOTHING,
-        db_constraint=False,
-        db_index=False,
-        related_name="+",
-    )
-    seq = models.IntegerField()
-    #: The window the dispatch was admitted under (``per`` plus the margin): the row
-    #: counts, and is kept, for that long after ``at`` whatever a later caller's
-    #: window (#35). NULL for rows admitted before it was recorded.
-    window_ms = models.BigIntegerField(null=True, blank=True)
-
-    class Meta:
-        db_table = "k2b_rate_dispatch"
-        ordering = ["-at"]
-        verbose_name = "rate-limited dispatch"
-        indexes = [models.Index(fields=["limit_key", "at"], name="k2b_rate_dispatch_key_at")]
-
-    def __str__(self) -> str:
-        return f"{self.limit_key} at {self.at}"
-
-
-class OverviewMinute(models.Model):
-    """Runs started or finished in one minute that is over, per status and error code.
-
-    The admin's overview counts each minute from the runs table once, when it
-    has been over for a while, and reads it from here afterwards: the page's
-    cost is the last few minutes', however many runs the window holds. A row
-    of kind ``rolled`` marks a minute as counted (a minute with no runs has no
-    other row). Not evidence: the runtime role deletes rows older than two days.
-    """
-
-    class Kind(models.TextChoices):
-        STARTED = "started"
-        FINISHED = "finished"
-        ROLLED = "rolled"
-
-    minute = models.DateTimeField()
-    kind = models.CharField(max_length=10, choices=Kind.choices)
-    status = models.CharField(max_length=20, blank=True, default="")
-    error_code = models.CharField(max_length=100, blank=True, default="")
-    count = models.BigIntegerField()
-
-    class Meta:
-        db_table = "k2b_overview_minute"
-        constraints = [
-            models.UniqueConstraint(
-                fields=["minute", "kind", "status", "error_code"], name="k2b_overview_minute_once"
-            )
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.minute:%Y-%m-%d %H:%M} {self.kind} {self.status} {self.count}"
-
-
-# Schedules live in a module of their own; they are models of this app all the same.
+# Models about one thing live in modules of their own (schedules, budgets, AI
+# tasks, the fleet, the overview's counts, rate limits); they are models of this
+# app all the same, importable from here as always.
+from .ai_models import AiTask  # noqa: E402, F401
+from .budget_models import BudgetAccount, BudgetCharge  # noqa: E402, F401
+from .fleet_models import WorkerRecord  # noqa: E402, F401
+from .flow_models import RateDispatch  # noqa: E402, F401
+from .overview_models import OverviewMinute  # noqa: E402, F401
 from .schedule_models import WorkflowSchedule, WorkflowScheduleSkip  # noqa: E402, F401

@@ -50,6 +50,9 @@ IDLE_CLOSE_S = 30.0
 _NOTIFIES_TIMEOUT_S = 0.5
 
 
+_LISTEN_ENDED_SQL = f"LISTEN {ENDED_CHANNEL}"
+
+
 class EndListener:
     """One LISTEN connection per process, shared by every waiter in it.
 
@@ -129,7 +132,7 @@ class EndListener:
             conn = None
             try:
                 conn = db.autocommit_connection(store.listen_database(), follow_clock=False)
-                conn.execute(f"LISTEN {ENDED_CHANNEL}")
+                conn.execute(_LISTEN_ENDED_SQL)
                 self.listening.set()
                 backoff.reset()
                 # An end committed while nobody listened: every waiter reads again.

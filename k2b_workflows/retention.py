@@ -57,6 +57,14 @@ DELETE FROM k2b_wait w
                       AND r.app_id = w.app_id AND r.wait_kind = w.kind AND r.wait_key = w.key)
 """
 
+#: A dry run counts what each DELETE would delete: the same statement, its head replaced.
+_COUNT_INSTEAD = ("DELETE FROM", "SELECT count(*) FROM")
+_COUNT_RENDEZVOUS_INSTEAD = ("DELETE FROM k2b_wait w", "SELECT count(*) FROM k2b_wait w")
+
+
+#: Every run of the trees of these roots.
+_TREE_SQL = "SELECT id FROM k2b_run WHERE root_id = ANY(%s)"
+
 
 def purge_finished_runs(
     *,
@@ -85,12 +93,12 @@ def purge_finished_runs(
     ):
         cursor.execute(_ROOTS_SQL, [cutoff, cutoff, batch])
         roots = [row[0] for row in cursor.fetchall()]
-        cursor.execute("SELECT id FROM k2b_run WHERE root_id = ANY(%s)", [roots])
+        cursor.execute(_TREE_SQL, [roots])
         tree = [row[0] for row in cursor.fetchall()]
         counts["run trees"] = len(roots)
         for label, sql in _DELETES:
             if dry_run:
-                cursor.execute(sql.replace("DELETE FROM", "SELECT count(*) FROM", 1), [tree])
+                cursor.execute(sql.replace(*_COUNT_INSTEAD, 1), [tree])
                 counts[label] = cursor.fetchone()[0]
             else:
                 cursor.execute(sql, [tree])
@@ -101,7 +109,7 @@ def purge_finished_runs(
             transaction.on_commit(lambda: witness.purged(tree), using=using)
         sql = _RENDEZVOUS_SQL
         if dry_run:
-            sql = sql.replace("DELETE FROM k2b_wait w", "SELECT count(*) FROM k2b_wait w", 1)
+            sql = sql.replace(*_COUNT_RENDEZVOUS_INSTEAD, 1)
             cursor.execute(sql, [cutoff])
             counts["wait rendezvous"] = cursor.fetchone()[0]
         else:

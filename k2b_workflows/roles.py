@@ -83,6 +83,27 @@ def runtime_grants(role: str, using: str) -> list[str]:
     return [statement.as_string(conn.connection) for statement in grant_statements(role, using)]
 
 
+_SCHEMA_SQL = "SELECT pg_catalog.current_schema()"
+
+_GRANT_SCHEMA_SQL = "GRANT USAGE ON SCHEMA {} TO {}"
+
+_REVOKE_ALL_SQL = "REVOKE ALL ON TABLE {} FROM {}"
+
+_GRANT_APPEND_SQL = "GRANT SELECT, INSERT ON TABLE {} TO {}"
+
+_GRANT_MUTABLE_SQL = "GRANT SELECT, INSERT, UPDATE ON TABLE {} TO {}"
+
+_GRANT_COLUMNS_SQL = "GRANT SELECT, INSERT, UPDATE ({}) ON TABLE {} TO {}"
+
+_GRANT_READ_SQL = "GRANT SELECT ON TABLE {} TO {}"
+
+_GRANT_DELETE_SQL = "GRANT DELETE ON TABLE {} TO {}"
+
+_GRANT_SEQUENCES_SQL = "GRANT USAGE, SELECT ON SEQUENCE {} TO {}"
+
+_GRANT_FUNCTIONS_SQL = "GRANT EXECUTE ON FUNCTION {} TO {}"
+
+
 def grant_statements(role: str, using: str) -> list[sql.Composed]:
     """``runtime_grants`` as composed statements, identifiers passed as ``sql.Identifier``.
 
@@ -93,7 +114,7 @@ def grant_statements(role: str, using: str) -> list[sql.Composed]:
         raise ValueError("the role name must be a non-empty string without NUL")
     tables = kernel_tables()
     with connections[using].cursor() as cursor:
-        cursor.execute("SELECT pg_catalog.current_schema()")
+        cursor.execute(_SCHEMA_SQL)
         schema = cursor.fetchone()[0]
     mutable = [
         t
@@ -106,18 +127,16 @@ def grant_statements(role: str, using: str) -> list[sql.Composed]:
         return sql.SQL(", ").join(sql.Identifier(t) for t in items)
 
     statements = [
-        sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(schema), grantee),
-        sql.SQL("REVOKE ALL ON TABLE {} FROM {}").format(names(tables), grantee),
-        sql.SQL("GRANT SELECT, INSERT ON TABLE {} TO {}").format(
-            names(APPEND_ONLY_TABLES), grantee
-        ),
-        sql.SQL("GRANT SELECT, INSERT, UPDATE ON TABLE {} TO {}").format(names(mutable), grantee),
+        sql.SQL(_GRANT_SCHEMA_SQL).format(sql.Identifier(schema), grantee),
+        sql.SQL(_REVOKE_ALL_SQL).format(names(tables), grantee),
+        sql.SQL(_GRANT_APPEND_SQL).format(names(APPEND_ONLY_TABLES), grantee),
+        sql.SQL(_GRANT_MUTABLE_SQL).format(names(mutable), grantee),
     ]
     for table, frozen in FROZEN_COLUMNS.items():
         if table not in tables:
             continue
         statements.append(
-            sql.SQL("GRANT SELECT, INSERT, UPDATE ({}) ON TABLE {} TO {}").format(
+            sql.SQL(_GRANT_COLUMNS_SQL).format(
                 sql.SQL(", ").join(sql.Identifier(c) for c in _columns(table) if c not in frozen),
                 sql.Identifier(table),
                 grantee,
@@ -125,18 +144,14 @@ def grant_statements(role: str, using: str) -> list[sql.Composed]:
         )
     readable = [t for t in RUNTIME_READS_ONLY if t in tables]
     if readable:
-        statements.append(
-            sql.SQL("GRANT SELECT ON TABLE {} TO {}").format(names(readable), grantee)
-        )
+        statements.append(sql.SQL(_GRANT_READ_SQL).format(names(readable), grantee))
     deletable = [t for t in RUNTIME_DELETES if t in tables]
     if deletable:
-        statements.append(
-            sql.SQL("GRANT DELETE ON TABLE {} TO {}").format(names(deletable), grantee)
-        )
+        statements.append(sql.SQL(_GRANT_DELETE_SQL).format(names(deletable), grantee))
     sequences = _owned_sequences(using, tables)
     if sequences:
         statements.append(
-            sql.SQL("GRANT USAGE, SELECT ON SEQUENCE {} TO {}").format(
+            sql.SQL(_GRANT_SEQUENCES_SQL).format(
                 sql.SQL(", ").join(sql.Identifier(*name) for name in sequences), grantee
             )
         )
@@ -144,7 +159,7 @@ def grant_statements(role: str, using: str) -> list[sql.Composed]:
     # functions by default, but a hardened database revokes that default.
     # The flow-control functions too: the slot triggers run them as the runtime role.
     statements.append(
-        sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(
+        sql.SQL(_GRANT_FUNCTIONS_SQL).format(
             sql.SQL(", ").join(
                 sql.SQL("{}({})").format(sql.Identifier(schema, name), sql.SQL(args))
                 for name, args in KERNEL_FUNCTIONS
@@ -204,6 +219,26 @@ def apply_grants(role: str, using: str) -> list[str]:
     return [statement.as_string(conn.connection) for statement in statements]
 
 
+_SUPERUSER_SQL = "SELECT current_user, rolsuper FROM pg_roles WHERE rolname = current_user"
+
+_OWNS_TABLE_SQL = """
+SELECT pg_has_role(current_user, c.relowner, 'MEMBER')
+FROM pg_class c WHERE c.oid = to_regclass(%s)
+"""
+
+_TABLE_PRIVILEGE_SQL = "SELECT has_table_privilege(current_user, %s, %s)"
+
+_COLUMN_UPDATE_PRIVILEGE_SQL = (
+    "SELECT CASE WHEN to_regclass(%s) IS NOT NULL"
+    " THEN has_column_privilege(current_user, %s, %s, 'UPDATE') END"
+)
+
+_TABLE_PRIVILEGE_IF_EXISTS_SQL = (
+    "SELECT CASE WHEN to_regclass(%s) IS NOT NULL"
+    " THEN has_table_privilege(current_user, %s, %s) END"
+)
+
+
 def excess_privileges(using: str) -> list[str]:
     """What the role connected on ``using`` could do to the append-only tables beyond
     INSERT and SELECT, or to the flow-control and budget state beyond what
@@ -211,14 +246,13 @@ def excess_privileges(using: str) -> list[str]:
     or of a limit."""
     problems = []
     with connections[using].cursor() as cursor:
-        cursor.execute("SELECT current_user, rolsuper FROM pg_roles WHERE rolname = current_user")
+        cursor.execute(_SUPERUSER_SQL)
         user, superuser = cursor.fetchone()
         if superuser:
             return [f"{user} is a superuser: it can disable every trigger"]
         for table in APPEND_ONLY_TABLES:
             cursor.execute(
-                """SELECT pg_has_role(current_user, c.relowner, 'MEMBER')
-                     FROM pg_class c WHERE c.oid = to_regclass(%s)""",
+                _OWNS_TABLE_SQL,
                 [table],
             )
             row = cursor.fetchone()
@@ -227,17 +261,14 @@ def excess_privileges(using: str) -> list[str]:
             if row[0]:
                 problems.append(f"{user} owns {table}: it can DISABLE TRIGGER")
             for privilege in _FORBIDDEN:
-                cursor.execute(
-                    "SELECT has_table_privilege(current_user, %s, %s)", [table, privilege]
-                )
+                cursor.execute(_TABLE_PRIVILEGE_SQL, [table, privilege])
                 if cursor.fetchone()[0]:
                     problems.append(f"{user} can {privilege} {table}")
         # What decides how often an effect may happen (#35).
         for table, frozen in FROZEN_COLUMNS.items():
             for column in frozen:
                 cursor.execute(
-                    "SELECT CASE WHEN to_regclass(%s) IS NOT NULL"
-                    " THEN has_column_privilege(current_user, %s, %s, 'UPDATE') END",
+                    _COLUMN_UPDATE_PRIVILEGE_SQL,
                     [table, table, column],
                 )
                 if cursor.fetchone()[0]:
@@ -245,8 +276,7 @@ def excess_privileges(using: str) -> list[str]:
         for table in RUNTIME_READS_ONLY:
             for privilege in ("INSERT", "UPDATE", "DELETE"):
                 cursor.execute(
-                    "SELECT CASE WHEN to_regclass(%s) IS NOT NULL"
-                    " THEN has_table_privilege(current_user, %s, %s) END",
+                    _TABLE_PRIVILEGE_IF_EXISTS_SQL,
                     [table, table, privilege],
                 )
                 if cursor.fetchone()[0]:

@@ -53,6 +53,10 @@ class _Unset:
 sealer: Sealer = _Unset()
 
 
+#: The database's time (k2b_now(), which a test's clock may move).
+NOW_SQL = "SELECT k2b_now()"
+
+
 class WorkflowSchedule(models.Model):
     """A workflow that starts by itself: on a cron expression or every fixed interval.
 
@@ -188,7 +192,7 @@ class WorkflowSchedule(models.Model):
                     field="seal",
                 )
             with connections[using].cursor() as cursor:
-                cursor.execute("SELECT k2b_now()")
+                cursor.execute(NOW_SQL)
                 now = cursor.fetchone()[0]
             self.updated_at = now
             changed = (

@@ -21,6 +21,7 @@ from . import store, validation
 from .control import start_workflow_run
 from .exceptions import InvalidInput, InvalidSchedule
 from .models import WorkflowRun, WorkflowSchedule
+from .schedule_models import NOW_SQL
 from .schedules import SCHEDULED_FOR, Schedule, iso
 from .workflows import get_workflow, registered_workflows
 
@@ -112,7 +113,7 @@ def run_schedule_now(row: WorkflowSchedule) -> WorkflowRun:
     using = store.database()
     from .kernel import db
 
-    now = db.fetchall(using, "SELECT k2b_now()")[0][0]
+    now = db.fetchall(using, NOW_SQL)[0][0]
     return start_workflow_run(
         row.workflow_name,
         {**row.input, SCHEDULED_FOR: iso(now)},

@@ -80,8 +80,7 @@ def run_until_idle(
         while True:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"run_until_idle: still busy after {timeout} s ({dict(stats)})")
-            worker._last_housekeeping = 0.0
-            worker._housekeeping(0)
+            worker.housekeeping.run(0)  # a poll of 0: every call is a pass
             if scheduled := worker.fire_schedules(force=True):
                 stats["scheduled"] += scheduled
             runs, loaded, tasks = worker.claim(1)
@@ -110,7 +109,7 @@ def run_until_idle(
                     keeper.untrack_task(task[0])
             if runs or tasks:
                 continue
-            if worker._pending():
+            if worker.selection.pending(using):
                 if _active_clock is not None and _active_clock._skip_ms(
                     _next_retry_ms(using, worker)
                 ):
@@ -128,38 +127,45 @@ def run_until_idle(
         keeper.stop()
 
 
+#: The next due run of these workflows (``{app_filter}``: of these apps too).
+_NEXT_RETRY_SQL = f"""
+SELECT EXTRACT(EPOCH FROM (min(run_after) - k2b_now())) * 1000 FROM k2b_run
+ WHERE ((status = 'queued' AND {flow.CLAIMABLE}) OR {flow.DELAYED_KEYED})
+   AND (workflow_name, workflow_version)
+       IN (SELECT * FROM unnest(%s::text[], %s::int[])) {{app_filter}}
+"""
+_APP_FILTER = "AND app_id = ANY(%s)"
+
+
 def _next_retry_ms(using: str, worker: Worker) -> float | None:
     """Milliseconds until the next queued run this worker may claim is due (None: none).
 
     Only what ``run_until_idle`` waits for: not another app's retries, not a
     lease some other (dead) worker still holds, not a wait deadline.
     """
-    workflows = worker._workflows()
+    workflows = worker.selection.workflows()
     params: list[Any] = [[n for n, _ in workflows], [v for _, v in workflows]]
     app_filter = ""
     if worker.app_ids:
-        app_filter = "AND app_id = ANY(%s)"
+        app_filter = _APP_FILTER
         params.append(list(worker.app_ids))
     with connections[using].cursor() as cursor:
-        cursor.execute(
-            f"""SELECT EXTRACT(EPOCH FROM (min(run_after) - k2b_now())) * 1000 FROM k2b_run
-                 WHERE ((status = 'queued' AND {flow.CLAIMABLE}) OR {flow.DELAYED_KEYED})
-                   AND (workflow_name, workflow_version)
-                       IN (SELECT * FROM unnest(%s::text[], %s::int[])) {app_filter}""",
-            params,
-        )
+        cursor.execute(_NEXT_RETRY_SQL.format(app_filter=app_filter), params)
         value = cursor.fetchone()[0]
     return None if value is None else max(0.0, float(value))
+
+
+_NEXT_DEADLINE_SQL = (
+    "SELECT EXTRACT(EPOCH FROM (min(wait_deadline) - k2b_now())) * 1000"
+    " FROM k2b_run WHERE status = 'waiting' AND wait_deadline IS NOT NULL"
+)
 
 
 def _next_deadline_ms(using: str) -> float | None:
     from django.db import connections
 
     with connections[using].cursor() as cursor:
-        cursor.execute(
-            "SELECT EXTRACT(EPOCH FROM (min(wait_deadline) - k2b_now())) * 1000"
-            " FROM k2b_run WHERE status = 'waiting' AND wait_deadline IS NOT NULL"
-        )
+        cursor.execute(_NEXT_DEADLINE_SQL)
         value = cursor.fetchone()[0]
     return None if value is None else max(0.0, float(value))
 
@@ -173,12 +179,17 @@ class SimulatedCrash(BaseException):
     """
 
 
+_EXPIRE_LEASE_SQL = (
+    "UPDATE k2b_run SET lease_expires_at = k2b_now() - interval '1 ms'"
+    " WHERE id = %s AND generation = %s AND status = 'running'"
+)
+
+
 def _expire_lease(using: str, run_id: uuid.UUID, generation: int) -> None:
     """What the dead process leaves behind: its lease runs out, nothing else changes."""
     with connections[using].cursor() as cursor:
         cursor.execute(
-            "UPDATE k2b_run SET lease_expires_at = k2b_now() - interval '1 ms'"
-            " WHERE id = %s AND generation = %s AND status = 'running'",
+            _EXPIRE_LEASE_SQL,
             [run_id, generation],
         )
 

@@ -588,7 +588,7 @@ MUTANTS = (
     ),
     Mutant(
         "worker-names-unknown-apps",
-        "k2b_workflows/worker/loop.py",
+        "k2b_workflows/worker/selection.py",
         "            if app_id not in known:\n",
         "            if False:\n",
         (
@@ -598,7 +598,7 @@ MUTANTS = (
     ),
     Mutant(
         "worker-counts-outcome-values",
-        "k2b_workflows/worker/loop.py",
+        "k2b_workflows/worker/runner.py",
         "                self.stats[str(outcome)] += 1\n",
         "                self.stats[outcome] += 1\n",
         (
@@ -913,8 +913,19 @@ MUTANTS = (
         ("tests/kernel/test_flow.py::test_a_keyed_run_after_holds_no_slot_before_it_is_due",),
     ),
     Mutant(
+        "requeue-releases-the-holder",
+        "k2b_workflows/kernel/requeue.py",
+        "        parts.extend(_RELEASED)\n",
+        "        pass\n",
+        (
+            "tests/crash/test_survive.py::"
+            "test_a_hand_back_is_not_skipped_for_the_lease_keepers_own_renewal",
+            "tests/kernel/test_requeue.py",
+        ),
+    ),
+    Mutant(
         "housekeeping-admits-due-keyed-runs",
-        "k2b_workflows/worker/loop.py",
+        "k2b_workflows/worker/housekeeping.py",
         "            if any(d.concurrency is not None for d in registered_versions()):",
         "            if False:",
         ("tests/kernel/test_flow.py::test_a_keyed_run_after_holds_no_slot_before_it_is_due",),

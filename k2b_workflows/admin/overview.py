@@ -249,6 +249,12 @@ def read(window: str = "hour", using: str | None = None) -> Overview:
     )
 
 
+#: One process rolls the minutes at a time; the others skip the pass.
+_ROLL_LOCK_SQL = "SELECT pg_try_advisory_xact_lock(%s)"
+
+_PURGE_SQL = "DELETE FROM k2b_overview_minute WHERE minute < %s"
+
+
 def _roll(
     using: str,
     missing: set[dt.datetime],
@@ -275,10 +281,10 @@ def _roll(
     columns = [list(column) for column in zip(*rows, strict=True)]
     try:
         with transaction.atomic(using=using), connections[using].cursor() as cursor:
-            cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [_ROLL_LOCK])
+            cursor.execute(_ROLL_LOCK_SQL, [_ROLL_LOCK])
             if not cursor.fetchone()[0]:
                 return
             cursor.execute(_ROLL_SQL, columns)
-            cursor.execute("DELETE FROM k2b_overview_minute WHERE minute < %s", [now - KEEP])
+            cursor.execute(_PURGE_SQL, [now - KEEP])
     except DatabaseError as exc:
         logger.warning("the overview's rollup was not written: %s", exc)

@@ -86,6 +86,18 @@ def request_problem(
     return f"its request (or whose step it is) {why}: it was not written by the kernel"
 
 
+#: The AI task this step created, if any (a step resumed after a crash finds it).
+_TASK_OF_STEP_SQL = "SELECT status, result, error_message FROM k2b_ai_task WHERE effect_key = %s"
+
+_INSERT_TASK_SQL = """
+INSERT INTO k2b_ai_task (id, run_id, seq, app_id, effect_key, provider, request,
+    request_seal, status, attempts, generation, created_at, updated_at,
+    error_message)
+VALUES (gen_random_uuid(), %s, %s, %s, %s, %s, %s, %s, 'queued', 0, 0,
+        k2b_now(), k2b_now(), '')
+"""
+
+
 def step_task(ctx: StepContext, provider: str, request: Any) -> Result:
     if provider not in _providers:
         return failed(f"no AI provider {provider!r} is registered", code="UNKNOWN_AI_PROVIDER")
@@ -99,7 +111,7 @@ def step_task(ctx: StepContext, provider: str, request: Any) -> Result:
         db.fence(using, ctx.run_id, ctx.generation, store.lease_ms())
         rows = db.fetchall(
             using,
-            "SELECT status, result, error_message FROM k2b_ai_task WHERE effect_key = %s",
+            _TASK_OF_STEP_SQL,
             [ctx.effect_key],
         )
         if not rows:
@@ -111,11 +123,7 @@ def step_task(ctx: StepContext, provider: str, request: Any) -> Result:
                 return failed(str(exc), code=codes.EFFECT_BUDGET_EXCEEDED)
             db.execute(
                 using,
-                """INSERT INTO k2b_ai_task (id, run_id, seq, app_id, effect_key, provider, request,
-                       request_seal, status, attempts, generation, created_at, updated_at,
-                       error_message)
-                   VALUES (gen_random_uuid(), %s, %s, %s, %s, %s, %s, %s, 'queued', 0, 0,
-                           k2b_now(), k2b_now(), '')""",
+                _INSERT_TASK_SQL,
                 [
                     ctx.run_id,
                     ctx.step,
@@ -166,6 +174,22 @@ def claim_tasks(using: str, *, app_ids: list[str] | None, limit: int) -> list[tu
         return cursor.fetchall()
 
 
+_REAP_TASKS_SQL = """
+UPDATE k2b_ai_task t
+      SET status = CASE WHEN t.attempts >= %s THEN 'failed' ELSE 'queued' END,
+          error_message = CASE WHEN t.attempts >= %s
+              THEN 'gave up after ' || t.attempts || ' attempts: each time the worker '
+                   'lost the task before storing an answer (AI_TASK_MAX_ATTEMPTS)'
+              ELSE t.error_message END,
+          finished_at = CASE WHEN t.attempts >= %s THEN k2b_now() END,
+          lease_expires_at = NULL, updated_at = k2b_now()
+    WHERE t.id IN (SELECT id FROM k2b_ai_task WHERE status = 'running'
+                    AND lease_expires_at < k2b_now()
+                    LIMIT 500 FOR UPDATE SKIP LOCKED)
+RETURNING t.status, t.app_id, t.effect_key
+"""
+
+
 def reap_expired(using: str) -> int:
     """A worker died while running a provider: queue the task again, a bounded number of times.
 
@@ -177,24 +201,20 @@ def reap_expired(using: str) -> int:
     limit = store.ai_task_max_attempts()
     rows = db.fetchall(
         using,
-        """UPDATE k2b_ai_task t
-              SET status = CASE WHEN t.attempts >= %s THEN 'failed' ELSE 'queued' END,
-                  error_message = CASE WHEN t.attempts >= %s
-                      THEN 'gave up after ' || t.attempts || ' attempts: each time the worker '
-                           'lost the task before storing an answer (AI_TASK_MAX_ATTEMPTS)'
-                      ELSE t.error_message END,
-                  finished_at = CASE WHEN t.attempts >= %s THEN k2b_now() END,
-                  lease_expires_at = NULL, updated_at = k2b_now()
-            WHERE t.id IN (SELECT id FROM k2b_ai_task WHERE status = 'running'
-                            AND lease_expires_at < k2b_now()
-                            LIMIT 500 FOR UPDATE SKIP LOCKED)
-        RETURNING t.status, t.app_id, t.effect_key""",
+        _REAP_TASKS_SQL,
         [limit, limit, limit],
     )
     for status, app_id, effect_key in rows:
         if status == "failed":
             waits.wake(using, app_id=app_id, kind=KIND, key=effect_key)
     return len(rows)
+
+
+_FINISH_TASK_SQL = """
+UPDATE k2b_ai_task SET status = %s, result = %s, error_message = %s,
+      finished_at = k2b_now(), updated_at = k2b_now(), lease_expires_at = NULL
+WHERE id = %s AND generation = %s AND status = 'running'
+"""
 
 
 def run_task(using: str, task: tuple, abort: threading.Event) -> str:
@@ -222,9 +242,7 @@ def run_task(using: str, task: tuple, abort: threading.Event) -> str:
     def finish() -> int:
         updated = db.execute(
             using,
-            """UPDATE k2b_ai_task SET status = %s, result = %s, error_message = %s,
-                      finished_at = k2b_now(), updated_at = k2b_now(), lease_expires_at = NULL
-                WHERE id = %s AND generation = %s AND status = 'running'""",
+            _FINISH_TASK_SQL,
             [
                 status,
                 None if output is None else canonical_json(output),

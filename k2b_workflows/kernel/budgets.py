@@ -71,6 +71,20 @@ SELECT EXISTS (SELECT 1 FROM k2b_budget_charge
 """
 
 
+#: The root's account, locked: every charge of the tree serializes here.
+_LOCK_ACCOUNT_BUDGET_SQL = (
+    "SELECT effect_budget, spent FROM k2b_budget_account WHERE root_id = %s FOR UPDATE"
+)
+
+_INSERT_CHARGE_SQL = (
+    "INSERT INTO k2b_budget_charge (account_id, run_id, seq, unit, amount, created_at)"
+    " VALUES (%s, %s, %s, %s, %s, k2b_now())"
+)
+
+#: What the tree spent, kept on the account for display (never checked against).
+_SET_SPENT_SQL = "UPDATE k2b_budget_account SET spent = %s WHERE root_id = %s"
+
+
 def charge(
     using: str, *, root_id: uuid.UUID, run_id: uuid.UUID, seq: int, cost: dict[str, int]
 ) -> bool:
@@ -83,7 +97,7 @@ def charge(
         return True
     with connections[using].cursor() as cursor:
         cursor.execute(
-            "SELECT effect_budget, spent FROM k2b_budget_account WHERE root_id = %s FOR UPDATE",
+            _LOCK_ACCOUNT_BUDGET_SQL,
             [root_id],
         )
         row = cursor.fetchone()
@@ -104,22 +118,36 @@ def charge(
         for unit, amount in cost.items():
             spent[unit] = spent.get(unit, 0) + amount
             cursor.execute(
-                "INSERT INTO k2b_budget_charge (account_id, run_id, seq, unit, amount, created_at)"
-                " VALUES (%s, %s, %s, %s, %s, k2b_now())",
+                _INSERT_CHARGE_SQL,
                 [root_id, run_id, seq, unit, amount],
             )
         cursor.execute(
-            "UPDATE k2b_budget_account SET spent = %s WHERE root_id = %s",
+            _SET_SPENT_SQL,
             [json.dumps(spent), root_id],
         )
     return True
+
+
+_LOCK_ACCOUNT_AI_CALLS_SQL = (
+    "SELECT max_ai_calls, ai_calls FROM k2b_budget_account WHERE root_id = %s FOR UPDATE"
+)
+
+#: The AI calls charged to the tree, counted from the charges (see _CHARGED_SQL).
+_AI_CALLS_CHARGED_SQL = "SELECT count(*) FROM k2b_budget_charge WHERE account_id = %s AND unit = %s"
+
+_INSERT_AI_CALL_CHARGE_SQL = (
+    "INSERT INTO k2b_budget_charge (account_id, run_id, seq, unit, amount, created_at)"
+    " VALUES (%s, %s, %s, %s, 1, k2b_now()) ON CONFLICT DO NOTHING"
+)
+
+_COUNT_AI_CALL_SQL = "UPDATE k2b_budget_account SET ai_calls = ai_calls + 1 WHERE root_id = %s"
 
 
 def charge_ai_call(using: str, *, root_id: uuid.UUID, run_id: uuid.UUID, seq: int) -> None:
     """One ``max_ai_calls`` unit for the AI task this step creates (called once, at creation)."""
     with connections[using].cursor() as cursor:
         cursor.execute(
-            "SELECT max_ai_calls, ai_calls FROM k2b_budget_account WHERE root_id = %s FOR UPDATE",
+            _LOCK_ACCOUNT_AI_CALLS_SQL,
             [root_id],
         )
         row = cursor.fetchone()
@@ -130,22 +158,28 @@ def charge_ai_call(using: str, *, root_id: uuid.UUID, run_id: uuid.UUID, seq: in
             # Counted from the charges, after the lock (see _CHARGED_SQL): ai_calls
             # set back to zero buys no call. Only with a limit: one statement more.
             cursor.execute(
-                "SELECT count(*) FROM k2b_budget_charge WHERE account_id = %s AND unit = %s",
+                _AI_CALLS_CHARGED_SQL,
                 [root_id, AI_CALLS],
             )
             used = cursor.fetchone()[0]
         if limit is not None and used + 1 > limit:
             raise BudgetExceeded(AI_CALLS, limit, used, 1)
         cursor.execute(
-            "INSERT INTO k2b_budget_charge (account_id, run_id, seq, unit, amount, created_at)"
-            " VALUES (%s, %s, %s, %s, 1, k2b_now()) ON CONFLICT DO NOTHING",
+            _INSERT_AI_CALL_CHARGE_SQL,
             [root_id, run_id, seq, AI_CALLS],
         )
         if cursor.rowcount:
             cursor.execute(
-                "UPDATE k2b_budget_account SET ai_calls = ai_calls + 1 WHERE root_id = %s",
+                _COUNT_AI_CALL_SQL,
                 [root_id],
             )
+
+
+_LOCK_ACCOUNT_STEPS_SQL = (
+    "SELECT max_steps, children FROM k2b_budget_account WHERE root_id = %s FOR UPDATE"
+)
+
+_COUNT_CHILDREN_SQL = "UPDATE k2b_budget_account SET children = children + %s WHERE root_id = %s"
 
 
 def reserve_children(using: str, *, root_id: uuid.UUID, count: int) -> None:
@@ -154,7 +188,7 @@ def reserve_children(using: str, *, root_id: uuid.UUID, count: int) -> None:
         return
     with connections[using].cursor() as cursor:
         cursor.execute(
-            "SELECT max_steps, children FROM k2b_budget_account WHERE root_id = %s FOR UPDATE",
+            _LOCK_ACCOUNT_STEPS_SQL,
             [root_id],
         )
         row = cursor.fetchone()
@@ -164,7 +198,7 @@ def reserve_children(using: str, *, root_id: uuid.UUID, count: int) -> None:
         if limit is not None and used + count > limit:
             raise BudgetExceeded("steps", limit, used, count)
         cursor.execute(
-            "UPDATE k2b_budget_account SET children = children + %s WHERE root_id = %s",
+            _COUNT_CHILDREN_SQL,
             [count, root_id],
         )
 

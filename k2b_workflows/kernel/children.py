@@ -22,6 +22,12 @@ def dependency(parent_id: uuid.UUID, step: int) -> Dependency:
     return Dependency(KIND, f"{parent_id}:{step}")
 
 
+_CHILDREN_OF_STEP_SQL = """
+SELECT id, status, output, error_code, generation, end_seal FROM k2b_run
+WHERE parent_id = %s AND parent_step = %s ORDER BY child_index
+"""
+
+
 def results(using: str, parent_id: uuid.UUID, step: int) -> list[dict[str, Any]]:
     """The children of one parent step, in input order, with whether each has ended.
 
@@ -31,8 +37,7 @@ def results(using: str, parent_id: uuid.UUID, step: int) -> list[dict[str, Any]]
     """
     rows = db.fetchall(
         using,
-        """SELECT id, status, output, error_code, generation, end_seal FROM k2b_run
-            WHERE parent_id = %s AND parent_step = %s ORDER BY child_index""",
+        _CHILDREN_OF_STEP_SQL,
         [parent_id, step],
     )
     found = []
@@ -67,12 +72,17 @@ def public(row: dict[str, Any]) -> dict[str, Any]:
     return {k: row[k] for k in ("status", "output", "error_code", "run_id")}
 
 
+_CHILDREN_BY_STATUS_SQL = (
+    "SELECT status, count(*) FROM k2b_run WHERE parent_id = %s GROUP BY status"
+)
+
+
 def count(using: str, run_id: uuid.UUID) -> dict[str, int]:
     """Children of ``run_id`` per status, every status present, in one query."""
     counts = {status: 0 for status in RunStatus.values}
     for status, n in db.fetchall(
         using,
-        "SELECT status, count(*) FROM k2b_run WHERE parent_id = %s GROUP BY status",
+        _CHILDREN_BY_STATUS_SQL,
         [run_id],
     ):
         counts[status] = n

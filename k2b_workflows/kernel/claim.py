@@ -30,6 +30,7 @@ from django.db import connections
 
 from .. import counters, store
 from . import db, flow
+from .requeue import requeue_set
 
 logger = logging.getLogger(__name__)
 
@@ -164,31 +165,28 @@ expired AS MATERIALIZED (
        AND NOT (k.claimed_by = %s AND k.id = ANY(%s::uuid[]))
      LIMIT 500 FOR UPDATE OF k SKIP LOCKED)
 UPDATE k2b_run r
-   SET status = 'queued',
-       consecutive_failures = r.consecutive_failures + CASE WHEN e.free THEN 0 ELSE 1 END,
-       run_after = k2b_now() + CASE WHEN e.free THEN 0 ELSE
-                       LEAST(%s * power(2, LEAST(r.consecutive_failures, 30)), %s) END
-                           * interval '1 millisecond',
-       lease_expires_at = NULL,
-       lease_lost_by = COALESCE(lease_lost_by, '[]'::jsonb) || to_jsonb(claimed_by),
-       claimed_by = '',
-       error_message = CASE WHEN e.free THEN '"""
-    + LIVE_LOSS
-    + """' WHEN e.alive THEN '"""
-    + LIVE_LOSS_AGAIN
-    + """'
-           ELSE 'lease expired (worker crashed, froze or timed out) at step ' END
-           || COALESCE(r.current_step::text, '-'),
-       updated_at = k2b_now()
+   SET """
+    + requeue_set(
+        release=True,
+        consecutive_failures="r.consecutive_failures + CASE WHEN e.free THEN 0 ELSE 1 END",
+        run_after="k2b_now() + CASE WHEN e.free THEN 0 ELSE"
+        " LEAST(%s * power(2, LEAST(r.consecutive_failures, 30)), %s) END"
+        " * interval '1 millisecond'",
+        lease_lost_by="COALESCE(r.lease_lost_by, '[]'::jsonb) || to_jsonb(r.claimed_by)",
+        error_message=f"CASE WHEN e.free THEN '{LIVE_LOSS}' WHEN e.alive THEN '{LIVE_LOSS_AGAIN}'"
+        " ELSE 'lease expired (worker crashed, froze or timed out) at step ' END"
+        " || COALESCE(r.current_step::text, '-')",
+    )
+    + """
   FROM expired e
  WHERE r.id = e.id
 RETURNING e.free
 """
 )
 
-_PROMOTE_SQL = """
+_PROMOTE_SQL = f"""
 UPDATE k2b_run
-   SET status = 'queued', run_after = k2b_now(), updated_at = k2b_now()
+   SET {requeue_set(release=False, run_after="k2b_now()")}
  WHERE id IN (SELECT id FROM k2b_run
                WHERE status = 'waiting' AND wait_deadline <= k2b_now()
                LIMIT 500 FOR UPDATE SKIP LOCKED)
@@ -244,6 +242,25 @@ def promote_due_waits(using: str) -> int:
         return cursor.rowcount
 
 
+#: Milliseconds until the next run becomes claimable (or a wait or a lease ends).
+_NEXT_DUE_SQL = f"""
+SELECT EXTRACT(EPOCH FROM (LEAST(
+    (SELECT k2b_now() FROM k2b_run
+      WHERE status = 'queued' AND {flow.CLAIMABLE}
+        AND {flow.QUEUE_ORDER} <= k2b_now() AND run_after <= k2b_now() LIMIT 1),
+    (SELECT min({flow.QUEUE_ORDER}) FROM k2b_run
+      WHERE status = 'queued' AND {flow.CLAIMABLE} AND {flow.QUEUE_ORDER} > k2b_now()
+        AND priority_credit_ms = 0),
+    (SELECT min(run_after) FROM k2b_run
+      WHERE status = 'queued' AND priority_credit_ms > 0 AND {flow.CLAIMABLE}
+        AND run_after > k2b_now()),
+    (SELECT min(run_after) FROM k2b_run WHERE {flow.DELAYED_KEYED}),
+    (SELECT min(wait_deadline) FROM k2b_run WHERE status = 'waiting'),
+    (SELECT min(lease_expires_at) FROM k2b_run WHERE status = 'running')
+) - k2b_now())) * 1000
+"""
+
+
 def next_due_in_ms(using: str) -> float | None:
     """Milliseconds until the next delayed run or deadline is due (None: nothing pending).
 
@@ -254,24 +271,8 @@ def next_due_in_ms(using: str) -> float | None:
     Runs queued behind a key are admitted by a transaction that notifies the
     workers.
     """
-    line = flow.QUEUE_ORDER
     with connections[using].cursor() as cursor:
-        cursor.execute(
-            f"""SELECT EXTRACT(EPOCH FROM (LEAST(
-                   (SELECT k2b_now() FROM k2b_run
-                     WHERE status = 'queued' AND {flow.CLAIMABLE}
-                       AND {line} <= k2b_now() AND run_after <= k2b_now() LIMIT 1),
-                   (SELECT min({line}) FROM k2b_run
-                     WHERE status = 'queued' AND {flow.CLAIMABLE} AND {line} > k2b_now()
-                       AND priority_credit_ms = 0),
-                   (SELECT min(run_after) FROM k2b_run
-                     WHERE status = 'queued' AND priority_credit_ms > 0 AND {flow.CLAIMABLE}
-                       AND run_after > k2b_now()),
-                   (SELECT min(run_after) FROM k2b_run WHERE {flow.DELAYED_KEYED}),
-                   (SELECT min(wait_deadline) FROM k2b_run WHERE status = 'waiting'),
-                   (SELECT min(lease_expires_at) FROM k2b_run WHERE status = 'running')
-               ) - k2b_now())) * 1000"""
-        )
+        cursor.execute(_NEXT_DUE_SQL)
         value = cursor.fetchone()[0]
     return None if value is None else max(0.0, float(value))
 
@@ -286,6 +287,10 @@ UPDATE k2b_run r
  WHERE r.id = s.id
 RETURNING r.id
 """
+
+
+#: The status and generation of held runs the renewal skipped: lost, ended or canceled?
+_STATES_SQL = "SELECT id, status, generation FROM k2b_run WHERE id = ANY(%s)"
 
 
 def renew_leases(conn: Any, held: dict[Any, int], lease: int) -> tuple[set, dict[Any, tuple]]:
@@ -303,35 +308,37 @@ def renew_leases(conn: Any, held: dict[Any, int], lease: int) -> tuple[set, dict
     others = [i for i in ids if i not in renewed]
     states: dict[Any, tuple] = {}
     if others:
-        for run_id, status, generation in conn.execute(
-            "SELECT id, status, generation FROM k2b_run WHERE id = ANY(%s)", [others]
-        ).fetchall():
+        for run_id, status, generation in conn.execute(_STATES_SQL, [others]).fetchall():
             states[run_id] = (status, generation)
     return renewed, states
+
+
+_RELEASE_SQL = f"""
+UPDATE k2b_run
+   SET {requeue_set(release=True, run_after="k2b_now()")}
+ WHERE id = %s AND generation = %s AND status = 'running'
+"""
 
 
 def release(using: str, run_id: uuid.UUID, generation: int) -> bool:
     """Hand a run we still own back to the queue, without counting a failure."""
     with connections[using].cursor() as cursor:
-        cursor.execute(
-            """UPDATE k2b_run SET status = 'queued', run_after = k2b_now(),
-                      lease_expires_at = NULL, claimed_by = '', updated_at = k2b_now()
-                WHERE id = %s AND generation = %s AND status = 'running'""",
-            [run_id, generation],
-        )
+        cursor.execute(_RELEASE_SQL, [run_id, generation])
         return cursor.rowcount == 1
 
 
-_HAND_BACK_SQL = """
+#: Each run handed back may be claimed after its own delay (a lease, for one whose
+#: EXTERNAL step may still land: ``hand_back``).
+_HAND_BACK_AFTER = "k2b_now() + free.delay_ms * interval '1 millisecond'"
+
+_HAND_BACK_SQL = f"""
 WITH held(id, gen, delay_ms) AS (SELECT * FROM unnest(%s::uuid[], %s::bigint[], %s::bigint[])),
      free AS (SELECT k.id, held.delay_ms
                 FROM k2b_run k JOIN held ON k.id = held.id AND k.generation = held.gen
                WHERE k.status = 'running'
                  FOR NO KEY UPDATE OF k SKIP LOCKED)
 UPDATE k2b_run r
-   SET status = 'queued',
-       run_after = k2b_now() + free.delay_ms * interval '1 millisecond',
-       lease_expires_at = NULL, claimed_by = '', updated_at = k2b_now()
+   SET {requeue_set(release=True, run_after=_HAND_BACK_AFTER)}
   FROM free
  WHERE r.id = free.id
 RETURNING r.id
@@ -354,10 +361,9 @@ def hand_back(using: str, held: dict[Any, tuple[int, int]]) -> set[Any]:
         return {row[0] for row in cursor.fetchall()}
 
 
-_ORPHANS_SQL = """
+_ORPHANS_SQL = f"""
 UPDATE k2b_run
-   SET status = 'queued', run_after = k2b_now(), lease_expires_at = NULL,
-       claimed_by = '', updated_at = k2b_now()
+   SET {requeue_set(release=True, run_after="k2b_now()")}
  WHERE id IN (SELECT id FROM k2b_run
                WHERE status = 'running' AND claimed_by = %s AND NOT (id = ANY(%s::uuid[]))
                  FOR NO KEY UPDATE SKIP LOCKED)

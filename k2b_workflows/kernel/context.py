@@ -42,6 +42,15 @@ class ExecutionState(Protocol):
     run: WorkflowRun
 
 
+_HEARTBEAT_SQL = (
+    "UPDATE k2b_run"
+    " SET lease_expires_at = k2b_now() + %s * interval '1 millisecond'"
+    " WHERE id = %s AND generation = %s AND status = 'running' RETURNING id"
+)
+
+_STATUS_SQL = "SELECT status FROM k2b_run WHERE id = %s"
+
+
 class KernelStepContext:
     """Identity of a run and step, and the kernel services an action may use.
 
@@ -114,16 +123,12 @@ class KernelStepContext:
         # connection kept open would outlive the database it points to.
         with db.autocommit_connection(self.using) as conn:
             row = conn.execute(
-                "UPDATE k2b_run"
-                " SET lease_expires_at = k2b_now() + %s * interval '1 millisecond'"
-                " WHERE id = %s AND generation = %s AND status = 'running' RETURNING id",
+                _HEARTBEAT_SQL,
                 [lease, self.run_id, self.generation],
             ).fetchone()
             status = None
             if row is None:
-                status = conn.execute(
-                    "SELECT status FROM k2b_run WHERE id = %s", [self.run_id]
-                ).fetchone()
+                status = conn.execute(_STATUS_SQL, [self.run_id]).fetchone()
         if row is None:
             self.canceled.set()
             if status and status[0] == "canceled":

@@ -169,10 +169,13 @@ def fence(
     raise lease_lost(using, run_id, generation)
 
 
+_RUN_STATE_SQL = "SELECT status, generation FROM k2b_run WHERE id = %s"
+
+
 def lease_lost(using: str, run_id: uuid.UUID, generation: int) -> Exception:
     """The error for a fence that matched no row: ``RunCanceled`` or ``LeaseLost``."""
     with connections[using].cursor() as cursor:
-        cursor.execute("SELECT status, generation FROM k2b_run WHERE id = %s", [run_id])
+        cursor.execute(_RUN_STATE_SQL, [run_id])
         row = cursor.fetchone()
     if row and row[0] == "canceled":
         return RunCanceled(f"run {run_id} was canceled")
@@ -228,6 +231,12 @@ def check_migrated(using: str) -> None:
         raise DatabaseNotMigrated(f"{MIGRATE_HINT} (not applied: {missing})")
 
 
+#: How many of these migrations of the app are applied.
+_MIGRATED_SQL = (
+    "SELECT count(DISTINCT name) FROM django_migrations WHERE app = %s AND name = ANY(%s)"
+)
+
+
 def _all_recorded(using: str) -> bool:
     """Whether ``django_migrations`` names every migration module of this app (found,
     not imported, where ``MIGRATION_MODULES`` or the default puts them)."""
@@ -250,17 +259,20 @@ def _all_recorded(using: str) -> bool:
         return False
     with connections[using].cursor() as cursor:
         cursor.execute(
-            "SELECT count(DISTINCT name) FROM django_migrations WHERE app = %s AND name = ANY(%s)",
+            _MIGRATED_SQL,
             ["k2b_workflows", names],
         )
         return cursor.fetchone()[0] == len(names)
+
+
+_LOCK_RUN_SQL = "SELECT status, generation, attention_step FROM k2b_run WHERE id = %s FOR UPDATE"
 
 
 def lock_run(using: str, run_id: uuid.UUID) -> tuple[str, int, int | None] | None:
     """``SELECT ... FOR UPDATE`` the run row; returns (status, generation, attention_step)."""
     with connections[using].cursor() as cursor:
         cursor.execute(
-            "SELECT status, generation, attention_step FROM k2b_run WHERE id = %s FOR UPDATE",
+            _LOCK_RUN_SQL,
             [run_id],
         )
         return cursor.fetchone()
@@ -373,6 +385,10 @@ def fetch_statement(
 #: A statement and its parameters.
 Statement = tuple[str, Sequence[Any]]
 
+_BEGIN_SQL = "BEGIN"
+_COMMIT_SQL = "COMMIT"
+_ROLLBACK_SQL = "ROLLBACK"
+
 
 def _in_one_round_trip(using: str, statements: list[Statement]) -> list[list[tuple]]:
     """Run ``statements`` in one round trip; returns the rows of each (none for a command).
@@ -449,7 +465,7 @@ def begin_and_fetch(
     caller ends the transaction with ``commit_with``, ``fetch_and_commit`` or
     ``rollback_quietly``.
     """
-    statements: list[Statement] = [("BEGIN", ())]
+    statements: list[Statement] = [(_BEGIN_SQL, ())]
     if setting:
         statements.append((setting, ()))
     statements.append((sql, params))
@@ -468,7 +484,7 @@ def fetch_and_commit(using: str, sql: str, params: list[Any]) -> list[tuple]:
     connection lost on the way leaves the commit's outcome unknown, as for any
     COMMIT (the caller's writes are ones whose outcome it can read back)."""
     try:
-        return _around(using, sql, params, after="COMMIT")
+        return _around(using, sql, params, after=_COMMIT_SQL)
     except BaseException:
         rollback_quietly(using)
         raise
@@ -477,7 +493,7 @@ def fetch_and_commit(using: str, sql: str, params: list[Any]) -> list[tuple]:
 def commit_open(using: str) -> None:
     """COMMIT the transaction ``begin_and_fetch`` opened, as ``fetch_and_commit`` does."""
     try:
-        _in_one_round_trip(using, [("COMMIT", ())])
+        _in_one_round_trip(using, [(_COMMIT_SQL, ())])
     except BaseException:
         rollback_quietly(using)
         raise
@@ -491,7 +507,7 @@ def commit_with(using: str, sql: str, params: list[Any]) -> tuple | None:
     message): the transaction is rolled back and the error raised. A connection
     lost on the way is ``CommitOutcomeUnknown``.
     """
-    return _commit(using, [(sql, params), ("COMMIT", ())])[0]
+    return _commit(using, [(sql, params), (_COMMIT_SQL, ())])[0]
 
 
 class BatchRefused(Exception):
@@ -529,10 +545,10 @@ def commit_batch(
     ``begin=False``: in the transaction ``begin_and_fetch`` opened; a conflict is
     raised (after rolling back), for the caller to retry the whole.
     """
-    parts = [*statements, ("COMMIT", ())]
+    parts = [*statements, (_COMMIT_SQL, ())]
     if not begin:
         return _commit(using, parts)[:-1]
-    parts.insert(0, ("BEGIN", ()))
+    parts.insert(0, (_BEGIN_SQL, ()))
     return _retrying_conflicts(lambda: _commit(using, parts)[1:-1], attempts)
 
 
@@ -590,7 +606,7 @@ def commit_in_atomic(using: str, sql: str, params: Sequence[Any]) -> tuple | Non
     another error is raised as is (the block's exit rolls back), and a connection
     lost on the way is ``CommitOutcomeUnknown``.
     """
-    return _commit(using, [(sql, params), ("COMMIT", ())], rolls_back=False)[0]
+    return _commit(using, [(sql, params), (_COMMIT_SQL, ())], rolls_back=False)[0]
 
 
 def read_then_write(
@@ -625,7 +641,7 @@ def read_then_write(
 def rollback_quietly(using: str) -> None:
     """End a transaction ``begin_and_fetch`` opened, whatever state it is in."""
     try:
-        _in_one_round_trip(using, [("ROLLBACK", ())])
+        _in_one_round_trip(using, [(_ROLLBACK_SQL, ())])
     except DatabaseError:
         # The connection is gone: the server rolled the transaction back.
         connections[using].close()

@@ -29,6 +29,7 @@ from . import children, db, events, evidence, retrying, seals, waits, weather, w
 from .claim import release
 from .journal import Batch, Claim, Pending, RunJournal, Step
 from .load import Preloaded, chains_read, chains_sql, preload
+from .requeue import AFTER_MS, P, requeue_set
 
 if TYPE_CHECKING:
     from ..actions import Dependency
@@ -83,11 +84,9 @@ UPDATE k2b_run
  WHERE id = %s
 """
 
-RETRY_LATER_SQL = """
+RETRY_LATER_SQL = f"""
 UPDATE k2b_run
-   SET status = 'queued', consecutive_failures = %s,
-       run_after = k2b_now() + %s * interval '1 millisecond', error_message = %s,
-       lease_expires_at = NULL, claimed_by = '', updated_at = k2b_now()
+   SET {requeue_set(release=True, consecutive_failures=P, run_after=AFTER_MS, error_message=P)}
  WHERE id = %s
 """
 

@@ -47,6 +47,7 @@ from django.db import connections, transaction
 
 from .. import counters, store, validation
 from ..exceptions import InvalidInput
+from .requeue import requeue_set
 
 if TYPE_CHECKING:
     from ..actions import Action
@@ -82,10 +83,9 @@ SELECT id, status FROM k2b_run
 #: nor one that ended and whose action has not left ``run()`` yet.
 _CANCELABLE_HOLDERS = frozenset({"queued", "running", "waiting"})
 
-_DEFER_SQL = """
+_DEFER_SQL = f"""
 UPDATE k2b_run
-   SET status = 'queued', run_after = %s, lease_expires_at = NULL, claimed_by = '',
-       deferred_by = %s, updated_at = k2b_now()
+   SET {requeue_set(release=True, run_after="%s", deferred_by="%s")}
  WHERE id = %s AND generation = %s AND status = 'running'
 """
 
@@ -135,6 +135,10 @@ def start_fields(
     return fields
 
 
+#: How many runs hold a slot of the key.
+_HOLDER_COUNT_SQL = "SELECT k2b_flow_holders(%s, %s)"
+
+
 def has_room(using: str, definition: WorkflowDefinition, key: str, limit: int) -> bool:
     """``cancel_newest``: whether the key has a free slot, counted under its lock.
 
@@ -143,7 +147,7 @@ def has_room(using: str, definition: WorkflowDefinition, key: str, limit: int) -
     ``limit``: the key's (its workflow's, or a task's own).
     """
     with connections[using].cursor() as cursor:
-        cursor.execute("SELECT k2b_flow_holders(%s, %s)", [definition.name, key])
+        cursor.execute(_HOLDER_COUNT_SQL, [definition.name, key])
         return bool(cursor.fetchone()[0] < limit)
 
 
@@ -267,6 +271,9 @@ def limit_key(action: Action, input: Any) -> str:
     return f"{name}:{key}"
 
 
+_RATE_ADMIT_SQL = "SELECT dispatch_id, free_at FROM k2b_rate_admit(%s, %s, %s, %s, %s, %s)"
+
+
 def admit_dispatch(
     using: str, key: str, limit: RateLimit, run_id: uuid.UUID, seq: int, generation: int
 ) -> tuple[int | None, dt.datetime | None]:
@@ -280,11 +287,18 @@ def admit_dispatch(
     per_ms = limit.per_ms + store.rate_limit_margin_ms()
     with connections[using].cursor() as cursor:
         cursor.execute(
-            "SELECT dispatch_id, free_at FROM k2b_rate_admit(%s, %s, %s, %s, %s, %s)",
+            _RATE_ADMIT_SQL,
             [key, limit.limit, per_ms, run_id, seq, generation],
         )
         dispatch_id, free_at = cursor.fetchone()
     return dispatch_id, free_at
+
+
+_RATE_STAMP_SQL = "SELECT k2b_rate_stamp(%s)"
+
+#: The stamp's own transaction does not wait for the disk: a stamp lost in a crash
+#: leaves the dispatch counted as a call made now, the cautious side.
+_ASYNC_COMMIT_SQL = "SET LOCAL synchronous_commit = off"
 
 
 def stamp_dispatch(using: str, dispatch_id: int) -> None:
@@ -301,11 +315,11 @@ def stamp_dispatch(using: str, dispatch_id: int) -> None:
     conn = connections[using]
     if conn.in_atomic_block:
         with conn.cursor() as cursor:
-            cursor.execute("SELECT k2b_rate_stamp(%s)", [dispatch_id])
+            cursor.execute(_RATE_STAMP_SQL, [dispatch_id])
         return
     with transaction.atomic(using=using), conn.cursor() as cursor:
-        cursor.execute("SET LOCAL synchronous_commit = off")
-        cursor.execute("SELECT k2b_rate_stamp(%s)", [dispatch_id])
+        cursor.execute(_ASYNC_COMMIT_SQL)
+        cursor.execute(_RATE_STAMP_SQL, [dispatch_id])
 
 
 def defer(using: str, run_id: uuid.UUID, generation: int, until: dt.datetime, key: str) -> bool:
@@ -321,6 +335,26 @@ def defer(using: str, run_id: uuid.UUID, generation: int, until: dt.datetime, ke
 # -- what operators see --------------------------------------------------------
 
 
+_LINE_OF_RUN_SQL = f"""
+SELECT k2b_now(), {QUEUE_ORDER}, run_after > k2b_now()
+FROM k2b_run WHERE id = %s
+"""
+
+_KEY_HOLDERS_SQL = """
+SELECT id, status FROM k2b_run
+WHERE workflow_name = %s AND concurrency_key = %s AND holds_slot
+ORDER BY created_at LIMIT 50
+"""
+
+_AHEAD_IN_LINE_SQL = f"""
+SELECT count(*) FROM k2b_run
+WHERE workflow_name = %s AND concurrency_key = %s AND status = 'queued'
+  AND NOT holds_slot AND {QUEUE_ORDER} < %s
+"""
+
+_RATE_WINDOW_SQL = """SELECT count(*), max(at) FROM k2b_rate_dispatch WHERE limit_key = %s"""
+
+
 def why_queued(using: str, run: Any) -> dict[str, Any] | None:
     """Why a queued run is not running yet: its key's holders, its line, rate limits.
 
@@ -330,8 +364,7 @@ def why_queued(using: str, run: Any) -> dict[str, Any] | None:
         return None
     with connections[using].cursor() as cursor:
         cursor.execute(
-            f"""SELECT k2b_now(), {QUEUE_ORDER}, run_after > k2b_now()
-                  FROM k2b_run WHERE id = %s""",
+            _LINE_OF_RUN_SQL,
             [run.pk],
         )
         now, line, delayed = cursor.fetchone()
@@ -344,16 +377,12 @@ def why_queued(using: str, run: Any) -> dict[str, Any] | None:
         }
         if run.concurrency_key is not None:
             cursor.execute(
-                """SELECT id, status FROM k2b_run
-                     WHERE workflow_name = %s AND concurrency_key = %s AND holds_slot
-                     ORDER BY created_at LIMIT 50""",
+                _KEY_HOLDERS_SQL,
                 [run.workflow_name, run.concurrency_key],
             )
             holders = [{"id": r[0], "status": r[1]} for r in cursor.fetchall()]
             cursor.execute(
-                f"""SELECT count(*) FROM k2b_run
-                     WHERE workflow_name = %s AND concurrency_key = %s AND status = 'queued'
-                       AND NOT holds_slot AND {QUEUE_ORDER} < %s""",
+                _AHEAD_IN_LINE_SQL,
                 [run.workflow_name, run.concurrency_key, line],
             )
             ahead = cursor.fetchone()[0]
@@ -366,7 +395,7 @@ def why_queued(using: str, run: Any) -> dict[str, Any] | None:
             }
         if delayed and run.deferred_by:
             cursor.execute(
-                """SELECT count(*), max(at) FROM k2b_rate_dispatch WHERE limit_key = %s""",
+                _RATE_WINDOW_SQL,
                 [run.deferred_by],
             )
             recent, last = cursor.fetchone()
@@ -380,27 +409,40 @@ def why_queued(using: str, run: Any) -> dict[str, Any] | None:
     return reason
 
 
+_ACTIVE_OF_KEY_SQL = """
+SELECT id, status, priority, created_at, updated_at FROM k2b_run
+WHERE workflow_name = %s AND concurrency_key = %s AND holds_slot
+ORDER BY created_at
+"""
+
+_QUEUED_OF_KEY_SQL = f"""
+SELECT id, status, priority, created_at, run_after FROM k2b_run
+WHERE workflow_name = %s AND concurrency_key = %s AND status = 'queued'
+  AND NOT holds_slot
+ORDER BY {QUEUE_ORDER}, created_at LIMIT %s
+"""
+
+_QUEUED_COUNT_OF_KEY_SQL = """
+SELECT count(*) FROM k2b_run WHERE workflow_name = %s AND concurrency_key = %s
+AND status = 'queued' AND NOT holds_slot
+"""
+
+
 def key_runs(using: str, workflow_name: str, key: str, limit: int = 200) -> dict[str, Any]:
     """A key's active runs (slot holders) and the runs queued behind it, in line order."""
     with connections[using].cursor() as cursor:
         cursor.execute(
-            """SELECT id, status, priority, created_at, updated_at FROM k2b_run
-                WHERE workflow_name = %s AND concurrency_key = %s AND holds_slot
-                ORDER BY created_at""",
+            _ACTIVE_OF_KEY_SQL,
             [workflow_name, key],
         )
         active = cursor.fetchall()
         cursor.execute(
-            f"""SELECT id, status, priority, created_at, run_after FROM k2b_run
-                 WHERE workflow_name = %s AND concurrency_key = %s AND status = 'queued'
-                   AND NOT holds_slot
-                 ORDER BY {QUEUE_ORDER}, created_at LIMIT %s""",
+            _QUEUED_OF_KEY_SQL,
             [workflow_name, key, limit],
         )
         queued = cursor.fetchall()
         cursor.execute(
-            """SELECT count(*) FROM k2b_run WHERE workflow_name = %s AND concurrency_key = %s
-                 AND status = 'queued' AND NOT holds_slot""",
+            _QUEUED_COUNT_OF_KEY_SQL,
             [workflow_name, key],
         )
         behind = cursor.fetchone()[0]
@@ -414,18 +456,23 @@ def key_runs(using: str, workflow_name: str, key: str, limit: int = 200) -> dict
     }
 
 
+_BUSIEST_KEYS_SQL = """
+SELECT workflow_name, concurrency_key,
+      count(*) FILTER (WHERE NOT holds_slot AND status = 'queued'),
+      count(*) FILTER (WHERE holds_slot)
+ FROM k2b_run
+WHERE concurrency_key IS NOT NULL
+  AND (holds_slot OR status = 'queued')
+GROUP BY 1, 2
+ORDER BY 3 DESC, 4 DESC, 1, 2
+LIMIT %s
+"""
+
+
 def busiest_keys(cursor: Any, limit: int = 10) -> list[dict[str, Any]]:
     """The keys with the most runs queued behind them, with their holders' count."""
     cursor.execute(
-        """SELECT workflow_name, concurrency_key,
-                  count(*) FILTER (WHERE NOT holds_slot AND status = 'queued'),
-                  count(*) FILTER (WHERE holds_slot)
-             FROM k2b_run
-            WHERE concurrency_key IS NOT NULL
-              AND (holds_slot OR status = 'queued')
-            GROUP BY 1, 2
-            ORDER BY 3 DESC, 4 DESC, 1, 2
-            LIMIT %s""",
+        _BUSIEST_KEYS_SQL,
         [limit],
     )
     return [
@@ -434,11 +481,14 @@ def busiest_keys(cursor: Any, limit: int = 10) -> list[dict[str, Any]]:
     ]
 
 
+_FLOW_COUNTS_SQL = """
+SELECT count(*), count(DISTINCT (workflow_name, concurrency_key)) FROM k2b_run
+WHERE status = 'queued' AND NOT holds_slot AND concurrency_key IS NOT NULL
+"""
+
+
 def flow_counts(cursor: Any) -> tuple[int, int]:
     """(runs queued behind a key, keys with such runs): the metrics scrape's gauges."""
-    cursor.execute(
-        """SELECT count(*), count(DISTINCT (workflow_name, concurrency_key)) FROM k2b_run
-            WHERE status = 'queued' AND NOT holds_slot AND concurrency_key IS NOT NULL"""
-    )
+    cursor.execute(_FLOW_COUNTS_SQL)
     behind, keys = cursor.fetchone()
     return int(behind), int(keys)

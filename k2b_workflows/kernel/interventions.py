@@ -24,6 +24,7 @@ from .. import codes, signals, tracing
 from ..exceptions import EvidenceChanged, NotRetryable, ResolutionRefused
 from ..models import TERMINAL_STATUSES, JournalEntry, LedgerEntry, RunStatus, WorkflowRun
 from . import clock, db, evidence, seals, witness
+from .requeue import requeue_set
 
 EFFECT_CONFIRMED = "effect_confirmed"
 EFFECT_ABSENT = "effect_absent"
@@ -39,12 +40,20 @@ RETRYABLE_INCIDENT_CODES = (
 
 #: An operator puts a run back in line: due now, its failures forgotten, its
 #: incident and end cleared (a queued run has no end seal to match).
-REQUEUE_SQL = """
+_REQUEUED = requeue_set(
+    release=False,
+    consecutive_failures="0",
+    end_seal="''",
+    error_code="''",
+    error_message="''",
+    error_detail="NULL",
+    attention_step="NULL",
+    run_after="k2b_now()",
+    finished_at="NULL",
+)
+REQUEUE_SQL = f"""
 UPDATE k2b_run
-   SET status = 'queued', consecutive_failures = 0, end_seal = '',
-       error_code = '', error_message = '', error_detail = NULL,
-       attention_step = NULL, run_after = k2b_now(),
-       finished_at = NULL, updated_at = k2b_now()
+   SET {_REQUEUED}
  WHERE id = %s
 """
 

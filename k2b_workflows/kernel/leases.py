@@ -45,6 +45,20 @@ class _Held:
     external: bool = False
 
 
+#: Held runs no longer running: the keeper tells their threads to stop.
+_NOT_RUNNING_SQL = (
+    "SELECT id, status, generation FROM k2b_run WHERE id = ANY(%s) AND (status <> 'running')"
+)
+
+_RENEW_TASKS_SQL = (
+    "UPDATE k2b_ai_task"
+    " SET lease_expires_at = k2b_now() + %s * interval '1 millisecond'"
+    " WHERE id = ANY(%s) AND status = 'running'"
+)
+
+_TASK_STATES_SQL = "SELECT id, status, generation FROM k2b_ai_task WHERE id = ANY(%s)"
+
+
 @dataclass
 class LeaseKeeper:
     using: str
@@ -260,8 +274,7 @@ class LeaseKeeper:
             )
         elif runs:
             rows = conn.execute(
-                "SELECT id, status, generation FROM k2b_run WHERE id = ANY(%s)"
-                " AND (status <> 'running')",
+                _NOT_RUNNING_SQL,
                 [list(runs)],
             ).fetchall()
             self._mark(runs, {r[0]: (r[1], r[2]) for r in rows})
@@ -269,14 +282,10 @@ class LeaseKeeper:
             ids = list(tasks)
             if renew:
                 conn.execute(
-                    "UPDATE k2b_ai_task"
-                    " SET lease_expires_at = k2b_now() + %s * interval '1 millisecond'"
-                    " WHERE id = ANY(%s) AND status = 'running'",
+                    _RENEW_TASKS_SQL,
                     [lease, ids],
                 )
-            for task_id, status, generation in conn.execute(
-                "SELECT id, status, generation FROM k2b_ai_task WHERE id = ANY(%s)", [ids]
-            ).fetchall():
+            for task_id, status, generation in conn.execute(_TASK_STATES_SQL, [ids]).fetchall():
                 held = tasks[task_id]
                 if status != "running" or generation != held.generation:
                     held.event.set()

@@ -258,6 +258,15 @@ def existing(
     return found
 
 
+#: A run's row; ``{table} {columns}`` as ``dedup.insert_values`` writes them. A row
+#: with the same idempotency key is left alone (nothing returned).
+_INSERT_RUN_SQL = "INSERT INTO {table} {columns} ON CONFLICT DO NOTHING RETURNING id"
+#: The run's row and its budget account's in one statement, the account only with the run.
+_INSERT_RUN_AND_BUDGET_SQL = (
+    "WITH run AS ({run}) INSERT INTO {table} {columns} FROM run RETURNING root_id"
+)
+
+
 def insert(using: str, run: WorkflowRun, budget: BudgetAccount | None) -> bool:
     """Insert ``run`` (and its root's budget account) in one statement; False when a
     unique constraint (the idempotency key) kept it out, and the account with it.
@@ -269,10 +278,10 @@ def insert(using: str, run: WorkflowRun, budget: BudgetAccount | None) -> bool:
     """
     connection = connections[using]
     table, columns, params = insert_values(run, connection)
-    sql = f"INSERT INTO {table} {columns} ON CONFLICT DO NOTHING RETURNING id"
+    sql = _INSERT_RUN_SQL.format(table=table, columns=columns)
     if budget is not None:
         table, columns, budget_params = insert_values(budget, connection, select=True)
-        sql = f"WITH run AS ({sql}) INSERT INTO {table} {columns} FROM run RETURNING root_id"
+        sql = _INSERT_RUN_AND_BUDGET_SQL.format(run=sql, table=table, columns=columns)
         params = [*params, *budget_params]
     # As Django's own saves: an error inside the caller's atomic block marks it
     # for rollback, so their next query says so instead of failing obscurely.
@@ -457,6 +466,9 @@ def start_many(
     return [QueuedRun(run_id, now) for run_id in ids]
 
 
+_COPY_SQL = "COPY {} ({}) FROM STDIN"
+
+
 def _copied_fields(model: type[Model]) -> list[Any]:
     """The columns ``COPY`` writes: all but database-generated keys."""
     return [f for f in model._meta.concrete_fields if not isinstance(f, AutoFieldMixin)]
@@ -476,7 +488,7 @@ def _dumped(values: list[Any], connection: Any) -> list[Any]:
 def _copy(using: str, model: type[Model], fields: list[Any]) -> Iterator[Any]:
     """A ``COPY`` into ``model``'s table inside the current transaction."""
     connection = connections[using]
-    statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
+    statement = sql.SQL(_COPY_SQL).format(
         sql.Identifier(model._meta.db_table),
         sql.SQL(", ").join(sql.Identifier(f.column) for f in fields),
     )

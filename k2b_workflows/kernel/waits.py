@@ -24,6 +24,7 @@ from .. import store
 from ..actions import Dependency
 from ..store import CHANNEL
 from . import clock
+from .requeue import NOW, requeue_set
 
 _UPSERT_SQL = """
 INSERT INTO k2b_wait (app_id, kind, key, signal_seq, signaled_at, created_at)
@@ -32,6 +33,45 @@ ON CONFLICT (app_id, kind, key) DO UPDATE
    SET signal_seq = k2b_wait.signal_seq + %s,
        signaled_at = CASE WHEN %s THEN k2b_now() ELSE k2b_wait.signaled_at END
 RETURNING signal_seq
+"""
+
+#: A parking run that finds a wake it has not seen goes back in line at once,
+#: remembering the wake (and what it waited on) as if it had parked and been woken.
+_WOKEN_BEFORE_PARKING_SQL = f"""
+UPDATE k2b_run
+   SET {
+    requeue_set(
+        release=False,
+        run_after="k2b_now()",
+        wait_kind="%s",
+        wait_key="%s",
+        wait_signal_seq="%s",
+        wait_step="%s",
+        wait_action="%s",
+        wait_deadline="NULL",
+        waiting_since="NULL",
+        lease_expires_at="NULL",
+        consecutive_failures="0",
+    )
+}
+ WHERE id = %s
+"""
+
+_PARK_SQL = """
+UPDATE k2b_run
+   SET status = 'waiting', updated_at = k2b_now(),
+       wait_kind = %s, wait_key = %s, wait_signal_seq = %s, wait_step = %s, wait_action = %s,
+       wait_deadline = %s, waiting_since = k2b_now(), lease_expires_at = NULL,
+       consecutive_failures = 0
+ WHERE id = %s
+"""
+
+#: Every run parked on the key goes back in line, the wake's number its last seen.
+_WAKE_SQL = f"""
+UPDATE k2b_run
+   SET {requeue_set(release=False, run_after=NOW, wait_signal_seq="%s", wait_deadline="NULL")}
+ WHERE status = 'waiting'
+   AND app_id = %s AND wait_kind = %s AND wait_key = %s
 """
 
 
@@ -76,23 +116,12 @@ def park(
     with connections[using].cursor() as cursor:
         if current > already_seen:
             cursor.execute(
-                """UPDATE k2b_run SET status = 'queued', run_after = k2b_now(),
-                          updated_at = k2b_now(),
-                          wait_kind = %s, wait_key = %s, wait_signal_seq = %s, wait_step = %s,
-                          wait_action = %s,
-                          wait_deadline = NULL, waiting_since = NULL, lease_expires_at = NULL,
-                          consecutive_failures = 0
-                    WHERE id = %s""",
+                _WOKEN_BEFORE_PARKING_SQL,
                 [dependency.kind, dependency.key, current, step, action, run_id],
             )
             return False
         cursor.execute(
-            """UPDATE k2b_run SET status = 'waiting', updated_at = k2b_now(),
-                      wait_kind = %s, wait_key = %s, wait_signal_seq = %s, wait_step = %s,
-                      wait_action = %s,
-                      wait_deadline = %s, waiting_since = k2b_now(), lease_expires_at = NULL,
-                      consecutive_failures = 0
-                WHERE id = %s""",
+            _PARK_SQL,
             [dependency.kind, dependency.key, current, step, action, deadline, run_id],
         )
     return True
@@ -107,26 +136,35 @@ def wake(using: str, *, app_id: str, kind: str, key: str) -> int:
     with transaction.atomic(using=using):
         seq = _lock_rendezvous(using, app_id, kind, key, signal=True)
         with connections[using].cursor() as cursor:
-            cursor.execute(
-                """UPDATE k2b_run SET status = 'queued', run_after = k2b_now(),
-                          updated_at = k2b_now(),
-                          wait_signal_seq = %s, wait_deadline = NULL
-                    WHERE status = 'waiting'
-                      AND app_id = %s AND wait_kind = %s AND wait_key = %s""",
-                [seq, app_id, kind, key],
-            )
+            cursor.execute(_WAKE_SQL, [seq, app_id, kind, key])
             return cursor.rowcount
+
+
+_NOTIFY_SQL = "SELECT pg_notify(%s, %s)"
 
 
 def notify(using: str, app_id: str) -> None:
     """Wake idle workers now; delivered only if the surrounding transaction commits."""
     with connections[using].cursor() as cursor:
-        cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, app_id])
+        cursor.execute(_NOTIFY_SQL, [CHANNEL, app_id])
 
 
 #: Seconds between two purges by one process: the scan is cheap but need not run every poll.
 PURGE_INTERVAL_S = 60.0
 _last_purge = 0.0
+
+
+_PURGE_STALE_SQL = """
+DELETE FROM k2b_wait WHERE id IN (
+SELECT w.id FROM k2b_wait w
+ WHERE COALESCE(w.signaled_at, w.created_at)
+       < k2b_now() - %s * interval '1 hour'
+   AND NOT EXISTS (
+       SELECT 1 FROM k2b_run r
+        WHERE r.status = 'waiting' AND r.app_id = w.app_id
+          AND r.wait_kind = w.kind AND r.wait_key = w.key)
+ LIMIT %s FOR UPDATE SKIP LOCKED)
+"""
 
 
 def purge_stale_rendezvous(using: str, *, force: bool = False, batch: int = 1000) -> int:
@@ -148,15 +186,7 @@ def purge_stale_rendezvous(using: str, *, force: bool = False, batch: int = 1000
     _last_purge = now
     with connections[using].cursor() as cursor:
         cursor.execute(
-            """DELETE FROM k2b_wait WHERE id IN (
-                   SELECT w.id FROM k2b_wait w
-                    WHERE COALESCE(w.signaled_at, w.created_at)
-                          < k2b_now() - %s * interval '1 hour'
-                      AND NOT EXISTS (
-                          SELECT 1 FROM k2b_run r
-                           WHERE r.status = 'waiting' AND r.app_id = w.app_id
-                             AND r.wait_kind = w.kind AND r.wait_key = w.key)
-                    LIMIT %s FOR UPDATE SKIP LOCKED)""",
+            _PURGE_STALE_SQL,
             [store.wake_retention_hours(), batch],
         )
         return cursor.rowcount

@@ -1,7 +1,10 @@
 """The worker process: what ``manage.py runworkflows`` runs. No user code imports it.
 
-``loop`` holds ``Worker`` (the claim loop and its threads); beside it, what
-only a worker process needs: its threads' database connections
+``loop`` holds ``Worker`` (starting, the claim loop, shutting down), and the
+parts that hold its state below it: the runs it claimed and hands back
+(``claims``), what its pool threads do (``runner``), its periodic passes,
+housekeeping and schedules (``housekeeping``), and which runs it takes
+(``selection``). Beside them, what only a worker process needs: its threads' database connections
 (``connections``), its status line (``status``), its start-up checks (``startup``), the LISTEN
 that wakes it (``wakeups``), the signals that stop it (``signals``), how it
 exits (``exits``), the supervisor of ``--processes`` (``supervisor``), its

@@ -22,6 +22,8 @@ from django.db.backends.signals import connection_created
 from .. import store
 from ..kernel import weather
 
+_IDLE_TIMEOUT_SQL = "SELECT set_config('idle_in_transaction_session_timeout', %s, false)"
+
 
 class ThreadConnections:
     """The connections of a worker's pool threads and of its main loop, on ``using``."""
@@ -105,7 +107,7 @@ class ThreadConnections:
         """
         with connection.cursor() as cursor:
             cursor.execute(
-                "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+                _IDLE_TIMEOUT_SQL,
                 [str(store.lease_ms())],
             )
 

@@ -92,6 +92,11 @@ def replication(alias: str) -> Replication:
     return Replication(kind=kind, standbys=int(standbys), synchronous_names=names)
 
 
+#: The probe's channel is a name of its own (``k2b_probe_<hex>``): no one else's wake-up.
+_LISTEN_SQL = "LISTEN {}"
+_PROBE_NOTIFY_SQL = "SELECT pg_notify(%s, '')"
+
+
 def notifications_arrive(alias: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
     """Whether a notification sent on ``alias`` reaches a session LISTENing on ``alias``.
 
@@ -105,10 +110,10 @@ def notifications_arrive(alias: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
     channel = f"k2b_probe_{uuid.uuid4().hex[:12]}"
     listener = db.autocommit_connection(alias, follow_clock=False)
     try:
-        listener.execute(f"LISTEN {channel}")
+        listener.execute(_LISTEN_SQL.format(channel))
         sender = db.autocommit_connection(alias, follow_clock=False)
         try:
-            sender.execute("SELECT pg_notify(%s, '')", [channel])
+            sender.execute(_PROBE_NOTIFY_SQL, [channel])
         finally:
             sender.close()
         deadline = time.monotonic() + timeout
@@ -122,14 +127,16 @@ def notifications_arrive(alias: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
             listener.close()
 
 
+_IDLE_TIMEOUT_DEFAULT_SQL = (
+    "SELECT reset_val::bigint FROM pg_settings WHERE name = 'idle_in_transaction_session_timeout'"
+)
+
+
 def _role_idle_timeout_ms(alias: str) -> int:
     """The ``idle_in_transaction_session_timeout`` a fresh session starts with (role, database,
     server), in milliseconds: what protects a pooled server connection, whatever a session sets."""
     with connections[alias].cursor() as cursor:
-        cursor.execute(
-            "SELECT reset_val::bigint FROM pg_settings"
-            " WHERE name = 'idle_in_transaction_session_timeout'"
-        )
+        cursor.execute(_IDLE_TIMEOUT_DEFAULT_SQL)
         return int(cursor.fetchone()[0])
 
 

@@ -19,6 +19,9 @@ from ..kernel import db, weather
 logger = logging.getLogger(__name__)
 
 
+_LISTEN_SQL = f"LISTEN {store.CHANNEL}"
+
+
 class Listener(threading.Thread):
     """LISTENs on the workers' channel and sets ``wake`` for notifications of our apps."""
 
@@ -40,7 +43,7 @@ class Listener(threading.Thread):
             conn = None
             try:
                 conn = db.autocommit_connection(self.using, follow_clock=False)
-                conn.execute(f"LISTEN {store.CHANNEL}")
+                conn.execute(_LISTEN_SQL)
                 self.connected.set()
                 backoff.reset()
                 # Anything committed while we were not listening is found by polling.

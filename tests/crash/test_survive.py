@@ -466,7 +466,7 @@ def test_a_hand_back_is_not_skipped_for_the_lease_keepers_own_renewal(monkeypatc
     run = start_workflow_run("test.pure", {"n": 1})
     worker = Worker(concurrency=1, listen=False)
     (claimed,), _, _ = worker.claim(1)
-    worker._claimed[run.pk] = claimed[1]
+    worker.claims.claimed[run.pk] = claimed[1]
     worker.keeper.track(run.pk, claimed[1], threading.Event())
 
     renewing, commit = threading.Event(), threading.Event()
@@ -486,7 +486,7 @@ def test_a_hand_back_is_not_skipped_for_the_lease_keepers_own_renewal(monkeypatc
 
         def stop() -> None:
             try:
-                worker._hand_back_claimed()
+                worker.claims.hand_back_claimed()
             finally:
                 connections.close_all()
 
@@ -606,6 +606,6 @@ def test_a_connection_lost_while_rolling_back_an_empty_claim_still_looks_for_orp
         assert "claimed while the database connection was lost" in caplog.text
     finally:
         worker.connections.unwatch()
-        worker._drain()
+        worker.claims.drain()
         worker.connections.close_all(pool)
         pool.shutdown()

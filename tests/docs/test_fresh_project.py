@@ -24,10 +24,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from django.db import connection
 
 import k2b_workflows
 from tests.support.doc_blocks import block
+from tests.support.sites import connect, database_name, fresh_database, site_env, start_project
 
 pytestmark = pytest.mark.slow
 
@@ -180,21 +180,8 @@ def test_a_view_that_waits_on_a_committed_run(client):
     assert client.get(f"/orders/{run.pk}/result").json() == {"status": "succeeded"}
 """
 
-#: What the site adds to the settings ``startproject`` wrote: getting-started.md's.
-SETTINGS = """
-INSTALLED_APPS += ["pgtrigger", "k2b_workflows", "orders"]
-DATABASES = {{
-    "default": {{
-        "ENGINE": "django.db.backends.postgresql",
-        "NAME": {name!r},
-        "USER": {user!r},
-        "PASSWORD": {password!r},
-        "HOST": {host!r},
-        "PORT": {port!r},
-    }}
-}}
-SILENCED_SYSTEM_CHECKS = ["k2b_workflows.W003"]   # one role for owner and runtime here
-ROOT_URLCONF = "orders.views"
+#: What the site adds to getting-started.md's settings (``tests/support/sites.py``).
+SETTINGS = """ROOT_URLCONF = "orders.views"
 """
 
 #: pytest-django's own documented setup, and the plugin named on its command line.
@@ -209,22 +196,9 @@ def _run(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Complete
     return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
-def _connect(dbname: str) -> psycopg.Connection:
-    """A connection of the suite's own role to ``dbname``, outside Django's test database."""
-    settings = connection.settings_dict
-    return psycopg.connect(
-        dbname=dbname,
-        user=settings["USER"],
-        password=settings["PASSWORD"] or None,
-        host=settings["HOST"],
-        port=settings["PORT"],
-        autocommit=True,
-    )
-
-
 def _test_databases_left(name: str) -> list[str]:
     """The test databases (and ``--parallel`` clones) of the site's database still on the server."""
-    with _connect("postgres") as conn:
+    with connect("postgres") as conn:
         rows = conn.execute(
             "SELECT datname FROM pg_catalog.pg_database WHERE datname LIKE %s ORDER BY 1",
             [f"test_{name}%"],
@@ -234,51 +208,24 @@ def _test_databases_left(name: str) -> list[str]:
 
 @pytest.fixture
 def site(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str], str]]:
-    settings = connection.settings_dict
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    name = f"{settings['NAME']}_site{worker}"[:50]
-    subprocess.run(
-        [BIN / "django-admin", "startproject", "freshsite", str(tmp_path)],
-        check=True,
-        capture_output=True,
+    name = database_name("site")
+    orders = start_project(
+        BIN / "django-admin", "freshsite", tmp_path, app="orders", database=name, settings=SETTINGS
     )
-    (tmp_path / "orders").mkdir()
-    (tmp_path / "orders" / "__init__.py").write_text("")
-    (tmp_path / "orders" / "workflows.py").write_text(WORKFLOWS)
-    (tmp_path / "orders" / "tests.py").write_text(DJANGO_TESTS)
-    (tmp_path / "orders" / "test_pytest.py").write_text(PYTEST_TESTS)
-    (tmp_path / "orders" / "views.py").write_text(VIEWS)
+    (orders / "workflows.py").write_text(WORKFLOWS)
+    (orders / "tests.py").write_text(DJANGO_TESTS)
+    (orders / "test_pytest.py").write_text(PYTEST_TESTS)
+    (orders / "views.py").write_text(VIEWS)
     # docs/testing.md's TransactionTestCase, as the page shows it.
     shown = block("docs/testing.md", "# orders/tests.py, run by manage.py test").code
-    (tmp_path / "orders" / "test_docs_page.py").write_text(shown)
+    (orders / "test_docs_page.py").write_text(shown)
     (tmp_path / "pytest.ini").write_text(PYTEST_INI)
-    with (tmp_path / "freshsite" / "settings.py").open("a") as fh:
-        fh.write(
-            SETTINGS.format(
-                name=name,
-                user=settings["USER"] or "",
-                password=settings["PASSWORD"] or "",
-                host=settings["HOST"] or "",
-                port=str(settings["PORT"] or ""),
-            )
-        )
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("DJANGO_", "K2B_", "PYTEST_")) and key != "DATABASE_URL"
-    }
+    env = site_env()
     # The site, then the tree whose k2b_workflows is under test (an installed
     # copy elsewhere, e.g. the editable install of another checkout, must not win).
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(PACKAGE_ROOT)])
-    with _connect("postgres") as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
+    with fresh_database(name, also_drop=lambda: _test_databases_left(name)):
         yield tmp_path, env, name
-    finally:
-        with _connect("postgres") as conn:
-            for left in [name, *_test_databases_left(name)]:
-                conn.execute(f'DROP DATABASE IF EXISTS "{left}" WITH (FORCE)')
 
 
 @pytest.mark.parametrize("parallel", ["1", "2"])
@@ -361,7 +308,7 @@ def test_flush_and_truncate_stay_refused_on_the_fresh_projects_own_database(site
     assert in_test_env.returncode != 0
     assert "flush refused" in in_test_env.stderr, in_test_env.stderr
 
-    with _connect(name) as conn:
+    with connect(name) as conn:
         with pytest.raises(psycopg.errors.InsufficientPrivilege, match="append-only"):
             conn.execute("TRUNCATE k2b_journal, k2b_ledger CASCADE")
         journal = conn.execute("SELECT count(*) FROM k2b_journal").fetchone()

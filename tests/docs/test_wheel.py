@@ -11,7 +11,6 @@ getting-started.md's checkout against PostgreSQL.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -19,12 +18,11 @@ import sys
 import zipfile
 from pathlib import Path
 
-import psycopg
 import pytest
-from django.db import connection
 
 import k2b_workflows
 from tests.support.doc_blocks import section
+from tests.support.sites import database_name, fresh_database, site_env, start_project
 
 pytestmark = pytest.mark.slow
 
@@ -44,22 +42,6 @@ LEFT_BY_TOOLS = (
     ".*_cache",
     "test-artifacts",
 )
-
-#: The getting-started site: its settings, added to what ``startproject`` wrote.
-SETTINGS = """
-INSTALLED_APPS += ["pgtrigger", "k2b_workflows", "shop"]
-DATABASES = {{
-    "default": {{
-        "ENGINE": "django.db.backends.postgresql",
-        "NAME": {name!r},
-        "USER": {user!r},
-        "PASSWORD": {password!r},
-        "HOST": {host!r},
-        "PORT": {port!r},
-    }}
-}}
-SILENCED_SYSTEM_CHECKS = ["k2b_workflows.W003"]
-"""
 
 #: The page's checkout, started and run to the end, as its test does.
 CHECKOUT = """
@@ -89,18 +71,6 @@ def _package_files() -> set[str]:
         for path in PACKAGE.rglob("*")
         if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
     }
-
-
-def _connect(dbname: str) -> psycopg.Connection:
-    settings = connection.settings_dict
-    return psycopg.connect(
-        dbname=dbname,
-        user=settings["USER"],
-        password=settings["PASSWORD"] or None,
-        host=settings["HOST"],
-        port=settings["PORT"],
-        autocommit=True,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -157,42 +127,17 @@ def test_a_bare_venv_with_the_wheel_migrates_a_site_and_runs_the_getting_started
 
     site = tmp_path / "site"
     site.mkdir()
-    _run([venv / "bin" / "django-admin", "startproject", "shopsite", site], tmp_path)
-    shop = site / "shop"
-    shop.mkdir()
-    (shop / "__init__.py").write_text("")
+    name = database_name("wheel")
+    shop = start_project(venv / "bin" / "django-admin", "shopsite", site, app="shop", database=name)
     (shop / "models.py").write_text(
         "from django.db import models\n\n\nclass Order(models.Model):\n"
         "    sku = models.CharField(max_length=50)\n"
     )
     (shop / "providers.py").write_text((ROOT / "docs" / "examples" / "providers.py").read_text())
     (shop / "workflows.py").write_text(section("docs/examples/getting_started.py:workflows"))
-    settings = connection.settings_dict
-    name = f"{settings['NAME']}_wheel{os.environ.get('PYTEST_XDIST_WORKER', '')}"[:50]
-    with (site / "shopsite" / "settings.py").open("a") as fh:
-        fh.write(
-            SETTINGS.format(
-                name=name,
-                user=settings["USER"] or "",
-                password=settings["PASSWORD"] or "",
-                host=settings["HOST"] or "",
-                port=str(settings["PORT"] or ""),
-            )
-        )
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("DJANGO_", "K2B_", "PYTEST_", "COV_", "COVERAGE_"))
-        and key not in ("DATABASE_URL", "PYTHONPATH")
-    }
-    with _connect("postgres") as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
+    env = site_env(drop_prefixes=("COV_", "COVERAGE_"), drop=("PYTHONPATH",))
+    with fresh_database(name):
         _run([python, "manage.py", "makemigrations", "shop"], site, env)
         _run([python, "manage.py", "migrate", "--noinput"], site, env)
         out = _run([python, "manage.py", "shell", "-c", CHECKOUT], site, env)
-    finally:
-        with _connect("postgres") as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     assert "checkout succeeded {'order': 1, 'charge': 'ch_1'} charges: 1" in out, out
