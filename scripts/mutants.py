@@ -122,7 +122,7 @@ MUTANTS = (
     Mutant(
         "task-worker-ids-of-crashes",
         "k2b_workflows/kernel/claim.py",
-        "       lease_lost_by = COALESCE(lease_lost_by, '[]'::jsonb) || to_jsonb(claimed_by),\n",
+        "        lease_lost_by=\"COALESCE(r.lease_lost_by, '[]'::jsonb) || to_jsonb(r.claimed_by)\",\n",
         "",
         ("tests/tasks/test_workers.py::test_a_pure_task_killed_while_running_runs_again",),
     ),
