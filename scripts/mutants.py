@@ -122,7 +122,8 @@ MUTANTS = (
     Mutant(
         "task-worker-ids-of-crashes",
         "k2b_workflows/kernel/claim.py",
-        "        lease_lost_by=\"COALESCE(r.lease_lost_by, '[]'::jsonb) || to_jsonb(r.claimed_by)\",\n",
+        "        lease_lost_by=\"COALESCE(r.lease_lost_by, '[]'::jsonb)"
+        ' || to_jsonb(r.claimed_by)",\n',
         "",
         ("tests/tasks/test_workers.py::test_a_pure_task_killed_while_running_runs_again",),
     ),
@@ -285,14 +286,14 @@ MUTANTS = (
     ),
     Mutant(
         "chain-entry-hash",
-        "k2b_workflows/kernel/evidence.py",
+        "k2b_workflows/kernel/chain_checks.py",
         "if not hmac.compare_digest(hasher(prev, entry, key), entry.entry_hash):",
         "if False:",
         ("tests/kernel/test_integrity.py",),
     ),
     Mutant(
         "anchor",
-        "k2b_workflows/kernel/evidence.py",
+        "k2b_workflows/kernel/chain_checks.py",
         "if not hmac.compare_digest(expected, sealed):",
         "if False:",
         ("tests/kernel/test_integrity.py",),
