@@ -58,6 +58,7 @@ from . import (
     evidence,
     fanout,
     flow,
+    patches,
     retrying,
     seals,
     timers,
@@ -74,15 +75,6 @@ if TYPE_CHECKING:
     from .leases import LeaseKeeper
 
 logger = logging.getLogger(__name__)
-
-PATCH_KIND = divergence.PATCH_KIND
-
-#: Whether step ``seq`` left a trace outside the journal and ledger before this claim.
-STARTED_BEFORE_SQL = """
-SELECT EXISTS (SELECT 1 FROM k2b_budget_charge WHERE run_id = %s AND seq = %s)
-    OR EXISTS (SELECT 1 FROM k2b_ai_task WHERE run_id = %s AND seq = %s)
-    OR EXISTS (SELECT 1 FROM k2b_run WHERE parent_id = %s AND parent_step = %s)
-"""
 
 
 class Execution:
@@ -283,7 +275,7 @@ class Execution:
         # else the step's own first transaction commits the deferred success (an
         # external step's dispatch, a transactional step's atomic block), or, for a
         # PURE step after PURE ones, its success joins them (``RunJournal.rides``).
-        self._check_shutdown()
+        self.check_shutdown()
         self.retry_policy = None
         seq = self.next_seq
         self.next_seq += 1
@@ -300,7 +292,7 @@ class Execution:
         entry = self.journal.get(seq)
         if entry is not None:
             return self._replay(entry, name, input, input_hash)
-        self._check_parked_step(seq, name, input_hash)
+        self.check_parked_step(seq, name, input_hash)
         if self.trace is not None:
             return self.trace.step(
                 seq,
@@ -385,7 +377,7 @@ class Execution:
             path = self._paths[kind] = kind(self, self.journal, self.ending)
         return path
 
-    def _check_shutdown(self) -> None:
+    def check_shutdown(self) -> None:
         """The worker is shutting down: hand the run back before its next step."""
         if self.stop_requested is not None and self.stop_requested.is_set():
             release(self.using, self.run_id, self.generation)
@@ -397,12 +389,12 @@ class Execution:
         if entry.action_name != name or not evidence.same_input(
             entry.input_hash, input, input_hash
         ):
-            self._diverged(entry, name, input_hash)
+            self.diverged(entry, name, input_hash)
         if entry.state == JournalEntry.State.SUCCEEDED:
             return copy.deepcopy(entry.output)
         raise StepFailed(entry.error_code, entry.error_message)
 
-    def _diverged(self, entry: JournalEntry, name: str, input_hash: str) -> NoReturn:
+    def diverged(self, entry: JournalEntry, name: str, input_hash: str) -> NoReturn:
         """The code asks for another step than the journal holds: stop before any effect.
 
         Raises ``Suspend`` (not an Exception) so that a workflow's ``except
@@ -415,7 +407,7 @@ class Execution:
             store.WORKFLOW_NONDETERMINISTIC, message, step=None, detail=detail
         )
 
-    def _check_parked_step(self, seq: int, name: str, input_hash: str) -> None:
+    def check_parked_step(self, seq: int, name: str, input_hash: str) -> None:
         """The run parked at ``seq`` on another action: the code changed under a parked run.
 
         A parked step has no journal entry, so ``_replay`` has nothing to compare:
@@ -438,57 +430,15 @@ class Execution:
         message, detail = divergence.code_error(exc, self.definition.version)
         self.ending.needs_attention(store.WORKFLOW_CODE_ERROR, message, step=None, detail=detail)
 
-    # -- run.patched -----------------------------------------------------------
+    # -- run.patched (``patches.py``) ---------------------------------------
 
     def patched(self, patch_id: str) -> bool:
         """``run.patched``: True for a run at this point under the new code, journaled."""
-        if not isinstance(patch_id, str) or not patch_id:
-            raise InvalidInput("patched() takes a non-empty patch id")
-        self.journal.flush_pending()
-        self._check_shutdown()
-        seq = self.next_seq
-        marker = f"{PATCH_KIND}:{patch_id}"
-        entry = self.journal.get(seq)
-        if entry is not None:
-            if entry.action_name == marker:
-                self.next_seq += 1
-                return True
-            if entry.action_name.startswith(f"{PATCH_KIND}:"):
-                self._diverged(entry, marker, entry.input_hash)
-            return False  # the journal shows a step of the old code at this point
-        if self._started_before(seq):
-            return False  # step ``seq`` began under the old code (an effect, a wait)
-        self.next_seq += 1
-        step = Step(
-            seq,
-            _PatchAction(),
-            marker,
-            None,
-            evidence.hash_value(None),
-            clock.now(),
-            KernelStepContext(self, seq),
-        )
-        self.journal.journal_success(step, Succeeded(True, summary=f"took patch {patch_id}"))
-        return True
+        return patches.patched(self, patch_id)
 
     def deprecate_patch(self, patch_id: str) -> None:
         """``run.deprecate_patch``: consume the marker where the run has one; journal nothing."""
-        if not isinstance(patch_id, str) or not patch_id:
-            raise InvalidInput("deprecate_patch() takes a non-empty patch id")
-        entry = self.journal.get(self.next_seq)
-        if entry is not None and entry.action_name == f"{PATCH_KIND}:{patch_id}":
-            self.next_seq += 1
-
-    def _started_before(self, seq: int) -> bool:
-        """Did step ``seq`` leave a trace before this claim: ledger, charge, wait, child, AI task?
-
-        Such a run met this point under the old code; taking a new branch now
-        could skip an effect the old step may already have caused.
-        """
-        if seq in self.journal.effects or seq in (self.run.current_step, self.run.wait_step):
-            return True
-        rows = db.fetchall(self.using, STARTED_BEFORE_SQL, [self.run_id, seq] * 3)
-        return bool(rows[0][0])
+        patches.deprecate_patch(self, patch_id)
 
     # -- markers: steps of the kernel's own (timers) ----------------------------
 
@@ -499,7 +449,7 @@ class Execution:
     def begin_marker(self) -> int:
         """Take the next position for a kernel step, after the previous step's success."""
         self.journal.flush_pending()
-        self._check_shutdown()
+        self.check_shutdown()
         self.retry_policy = None
         seq = self.next_seq
         self.next_seq += 1
@@ -518,48 +468,11 @@ class Execution:
     def park_marker(self, seq: int, name: str, dependency: Any) -> NoReturn:
         self.ending.park(seq, name, dependency)
 
-    # -- PURE and IDEMPOTENT -------------------------------------------------
-
-    # -- run.children --------------------------------------------------------
+    # -- run.children (``fanout.py``) ----------------------------------------
 
     def children(self, name: str, inputs: list[Any], *, wait: bool = True) -> Any:
         """``run.children`` (``wait``) or ``create_child_workflow_runs(run, ...)`` (not)."""
-        self.journal.flush_pending()
-        self._check_shutdown()
-        seq = self.next_seq
-        self.next_seq += 1
-        action_name = fanout.action_name(name, wait=wait)
-        try:
-            inputs = validation.child_inputs(inputs, f"inputs of children step {seq}")
-        except (InvalidInput, TypeError) as exc:
-            self.ending.fail(store.INVALID_STEP_INPUT, str(exc))
-        input_hash = evidence.hash_value(inputs)
-        entry = self.journal.get(seq)
-        if entry is None:
-            self._check_parked_step(seq, action_name, input_hash)
-        else:
-            output = self._replay(entry, action_name, inputs, input_hash)
-            return fanout.replayed(output, wait=wait)
-        step = Step(
-            seq,
-            _CHILDREN_ACTION,
-            action_name,
-            inputs,
-            input_hash,
-            clock.now(),
-            KernelStepContext(self, seq),
-        )
-        return fanout.ChildrenStep(self, self.journal, self.ending).run(
-            step, name, wait=wait, max_steps=self.definition.max_steps
-        )
-
-
-_CHILDREN_ACTION = fanout.ChildrenAction()
-
-
-class _PatchAction(Action):
-    name = PATCH_KIND
-    effect = Effect.PURE
+        return fanout.children_step(self, name, inputs, wait=wait)
 
 
 def _has_other_versions(name: str) -> bool:

@@ -11,13 +11,13 @@ parent until the last one ends and wakes it (``children.wake_parent``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from .. import store
+from .. import store, validation
 from ..actions import Action, Effect, Succeeded
-from ..exceptions import UnknownWorkflow
+from ..exceptions import InvalidInput, UnknownWorkflow
 from ..models import JournalEntry
-from ..workflows import ChildResult
+from ..workflows import ChildResult, WorkflowDefinition
 from . import budgets, children, db, evidence, seals, starts, waits
 from .ending import RunEnding
 from .journal import Claim, RunJournal, Step
@@ -30,6 +30,29 @@ class ChildrenAction(Action):
 
     name = KIND
     effect = Effect.PURE
+
+
+_CHILDREN_ACTION = ChildrenAction()
+
+
+class Parent(Claim, Protocol):
+    """What a children step asks of the execution it is a step of (``execute.Execution``):
+    a protocol, so that the kernel's steps never import the executor."""
+
+    journal: RunJournal
+    ending: RunEnding
+    definition: WorkflowDefinition
+    next_seq: int
+
+    def check_shutdown(self) -> None: ...
+
+    def check_parked_step(self, seq: int, name: str, input_hash: str) -> None: ...
+
+    def replay_marker(self, entry: JournalEntry, name: str, input: Any, input_hash: str) -> Any: ...
+
+    def marker_step(
+        self, seq: int, action: Action, name: str, input: Any, input_hash: str
+    ) -> Step: ...
 
 
 @dataclass
@@ -128,3 +151,27 @@ class ChildrenStep:
             seen_seq=run.wait_signal_seq,
         )
         return written
+
+
+def children_step(parent: Parent, name: str, inputs: list[Any], *, wait: bool = True) -> Any:
+    """``run.children`` (``wait``) or ``create_child_workflow_runs(run, ...)`` (not)."""
+    parent.journal.flush_pending()
+    parent.check_shutdown()
+    seq = parent.next_seq
+    parent.next_seq += 1
+    journaled_as = action_name(name, wait=wait)
+    try:
+        inputs = validation.child_inputs(inputs, f"inputs of children step {seq}")
+    except (InvalidInput, TypeError) as exc:
+        parent.ending.fail(store.INVALID_STEP_INPUT, str(exc))
+    input_hash = evidence.hash_value(inputs)
+    entry = parent.journal.get(seq)
+    if entry is None:
+        parent.check_parked_step(seq, journaled_as, input_hash)
+    else:
+        output = parent.replay_marker(entry, journaled_as, inputs, input_hash)
+        return replayed(output, wait=wait)
+    step = parent.marker_step(seq, _CHILDREN_ACTION, journaled_as, inputs, input_hash)
+    return ChildrenStep(parent, parent.journal, parent.ending).run(
+        step, name, wait=wait, max_steps=parent.definition.max_steps
+    )
