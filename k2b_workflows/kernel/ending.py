@@ -178,7 +178,7 @@ class RunEnding:
         chains = self.journal.written_chains()
         if chains is None:
             return False
-        batch = self._end_batch(output, pending, chains)
+        batch = _end_batch(self, output, pending, chains)
         try:
             rows = db.commit_batch(self.using, batch.statements)
         except db.BatchRefused as exc:
@@ -190,38 +190,6 @@ class RunEnding:
             evidence.fenced_journal_written(pending.entries, self.using, rows[0])
         batch.committed(rows)
         return True
-
-    def _end_batch(
-        self,
-        output: Any,
-        pending: Pending | None,
-        chains: evidence.WrittenChains | None = None,
-    ) -> Batch:
-        """The run's end as a batch: the statement that fences and ends the run (with the
-        last step's deferred success, journaling and sealing it), then that success's
-        ledger entry if it has one (then strict). With ``chains`` the first statement
-        also checks them as written (``evidence.AS_WRITTEN_CHECK``), strict too."""
-        run_output = canonical_json(output)
-        sealed = self.end_seal("succeeded", "", run_output)
-        if pending is not None:
-            sql, params = evidence.fenced_journal_statement(
-                pending.entries,
-                self.journal.last_hash,
-                run_output=run_output,
-                end_seal=sealed,
-                strict=pending.ledger_kind is not None,
-                as_written=chains,
-            )
-        elif chains is not None:
-            sql = SUCCEED_AS_WRITTEN_SQL
-            params = [run_output, sealed, self.run_id, self.generation, *chains.params()]
-        else:
-            sql, params = SUCCEED_SQL, [run_output, sealed, self.run_id, self.generation]
-        batch = Batch(self.journal)
-        batch.add((sql, params), pending.entries if pending is not None else None)
-        if pending is not None:
-            batch.pending_ledger(pending)  # nothing for a success without a ledger kind
-        return batch
 
     def end_as_read(self, output: Any, pending: Pending | None) -> bool:
         """The run's end after a read of its chains, verified here.
@@ -238,7 +206,7 @@ class RunEnding:
         batched, as strict appends (``Batch``), and this returns False, having
         written nothing, when they are refused (``transition`` then ends the run).
         """
-        batch = self._end_batch(output, pending)
+        batch = _end_batch(self, output, pending)
         sql, params = batch.statements[0]
         broken: list[str] = []
 
@@ -515,3 +483,37 @@ class RunEnding:
         except DatabaseError:
             weather.close_quietly(self.using)
             self.claim.release_pending = True
+
+
+def _end_batch(
+    ending: RunEnding,
+    output: Any,
+    pending: Pending | None,
+    chains: evidence.WrittenChains | None = None,
+) -> Batch:
+    """The run's end as a batch, for ``ending`` to commit: the statement that fences and
+    ends the run (with the last step's deferred success, journaling and sealing it),
+    then that success's ledger entry if it has one (then strict). With ``chains`` the
+    first statement also checks them as written (``evidence.AS_WRITTEN_CHECK``),
+    strict too. A module function: it builds statements and holds no state of the end."""
+    run_output = canonical_json(output)
+    sealed = ending.end_seal("succeeded", "", run_output)
+    if pending is not None:
+        sql, params = evidence.fenced_journal_statement(
+            pending.entries,
+            ending.journal.last_hash,
+            run_output=run_output,
+            end_seal=sealed,
+            strict=pending.ledger_kind is not None,
+            as_written=chains,
+        )
+    elif chains is not None:
+        sql = SUCCEED_AS_WRITTEN_SQL
+        params = [run_output, sealed, ending.run_id, ending.generation, *chains.params()]
+    else:
+        sql, params = SUCCEED_SQL, [run_output, sealed, ending.run_id, ending.generation]
+    batch = Batch(ending.journal)
+    batch.add((sql, params), pending.entries if pending is not None else None)
+    if pending is not None:
+        batch.pending_ledger(pending)  # nothing for a success without a ledger kind
+    return batch
