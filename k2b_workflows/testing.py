@@ -72,6 +72,10 @@ def run_until_idle(
     """
     using = using or store.database()
     worker = Worker(app_ids=app_ids, using=using, listen=False)
+    # A simulated crash stands for a dead process, and the reap that takes its run
+    # over for another worker's: it must count the crash (#38), not forgive it as
+    # a lease its own live worker renewed too late.
+    worker.housekeeping.worker_id = ""
     keeper = LeaseKeeper(using)
     keeper.start()
     stats: Counter[str] = Counter()
