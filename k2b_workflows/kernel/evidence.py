@@ -69,19 +69,25 @@ def initial_anchors(run_id: uuid.UUID) -> dict[str, str]:
     }
 
 
+#: A chain's anchor on the run row; the journal's keeps the journal's length with it.
+_SEAL_JOURNAL_SQL = "UPDATE k2b_run SET journal_anchor = %s, journal_length = %s WHERE id = %s"
+_SEAL_CHAIN_SQL = "UPDATE k2b_run SET {chain}_anchor = %s WHERE id = %s"
+#: The length of a run's journal, for the seal of an entry appended the slow way.
+_JOURNAL_COUNT_SQL = "SELECT count(*) FROM k2b_journal WHERE run_id = %s"
+#: The length and head of a run's ledger, for the next entry's link.
+_LEDGER_LENGTH_AND_HEAD_SQL = """
+SELECT count(*), (SELECT entry_hash FROM k2b_ledger WHERE run_id = %s ORDER BY id DESC LIMIT 1)
+  FROM k2b_ledger WHERE run_id = %s"""
+
+
 def _seal(using: str, run_id: uuid.UUID, chain: str, count: int, head: str) -> None:
     key_id, key = signing_key()
     sealed = anchor(run_id, chain, count, head, key_id, key)
     with connections[using].cursor() as cursor:
         if chain == "journal":  # the run row keeps the journal's length with its anchor
-            cursor.execute(
-                "UPDATE k2b_run SET journal_anchor = %s, journal_length = %s WHERE id = %s",
-                [sealed, count, run_id],
-            )
+            cursor.execute(_SEAL_JOURNAL_SQL, [sealed, count, run_id])
         else:
-            cursor.execute(
-                f"UPDATE k2b_run SET {chain}_anchor = %s WHERE id = %s", [sealed, run_id]
-            )
+            cursor.execute(_SEAL_CHAIN_SQL.format(chain=chain), [sealed, run_id])
 
 
 _JOURNAL_COLUMNS = """run_id, seq, action_name, effect, state, output, summary, error_code,
@@ -189,7 +195,7 @@ def append_journal(entry: JournalEntry, prev_hash: str, using: str) -> JournalEn
         row = cursor.fetchone()
         if row is not None:
             return stored(entry, using, row)
-        cursor.execute("SELECT count(*) FROM k2b_journal WHERE run_id = %s", [entry.run_id])
+        cursor.execute(_JOURNAL_COUNT_SQL, [entry.run_id])
         count = cursor.fetchone()[0]
     entry.save(using=using, force_insert=True)
     _seal(using, entry.run_id, "journal", count + 1, entry.entry_hash)
@@ -582,12 +588,7 @@ def append_ledger(using: str, *, expect: LedgerHead | None = None, **fields: Any
     key_id, key = signing_key()
     entry.key_id = key_id
     with connections[using].cursor() as cursor:
-        cursor.execute(
-            """SELECT count(*), (SELECT entry_hash FROM k2b_ledger WHERE run_id = %s
-                                  ORDER BY id DESC LIMIT 1)
-                 FROM k2b_ledger WHERE run_id = %s""",
-            [entry.run_id, entry.run_id],
-        )
+        cursor.execute(_LEDGER_LENGTH_AND_HEAD_SQL, [entry.run_id, entry.run_id])
         count, head = cursor.fetchone()
     entry.prev_hash = head or GENESIS
     entry.entry_hash = ledger_hash(entry.prev_hash, entry, key)
