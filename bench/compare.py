@@ -166,6 +166,16 @@ def engine_procrastinate(url: str, db: str, runs: int, threads: int) -> dict[str
     return _procrastinate(url, db, runs, threads, steps=3)
 
 
+async def _procrastinate_schema(app: Any) -> None:
+    """Install Procrastinate's schema unless present: the first (idle) process of an
+    engine installs it, and every process pays the same read."""
+    present = await app.connector.execute_query_one_async(
+        "SELECT to_regclass('procrastinate_jobs') IS NOT NULL AS present"
+    )
+    if not present["present"]:
+        await app.schema_manager.apply_schema_async()
+
+
 def _procrastinate(url: str, db: str, runs: int, threads: int, steps: int) -> dict[str, Any]:
     import asyncio
 
@@ -183,12 +193,7 @@ def _procrastinate(url: str, db: str, runs: int, threads: int, steps: int) -> di
 
     async def main() -> dict[str, Any]:
         async with app.open_async():
-            # The first (idle) process installs the schema; the same read in each.
-            present = await app.connector.execute_query_one_async(
-                "SELECT to_regclass('procrastinate_jobs') IS NOT NULL AS present"
-            )
-            if not present["present"]:
-                await app.schema_manager.apply_schema_async()
+            await _procrastinate_schema(app)
             t0 = time.monotonic()
             for _ in range(runs):
                 await step.defer_async(n=0, left=steps)
@@ -360,11 +365,7 @@ def _procrastinate_jobs(
 
     async def main() -> dict[str, Any]:
         async with app.open_async():
-            present = await app.connector.execute_query_one_async(
-                "SELECT to_regclass('procrastinate_jobs') IS NOT NULL AS present"
-            )
-            if not present["present"]:
-                await app.schema_manager.apply_schema_async()
+            await _procrastinate_schema(app)
             t0 = time.monotonic()
             if not drain:
                 for n in range(runs):

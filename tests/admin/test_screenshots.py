@@ -18,11 +18,11 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-import psycopg
 import pytest
 from django.db import connection
 
 from tests.support.database_url import database_url
+from tests.support.sites import connect
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "screenshots.py"
@@ -57,18 +57,6 @@ def _png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", header[16:24])
 
 
-def _connect(dbname: str) -> psycopg.Connection:
-    settings = connection.settings_dict
-    return psycopg.connect(
-        dbname=dbname,
-        user=settings["USER"],
-        password=settings["PASSWORD"] or None,
-        host=settings["HOST"],
-        port=settings["PORT"],
-        autocommit=True,
-    )
-
-
 @pytest.mark.browser
 @pytest.mark.slow
 def test_the_script_makes_every_picture_from_the_demo(tmp_path):
@@ -76,7 +64,7 @@ def test_the_script_makes_every_picture_from_the_demo(tmp_path):
         pytest.skip("headless Chromium (/usr/bin/chromium, /usr/bin/chromedriver) is not installed")
     settings = connection.settings_dict
     name = f"{settings['NAME']}_shots{os.environ.get('PYTEST_XDIST_WORKER', '')}"[:50]
-    with _connect("postgres") as conn:
+    with connect("postgres") as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
         conn.execute(f'CREATE DATABASE "{name}"')
     url = database_url(settings, name=name)
@@ -92,13 +80,13 @@ def test_the_script_makes_every_picture_from_the_demo(tmp_path):
             timeout=300,
         )
         assert done.returncode == 0, done.stdout + done.stderr
-        with _connect(name) as conn:
+        with connect(name) as conn:
             # The script stops on the confirmation page: the incident stays open.
             (open_incidents,) = conn.execute(
                 "SELECT count(*) FROM k2b_run WHERE status = 'needs_attention'"
             ).fetchone()
     finally:
-        with _connect("postgres") as conn:
+        with connect("postgres") as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     assert open_incidents == 1
     for picture in _script().PICTURES:
