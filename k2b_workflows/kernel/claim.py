@@ -57,12 +57,15 @@ SELECT id, generation FROM claimed ORDER BY line
 """
 
 #: Sent before the claim, in its transaction. The claim should walk the queued
-#: runs' index in ``run_after`` order and stop after ``limit`` rows; PostgreSQL
-#: does so only if its statistics say many runs are queued. Right after a bulk
-#: enqueue into a table it has not analyzed since, it expects a handful and
-#: reads every queued run into a bitmap, then sorts them, at every claim
-#: (docs/performance.md, "Scaling out", has the figures).
-CLAIM_PLAN = "SET LOCAL enable_bitmapscan = off"
+#: runs' index in line order and stop after ``limit`` rows; PostgreSQL does so
+#: only if its statistics say many runs are queued. Right after a bulk enqueue
+#: into a table it has not analyzed since, it expects a handful, and any way of
+#: finding queued runs costs about what the walk in line order costs: it read
+#: every queued run into a bitmap, or through another index
+#: (``k2b_run_queued_queue``, a project's own), and sorted them, at every claim
+#: (docs/performance.md, "Scaling out", has the figures). Without sorts, only
+#: the walk in line order is left.
+CLAIM_PLAN = "SET LOCAL enable_sort = off"
 
 
 def claim_runs(
