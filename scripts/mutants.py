@@ -163,14 +163,21 @@ MUTANTS = (
     Mutant(
         "claim-plan",
         "k2b_workflows/kernel/claim.py",
-        'CLAIM_PLAN = "SET LOCAL enable_sort = off"',
-        'CLAIM_PLAN = "SET LOCAL enable_sort = on"',
+        "set_config('enable_sort', 'off', true)",
+        "set_config('enable_sort', 'on', true)",
         (
             "tests/hot_path/test_claim_and_preload.py::"
             "test_a_claim_reads_a_few_rows_of_a_large_backlog_postgresql_has_not_analyzed",
             "tests/hot_path/test_claim_and_preload.py::"
             "test_a_claim_walks_the_line_when_another_index_finds_the_queued_runs_as_cheaply",
         ),
+    ),
+    Mutant(
+        "claim-plan-jit",
+        "k2b_workflows/kernel/claim.py",
+        "set_config('jit', 'off', true)",
+        "set_config('jit', 'on', true)",
+        ("tests/hot_path/test_claim_and_preload.py::test_a_claim_is_never_compiled",),
     ),
     Mutant(
         "exit-hooks",

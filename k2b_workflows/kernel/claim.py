@@ -64,8 +64,15 @@ SELECT id, generation FROM claimed ORDER BY line
 #: every queued run into a bitmap, or through another index
 #: (``k2b_run_queued_queue``, a project's own), and sorted them, at every claim
 #: (docs/performance.md, "Scaling out", has the figures). Without sorts, only
-#: the walk in line order is left.
-CLAIM_PLAN = "SET LOCAL enable_sort = off"
+#: the walk in line order is left. Before PostgreSQL 18 a disabled sort (the
+#: claimed rows' own, which has no alternative) adds its penalty to the cost,
+#: which then passes ``jit_above_cost``: each claim spent 300 ms compiling.
+#: Hence no JIT either. One statement, so that it goes in a pipeline of
+#: prepared statements too; both settings end with the transaction.
+CLAIM_PLAN = (
+    "SELECT pg_catalog.set_config('enable_sort', 'off', true),"
+    " pg_catalog.set_config('jit', 'off', true)"
+)
 
 
 def claim_runs(

@@ -114,6 +114,31 @@ def test_a_claim_walks_the_line_when_another_index_finds_the_queued_runs_as_chea
             transaction.set_rollback(True)
 
 
+def test_a_claim_is_never_compiled():
+    """Before PostgreSQL 18 the claim's disabled sort adds its penalty to the plan's
+    cost, past ``jit_above_cost``: without ``jit = off`` every claim was compiled,
+    300 ms of the server's CPU each, and a worker made a tenth of its steps."""
+    from django.db import transaction
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_catalog.pg_jit_available()")
+        if not cursor.fetchone()[0]:
+            pytest.skip("this PostgreSQL server has no JIT")
+    for n in range(20):
+        start_workflow_run("test.pure", {"a": 1, "b": n})
+    statement = claim.claim_statement("test", [("test.pure", 1)], None, 4)
+    assert statement is not None
+    sql, params = statement
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("ANALYZE k2b_run")
+        cursor.execute(claim.CLAIM_PLAN)
+        cursor.execute("EXPLAIN (ANALYZE) " + sql, params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        transaction.set_rollback(True)
+    assert "Index Scan using k2b_run_queued on k2b_run" in plan, plan
+    assert "JIT" not in plan, plan
+
+
 #: Copies of one queued run (never executed) with the status given, without
 #: a notification each.
 _COPIES_SQL = """INSERT INTO k2b_run
