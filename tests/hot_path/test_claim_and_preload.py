@@ -61,30 +61,9 @@ def test_a_claim_reads_a_few_rows_of_a_large_backlog_postgresql_has_not_analyzed
     """Right after a bulk enqueue, before any ANALYZE, PostgreSQL expects a handful of
     queued runs: without the claim's plan setting it read all of them into a
     bitmap and sorted them at every claim. The claim must walk the index and stop."""
-    from django.db import transaction
-
-    run = start_workflow_run("test.pure", {"a": 1, "b": 1})
     with run_statistics_never_taken():
-        with transaction.atomic(), connection.cursor() as cursor:
-            # Copies of one queued run (never executed), without 20,000 notifications.
-            cursor.execute("SET LOCAL session_replication_role = replica")
-            cursor.execute(
-                """INSERT INTO k2b_run
-                   SELECT copy.*
-                     FROM k2b_run r, generate_series(1, 20000) n,
-                          jsonb_populate_record(NULL::k2b_run, to_jsonb(r)
-                              || jsonb_build_object('id', gen_random_uuid(), 'n', n)) copy
-                    WHERE r.id = %s""",
-                [run.pk],
-            )
-        with transaction.atomic():
-            before = run_heap_fetches()
-            claimed = claim.claim_runs(
-                "default", worker_id="test", workflows=[("test.pure", 1)], app_ids=None, limit=4
-            )
-            assert len(claimed) == 4
-            assert run_heap_fetches() - before < 100
-            transaction.set_rollback(True)
+        _enqueue_copies(20000)
+        _claim_four_reading_few_rows()
 
 
 def test_a_claim_walks_the_line_when_another_index_finds_the_queued_runs_as_cheaply(prepares):
@@ -94,24 +73,46 @@ def test_a_claim_walks_the_line_when_another_index_finds_the_queued_runs_as_chea
     through it and sorted them. An index on the workflow's name and version, as a
     project might add for its reports, ties the same way on every run: the claim
     must still walk ``k2b_run_queued`` and stop."""
+    with run_statistics_never_taken():
+        _enqueue_copies(20000)
+        _claim_four_reading_few_rows(
+            "CREATE INDEX k2b_run_by_workflow ON k2b_run (workflow_name, workflow_version)"
+        )
+
+
+def _enqueue_copies(copies: int) -> None:
+    """Copies of one queued run (never executed), without a notification each."""
     from django.db import transaction
 
     run = start_workflow_run("test.pure", {"a": 1, "b": 1})
-    with run_statistics_never_taken(), connection.cursor() as cursor:
-        with transaction.atomic():
-            cursor.execute("SET LOCAL session_replication_role = replica")
-            cursor.execute(_COPIES_SQL, [20000, "queued", run.pk])
-        with transaction.atomic():
-            cursor.execute(
-                "CREATE INDEX k2b_run_by_workflow ON k2b_run (workflow_name, workflow_version)"
-            )
-            before = run_heap_fetches()
-            claimed = claim.claim_runs(
-                "default", worker_id="test", workflows=[("test.pure", 1)], app_ids=None, limit=4
-            )
-            assert len(claimed) == 4
-            assert run_heap_fetches() - before < 100
-            transaction.set_rollback(True)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL session_replication_role = replica")
+        cursor.execute(
+            """INSERT INTO k2b_run
+               SELECT copy.*
+                 FROM k2b_run r, generate_series(1, %s) n,
+                      jsonb_populate_record(NULL::k2b_run, to_jsonb(r)
+                          || jsonb_build_object('id', gen_random_uuid(), 'n', n)) copy
+                WHERE r.id = %s""",
+            [copies, run.pk],
+        )
+
+
+def _claim_four_reading_few_rows(*first: str) -> None:
+    """Claim 4 runs (after the statements ``first``, in the same transaction, rolled back)
+    and check the claim fetched a few rows of ``k2b_run``, not the backlog."""
+    from django.db import transaction
+
+    with transaction.atomic(), connection.cursor() as cursor:
+        for statement in first:
+            cursor.execute(statement)
+        before = run_heap_fetches()
+        claimed = claim.claim_runs(
+            "default", worker_id="test", workflows=[("test.pure", 1)], app_ids=None, limit=4
+        )
+        assert len(claimed) == 4
+        assert run_heap_fetches() - before < 100
+        transaction.set_rollback(True)
 
 
 def test_a_claim_is_never_compiled():
@@ -137,16 +138,6 @@ def test_a_claim_is_never_compiled():
         transaction.set_rollback(True)
     assert "Index Scan using k2b_run_queued on k2b_run" in plan, plan
     assert "JIT" not in plan, plan
-
-
-#: Copies of one queued run (never executed) with the status given, without
-#: a notification each.
-_COPIES_SQL = """INSERT INTO k2b_run
-   SELECT copy.*
-     FROM k2b_run r, generate_series(1, %s) n,
-          jsonb_populate_record(NULL::k2b_run, to_jsonb(r)
-              || jsonb_build_object('id', gen_random_uuid(), 'n', n, 'status', %s)) copy
-    WHERE r.id = %s"""
 
 
 def test_a_runs_children_are_found_through_the_child_index_alone():
