@@ -308,7 +308,7 @@ setting_changed.connect(_forget_section, dispatch_uid="k2b_workflows.settings.se
 
 
 def _get(key: str) -> Any:
-    return BY_KEY[key].value()
+    return _section().get(key, BY_KEY[key].default)
 
 
 def known_settings() -> frozenset[str]:
