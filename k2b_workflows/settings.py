@@ -2,7 +2,8 @@
 
 Each key is declared once below (``SETTINGS``): its default is written
 nowhere else. The readers (``lease_ms()``, ``database()``...) read the
-setting at each call, so a test changes a value with ``override_settings``
+setting at each call (from the ``K2B_WORKFLOWS`` dict, looked up once and again
+after ``setting_changed``), so a test changes a value with ``override_settings``
 without restarting anything; a system check refuses unknown keys
 (``known_settings``); the reference's table (docs/reference.md) is the
 declarations rendered (``reference_table``), and a test keeps it so.
