@@ -2,7 +2,8 @@
 
 Each key is declared once below (``SETTINGS``): its default is written
 nowhere else. The readers (``lease_ms()``, ``database()``...) read the
-setting at each call, so a test changes a value with ``override_settings``
+setting at each call (from the ``K2B_WORKFLOWS`` dict, looked up once and again
+after ``setting_changed``), so a test changes a value with ``override_settings``
 without restarting anything; a system check refuses unknown keys
 (``known_settings``); the reference's table (docs/reference.md) is the
 declarations rendered (``reference_table``), and a test keeps it so.
@@ -26,6 +27,7 @@ from typing import Any
 
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
 
 DEFAULT_REDACT_KEYS: tuple[str, ...] = (
     "password",
@@ -63,7 +65,7 @@ class Setting:
     shown: str | None = None
 
     def value(self) -> Any:
-        return getattr(django_settings, "K2B_WORKFLOWS", {}).get(self.key, self.default)
+        return _section().get(self.key, self.default)
 
     def shown_default(self) -> str:
         if self.shown is not None:
@@ -281,8 +283,33 @@ def reference_table() -> str:
     return "\n".join(lines)
 
 
+#: The ``K2B_WORKFLOWS`` dict, looked up once: a worker reads about ten keys per
+#: run, and each lookup through Django's lazy settings cost more than the rest of
+#: the read. The dict itself is kept, not its values, so a change made inside it
+#: is seen at once; a new dict (``override_settings``, pytest-django's
+#: ``settings``) is seen after ``setting_changed``, which those send.
+_cached_section: dict[str, Any] | None = None
+
+
+def _section() -> dict[str, Any]:
+    global _cached_section
+    section = _cached_section
+    if section is None:
+        section = _cached_section = getattr(django_settings, "K2B_WORKFLOWS", {})
+    return section
+
+
+def _forget_section(*, setting: str, **kwargs: Any) -> None:
+    global _cached_section
+    if setting == "K2B_WORKFLOWS":
+        _cached_section = None
+
+
+setting_changed.connect(_forget_section, dispatch_uid="k2b_workflows.settings.section")
+
+
 def _get(key: str) -> Any:
-    return BY_KEY[key].value()
+    return _section().get(key, BY_KEY[key].default)
 
 
 def known_settings() -> frozenset[str]:

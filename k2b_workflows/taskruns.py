@@ -79,26 +79,28 @@ PRIORITY_OFFSET = 100
 #: The step context of the task this thread is running: what ``effect_key(context)`` reads.
 current_step: contextvars.ContextVar[Any] = contextvars.ContextVar("k2b_task_step", default=None)
 
-#: run id -> (the result its last attempt in this process saw, its return value or None):
-#: ``task_finished`` is built from it when the run's end commits, with no query.
+#: run id -> (the result its last attempt in this process saw, its return value or None,
+#: the sender its ``task_started`` had): ``task_finished`` is built from it when the
+#: run's end commits, with no query and no second look-up of the task's backend.
 #: Bounded: an attempt whose run ends elsewhere (a retry on another worker) is dropped.
-last_attempts: dict[Any, tuple[Any, Any]] = {}
+last_attempts: dict[Any, tuple[Any, Any, type]] = {}
 MAX_REMEMBERED = 10_000
 
 
-def remember(run_id: Any, result: Any, value: Any) -> None:
+def remember(run_id: Any, result: Any, value: Any, sender: type) -> None:
     last_attempts.pop(run_id, None)
     while len(last_attempts) >= MAX_REMEMBERED:
         last_attempts.pop(next(iter(last_attempts)))
-    last_attempts[run_id] = (result, value)
+    last_attempts[run_id] = (result, value, sender)
 
 
-def finished_result(run_id: Any, status: str) -> Any | None:
-    """The finished task's result from what its last attempt here saw (None: nothing seen)."""
+def finished_result(run_id: Any, status: str) -> tuple[Any, type] | None:
+    """The finished task's result from what its last attempt here saw, and the sender of
+    its signals (the class of the task's backend); None: nothing seen."""
     seen = last_attempts.pop(run_id, None)
     if seen is None:
         return None
-    result, value = seen
+    result, value, sender = seen
     statuses = base_api.TaskResultStatus
     final = dataclasses.replace(
         result,
@@ -107,7 +109,7 @@ def finished_result(run_id: Any, status: str) -> Any | None:
     )
     if status == RunStatus.SUCCEEDED:
         object.__setattr__(final, "_return_value", value)
-    return final
+    return final, sender
 
 
 class TaskUnavailable(Exception):
@@ -243,7 +245,8 @@ class TaskAction(Action, abstract=True):
             _record(ctx, attempt, run.claimed_by, started, exc, exc.__cause__)
             return failed(str(exc), code=exc.code)
         result = running_result(task, run, input, attempt, started)
-        signals_api.task_started.send(sender=backend_class(task), task_result=result)
+        sender = backend_class(task)
+        signals_api.task_started.send(sender=sender, task_result=result)
         token = current_step.set(ctx)
         try:
             value = self._call(ctx, task, result, input)
@@ -256,7 +259,7 @@ class TaskAction(Action, abstract=True):
                 traceback=_record(ctx, attempt, run.claimed_by, started, exc, exc),
             )
             result.errors.append(error)
-            remember(ctx.run_id, result, None)
+            remember(ctx.run_id, result, None, sender)
             return failed(
                 scrub_error(f"{type(exc).__name__}: {exc}"),
                 code=codes.TASK_FAILED,
@@ -264,7 +267,7 @@ class TaskAction(Action, abstract=True):
             )
         finally:
             current_step.reset(token)
-        remember(ctx.run_id, result, value)
+        remember(ctx.run_id, result, value, sender)
         return succeeded(value, summary=f"task {path}")
 
     def _call(self, ctx: Any, task: Any, result: Any, input: Any) -> Any:

@@ -332,9 +332,10 @@ def _finished(sender: Any, *, run_id: Any, workflow_name: str, status: str, **kw
     """
     if workflow_name not in EFFECT_OF_WORKFLOW:
         return
-    result = finished_result(run_id, status)
-    if result is not None:
-        signals_api.task_finished.send(sender=type(result.task.get_backend()), task_result=result)
+    seen = finished_result(run_id, status)
+    if seen is not None:
+        result, sender = seen
+        signals_api.task_finished.send(sender=sender, task_result=result)
         return
     run = WorkflowRun.objects.using(store.database()).filter(pk=run_id).only("input").first()
     if run is None:

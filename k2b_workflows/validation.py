@@ -13,6 +13,7 @@ and each raises ``InvalidInput`` naming the field.
 
 from __future__ import annotations
 
+import copy
 import decimal
 import json
 import math
@@ -162,6 +163,24 @@ def json_text(value: Any, field: str, *, stored: bool = True) -> str:
                 "(K2B_WORKFLOWS['MAX_VALUE_BYTES'])"
             )
     return text
+
+
+def copy_json(value: Any) -> Any:
+    """A deep copy of a JSON value as read back (dicts, lists, atoms), for code that may
+    change it: a run's input and principal, a step's output.
+
+    ``copy.deepcopy`` of the same value, at a fraction of its cost (every run pays
+    several): a value parsed from JSON shares no part with another, so there is no
+    memo to keep. Atoms are immutable and shared; anything else goes to ``deepcopy``.
+    """
+    kind = type(value)
+    if kind is dict:
+        return {key: copy_json(child) for key, child in value.items()}
+    if kind is list:
+        return [copy_json(child) for child in value]
+    if kind is str or kind is int or kind is float or kind is bool or value is None:
+        return value
+    return copy.deepcopy(value)
 
 
 def jsonb_number(text: str) -> float | int:

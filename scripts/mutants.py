@@ -762,6 +762,10 @@ MUTANTS = (
                 "        stored = stored_context(run.pk, run.trace_context)\n        links",
                 "        stored = run.trace_context or {}\n        links",
             ),
+            (
+                "        stored_context(execution.run.pk, execution.run.trace_context)\n",
+                "        execution.run.trace_context or {}\n",
+            ),
         ),
     ),
     Mutant(

@@ -18,7 +18,6 @@ the claim through ``ending.RunEnding``.
 from __future__ import annotations
 
 import abc
-import copy
 import logging
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -26,7 +25,7 @@ from typing import Any, NoReturn
 from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError, connections
 
-from .. import store
+from .. import store, validation
 from ..actions import (
     Action,
     Ambiguous,
@@ -324,7 +323,7 @@ class Transactional(EffectPath):
         step.ctx.tx = None
         journal.pending_committed(pending)
         journal.journaled(entry)
-        return copy.deepcopy(entry.output)
+        return validation.copy_json(entry.output)
 
 
 class External(EffectPath):

@@ -29,7 +29,6 @@ run waits for an operator (``WORKFLOW_CODE_ERROR``) instead of retrying.
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import logging
 import threading
@@ -145,7 +144,7 @@ class Execution:
         self.run = run
         self.root_id = run.root_id or run.id
         self.app_id = run.app_id
-        self.principal = copy.deepcopy(run.principal)
+        self.principal = validation.copy_json(run.principal)
         self.journal = RunJournal(self, loaded)
         self.ending = RunEnding(self, self.journal)
         events.run_claimed(self)
@@ -232,7 +231,7 @@ class Execution:
     def _run_workflow(self) -> None:
         handle = RunHandle(self)
         try:
-            output = self.definition.fn(handle, copy.deepcopy(self.run.input))
+            output = self.definition.fn(handle, validation.copy_json(self.run.input))
         except StepFailed as exc:
             self.ending.fail(exc.code, exc.message)
         except (Suspend, LeaseLost, RunCanceled, db.CommitOutcomeUnknown):
@@ -391,7 +390,7 @@ class Execution:
         ):
             self.diverged(entry, name, input_hash)
         if entry.state == JournalEntry.State.SUCCEEDED:
-            return copy.deepcopy(entry.output)
+            return validation.copy_json(entry.output)
         raise StepFailed(entry.error_code, entry.error_message)
 
     def diverged(self, entry: JournalEntry, name: str, input_hash: str) -> NoReturn:

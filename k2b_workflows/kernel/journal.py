@@ -14,14 +14,13 @@ applied (``journaled``) only after the transaction that wrote it committed.
 
 from __future__ import annotations
 
-import copy
 import datetime as dt
 import logging
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
-from .. import redaction, store
+from .. import redaction, store, validation
 from ..actions import Action, Effect, Succeeded
 from ..exceptions import LeaseLost, RunCanceled, StepFailed
 from ..models import JournalEntry, LedgerEntry, WorkflowRun
@@ -312,7 +311,7 @@ class RunJournal:
             # closes its effect, which a transition merged with it must see.
             self.claim.run.consecutive_failures = 0
             self.effects.pop(step.seq, None)
-            return copy.deepcopy(entry.output)
+            return validation.copy_json(entry.output)
 
         def write() -> None:
             self.fence(step.seq, reset_failures=True)
@@ -324,7 +323,7 @@ class RunJournal:
         except budgets.BudgetExceeded as exc:
             self.step_failed(step, store.EFFECT_BUDGET_EXCEEDED, str(exc))
         self.journaled(entry)
-        return copy.deepcopy(entry.output)
+        return validation.copy_json(entry.output)
 
     def step_failed(self, step: Step, code: str, message: str) -> NoReturn:
         """Journal a final failure of the step and raise ``StepFailed`` into the workflow."""

@@ -13,7 +13,7 @@ import logging
 import pytest
 from django.db import connections
 
-from k2b_workflows import start_workflow_run, testdb
+from k2b_workflows import start_workflow_run, testdb, tracing
 from k2b_workflows.models import WorkflowRun
 from k2b_workflows.redaction import REDACTED, redact_text
 from k2b_workflows.testing import run_until_idle
@@ -49,7 +49,14 @@ GARBAGE = {
 
 @pytest.mark.django_db(transaction=True, databases=["default", RUNTIME])
 @pytest.mark.parametrize("garbage", sorted(GARBAGE))
-def test_a_garbage_trace_context_is_ignored_with_one_warning(runtime, caplog, garbage):
+@pytest.mark.parametrize("provider", ["none", "set"])
+def test_a_garbage_trace_context_is_ignored_with_one_warning(
+    runtime, caplog, monkeypatch, garbage, provider
+):
+    """With no tracer provider a claim makes no span but still checks the stored context;
+    with one ("set": the API's spans stand in for an SDK's here) the span is built from it."""
+    if provider == "set":
+        monkeypatch.setattr(tracing, "_provider_set", lambda: True)
     value = GARBAGE[garbage]
     if value is None:
         value = '{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",'
