@@ -279,11 +279,10 @@ def insert(using: str, run: WorkflowRun, budget: BudgetAccount | None) -> bool:
 
     Every column is written as the ORM would save it; a NULL one as the literal
     ``NULL`` in the statement rather than a parameter (#37). Each enqueue is one
-    of these: with fifty-odd parameters psycopg parses the statement again on
-    every call (it caches statements of at most 50), which cost more of an
-    enqueue's time than the rest of the insert. A task run has some twenty NULL
-    columns: the statement text is the same from one enqueue to the next, and
-    parsed once.
+    of these: with fifty-odd parameters psycopg parsed the statement again on
+    every call (it caches statements of at most 50), the largest share of an
+    enqueue's own CPU time. A task run has some twenty NULL columns: the
+    statement text is the same from one enqueue to the next, and parsed once.
     """
     connection = connections[using]
     params = _saved(run, connection)
@@ -293,7 +292,7 @@ def insert(using: str, run: WorkflowRun, budget: BudgetAccount | None) -> bool:
         budget_params = _saved(budget, connection)
         budget_nulls = tuple(value is None for value in budget_params)
         params = [*params, *budget_params]
-    sql = _insert_sql(connection.ops.quote_name, nulls, budget_nulls)
+    sql = _insert_sql(connection, nulls, budget_nulls)
     params = [value for value in params if value is not None]
     # As Django's own saves: an error inside the caller's atomic block marks it
     # for rollback, so their next query says so instead of failing obscurely.
@@ -312,16 +311,26 @@ def _saved(obj: Model, connection: Any) -> list[Any]:
     return _prepared(obj, _copied_fields(type(obj)), connection)
 
 
-@functools.lru_cache(maxsize=64)
+#: (NULL columns of the run, of its budget account) -> the insert statement. A few
+#: patterns in all (a task run, a child, a keyed start...); every PostgreSQL
+#: connection quotes names alike, so one text serves them all.
+_INSERT_SQL: dict[tuple[tuple[bool, ...], tuple[bool, ...] | None], str] = {}
+
+
 def _insert_sql(
-    quote: Callable[[str], str], nulls: tuple[bool, ...], budget_nulls: tuple[bool, ...] | None
+    connection: Any, nulls: tuple[bool, ...], budget_nulls: tuple[bool, ...] | None
 ) -> str:
     """The insert of a run (and its budget account) whose columns ``nulls`` (and
     ``budget_nulls``) are NULL: those as literals, every other one a parameter."""
-    sql = _INSERT_RUN_SQL.format(**_insert_parts(quote, WorkflowRun, nulls))
-    if budget_nulls is not None:
-        parts = _insert_parts(quote, BudgetAccount, budget_nulls)
-        sql = _INSERT_RUN_AND_BUDGET_SQL.format(run=sql, **parts)
+    key = (nulls, budget_nulls)
+    sql = _INSERT_SQL.get(key)
+    if sql is None:
+        quote = connection.ops.quote_name
+        sql = _INSERT_RUN_SQL.format(**_insert_parts(quote, WorkflowRun, nulls))
+        if budget_nulls is not None:
+            parts = _insert_parts(quote, BudgetAccount, budget_nulls)
+            sql = _INSERT_RUN_AND_BUDGET_SQL.format(run=sql, **parts)
+        _INSERT_SQL[key] = sql
     return sql
 
 
