@@ -415,8 +415,9 @@ def start_many(
 
     The runs, then their budget accounts, go in by one ``COPY`` each:
     ``enqueue_many`` of django.tasks (#37). Two statements whatever the number
-    of runs, and no parameter lists to build (an ``INSERT`` of 10,000 rows of
-    fifty columns spends more time binding than inserting).
+    of runs (and ``IGNORE_NOTHING_SQL`` before them, for the triggers' sake),
+    and no parameter lists to build (an ``INSERT`` of 10,000 rows of fifty
+    columns spends more time binding than inserting).
 
     Nor a model instance per run: ``new_run`` builds one run (sealed and
     anchored as any other), and every row is that run's prepared columns with
