@@ -285,12 +285,12 @@ def insert(using: str, run: WorkflowRun, budget: BudgetAccount | None) -> bool:
     statement text is the same from one enqueue to the next, and parsed once.
     """
     connection = connections[using]
-    params = _saved(run, connection)
-    nulls = tuple(value is None for value in params)
+    params = _prepared(run, connection)
+    nulls = tuple([value is None for value in params])
     budget_nulls = None
     if budget is not None:
-        budget_params = _saved(budget, connection)
-        budget_nulls = tuple(value is None for value in budget_params)
+        budget_params = _prepared(budget, connection)
+        budget_nulls = tuple([value is None for value in budget_params])
         params = [*params, *budget_params]
     sql = _insert_sql(connection, nulls, budget_nulls)
     params = [value for value in params if value is not None]
@@ -304,11 +304,6 @@ def insert(using: str, run: WorkflowRun, budget: BudgetAccount | None) -> bool:
             obj._state.adding = False
             obj._state.db = using
     return created
-
-
-def _saved(obj: Model, connection: Any) -> list[Any]:
-    """``obj``'s columns as the ORM would save them (``_copied_fields``' order)."""
-    return _prepared(obj, _copied_fields(type(obj)), connection)
 
 
 #: (NULL columns of the run, of its budget account) -> the insert statement. A few
@@ -459,8 +454,8 @@ def start_many(
     connection = connections[using]
     fields = _copied_fields(WorkflowRun)
     names = [f.attname for f in fields]
-    prepared = _prepared(template, fields, connection)
-    other_values = _dumped(_prepared(other, fields, connection), connection)
+    prepared = _prepared(template, connection)
+    other_values = _dumped(_prepared(other, connection), connection)
     differing = {
         name
         for name, a, b in zip(names, _dumped(prepared, connection), other_values, strict=True)
@@ -498,7 +493,6 @@ def start_many(
             max_ai_calls=definition.max_ai_calls,
             max_steps=definition.max_steps,
         ),
-        account_fields,
         connection,
     )
     root_at = [f.attname for f in account_fields].index("root_id")
@@ -541,30 +535,34 @@ def _copied_fields(model: type[Model]) -> tuple[Any, ...]:
     return tuple(f for f in model._meta.concrete_fields if not isinstance(f, AutoFieldMixin))
 
 
-def _prepared(obj: Model, fields: Sequence[Any], connection: Any) -> list[Any]:
-    """``obj``'s columns as the ORM would save them.
+def _prepared(obj: Model, connection: Any) -> list[Any]:
+    """``obj``'s columns (``_copied_fields``) as the ORM would save them.
 
     A NULL column is left NULL without asking its field, when its field prepares
-    ``None`` as ``None`` (``_keeps_null``, asked once): a task run has some twenty
+    ``None`` as ``None`` (``_nulls_kept``, asked once): a task run has some twenty
     NULL columns, each a few calls deep into Django on every enqueue (#37).
     """
+    model = type(obj)
     values = []
-    for field in fields:
+    for field, null_kept in zip(_copied_fields(model), _nulls_kept(model, connection), strict=True):
         value = field.pre_save(obj, add=True)
-        if value is not None or not _keeps_null(field, connection):
+        if value is not None or not null_kept:
             value = field.get_db_prep_save(value, connection)
         values.append(value)
     return values
 
 
-#: Field -> whether it prepares ``None`` for the database as ``None``.
-_NULL_KEPT: dict[Any, bool] = {}
+#: Model -> whether each of its ``_copied_fields`` prepares ``None`` as ``None``.
+_NULLS_KEPT: dict[type[Model], tuple[bool, ...]] = {}
 
 
-def _keeps_null(field: Any, connection: Any) -> bool:
-    kept = _NULL_KEPT.get(field)
+def _nulls_kept(model: type[Model], connection: Any) -> tuple[bool, ...]:
+    kept = _NULLS_KEPT.get(model)
     if kept is None:
-        kept = _NULL_KEPT[field] = field.get_db_prep_save(None, connection) is None
+        fields = _copied_fields(model)
+        kept = _NULLS_KEPT[model] = tuple(
+            [f.get_db_prep_save(None, connection) is None for f in fields]
+        )
     return kept
 
 
