@@ -29,7 +29,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from . import control, scheduling, signals, store
+from . import control, scheduling, signals, store, validation
 from .actions import to_json_value
 from .exceptions import InvalidInput, RunEndNotSealed
 from .kernel import seals
@@ -285,12 +285,12 @@ def enqueue_many(
     """
     backend = _backend_of(task)
     backend.validate_task(task)
-    declared = backend.declared_input(task)
+    bulk = _BulkInputs(backend, task)
     inputs = []
     for index, call in enumerate(calls):
         if not isinstance(call, list | tuple) or len(call) != 2:
             raise InvalidTaskCall(f"enqueue_many(): call {index} must be (args, kwargs)")
-        inputs.append(backend.run_input(task, call[0], call[1], declared))
+        inputs.append(bulk.input(call[0], call[1]))
     runs = control.start_workflow_runs(
         WORKFLOW_NAMES[backend.effect_of(task)],
         inputs,
@@ -300,6 +300,45 @@ def enqueue_many(
     results = [new_result(task, run, input) for run, input in zip(runs, inputs, strict=True)]
     backend._enqueued(results)
     return results
+
+
+class _BulkInputs:
+    """``run_input`` of many calls of one task, the task's part of the input checked
+    and encoded once rather than once a call (#37).
+
+    The input of a call is the task's declarations (``declared_input``) and the
+    call's ``args`` and ``kwargs``: as JSON, an object whose members are those
+    of the two, so its value is theirs together and its size in bytes the sum
+    of theirs less one. A call whose arguments are not plainly a list or tuple
+    and a dict, are not JSON, or make the whole too large goes through
+    ``run_input`` itself, which refuses it with the error an ``enqueue()`` gives.
+    """
+
+    def __init__(self, backend: WorkflowsBackend, task: Any) -> None:
+        self.backend, self.task = backend, task
+        self.declared = backend.declared_input(task)
+        self.value: dict[str, Any] = {}
+        self.room = -1  # every call through run_input, unless the declarations encode
+        try:
+            validation.check_json(self.declared, "the task's declarations")
+            text = validation.CANONICAL_JSON.encode(self.declared)
+            self.room = store.max_value_bytes() + 1 - len(text.encode())
+            self.value = validation.stored_json(text)
+        except (InvalidInput, TypeError, ValueError):
+            self.room = -1
+
+    def input(self, args: Any, kwargs: Any) -> Any:
+        if type(args) in (list, tuple) and (kwargs is None or type(kwargs) is dict):
+            call = {"args": list(args), "kwargs": {} if kwargs is None else kwargs}
+            try:
+                validation.check_json(call, "the call")
+                text = validation.CANONICAL_JSON.encode(call)
+                fits = len(text.encode()) <= self.room
+            except (InvalidInput, TypeError, ValueError):  # UnicodeEncodeError is a ValueError
+                fits = False
+            if fits:
+                return {**self.value, **validation.stored_json(text)}
+        return self.backend.run_input(self.task, args, kwargs, self.declared)
 
 
 def schedule_task(

@@ -954,6 +954,16 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "task-bulk-input-size",
+        "k2b_workflows/tasks.py",
+        "                fits = len(text.encode()) <= self.room",
+        "                fits = True",
+        (
+            "tests/tasks/test_misuse.py::"
+            "test_enqueue_many_refuses_a_call_too_large_only_with_its_tasks_part_as_enqueue_does",
+        ),
+    ),
+    Mutant(
         "task-result-end-seal",
         "k2b_workflows/tasks.py",
         "            forged = seals.end_problem(run)\n",

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 import json
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from django.db import connections, transaction
@@ -28,7 +29,6 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from .. import codes, tracing
-from ..dedup import insert_values
 from ..exceptions import IdempotencyConflict, InvalidInput
 from ..limits import Concurrency, Strategy
 from ..models import BudgetAccount, RunStatus, WorkflowRun
@@ -258,12 +258,13 @@ def existing(
     return found
 
 
-#: A run's row; ``{table} {columns}`` as ``dedup.insert_values`` writes them. A row
-#: with the same idempotency key is left alone (nothing returned).
-_INSERT_RUN_SQL = "INSERT INTO {table} {columns} ON CONFLICT DO NOTHING RETURNING id"
+#: A run's row; a row with the same idempotency key is left alone (nothing returned).
+_INSERT_RUN_SQL = (
+    "INSERT INTO {table} ({columns}) VALUES ({values}) ON CONFLICT DO NOTHING RETURNING id"
+)
 #: The run's row and its budget account's in one statement, the account only with the run.
 _INSERT_RUN_AND_BUDGET_SQL = (
-    "WITH run AS ({run}) INSERT INTO {table} {columns} FROM run RETURNING root_id"
+    "WITH run AS ({run}) INSERT INTO {table} ({columns}) SELECT {values} FROM run RETURNING root_id"
 )
 
 
@@ -275,14 +276,24 @@ def insert(using: str, run: WorkflowRun, budget: BudgetAccount | None) -> bool:
     a start costs the caller no BEGIN and COMMIT of their own, and the two rows
     still commit together or not at all. The returned ``run`` is the row as
     stored: no column of it gets its value from the database.
+
+    Every column is written as the ORM would save it; a NULL one as the literal
+    ``NULL`` in the statement rather than a parameter (#37). Each enqueue is one
+    of these: with fifty-odd parameters psycopg parsed the statement again on
+    every call (it caches statements of at most 50), the largest share of an
+    enqueue's own CPU time. A task run has some twenty NULL columns: the
+    statement text is the same from one enqueue to the next, and parsed once.
     """
     connection = connections[using]
-    table, columns, params = insert_values(run, connection)
-    sql = _INSERT_RUN_SQL.format(table=table, columns=columns)
+    params = _prepared(run, connection)
+    nulls = tuple([value is None for value in params])
+    budget_nulls = None
     if budget is not None:
-        table, columns, budget_params = insert_values(budget, connection, select=True)
-        sql = _INSERT_RUN_AND_BUDGET_SQL.format(run=sql, table=table, columns=columns)
+        budget_params = _prepared(budget, connection)
+        budget_nulls = tuple([value is None for value in budget_params])
         params = [*params, *budget_params]
+    sql = _insert_sql(connection, nulls, budget_nulls)
+    params = [value for value in params if value is not None]
     # As Django's own saves: an error inside the caller's atomic block marks it
     # for rollback, so their next query says so instead of failing obscurely.
     with transaction.mark_for_rollback_on_error(using), connection.cursor() as cursor:
@@ -293,6 +304,42 @@ def insert(using: str, run: WorkflowRun, budget: BudgetAccount | None) -> bool:
             obj._state.adding = False
             obj._state.db = using
     return created
+
+
+#: (NULL columns of the run, of its budget account) -> the insert statement. A few
+#: patterns in all (a task run, a child, a keyed start...); every PostgreSQL
+#: connection quotes names alike, so one text serves them all.
+_INSERT_SQL: dict[tuple[tuple[bool, ...], tuple[bool, ...] | None], str] = {}
+
+
+def _insert_sql(
+    connection: Any, nulls: tuple[bool, ...], budget_nulls: tuple[bool, ...] | None
+) -> str:
+    """The insert of a run (and its budget account) whose columns ``nulls`` (and
+    ``budget_nulls``) are NULL: those as literals, every other one a parameter."""
+    key = (nulls, budget_nulls)
+    sql = _INSERT_SQL.get(key)
+    if sql is None:
+        quote = connection.ops.quote_name
+        sql = _INSERT_RUN_SQL.format(**_insert_parts(quote, WorkflowRun, nulls))
+        if budget_nulls is not None:
+            parts = _insert_parts(quote, BudgetAccount, budget_nulls)
+            sql = _INSERT_RUN_AND_BUDGET_SQL.format(run=sql, **parts)
+        _INSERT_SQL[key] = sql
+    return sql
+
+
+def _insert_parts(
+    quote: Callable[[str], str], model: type[Model], nulls: tuple[bool, ...]
+) -> dict[str, str]:
+    fields = _copied_fields(model)
+    if len(fields) != len(nulls):
+        raise AssertionError(f"{model.__name__} has {len(fields)} columns, not {len(nulls)}")
+    return {
+        "table": quote(model._meta.db_table),
+        "columns": ", ".join(quote(f.column) for f in fields),
+        "values": ", ".join("NULL" if null else "%s" for null in nulls),
+    }
 
 
 #: The children a parent's step has created so far, by index.
@@ -363,8 +410,9 @@ def start_many(
 
     The runs, then their budget accounts, go in by one ``COPY`` each:
     ``enqueue_many`` of django.tasks (#37). Two statements whatever the number
-    of runs, and no parameter lists to build (an ``INSERT`` of 10,000 rows of
-    fifty columns spends more time binding than inserting).
+    of runs (and ``IGNORE_NOTHING_SQL`` before them, for the triggers' sake),
+    and no parameter lists to build (an ``INSERT`` of 10,000 rows of fifty
+    columns spends more time binding than inserting).
 
     Nor a model instance per run: ``new_run`` builds one run (sealed and
     anchored as any other), and every row is that run's prepared columns with
@@ -406,8 +454,8 @@ def start_many(
     connection = connections[using]
     fields = _copied_fields(WorkflowRun)
     names = [f.attname for f in fields]
-    prepared = _prepared(template, fields, connection)
-    other_values = _dumped(_prepared(other, fields, connection), connection)
+    prepared = _prepared(template, connection)
+    other_values = _dumped(_prepared(other, connection), connection)
     differing = {
         name
         for name, a, b in zip(names, _dumped(prepared, connection), other_values, strict=True)
@@ -445,7 +493,6 @@ def start_many(
             max_ai_calls=definition.max_ai_calls,
             max_steps=definition.max_steps,
         ),
-        account_fields,
         connection,
     )
     root_at = [f.attname for f in account_fields].index("root_id")
@@ -456,6 +503,7 @@ def start_many(
                 values[i] = (value.dumps or json.dumps)(value.obj)
     ids = [uuid.uuid4() for _ in inputs]
     with transaction.atomic(using=using):
+        db.execute(using, IGNORE_NOTHING_SQL)
         with _copy(using, WorkflowRun, fields) as copy:
             for run_id, value in zip(ids, inputs, strict=True):
                 copy.write_row(row(run_id, value))
@@ -468,15 +516,54 @@ def start_many(
 
 _COPY_SQL = "COPY {} ({}) FROM STDIN"
 
+#: ``pgtrigger.ignore`` set to the empty list, unless the transaction has a list of
+#: its own: no trigger is ignored either way. Every trigger of the app first asks
+#: pgtrigger's ``_pgtrigger_should_ignore``, which reads the setting as an array
+#: inside an exception block; unset (or empty), reading it raises, and catching that
+#: is most of what the queued run's NOTIFY trigger costs: 130 us a row, 1.3 s of a
+#: 10,000-run ``COPY``, against 0.1 s once the setting reads as ``{}`` (#37).
+#: Local to the transaction: it ends with it.
+IGNORE_NOTHING_SQL = (
+    "SELECT pg_catalog.set_config('pgtrigger.ignore', '{}', true)"
+    " WHERE NULLIF(pg_catalog.current_setting('pgtrigger.ignore', true), '') IS NULL"
+)
 
-def _copied_fields(model: type[Model]) -> list[Any]:
-    """The columns ``COPY`` writes: all but database-generated keys."""
-    return [f for f in model._meta.concrete_fields if not isinstance(f, AutoFieldMixin)]
+
+@functools.cache
+def _copied_fields(model: type[Model]) -> tuple[Any, ...]:
+    """The columns an insert or a ``COPY`` writes: all but database-generated keys."""
+    return tuple(f for f in model._meta.concrete_fields if not isinstance(f, AutoFieldMixin))
 
 
-def _prepared(obj: Model, fields: list[Any], connection: Any) -> list[Any]:
-    """``obj``'s columns as the ORM would save them."""
-    return [f.get_db_prep_save(f.pre_save(obj, add=True), connection) for f in fields]
+def _prepared(obj: Model, connection: Any) -> list[Any]:
+    """``obj``'s columns (``_copied_fields``) as the ORM would save them.
+
+    A NULL column is left NULL without asking its field, when its field prepares
+    ``None`` as ``None`` (``_nulls_kept``, asked once): a task run has some twenty
+    NULL columns, each a few calls deep into Django on every enqueue (#37).
+    """
+    model = type(obj)
+    values = []
+    for field, null_kept in zip(_copied_fields(model), _nulls_kept(model, connection), strict=True):
+        value = field.pre_save(obj, add=True)
+        if value is not None or not null_kept:
+            value = field.get_db_prep_save(value, connection)
+        values.append(value)
+    return values
+
+
+#: Model -> whether each of its ``_copied_fields`` prepares ``None`` as ``None``.
+_NULLS_KEPT: dict[type[Model], tuple[bool, ...]] = {}
+
+
+def _nulls_kept(model: type[Model], connection: Any) -> tuple[bool, ...]:
+    kept = _NULLS_KEPT.get(model)
+    if kept is None:
+        fields = _copied_fields(model)
+        kept = _NULLS_KEPT[model] = tuple(
+            [f.get_db_prep_save(None, connection) is None for f in fields]
+        )
+    return kept
 
 
 def _dumped(values: list[Any], connection: Any) -> list[Any]:
@@ -485,7 +572,7 @@ def _dumped(values: list[Any], connection: Any) -> list[Any]:
 
 
 @contextlib.contextmanager
-def _copy(using: str, model: type[Model], fields: list[Any]) -> Iterator[Any]:
+def _copy(using: str, model: type[Model], fields: Sequence[Any]) -> Iterator[Any]:
     """A ``COPY`` into ``model``'s table inside the current transaction."""
     connection = connections[using]
     statement = sql.SQL(_COPY_SQL).format(

@@ -352,3 +352,51 @@ def test_enqueue_many_refuses_rows_sealed_otherwise_than_new_run_seals(monkeypat
     with pytest.raises(AssertionError, match="other than new_run"):
         enqueue_many(t.add, [((1, 2), None)])
     assert WorkflowRun.objects.count() == before
+
+
+def test_enqueue_many_wakes_listening_workers_once_it_commits():
+    """Each queued row's trigger still notifies the workers' channel, and only once the
+    enqueue commits: an idle worker wakes for a bulk enqueue as for an enqueue."""
+    import psycopg
+    from django.db import connection
+
+    from k2b_workflows.store import CHANNEL
+    from k2b_workflows.taskruns import TASK_APP_ID
+
+    with psycopg.connect(**connection.get_connection_params(), autocommit=True) as listener:
+        listener.execute(f"LISTEN {CHANNEL}")
+        with transaction.atomic():
+            enqueue_many(t.add, [((i, i), None) for i in range(50)])
+            assert [n.payload for n in listener.notifies(timeout=0.3)] == []
+        assert [n.payload for n in listener.notifies(timeout=2.0, stop_after=1)] == [TASK_APP_ID]
+
+
+def test_enqueue_many_leaves_a_transactions_own_trigger_ignore_list_as_it_was():
+    """The bulk start sets ``pgtrigger.ignore`` to the empty list (triggers skip an
+    exception each) only where the transaction has none: a list of the caller's stays."""
+    from django.db import connection
+
+    def ignore_setting() -> str:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_setting('pgtrigger.ignore', true)")
+            return cursor.fetchone()[0]
+
+    with transaction.atomic():
+        enqueue_many(t.add, [((1, 2), None)])
+        assert ignore_setting() == "{}"
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('pgtrigger.ignore', '{some_trigger}', true)")
+        enqueue_many(t.add, [((1, 2), None)])
+        assert ignore_setting() == "{some_trigger}"
+    assert ignore_setting() in (None, "")
+
+
+def test_enqueue_many_builds_each_input_as_enqueue_does():
+    """The bulk path encodes the task's part once and each call's arguments alone: the
+    inputs stored are those ``run_input`` builds for the same calls."""
+    backend = t.add.get_backend()
+    calls = [((1, 2.5), None), ([[1, {"b": "é"}], 1e16], {}), ((), {"a": [None, True, -0.0]})]
+    results = enqueue_many(t.add, calls)
+    for result, (args, kwargs) in zip(results, calls, strict=True):
+        assert run(result.id).input == backend.run_input(t.add, args, kwargs)

@@ -8,7 +8,7 @@ import datetime as dt
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from k2b_workflows import Concurrency, Retry
+from k2b_workflows import Concurrency, Retry, validation
 from k2b_workflows.exceptions import InvalidInput
 from k2b_workflows.models import WorkflowRun
 from k2b_workflows.taskruns import InvalidTask
@@ -145,3 +145,21 @@ def test_a_task_workflow_started_without_a_task_call_is_refused():
     with pytest.raises(InvalidInput, match="enqueue the task"):
         start_workflow_run("k2b.task.pure", {"n": 1})
     assert WorkflowRun.objects.count() == before
+
+
+def test_enqueue_many_refuses_a_call_too_large_only_with_its_tasks_part_as_enqueue_does(
+    settings, nothing_inserted
+):
+    """enqueue_many checks the task's part of the input once and each call's arguments
+    alone: a call whose arguments fit but whose whole input does not is still refused,
+    with the error ``enqueue()`` gives for it."""
+    backend = t.add.get_backend()
+    declared = len(validation.CANONICAL_JSON.encode(backend.declared_input(t.add)).encode())
+    settings.K2B_WORKFLOWS = {**settings.K2B_WORKFLOWS, "MAX_VALUE_BYTES": declared + 40}
+    # The arguments alone as JSON: 16 and 36 bytes, both under 40.
+    fits, too_large = ["x" * 10, 1], ["x" * 30, 1]
+    with pytest.raises(InvalidTaskCall) as one:
+        t.add.enqueue(*too_large)
+    with pytest.raises(InvalidTaskCall) as many:
+        enqueue_many(t.add, [(fits, None), (too_large, None)])
+    assert str(many.value) == str(one.value) and "MAX_VALUE_BYTES" in str(one.value)
