@@ -41,7 +41,8 @@ def max_overlap(intervals: list[tuple[float, float]]) -> int:
 
 
 def spans_by_key(rows: list[tuple[str, int, int, str, str, float]]) -> dict[str, list]:
-    """One interval per attempt of the action: from its start row to its end row.
+    """One interval per attempt of the action (overlapping attempts of one step merged):
+    from its start row to its end row.
 
     An attempt without an end row (its worker was killed, or its database went
     away) is counted open until the next attempt of the same step starts, or
@@ -61,14 +62,46 @@ def spans_by_key(rows: list[tuple[str, int, int, str, str, float]]) -> dict[str,
             by_step[effect_key].append(t)
         else:
             ends[attempt] = t
-    spans: dict[str, list] = defaultdict(list)
+    # A slot belongs to the run, not to an attempt (docs/flow-control.md): a run taken
+    # over while its earlier attempt is still inside the action (its worker starved
+    # past the lease on a loaded host, not dead; fenced from then on) continues in the
+    # same slot. Attempts of one step that overlap are therefore one interval; two
+    # runs of a key at once are still two.
+    by_run: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    key_of: dict[str, str] = {}
     for attempt, began in starts.items():
         end = ends.get(attempt)
         if end is None:
             later = [t for t in by_step[attempt[0]] if t > began]
             end = min(later) if later else last
-        spans[keys[attempt]].append((began, end))
+        by_run[attempt[0]].append((began, end))
+        key_of[attempt[0]] = keys[attempt]
+    spans: dict[str, list] = defaultdict(list)
+    for step, intervals in by_run.items():
+        merged: list[tuple[float, float]] = []
+        for began, end in sorted(intervals):
+            if merged and began < merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+            else:
+                merged.append((began, end))
+        spans[key_of[step]].extend(merged)
     return spans
+
+
+def test_overlapping_attempts_of_one_run_are_one_span_and_two_runs_are_two():
+    """The measure itself: a run taken over while its first attempt is still inside the
+    action holds one slot; a third run of the key beside two others is three."""
+    rows = [
+        ("r1", 1, 10, "k", "start", 0.0),
+        ("r1", 2, 11, "k", "start", 1.0),  # taken over; the first attempt still naps
+        ("r2", 1, 12, "k", "start", 1.5),
+        ("r1", 1, 10, "k", "end", 2.0),
+        ("r2", 1, 12, "k", "end", 2.5),
+        ("r1", 2, 11, "k", "end", 3.0),
+    ]
+    assert max_overlap(spans_by_key(rows)["k"]) == 2
+    third = [("r3", 1, 13, "k", "start", 1.8), ("r3", 1, 13, "k", "end", 2.2)]
+    assert max_overlap(spans_by_key(rows + third)["k"]) == 3
 
 
 ROWS_SQL = """
