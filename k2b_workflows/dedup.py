@@ -73,17 +73,13 @@ def insert_once(
     return row, created
 
 
-def insert_values(
-    obj: models.Model, connection: Any, *, select: bool = False
-) -> tuple[str, str, list[Any]]:
+def insert_values(obj: models.Model, connection: Any) -> tuple[str, str, list[Any]]:
     """What an INSERT of ``obj`` needs, as the ORM would save it: the quoted table,
-    ``(columns) VALUES (%s, ...)`` (``select``: ``(columns) SELECT %s, ...``, for
-    an INSERT whose row depends on another) and the parameters. Database-generated
-    keys are left to the database."""
+    ``(columns) VALUES (%s, ...)`` and the parameters. Database-generated keys are
+    left to the database."""
     meta = obj._meta
     fields = [f for f in meta.concrete_fields if not isinstance(f, AutoFieldMixin)]
     columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
     params = [f.get_db_prep_save(f.pre_save(obj, add=True), connection) for f in fields]
     placeholders = ", ".join(["%s"] * len(fields))
-    values = f"SELECT {placeholders}" if select else f"VALUES ({placeholders})"
-    return connection.ops.quote_name(meta.db_table), f"({columns}) {values}", params
+    return connection.ops.quote_name(meta.db_table), f"({columns}) VALUES ({placeholders})", params

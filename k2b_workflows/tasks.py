@@ -322,10 +322,10 @@ class _BulkInputs:
         try:
             validation.check_json(self.declared, "the task's declarations")
             text = validation.CANONICAL_JSON.encode(self.declared)
-            self.room = store.max_value_bytes() + 1 - len(text.encode())
             self.value = validation.stored_json(text)
         except (InvalidInput, TypeError, ValueError):
-            self.room = -1
+            return
+        self.room = store.max_value_bytes() + 1 - len(text.encode())
 
     def input(self, args: Any, kwargs: Any) -> Any:
         if type(args) in (list, tuple) and (kwargs is None or type(kwargs) is dict):

@@ -67,24 +67,22 @@ def spans_by_key(rows: list[tuple[str, int, int, str, str, float]]) -> dict[str,
     # past the lease on a loaded host, not dead; fenced from then on) continues in the
     # same slot. Attempts of one step that overlap are therefore one interval; two
     # runs of a key at once are still two.
-    by_run: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    key_of: dict[str, str] = {}
+    by_step_of_key: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
     for attempt, began in starts.items():
         end = ends.get(attempt)
         if end is None:
             later = [t for t in by_step[attempt[0]] if t > began]
             end = min(later) if later else last
-        by_run[attempt[0]].append((began, end))
-        key_of[attempt[0]] = keys[attempt]
+        by_step_of_key[keys[attempt], attempt[0]].append((began, end))
     spans: dict[str, list] = defaultdict(list)
-    for step, intervals in by_run.items():
+    for (key, _), intervals in by_step_of_key.items():
         merged: list[tuple[float, float]] = []
         for began, end in sorted(intervals):
             if merged and began < merged[-1][1]:
                 merged[-1] = (merged[-1][0], max(merged[-1][1], end))
             else:
                 merged.append((began, end))
-        spans[key_of[step]].extend(merged)
+        spans[key].extend(merged)
     return spans
 
 
