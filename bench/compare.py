@@ -33,7 +33,8 @@ An engine that cannot be installed or run here gets a row saying why.
 (``bench/tasks_app``), enqueued each in a transaction of its own, then drained
 by the engine's workers started on the full queue: k2b_workflows' backend
 (pure tasks, one ``runworkflows --burst`` process with ``--threads`` threads,
-default 8), django-tasks-db's (two ``db_worker --batch`` processes, as its
+default 8, and again as two processes, ``--processes 2``, with half the threads
+each), django-tasks-db's (two ``db_worker --batch`` processes, as its
 users drain a queue) and Procrastinate jobs (one worker, ``--threads``
 concurrency). Every engine is timed the same way: tasks/s from the first
 task's start to the last task's end as the engine itself records them, so
@@ -46,8 +47,10 @@ beside. pgbench with 2 clients runs beside them, and ``enqueue_many`` of
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -214,6 +217,7 @@ PACKAGES = {
     "DBOS": "dbos",
     "Procrastinate": "procrastinate",
     "k2b_workflows tasks": "k2b_workflows",
+    "k2b_workflows tasks (2 processes)": "k2b_workflows",
     "django-tasks-db": "django-tasks-db",
     "Procrastinate jobs": "procrastinate",
 }
@@ -274,14 +278,18 @@ def k2b_tasks_enqueue(url: str, db: str, runs: int, threads: int) -> dict[str, A
     return _enqueue_noops(runs)
 
 
-def k2b_tasks_drain(url: str, db: str, runs: int, threads: int) -> dict[str, Any]:
-    """One ``runworkflows --burst`` process with ``threads`` threads drains the queue."""
+def k2b_tasks_drain(
+    url: str, db: str, runs: int, threads: int, processes: int = 1
+) -> dict[str, Any]:
+    """One ``runworkflows --burst`` drains the queue: ``threads`` threads in all, in
+    ``processes`` worker processes (``--processes``; one: no supervisor)."""
     env = _tasks_django(db, "k2b")
+    fork = ("--processes", str(processes)) if processes > 1 else ()
     t0 = time.monotonic()
     worker = subprocess.run(
         [
             *(sys.executable, str(ROOT / "manage.py"), "runworkflows", "--burst"),
-            *("--app", "tasks", "--concurrency", str(threads)),
+            *("--app", "tasks", "--concurrency", str(max(1, threads // processes)), *fork),
         ],
         cwd=ROOT,
         env=env,
@@ -408,6 +416,11 @@ def enqueue_speed(url: str, db: str, calls: int, threads: int) -> dict[str, Any]
 #: Each engine of ``--tasks``: its enqueue and its drain, each a process of its own.
 TASK_ENGINES = {
     "k2b_workflows tasks": (k2b_tasks_enqueue, k2b_tasks_drain),
+    # As many worker processes as django-tasks-db's drain has, the same threads in all.
+    "k2b_workflows tasks (2 processes)": (
+        k2b_tasks_enqueue,
+        functools.partial(k2b_tasks_drain, processes=2),
+    ),
     "django-tasks-db": (db_tasks_enqueue, db_tasks_drain),
     "Procrastinate jobs": (procrastinate_tasks_enqueue, procrastinate_tasks_drain),
 }
@@ -430,7 +443,7 @@ def run_task_engine(engine: str, url: str, runs: int, threads: int) -> dict[str,
     in it, for any engine.
     """
     base = urlsplit(url).path.lstrip("/") or "k2b"
-    db = f"{base}_cmp_{engine.lower().replace(' ', '_').replace('-', '_')}"
+    db = base + "_cmp_" + re.sub(r"\W+", "_", engine.lower())
     admin_execute(url, f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)', f'CREATE DATABASE "{db}"')
     enqueue, drain = f"{engine}/enqueue", f"{engine}/drain"
     try:
