@@ -199,9 +199,14 @@ def jsonb_number(text: str) -> float | int:
     return 0.0 if number == 0 else number
 
 
+#: ``json.loads(text, parse_float=jsonb_number)``'s decoder, built once: ``loads`` with
+#: an argument builds a decoder at every call, and every step's output is read back here.
+_STORED_JSON = json.JSONDecoder(parse_float=jsonb_number)
+
+
 def stored_json(text: str) -> Any:
     """The value of canonical JSON ``text`` as a ``jsonb`` column gives it back."""
-    return json.loads(text, parse_float=jsonb_number)
+    return _STORED_JSON.decode(text)
 
 
 def text(
