@@ -23,7 +23,6 @@ success rides on the run's end, one commit.
 from __future__ import annotations
 
 import contextvars
-import dataclasses
 import datetime as dt
 import importlib
 import inspect
@@ -31,6 +30,7 @@ import logging
 import traceback
 from typing import Any
 
+from django.core.signals import setting_changed
 from django.utils import timezone
 
 from . import codes, validation
@@ -101,15 +101,15 @@ def finished_result(run_id: Any, status: str) -> tuple[Any, type] | None:
     if seen is None:
         return None
     result, value, sender = seen
+    # Finished in place, as Django's own backends finish the result their task ran
+    # with: a copy (``dataclasses.replace``) normalized its arguments again.
     statuses = base_api.TaskResultStatus
-    final = dataclasses.replace(
-        result,
-        status=statuses.SUCCESSFUL if status == RunStatus.SUCCEEDED else statuses.FAILED,
-        finished_at=timezone.now(),
-    )
-    if status == RunStatus.SUCCEEDED:
-        object.__setattr__(final, "_return_value", value)
-    return final, sender
+    succeeded = status == RunStatus.SUCCEEDED
+    object.__setattr__(result, "status", statuses.SUCCESSFUL if succeeded else statuses.FAILED)
+    object.__setattr__(result, "finished_at", timezone.now())
+    if succeeded:
+        object.__setattr__(result, "_return_value", value)
+    return result, sender
 
 
 class TaskUnavailable(Exception):
@@ -407,8 +407,24 @@ register()
 # -- TaskResult from a run ----------------------------------------------------------
 
 
+#: backend alias -> the class of its backend: the sender of a task's signals. Looked
+#: up once per alias, not through ``task_backends`` (a thread-local handler) per task.
+_backend_classes: dict[str, type] = {}
+
+
 def backend_class(task: Any) -> type:
-    return type(task.get_backend())
+    cls = _backend_classes.get(task.backend)
+    if cls is None:
+        cls = _backend_classes[task.backend] = type(task.get_backend())
+    return cls
+
+
+def _forget_backends(*, setting: str, **kwargs: Any) -> None:
+    if setting == "TASKS":
+        _backend_classes.clear()
+
+
+setting_changed.connect(_forget_backends, dispatch_uid="k2b_workflows.taskruns.backends")
 
 
 def status_of(run: WorkflowRun, attempts: int) -> Any:
