@@ -59,12 +59,12 @@ from .taskruns import (
     concurrency_to_json,
     current_step,
     finished_result,
+    import_callable,
     new_result,
     rate_limit_to_json,
     result_of,
     retry_to_json,
     signals_api,
-    import_callable,
     task_at,
     tasks_api,
 )
@@ -80,9 +80,7 @@ __all__ = [
 ]
 
 #: What ``OPTIONS`` may hold: the defaults of the backend's tasks.
-KNOWN_OPTIONS = frozenset(
-    {"effect", "retry", "rate_limit", "concurrency", "effect_budget", "cost"}
-)
+KNOWN_OPTIONS = frozenset({"effect", "retry", "rate_limit", "concurrency", "effect_budget", "cost"})
 
 logger = logging.getLogger(__name__)
 
@@ -144,9 +142,7 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
                 self.options.get("effect_budget"), where
             )
             self.default_cost = _cost_spec(self.options.get("cost"), where)
-            _check_budget(
-                where, self.default_effect, self.default_effect_budget, self.default_cost
-            )
+            _check_budget(where, self.default_effect, self.default_effect_budget, self.default_cost)
         except InvalidInput as exc:
             raise ImproperlyConfigured(str(exc)) from None
 
@@ -193,9 +189,7 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
         where = f"task {_path(task)}"
         declared = getattr(task, "effect_budget", None)
         budget = (
-            self.default_effect_budget
-            if declared is None
-            else check_effect_budget(declared, where)
+            self.default_effect_budget if declared is None else check_effect_budget(declared, where)
         )
         declared_cost = getattr(task, "cost", None)
         cost = self.default_cost if declared_cost is None else _cost_spec(declared_cost, where)

@@ -108,7 +108,11 @@ TASKS = {
                 "effect": "idempotent" if name == "retrying" else name,
                 "effect_budget": {"cents": 50_000},
                 "cost": "tests.tasks_app.tasks.price",
-                **({"retry": Retry(max_attempts=3, backoff=0.01, jitter=False)} if name == "retrying" else {}),
+                **(
+                    {"retry": Retry(max_attempts=3, backoff=0.01, jitter=False)}
+                    if name == "retrying"
+                    else {}
+                ),
             },
         }
         for name in ("external", "idempotent", "retrying")

@@ -96,9 +96,7 @@ def test_an_external_call_priced_over_budget_by_its_worker_is_never_dispatched(s
     assert failed.status == "failed", failed.error_message  # not needs_attention
     assert failed.error_code == "EFFECT_BUDGET_EXCEEDED"
     assert t.budgeted_charge.get_result(over.id).status == FAILED
-    assert not LedgerEntry.objects.filter(
-        run_id=over.id, kind=LedgerEntry.Kind.DISPATCHED
-    ).exists()
+    assert not LedgerEntry.objects.filter(run_id=over.id, kind=LedgerEntry.Kind.DISPATCHED).exists()
     assert charges(over.id) == []
     # The worker went on: 10,000 + 30,000 is within the budget of 50,000.
     assert t.budgeted_charge.get_result(within.id).status == SUCCESSFUL
@@ -174,15 +172,18 @@ def test_enqueue_many_gives_each_call_its_own_budget():
     run_until_idle()
     assert [t.budgeted_charge.get_result(r.id).status for r in results] == [SUCCESSFUL] * 2
     assert [charges(r.id) for r in results] == [[("cents", 40_000)]] * 2
-    assert {a.effect_budget["cents"] for a in BudgetAccount.objects.filter(
-        root_id__in=[r.id for r in results]
-    )} == {50_000}
+    assert {
+        a.effect_budget["cents"]
+        for a in BudgetAccount.objects.filter(root_id__in=[r.id for r in results])
+    } == {50_000}
 
 
 def test_a_schedule_of_a_call_over_budget_is_refused(nothing_inserted):
     with pytest.raises(InvalidTaskCall, match="over the effect_budget"):
         schedule_task(
-            "budgeted-nightly", t.budgeted_charge, Schedule(every=dt.timedelta(days=1)),
+            "budgeted-nightly",
+            t.budgeted_charge,
+            Schedule(every=dt.timedelta(days=1)),
             args=("o-7", 90_000),
         )
 
@@ -209,9 +210,19 @@ def test_a_schedule_of_a_call_over_budget_is_refused(nothing_inserted):
         ({"effect": "pure", "effect_budget": BUDGET, "cost": price}, "a pure task has no effect"),
     ],
     ids=[
-        "not-a-dict", "negative", "bool", "empty-unit", "budget-alone", "cost-alone",
-        "fixed-cost-over", "unknown-unit", "negative-cost", "cost-not-a-dict", "lambda",
-        "cost-path-missing", "pure",
+        "not-a-dict",
+        "negative",
+        "bool",
+        "empty-unit",
+        "budget-alone",
+        "cost-alone",
+        "fixed-cost-over",
+        "unknown-unit",
+        "negative-cost",
+        "cost-not-a-dict",
+        "lambda",
+        "cost-path-missing",
+        "pure",
     ],
 )
 def test_a_budget_that_makes_no_sense_is_refused_with_the_task(options, message):
