@@ -111,8 +111,11 @@ class WorkflowsTask(base_api.Task):
     retry: Retry | None = None
     rate_limit: RateLimit | None = None
     concurrency: Concurrency | None = None
-    effect_budget: dict[str, int] | None = None
-    cost: dict[str, int] | Callable[..., dict[str, int]] | None = None
+    # Out of the hash (a dict has none), as a task without a budget is hashable.
+    effect_budget: dict[str, int] | None = dataclasses.field(default=None, hash=False)
+    cost: dict[str, int] | Callable[..., dict[str, int]] | None = dataclasses.field(
+        default=None, hash=False
+    )
 
 
 class WorkflowsBackend(backends_api.BaseTaskBackend):

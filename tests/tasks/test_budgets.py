@@ -23,6 +23,8 @@ from k2b_workflows.models import BudgetAccount, BudgetCharge, LedgerEntry, Workf
 from k2b_workflows.tasks import InvalidTaskCall, WorkflowsBackend, enqueue_many, schedule_task
 from k2b_workflows.testing import run_until_idle
 from tests.models import ProviderCall
+from tests.support import runtime_role
+from tests.support.runtime_role import RUNTIME, as_runtime, refused
 from tests.tasks_app import tasks as t
 from tests.tasks_app.tasks import BUDGET, EXTRA_ARGUMENTS, price
 
@@ -31,7 +33,8 @@ try:
 except ImportError:  # Django 5.2: the backport
     from django_tasks import TaskResultStatus, task  # type: ignore[no-redef]
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", RUNTIME])
+runtime = runtime_role.runtime
 
 SUCCESSFUL, FAILED = TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED
 TIMEOUT = 90  # generous: the machine is shared; nothing here is a timing assertion
@@ -136,6 +139,28 @@ def test_a_cost_the_worker_cannot_compute_fails_the_call_and_the_worker_goes_on(
     assert message in failed.error_message and "tests.tasks_app.tasks.price" in failed.error_message
     assert calls("task.budgeted_flaky") == [] and charges(broken.id) == []
     assert t.add.get_result(fine.id).return_value == 3
+
+
+def test_the_runtime_role_cannot_raise_a_tasks_budget(runtime):
+    """The worker checks the budget written with the run: the role it connects as can
+    neither raise the account's limit nor make the sealed input say another."""
+    result = t.budgeted_charge.enqueue("o-8", 30_000)
+    refused(
+        """UPDATE k2b_budget_account SET effect_budget = '{"cents": 1000000}' WHERE root_id = %s""",
+        [result.id],
+    )
+    as_runtime(
+        """UPDATE k2b_run SET input = jsonb_set(input, '{effect_budget,cents}', '1000000')"""
+        " WHERE id = %s",
+        [result.id],
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("K2B_TEST_PRICE", "30000")
+        run_until_idle()
+    tampered = run(result.id)
+    assert tampered.status == "needs_attention"  # refused at its claim, loudly
+    assert tampered.error_code == "INTEGRITY_CHAIN_BROKEN" and "seal" in tampered.error_message
+    assert calls("task.budgeted_charge") == [] and charges(result.id) == []
 
 
 def test_the_admin_shows_a_task_runs_budget_and_charge(admin_client):
@@ -277,6 +302,12 @@ def test_a_budget_in_options_applies_to_the_aliases_tasks():
     declared = backend.declared_input(t.charge_default)
     assert declared["effect_budget"] == BUDGET
     assert declared["cost"] == "tests.tasks_app.tasks.price"
+
+
+@needs_extra_arguments
+def test_a_task_with_a_budget_is_hashable_as_any_task():
+    fixed = task(effect="external", effect_budget=BUDGET, cost={"cents": 1})(t.noop.func)
+    assert hash(fixed) == hash(fixed) and hash(t.budgeted_charge) == hash(t.budgeted_charge)
 
 
 def test_a_task_without_a_budget_keeps_its_input_as_it_was():
