@@ -203,8 +203,8 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
         """Refuse a call whose cost is over its task's budget, or cannot be computed,
         before anything is inserted: the worker would fail it without calling the
         task. A task's run is its own root, so nothing else was spent from its
-        budget: the check is the worker's. Not a guarantee (a cost that reads
-        prices may read others on the worker); the worker's charge is one."""
+        budget: this is the comparison the worker makes. Not a guarantee (a cost
+        that reads prices may read others on the worker); the worker's charge is."""
         spec = input.get("cost")
         if not isinstance(spec, str):
             return  # none, or a dict: checked against the budget with the task
@@ -537,7 +537,7 @@ def _cost_spec(value: Any, where: str) -> dict[str, int] | str | None:
             f"not {value!r:.80}"
         )
     path = f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', '?')}"
-    if not _names(path, value):
+    if not _imports_back(path, value):
         raise InvalidTaskCall(
             f"{where}: cost {path} does not import back to that function, so no worker "
             "could compute it: define it at module level"
@@ -552,6 +552,13 @@ def _names(path: str, value: Any) -> bool:
         return import_string(path) is value
     except ImportError:
         return False
+
+
+def _imports_back(path: str, value: Any) -> bool:
+    try:
+        return _names(path, value)
+    except TypeError:  # an unhashable callable: not cached
+        return _names.__wrapped__(path, value)
 
 
 def _check_budget(

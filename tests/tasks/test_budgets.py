@@ -12,6 +12,7 @@ guarantee with a real worker process.
 from __future__ import annotations
 
 import datetime as dt
+import signal
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -88,6 +89,7 @@ def test_a_call_the_worker_prices_over_budget_fails_and_is_never_called(monkeypa
     assert charges(result.id) == []
 
 
+@pytest.mark.crash  # real worker processes
 def test_an_external_call_priced_over_budget_by_its_worker_is_never_dispatched(start_worker):
     """A real worker process, its price list changed after the enqueue: the call fails
     with EFFECT_BUDGET_EXCEEDED, no dispatch record, no incident, nothing called."""
@@ -105,6 +107,25 @@ def test_an_external_call_priced_over_budget_by_its_worker_is_never_dispatched(s
     assert t.budgeted_charge.get_result(within.id).status == SUCCESSFUL
     assert charges(within.id) == [("cents", 40_000)]
     assert [c.payload["order"] for c in calls("task.budgeted_charge")] == ["o-3"]
+
+
+@pytest.mark.crash  # real worker processes
+def test_a_call_run_again_after_its_worker_was_killed_pays_its_cost_once(start_worker, wait):
+    """SIGKILL inside the idempotent task, after its charge committed: the next worker
+    calls it again (same effect key) and pays nothing again."""
+    result = t.budgeted_flaky.enqueue("k", 30_000, 0, crash="task_budgeted")
+    dying = start_worker("--concurrency", "1", env={"K2B_TEST_CRASH": "task_budgeted"})
+    assert dying.wait(timeout=TIMEOUT) == -signal.SIGKILL, dying.output()
+    healthy = start_worker("--concurrency", "1")
+    wait(
+        lambda: run(result.id).status in ("succeeded", "failed"),
+        timeout=TIMEOUT,
+        message=lambda: f"task {result.id} to settle:\n{healthy.report()}",
+    )
+    assert run(result.id).status == "succeeded", run(result.id).error_message
+    seen = calls("task.budgeted_flaky")
+    assert len(seen) == 2 and seen[0].pid != seen[1].pid
+    assert charges(result.id) == [("cents", 30_000)]
 
 
 def test_a_retried_call_pays_its_cost_once():

@@ -236,10 +236,11 @@ def budgeted_charge(order, cents):
 
 
 @declared("idempotent", RETRY, effect_budget=BUDGET, cost=price, takes_context=True)
-def budgeted_flaky(context: TaskContext, key, cents, failures):
+def budgeted_flaky(context: TaskContext, key, cents, failures, crash=None):
     """IDEMPOTENT, retried, at most BUDGET a call: raises on its first ``failures``
     attempts. A call of 30,000 cents charged twice would be over the budget."""
     _call("task.budgeted_flaky", key, {"attempt": context.attempt, "cents": cents})
+    crash_point({"crash": crash}, "task_budgeted")
     if context.attempt <= failures:
         raise ConnectionError(f"attempt {context.attempt} failed")
     return {"attempt": context.attempt}
