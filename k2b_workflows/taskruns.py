@@ -247,7 +247,7 @@ def call_cost(spec: Any, args: Any, kwargs: Any, budget: dict[str, int]) -> dict
             value = price(*args, **kwargs)
         except InvalidInput:
             raise
-        except Exception as exc:
+        except BaseException as exc:  # as a task's own: SystemExit fails this call only
             raise InvalidInput(f"cost {spec}() raised {type(exc).__name__}: {exc}") from exc
         if inspect.iscoroutine(value):
             value.close()

@@ -143,6 +143,7 @@ def test_a_retried_call_pays_its_cost_once():
     ("price_change", "message"),
     [
         ("raise", "LookupError: no price for k"),
+        ("exit", "SystemExit: 3"),
         ("garbage", "must be a dict of unit"),
         ("other-unit", "does not limit"),
     ],

@@ -215,12 +215,14 @@ def price(reference, cents, *rest, **options):
 
     ``K2B_TEST_PRICE`` on this process changes the price after the enqueue
     priced the call (a price list updated before a worker got to it): an int
-    is added, ``raise`` raises, ``garbage`` returns no cost, ``other-unit``
-    charges a unit the budget does not name.
+    is added, ``raise`` raises, ``exit`` raises ``SystemExit``, ``garbage`` returns
+    no cost, ``other-unit`` charges a unit the budget does not name.
     """
     change = os.environ.get("K2B_TEST_PRICE", "0")
     if change == "raise":
         raise LookupError(f"no price for {reference}")
+    if change == "exit":
+        raise SystemExit(3)
     if change == "garbage":
         return f"{cents} cents"
     if change == "other-unit":
