@@ -41,3 +41,7 @@ TASK_FAILED = "TASK_FAILED"
 TASK_IMPORT_FAILED = "TASK_IMPORT_FAILED"
 #: The module imports but holds no task at the enqueued path (renamed or removed).
 TASK_NOT_FOUND = "TASK_NOT_FOUND"
+#: The task's ``cost=`` raised, returned something that is not a cost, named a unit
+#: its ``effect_budget`` does not, or does not import on the worker: nothing was
+#: charged and the task was not called.
+INVALID_TASK_COST = "INVALID_TASK_COST"

@@ -32,17 +32,19 @@ from typing import Any
 
 from django.core.signals import setting_changed
 from django.utils import timezone
+from django.utils.module_loading import import_string
 
 from . import codes, validation
 from .actions import Action, Effect, failed, succeeded, to_json_value
 from .exceptions import InvalidInput, LeaseLost, RunCanceled
 from .kernel import hooks, seals, starts
+from .kernel.budgets import CostRefused, validate_cost
 from .kernel.hashing import canonical
 from .limits import Concurrency, RateLimit, Strategy
 from .models import RunStatus, TaskAttempt, WorkflowRun
 from .redaction import scrub_error
 from .retries import Retry
-from .workflows import RunHandle, workflow
+from .workflows import RunHandle, check_effect_budget, workflow
 
 logger = logging.getLogger(__name__)
 
@@ -198,7 +200,9 @@ def run_columns(input: Any) -> dict[str, Any]:
     -100..100 on the kernel's 0..200), task path and concurrency: the input is
     sealed with the run, and nothing else a starter passes can differ from it.
     A task's concurrency key is its path: ``Concurrency(limit=1)`` on a task
-    means one call of it at a time across every worker.
+    means one call of it at a time across every worker. Its ``effect_budget``
+    is its run's budget account's (a task's run is its own root), written with
+    the run, out of the runtime role's reach (``roles.py``).
     """
     if not isinstance(input, dict) or not isinstance(input.get("task"), str):
         raise InvalidInput(
@@ -221,7 +225,60 @@ def run_columns(input: Any) -> dict[str, Any]:
         "task_path": path,
         "concurrency": declared,
         "concurrency_key": None if declared is None else f"task:{path}",
+        "effect_budget": check_effect_budget(input.get("effect_budget"), f"task {path}"),
     }
+
+
+def call_cost(spec: Any, args: Any, kwargs: Any, budget: dict[str, int]) -> dict[str, int]:
+    """What one call of a task charges: its declared ``cost`` (``spec``: a dict of
+    unit -> int, or the module path of a callable taking the call's arguments),
+    checked as the kernel checks a cost, and against ``budget``'s units.
+
+    A unit the budget does not name is refused rather than charged without a
+    limit: a typo (``"cent"`` for ``"cents"``) would turn the guard off
+    unseen. Raises ``InvalidInput``; the enqueue turns it into ``InvalidTaskCall``,
+    the worker into ``INVALID_TASK_COST``.
+    """
+    if spec is None:
+        return {}
+    if isinstance(spec, str):
+        try:
+            price = import_callable(spec)
+            value = price(*args, **kwargs)
+        except InvalidInput:
+            raise
+        except BaseException as exc:  # as a task's own: SystemExit fails this call only
+            raise InvalidInput(f"cost {spec}() raised {type(exc).__name__}: {exc}") from exc
+        if inspect.iscoroutine(value):
+            value.close()
+            raise InvalidInput(f"cost {spec}() is async: a cost is computed synchronously")
+        where = f"cost {spec}()"
+    else:
+        value, where = spec, "cost"
+    try:
+        cost = validate_cost(value)
+    except InvalidInput:
+        raise InvalidInput(
+            f"{where} must be a dict of unit (1-100 characters) -> int from 0 to 2**31-1, "
+            f"not {value!r:.200}"
+        ) from None
+    unknown = sorted(set(cost) - set(budget))
+    if unknown:
+        raise InvalidInput(
+            f"{where} charges {unknown} that the effect_budget {budget} does not limit"
+        )
+    return cost
+
+
+def import_callable(path: str) -> Any:
+    """The callable at module ``path``: a task's cost, imported where it is computed."""
+    try:
+        found = import_string(path)
+    except ImportError as exc:
+        raise InvalidInput(f"cost {path} does not import here: {exc}") from exc
+    if not callable(found):
+        raise InvalidInput(f"cost {path} is not callable")
+    return found
 
 
 def _seconds(value: dt.timedelta | float) -> float:
@@ -233,6 +290,23 @@ def _seconds(value: dt.timedelta | float) -> float:
 
 class TaskAction(Action, abstract=True):
     """Calls the task's function; one concrete subclass per effect, path and policy."""
+
+    def cost(self, input: Any) -> dict[str, int]:
+        """The call's charge to its run's ``effect_budget``, from its sealed input.
+
+        The kernel charges it before the function is called (idempotent: its
+        own commit; external: with the dispatch record), once per call however
+        often it is retried; over budget, the call fails with
+        ``EFFECT_BUDGET_EXCEEDED``. A cost that cannot be computed fails it with
+        ``INVALID_TASK_COST``: its arguments will not price differently next time.
+        """
+        spec = input.get("cost")
+        if spec is None:
+            return {}
+        try:
+            return call_cost(spec, input["args"], input["kwargs"], input.get("effect_budget") or {})
+        except InvalidInput as exc:
+            raise CostRefused(codes.INVALID_TASK_COST, f"task {input['task']}: {exc}") from exc
 
     def run(self, ctx: Any, input: Any) -> Any:
         started = timezone.now()

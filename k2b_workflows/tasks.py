@@ -10,7 +10,15 @@ nothing, and no worker sees a task before its transaction commits.
 A task call is a run (``TaskResult.id == str(run.pk)``) of one of the
 workflows of ``taskruns.py``, chosen by the task's ``effect``: what a crash
 does to it is what the kernel does to a step of that class. Priorities,
-delays, queues, retries, rate limits and schedules are the kernel's own.
+delays, queues, retries, rate limits, schedules and budgets are the kernel's own.
+
+A task's ``effect_budget`` and ``cost`` guard one call: "this task never
+charges more than X, whatever its arguments say". Its run is its own root, so
+the budget is written with the run (its input, sealed, and its budget account,
+which the runtime role cannot raise), and the worker charges the call's cost
+in the kernel's budget path before the function is called. The enqueue checks
+the same cost first, so that a call over budget is refused in the caller's
+face; the worker's charge is the guarantee.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ import datetime as dt
 import functools
 import logging
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from django.conf import settings
@@ -33,6 +41,7 @@ from . import control, scheduling, signals, store, validation
 from .actions import to_json_value
 from .exceptions import InvalidInput, RunEndNotSealed
 from .kernel import seals
+from .kernel.budgets import validate_cost
 from .limits import Concurrency, RateLimit, check_rate_limit
 from .models import TERMINAL_STATUSES, JournalEntry, TaskAttempt, WorkflowRun, WorkflowSchedule
 from .retries import Retry, check_policy
@@ -46,9 +55,11 @@ from .taskruns import (
     TaskResultDoesNotExist,
     backends_api,
     base_api,
+    call_cost,
     concurrency_to_json,
     current_step,
     finished_result,
+    import_callable,
     new_result,
     rate_limit_to_json,
     result_of,
@@ -57,6 +68,7 @@ from .taskruns import (
     task_at,
     tasks_api,
 )
+from .workflows import check_effect_budget
 
 __all__ = [
     "InvalidTaskCall",
@@ -68,7 +80,7 @@ __all__ = [
 ]
 
 #: What ``OPTIONS`` may hold: the defaults of the backend's tasks.
-KNOWN_OPTIONS = frozenset({"effect", "retry", "rate_limit", "concurrency"})
+KNOWN_OPTIONS = frozenset({"effect", "retry", "rate_limit", "concurrency", "effect_budget", "cost"})
 
 logger = logging.getLogger(__name__)
 
@@ -88,12 +100,22 @@ class WorkflowsTask(base_api.Task):
     ``rate_limit``: a ``RateLimit`` on its calls across every worker.
     ``concurrency``: a ``Concurrency``, at most ``limit`` calls of it active at
     once across every worker (its key is the task's path).
+    ``effect_budget``: unit -> non-negative int, what one call may charge.
+    ``cost``: what a call charges, a dict of unit -> int or a module-level
+    callable taking the call's arguments (as the task does, without its
+    context) and returning one. The two go together (None: the backend's
+    ``OPTIONS``).
     """
 
     effect: str | None = None
     retry: Retry | None = None
     rate_limit: RateLimit | None = None
     concurrency: Concurrency | None = None
+    # Out of the hash (a dict has none), as a task without a budget is hashable.
+    effect_budget: dict[str, int] | None = dataclasses.field(default=None, hash=False)
+    cost: dict[str, int] | Callable[..., dict[str, int]] | None = dataclasses.field(
+        default=None, hash=False
+    )
 
 
 class WorkflowsBackend(backends_api.BaseTaskBackend):
@@ -119,6 +141,11 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
             self.default_retry = _retry(self.options.get("retry"), where)
             self.default_rate_limit = check_rate_limit(where, self.options.get("rate_limit"))
             self.default_concurrency = _concurrency(self.options.get("concurrency"), where)
+            self.default_effect_budget = check_effect_budget(
+                self.options.get("effect_budget"), where
+            )
+            self.default_cost = _cost_spec(self.options.get("cost"), where)
+            _check_budget(where, self.default_effect, self.default_effect_budget, self.default_cost)
         except InvalidInput as exc:
             raise ImproperlyConfigured(str(exc)) from None
 
@@ -136,6 +163,7 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
         self.retry_of(task)
         check_rate_limit(f"task {path}", getattr(task, "rate_limit", None))
         self.concurrency_of(task)
+        self.budget_of(task)
 
     def effect_of(self, task: Any) -> str:
         declared = getattr(task, "effect", None)
@@ -158,6 +186,36 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
             return self.default_concurrency
         return _concurrency(declared, f"task {_path(task)}")
 
+    def budget_of(self, task: Any) -> tuple[dict[str, int], dict[str, int] | str | None]:
+        """The task's ``effect_budget`` and cost (a dict, or its callable's path), each
+        its own declaration or else the backend's ``OPTIONS``; ``({}, None)``: none."""
+        where = f"task {_path(task)}"
+        declared = getattr(task, "effect_budget", None)
+        budget = (
+            self.default_effect_budget if declared is None else check_effect_budget(declared, where)
+        )
+        declared_cost = getattr(task, "cost", None)
+        cost = self.default_cost if declared_cost is None else _cost_spec(declared_cost, where)
+        _check_budget(where, self.effect_of(task), budget, cost)
+        return budget, cost
+
+    def check_cost(self, task: Any, input: Any) -> None:
+        """Refuse a call whose cost is over its task's budget, or cannot be computed,
+        before anything is inserted: the worker would fail it without calling the
+        task. A task's run is its own root, so nothing else was spent from its
+        budget: this is the comparison the worker makes. Not a guarantee (a cost
+        that reads prices may read others on the worker); the worker's charge is."""
+        spec = input.get("cost")
+        if not isinstance(spec, str):
+            return  # none, or a dict: checked against the budget with the task
+        where = f"the call of task {input['task']}"
+        budget = input["effect_budget"]
+        try:
+            cost = call_cost(spec, input["args"], input["kwargs"], budget)
+        except InvalidInput as exc:
+            raise InvalidTaskCall(f"{where}: {exc}") from exc
+        _check_within(where, cost, budget)
+
     # -- enqueue ---------------------------------------------------------------------
 
     def declared_input(self, task: Any) -> dict[str, Any]:
@@ -171,6 +229,7 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
             "retry": retry_to_json(self.retry_of(task)),
             "rate_limit": rate_limit_to_json(self.rate_limit_of(task)),
             "concurrency": concurrency_to_json(self.concurrency_of(task)),
+            **_budget_input(*self.budget_of(task)),
         }
 
     def run_input(
@@ -208,6 +267,7 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
         """Insert the task's run in the caller's transaction (one statement)."""
         self.validate_task(task)
         input = self.run_input(task, args, kwargs)
+        self.check_cost(task, input)
         run = control.start_task_run(
             WORKFLOW_NAMES[self.effect_of(task)], input, run_after=_aware(task.run_after)
         )
@@ -290,7 +350,9 @@ def enqueue_many(
     for index, call in enumerate(calls):
         if not isinstance(call, list | tuple) or len(call) != 2:
             raise InvalidTaskCall(f"enqueue_many(): call {index} must be (args, kwargs)")
-        inputs.append(bulk.input(call[0], call[1]))
+        input = bulk.input(call[0], call[1])
+        backend.check_cost(task, input)
+        inputs.append(input)
     runs = control.start_workflow_runs(
         WORKFLOW_NAMES[backend.effect_of(task)],
         inputs,
@@ -356,6 +418,7 @@ def schedule_task(
     if not isinstance(schedule, Schedule):
         raise InvalidTaskCall(f"schedule_task() takes a Schedule(...), not {schedule!r:.80}")
     input = backend.run_input(task, args, kwargs)
+    backend.check_cost(task, input)
     spec = dataclasses.replace(schedule, input=input)
     return scheduling.schedule_workflow(schedule_id, WORKFLOW_NAMES[backend.effect_of(task)], spec)
 
@@ -446,6 +509,109 @@ def _concurrency(value: Any, where: str) -> Concurrency | None:
     if value is None or isinstance(value, Concurrency):
         return value
     raise InvalidTaskCall(f"{where}: concurrency must be a Concurrency(...), not {value!r:.80}")
+
+
+def _cost_spec(value: Any, where: str) -> dict[str, int] | str | None:
+    """A declared cost as the run's input holds it: a dict of unit -> int, or the
+    module path of a callable, which must import back to it (the worker computes
+    the cost there). A dotted path is taken as one (``OPTIONS`` in settings)."""
+    if value is None or isinstance(value, dict):
+        if value is not None:
+            try:
+                validate_cost(value)
+            except InvalidInput:
+                raise InvalidTaskCall(
+                    f"{where}: cost must be a dict of unit (1-100 characters) -> int from 0 "
+                    f"to 2**31-1, not {value!r:.200}"
+                ) from None
+        return value
+    if isinstance(value, str):
+        try:
+            import_callable(value)
+        except InvalidInput as exc:
+            raise InvalidTaskCall(f"{where}: {exc}") from None
+        return value
+    if not callable(value):
+        raise InvalidTaskCall(
+            f"{where}: cost must be a dict of unit -> int or a module-level function, "
+            f"not {value!r:.80}"
+        )
+    path = f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', '?')}"
+    if not _imports_back(path, value):
+        raise InvalidTaskCall(
+            f"{where}: cost {path} does not import back to that function, so no worker "
+            "could compute it: define it at module level"
+        )
+    return path
+
+
+@functools.lru_cache(maxsize=1024)
+def _names(path: str, value: Any) -> bool:
+    """Whether ``path`` imports back to ``value``."""
+    try:
+        return import_string(path) is value
+    except ImportError:
+        return False
+
+
+def _imports_back(path: str, value: Any) -> bool:
+    try:
+        return _names(path, value)
+    except TypeError:  # an unhashable callable: not cached
+        return _names.__wrapped__(path, value)
+
+
+def _check_budget(
+    where: str, effect: str, budget: dict[str, int], cost: dict[str, int] | str | None
+) -> None:
+    """A budget and a cost go together, on a task with an effect to guard.
+
+    A budget without a cost charges nothing and guards nothing; a cost without
+    a budget is charged against no limit. A pure task has no effect to guard
+    (and the kernel charges a pure step with its result, after it ran). A fixed
+    cost over its budget fails every call: refused with the declaration.
+    """
+    if not budget and cost is None:
+        return
+    if not budget:
+        raise InvalidTaskCall(
+            f"{where}: cost without an effect_budget is charged against no limit: "
+            "give effect_budget= too, or leave cost out"
+        )
+    if cost is None:
+        raise InvalidTaskCall(
+            f"{where}: an effect_budget without a cost charges nothing: give cost= "
+            "(a dict of unit -> int, or a module-level function of the call's arguments)"
+        )
+    if effect == "pure":
+        raise InvalidTaskCall(
+            f"{where}: a pure task has no effect to budget (its charge would be made after "
+            "it ran): declare it idempotent or external, or leave effect_budget out"
+        )
+    if isinstance(cost, dict):
+        try:
+            fixed = call_cost(cost, (), {}, budget)
+        except InvalidInput as exc:
+            raise InvalidTaskCall(f"{where}: {exc}") from None
+        _check_within(where, fixed, budget)
+
+
+def _check_within(where: str, cost: dict[str, int], budget: dict[str, int]) -> None:
+    for unit, amount in cost.items():
+        if amount > budget[unit]:
+            raise InvalidTaskCall(
+                f"{where}: a cost of {amount} {unit!r} is over the effect_budget of "
+                f"{budget[unit]} (a worker would fail the call with EFFECT_BUDGET_EXCEEDED "
+                "and never call the task)"
+            )
+
+
+def _budget_input(budget: dict[str, int], cost: dict[str, int] | str | None) -> dict[str, Any]:
+    """The run input's part for a budget: nothing for a task without one, so that
+    the input (sealed, shown, stored per call) of every other task is unchanged."""
+    if not budget:
+        return {}
+    return {"effect_budget": budget, "cost": cost}
 
 
 def _aware(run_after: dt.datetime | None) -> dt.datetime | None:

@@ -128,13 +128,7 @@ def workflow(
         raise InvalidInput("workflow() takes a non-empty name")
     validation.text(name, "the workflow name", max_length=200)
     validation.text(app_id, "app_id", max_length=100)
-    if effect_budget is not None and not isinstance(effect_budget, dict):
-        raise InvalidInput("effect_budget must be a dict of unit name -> non-negative int")
-    budget = dict(effect_budget or {})
-    for unit, amount in budget.items():
-        # The units are the charges' column (100 characters); True is an int to Python.
-        validation.text(unit, "an effect_budget unit", max_length=100)
-        validation.integer(amount, f"effect_budget[{unit!r}]", maximum=validation.MAX_INT)
+    budget = check_effect_budget(effect_budget)
     validation.integer(max_ai_calls, "max_ai_calls", maximum=validation.MAX_INT, optional=True)
     validation.integer(max_steps, "max_steps", minimum=1, maximum=validation.MAX_INT)
     validation.integer(version, "version", minimum=1, maximum=validation.MAX_INT)
@@ -186,6 +180,24 @@ def workflow(
         return fn
 
     return register
+
+
+def check_effect_budget(effect_budget: Any, where: str = "") -> dict[str, int]:
+    """``effect_budget`` as the budget account stores it: unit -> non-negative int.
+
+    One check for a workflow's budget and a django.tasks task's (``tasks.py``),
+    so that a budget one accepts the other does not refuse. ``where`` prefixes
+    the error (which task, which ``OPTIONS``).
+    """
+    prefix = f"{where}: " if where else ""
+    if effect_budget is not None and not isinstance(effect_budget, dict):
+        raise InvalidInput(f"{prefix}effect_budget must be a dict of unit name -> non-negative int")
+    budget = dict(effect_budget or {})
+    for unit, amount in budget.items():
+        # The units are the charges' column (100 characters); True is an int to Python.
+        validation.text(unit, f"{prefix}an effect_budget unit", max_length=100)
+        validation.integer(amount, f"{prefix}effect_budget[{unit!r}]", maximum=validation.MAX_INT)
+    return budget
 
 
 def get_workflow(name: str, version: int | None = None) -> WorkflowDefinition:

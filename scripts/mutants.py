@@ -70,6 +70,46 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "task-cost",
+        "k2b_workflows/taskruns.py",
+        '        spec = input.get("cost")\n',
+        "        spec = None\n",
+        (
+            "tests/tasks/test_budgets.py::"
+            "test_an_external_call_priced_over_budget_by_its_worker_is_never_dispatched",
+            "tests/tasks/test_budgets.py::"
+            "test_a_call_the_worker_prices_over_budget_fails_and_is_never_called",
+        ),
+    ),
+    Mutant(
+        "task-budget-from-input",
+        "k2b_workflows/kernel/starts.py",
+        '        effect_budget = own.get("effect_budget", effect_budget)\n    columns = flow',
+        "    columns = flow",
+        (
+            "tests/tasks/test_budgets.py::"
+            "test_a_call_the_worker_prices_over_budget_fails_and_is_never_called",
+            "tests/tasks/test_budgets.py::test_enqueue_many_gives_each_call_its_own_budget",
+        ),
+        also=(
+            (
+                '        effect_budget = own.get("effect_budget", effect_budget)\n'
+                "        if concurrency",
+                "        if concurrency",
+            ),
+        ),
+    ),
+    Mutant(
+        "task-cost-refused",
+        "k2b_workflows/kernel/execute.py",
+        "        except budgets.CostRefused as exc:\n",
+        "        except ZeroDivisionError as exc:\n",
+        (
+            "tests/tasks/test_budgets.py::"
+            "test_a_cost_the_worker_cannot_compute_fails_the_call_and_the_worker_goes_on",
+        ),
+    ),
+    Mutant(
         "task-path-check",
         "k2b_workflows/taskruns.py",
         "    if task.module_path != path:",

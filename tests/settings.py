@@ -99,4 +99,22 @@ TASKS = {
         "QUEUES": [],
         "OPTIONS": {"effect": "pure", "concurrency": Concurrency(limit=1)},
     },
+    # The budgeted tasks' declarations (tests/tasks_app/tasks.py, BUDGET and price).
+    **{
+        f"budgeted_{name}": {
+            "BACKEND": "k2b_workflows.tasks.WorkflowsBackend",
+            "QUEUES": [],
+            "OPTIONS": {
+                "effect": "idempotent" if name == "retrying" else name,
+                "effect_budget": {"cents": 50_000},
+                "cost": "tests.tasks_app.tasks.price",
+                **(
+                    {"retry": Retry(max_attempts=3, backoff=0.01, jitter=False)}
+                    if name == "retrying"
+                    else {}
+                ),
+            },
+        }
+        for name in ("external", "idempotent", "retrying")
+    },
 }

@@ -5,7 +5,7 @@ from datetime import timedelta
 from django.db import transaction
 
 from k2b_workflows import Retry, Schedule
-from k2b_workflows.tasks import effect_key, enqueue_many, schedule_task
+from k2b_workflows.tasks import InvalidTaskCall, effect_key, enqueue_many, schedule_task
 
 from .providers import gateway
 
@@ -65,3 +65,25 @@ def schedule_nightly_invoices():
         args=(42, [{"amount": 100}]),
     )
 # --8<-- [end:schedule]
+
+
+# --8<-- [start:budget]
+def payout_cost(partner_id, amount):
+    # What one call charges, from the call's arguments (never its context): priced
+    # at the enqueue, and on the worker before the task is called.
+    return {"cents": amount}
+
+
+@task(takes_context=True, effect="idempotent", effect_budget={"cents": 50_000}, cost=payout_cost)
+def pay_out(context: TaskContext, partner_id, amount):
+    # Never more than 500.00 in one call, whatever its arguments say.
+    made = gateway.charge(amount, idempotency_key=effect_key(context))
+    return {"partner": partner_id, "payout": made.id}
+
+
+def pay_partner(partner_id, amount):
+    try:
+        return pay_out.enqueue(partner_id, amount).id
+    except InvalidTaskCall:
+        return None  # over 500.00: refused, nothing enqueued
+# --8<-- [end:budget]

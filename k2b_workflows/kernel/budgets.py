@@ -34,6 +34,18 @@ class BudgetExceeded(Exception):
         self.unit = unit
 
 
+class CostRefused(Exception):
+    """An action's ``cost()`` found that this step cannot be priced, for a reason that
+    running it again will not change (a django.tasks task's ``cost=`` raised or
+    returned a unit its budget does not name): the step fails with ``code``
+    before anything is charged or dispatched, where any other exception from
+    ``cost()`` is retried."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 def validate_cost(cost: Any) -> dict[str, int]:
     if cost is None:
         return {}

@@ -360,6 +360,8 @@ class Execution:
         step.refs = {"approval_ref": approval_ref, "backup_ref": backup_ref}
         try:
             step.cost = budgets.validate_cost(action.cost(input)) if action.defines("cost") else {}
+        except budgets.CostRefused as exc:
+            self.journal.step_failed(step, exc.code, f"step {seq} ({name}): {exc}")
         except Exception as exc:
             self.ending.retry_later(f"step {seq} ({name}): cost() raised {exc!r}")
         path = self._path(effect)

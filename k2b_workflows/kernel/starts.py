@@ -40,9 +40,11 @@ if TYPE_CHECKING:
 
 #: Workflow name -> the start columns its runs take from their input: the
 #: django.tasks task workflows register theirs (``taskruns.run_columns``), so that
-#: a task's run has its task's queue, priority, task path and concurrency however
-#: it is started (an enqueue, a schedule's tick, the admin's "run now"), read from
-#: its sealed input rather than from whichever caller remembered to pass them.
+#: a task's run has its task's queue, priority, task path, concurrency and effect
+#: budget however it is started (an enqueue, a schedule's tick, the admin's "run
+#: now"), read from its sealed input rather than from whichever caller remembered
+#: to pass them. A task's run is its own root: its budget account holds its task's
+#: ``effect_budget`` (the key's value, when given), not its workflow's.
 INPUT_COLUMNS: dict[str, Callable[[Any], dict[str, Any]]] = {}
 
 
@@ -114,7 +116,8 @@ def start(
     ``idempotency_key`` returns the run it started before.
 
     A workflow in ``INPUT_COLUMNS`` (a django.tasks task's) takes its queue,
-    priority, task path and concurrency from its input, whoever starts it.
+    priority, task path, concurrency and effect budget from its input, whoever
+    starts it.
 
     ``input`` and ``principal`` are JSON values. Raises ``InvalidInput`` (a bad
     flow-control argument, a missing parent) before writing anything, and
@@ -124,11 +127,13 @@ def start(
     (``cancel_newest``): both commit with the insert, in one transaction.
     """
     now = clock.now()
+    effect_budget = definition.effect_budget
     of_input = INPUT_COLUMNS.get(definition.name)
     if of_input is not None:
         own = of_input(input)
         queue, task_path, priority = own["queue"], own["task_path"], own["priority"]
         concurrency, concurrency_key = own["concurrency"], own["concurrency_key"]
+        effect_budget = own.get("effect_budget", effect_budget)
     columns = flow.start_fields(
         definition,
         concurrency_key=concurrency_key,
@@ -144,9 +149,9 @@ def start(
     declared = concurrency if concurrency is not None else definition.concurrency
     args = (using, definition, input, idempotency_key, principal, parent_id, now, columns, declared)
     if concurrency_key is None:
-        return _start(*args)
+        return _start(*args, effect_budget)
     with transaction.atomic(using=using):
-        return _start(*args)
+        return _start(*args, effect_budget)
 
 
 def _start(
@@ -159,6 +164,7 @@ def _start(
     now: dt.datetime,
     columns: dict[str, Any],
     declared: Concurrency | None,
+    effect_budget: dict[str, int],
 ) -> WorkflowRun:
     parent = None
     if parent_id is not None:
@@ -208,7 +214,7 @@ def _start(
     if parent is None:
         budget = BudgetAccount(
             root_id=run.id,
-            effect_budget=definition.effect_budget,
+            effect_budget=effect_budget,
             max_ai_calls=definition.max_ai_calls,
             max_steps=definition.max_steps,
         )
@@ -428,12 +434,14 @@ def start_many(
         return []
     now = clock.now()
     concurrency, concurrency_key = None, None
+    effect_budget = definition.effect_budget
     of_input = INPUT_COLUMNS.get(definition.name)
     if of_input is not None:
         # The inputs of one task's calls: they differ in the call's arguments only.
         own = of_input(inputs[0])
         queue, task_path, priority = own["queue"], own["task_path"], own["priority"]
         concurrency, concurrency_key = own["concurrency"], own["concurrency_key"]
+        effect_budget = own.get("effect_budget", effect_budget)
         if concurrency is not None and concurrency.strategy != Strategy.QUEUE:
             raise InvalidInput(
                 f"concurrency strategy {concurrency.strategy.value!r} decides each start "
@@ -489,7 +497,7 @@ def start_many(
     account = _prepared(
         BudgetAccount(
             root_id=template.pk,
-            effect_budget=definition.effect_budget,
+            effect_budget=effect_budget,
             max_ai_calls=definition.max_ai_calls,
             max_steps=definition.max_steps,
         ),

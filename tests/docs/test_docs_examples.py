@@ -122,6 +122,7 @@ RUN_BY = {
     "tasks": [
         "test_the_tasks_example_charges_once_and_enqueues_nothing_when_the_order_fails",
         "test_the_tasks_example_invoices_many_and_schedules_one",
+        "test_the_tasks_example_pays_out_within_its_budget_and_refuses_more",
     ],
 }
 
@@ -1001,3 +1002,23 @@ def test_the_tasks_example_invoices_many_and_schedules_one():
         }
         schedule = tasks.schedule_nightly_invoices()
         assert WorkflowSchedule.objects.get(pk=schedule.pk).workflow_name == "k2b.task.pure"
+
+
+def test_the_tasks_example_pays_out_within_its_budget_and_refuses_more():
+    from docs.examples import providers
+    from k2b_workflows.models import BudgetCharge
+
+    context, register = _tasks_example()
+    with context as (tasks,):
+        register()
+        result_id = tasks.pay_partner("p-1", 20_000)
+        run_until_idle()
+        paid = tasks.pay_out.get_result(result_id)
+        assert str(paid.status) == "SUCCESSFUL"
+        assert paid.return_value["partner"] == "p-1"
+        assert [c.amount for c in providers.gateway.charges.values()] == [20_000]
+        charged = BudgetCharge.objects.filter(run_id=result_id)
+        assert list(charged.values_list("unit", "amount")) == [("cents", 20_000)]
+        before = WorkflowRun.objects.count()
+        assert tasks.pay_partner("p-2", 60_000) is None
+        assert WorkflowRun.objects.count() == before

@@ -35,10 +35,12 @@ def declared(
     effect: str | None = None,
     retry: Retry | None = None,
     concurrency: Concurrency | None = None,
+    effect_budget: dict | None = None,
+    cost=None,
     **options,
 ):
-    """``@task(effect=..., retry=..., concurrency=..., **options)``, or on Django 6.0 the
-    alias that declares them in its ``OPTIONS``."""
+    """``@task(effect=..., retry=..., concurrency=..., effect_budget=..., cost=...,
+    **options)``, or on Django 6.0 the alias that declares them in its ``OPTIONS``."""
     if EXTRA_ARGUMENTS:
         if effect is not None:
             options["effect"] = effect
@@ -46,7 +48,13 @@ def declared(
             options["retry"] = retry
         if concurrency is not None:
             options["concurrency"] = concurrency
+        if effect_budget is not None:
+            options["effect_budget"] = effect_budget
+        if cost is not None:
+            options["cost"] = cost
         return task(**options)
+    if effect_budget is not None:
+        return task(backend="budgeted_retrying" if retry else f"budgeted_{effect}", **options)
     if retry is not None:
         return task(backend="retrying", **options)
     if concurrency is not None:
@@ -195,3 +203,46 @@ def external_noop(n):
 def impostor_target():
     """A plain function: wrapped by a test as a task it is not known as here."""
     return None
+
+
+#: What one call of the budgeted tasks may charge (on Django 6.0: the OPTIONS of the
+#: "budgeted_*" aliases, tests/settings.py, the same).
+BUDGET = {"cents": 50_000}
+
+
+def price(reference, cents, *rest, **options):
+    """The cost of a budgeted call: its ``cents``, as a charge's price would be.
+
+    ``K2B_TEST_PRICE`` on this process changes the price after the enqueue
+    priced the call (a price list updated before a worker got to it): an int
+    is added, ``raise`` raises, ``exit`` raises ``SystemExit``, ``garbage`` returns
+    no cost, ``other-unit`` charges a unit the budget does not name.
+    """
+    change = os.environ.get("K2B_TEST_PRICE", "0")
+    if change == "raise":
+        raise LookupError(f"no price for {reference}")
+    if change == "exit":
+        raise SystemExit(3)
+    if change == "garbage":
+        return f"{cents} cents"
+    if change == "other-unit":
+        return {"euros": cents}
+    return {"cents": cents + int(change)}
+
+
+@declared("external", effect_budget=BUDGET, cost=price)
+def budgeted_charge(order, cents):
+    """EXTERNAL, at most BUDGET a call: the provider must never see a call over it."""
+    _call("task.budgeted_charge", payload={"order": order, "cents": cents})
+    return {"charged": cents}
+
+
+@declared("idempotent", RETRY, effect_budget=BUDGET, cost=price, takes_context=True)
+def budgeted_flaky(context: TaskContext, key, cents, failures, crash=None):
+    """IDEMPOTENT, retried, at most BUDGET a call: raises on its first ``failures``
+    attempts. A call of 30,000 cents charged twice would be over the budget."""
+    _call("task.budgeted_flaky", key, {"attempt": context.attempt, "cents": cents})
+    crash_point({"crash": crash}, "task_budgeted")
+    if context.attempt <= failures:
+        raise ConnectionError(f"attempt {context.attempt} failed")
+    return {"attempt": context.attempt}
