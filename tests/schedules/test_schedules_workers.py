@@ -170,11 +170,15 @@ def test_a_slow_workflow_never_overlaps_itself(start_worker, overlap):
         "sched.slow",
         Schedule(every=SECOND, overlap=overlap, input={"nap": 2.5}),
     )
-    wait_for(
-        lambda: _finished(f"slow-{overlap}", 3),
-        timeout=TIMEOUT,
-        message=lambda: f"three slow runs\n{worker.report()}",
-    )
+    buffered: set[dt.datetime] = set()
+
+    def three_finished() -> bool:
+        # What a skip never holds, sampled at every poll: a tick kept for later.
+        if (tick := row(f"slow-{overlap}").buffered_tick) is not None:
+            buffered.add(tick)
+        return _finished(f"slow-{overlap}", 3)
+
+    wait_for(three_finished, timeout=TIMEOUT, message=lambda: f"three slow runs\n{worker.report()}")
     stop(worker)
 
     runs = [r for r in _runs(f"slow-{overlap}") if r.status == "succeeded"]
@@ -189,10 +193,13 @@ def test_a_slow_workflow_never_overlaps_itself(start_worker, overlap):
     # superseded (catch_up); the ticks that met a running run are the overlap's.
     if overlap == "skip":
         assert "overlap" in reasons and reasons <= {"overlap", "catch_up"}
-        # Each run is for a tick that came while nothing ran: queued at once.
-        assert all(r.created_at - r.scheduled_for < 2 * SECOND for r in runs)
+        # No tick was kept for later. (Not "each run queued within 2 s of its tick": a
+        # pass that comes late on a loaded machine queues a tick that met no running
+        # run by then, seconds after it.)
+        assert buffered == set()
     else:
         assert "buffer_full" in reasons and reasons <= {"buffer_full", "catch_up"}
+        assert buffered  # the check above can see a kept tick
         # After the first, each run is the buffered tick, started when the previous ended.
         assert all(r.created_at - r.scheduled_for > SECOND for r in runs[1:])
         for earlier, later in itertools.pairwise(runs):
