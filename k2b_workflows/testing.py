@@ -113,7 +113,7 @@ def run_until_idle(
                     keeper.untrack_task(task[0])
             if runs or tasks:
                 continue
-            if worker.selection.pending(using):
+            if worker.selection.pending(using, worker.housekeeping.admitted_until):
                 if _active_clock is not None and _active_clock._skip_ms(
                     _next_retry_ms(using, worker)
                 ):

@@ -220,6 +220,16 @@ MUTANTS = (
         ("tests/hot_path/test_claim_and_preload.py::test_a_claim_is_never_compiled",),
     ),
     Mutant(
+        "pending-since-admission",
+        "k2b_workflows/kernel/flow.py",
+        " AND run_after > COALESCE(%s::timestamptz, k2b_now()))",
+        " AND run_after > GREATEST(k2b_now(), COALESCE(%s::timestamptz, k2b_now())))",
+        (
+            "tests/kernel/test_flow.py::"
+            "test_a_keyed_run_due_since_the_last_admission_is_pending_work",
+        ),
+    ),
+    Mutant(
         "exit-hooks",
         "k2b_workflows/worker/exits.py",
         "    atexit._run_exitfuncs()\n",

@@ -72,6 +72,15 @@ DELAYED_KEYED = (
     " AND run_after > k2b_now())"
 )
 
+#: A queued keyed run without a slot that the housekeeping's next ``admit_due`` will
+#: consider: not due yet, or due after its last pass (whose ``now`` is the one
+#: parameter; NULL: no pass yet, so only those not due). A run due before that
+#: pass and still without a slot waits for a slot another run holds.
+UNADMITTED_KEYED = (
+    "(concurrency_key IS NOT NULL AND NOT holds_slot AND status = 'queued'"
+    " AND run_after > COALESCE(%s::timestamptz, k2b_now()))"
+)
+
 _HOLDERS_SQL = """
 SELECT id, status FROM k2b_run
  WHERE workflow_name = %s AND concurrency_key = %s AND holds_slot

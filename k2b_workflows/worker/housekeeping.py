@@ -46,6 +46,11 @@ class Housekeeping:
         #: The database's time of the last admission of keyed runs that became due.
         self._keyed_due_since: dt.datetime | None = None
 
+    @property
+    def admitted_until(self) -> dt.datetime | None:
+        """The ``now`` of the last pass that admitted due keyed runs (None: none yet)."""
+        return self._keyed_due_since
+
     def run(self, poll: float) -> int:
         """One pass (at most every half poll); returns how many runs it made claimable."""
         now = time.monotonic()

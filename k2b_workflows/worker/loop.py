@@ -357,7 +357,12 @@ class Worker:
         if started:
             return False
         busy = self.claims.in_flight()
-        if self.burst and self.claims.idle() and not self.selection.pending(self.using):
+        admitted_until = self.housekeeping.admitted_until
+        if (
+            self.burst
+            and self.claims.idle()
+            and not self.selection.pending(self.using, admitted_until)
+        ):
             return True
         timeout = poll
         if busy < self.concurrency:

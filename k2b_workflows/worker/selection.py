@@ -7,6 +7,7 @@ claim, the burst check and the schedule pass, so they cannot disagree.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -27,7 +28,7 @@ _PENDING_RUNS_SQL = """SELECT EXISTS (SELECT 1 FROM k2b_run
      WHERE (workflow_name, workflow_version)
            IN (SELECT * FROM unnest(%s::text[], %s::int[])) {filters}
         AND ((status = 'queued' AND {claimable})
-             OR {delayed_keyed}
+             OR {unadmitted_keyed}
              OR (status = 'running'
                  AND lease_expires_at < k2b_now())))"""
 _APP_FILTER = "AND app_id = ANY(%s)"
@@ -54,8 +55,16 @@ class Selection:
             if not self.app_ids or d.app_id in self.app_ids
         ]
 
-    def pending(self, using: str) -> bool:
-        """For ``burst``: is anything of ours queued (even delayed) or claimable soon?"""
+    def pending(self, using: str, admitted_until: dt.datetime | None = None) -> bool:
+        """For ``burst``: is anything of ours queued (even delayed) or claimable soon?
+
+        ``admitted_until``: the ``now`` of the housekeeping's last ``admit_due``.
+        A keyed run that became due after it has no slot yet, and is pending
+        work all the same: the next pass admits it. Read against the clock
+        alone, a run due between that pass and this check was neither
+        claimable nor delayed, and a burst worker (``run_until_idle``) stopped
+        with it queued.
+        """
         workflows = self.workflows()
         params: list[Any] = [[n for n, _ in workflows], [v for _, v in workflows]]
         filters = ""
@@ -65,8 +74,9 @@ class Selection:
         if self.queues:
             filters += _QUEUE_FILTER
             params.append(self.queues)
+        params.append(admitted_until)
         sql = _PENDING_RUNS_SQL.format(
-            filters=filters, claimable=flow.CLAIMABLE, delayed_keyed=flow.DELAYED_KEYED
+            filters=filters, claimable=flow.CLAIMABLE, unadmitted_keyed=flow.UNADMITTED_KEYED
         )
         with connections[using].cursor() as cursor:
             cursor.execute(sql, params)

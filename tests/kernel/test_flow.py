@@ -592,3 +592,33 @@ def test_concurrent_starts_of_one_key_never_admit_more_than_its_limit():
     assert errors == []
     assert WorkflowRun.objects.filter(concurrency_key="race").count() == 40
     assert len(holders("flow.keyed", "race")) == 2
+
+
+def test_a_keyed_run_due_since_the_last_admission_is_pending_work():
+    """A keyed run that came due after the housekeeping's last admission holds no slot
+    until the next one. Read against the clock alone it was neither claimable nor
+    delayed, and ``run_until_idle`` (a burst worker too) stopped with it queued: seen
+    under a loaded suite, where a run came due between a pass and the check."""
+    from k2b_workflows.worker.selection import Selection
+
+    run = start_workflow_run(
+        "flow.one_at_a_time",
+        {"key": "late", "nap": 0},
+        concurrency_key="late",
+        run_after=timezone.now() + timedelta(hours=1),
+    )
+    with connection.cursor() as cursor:  # due a second ago, as time would make it
+        cursor.execute(
+            "UPDATE k2b_run SET run_after = k2b_now() - interval '1 second' WHERE id = %s"
+            " RETURNING k2b_now()",
+            [run.pk],
+        )
+        (now,) = cursor.fetchone()
+    assert not fresh(run).holds_slot
+    selection = Selection(["tests"], None)
+    # The last pass came before it was due: the next one admits it.
+    assert selection.pending("default", now - timedelta(seconds=2))
+    # A pass after it was due found its key's slots taken: it waits for another run.
+    assert not selection.pending("default", now)
+    run_to_end()
+    assert fresh(run).status == "succeeded"
