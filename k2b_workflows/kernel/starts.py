@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import functools
 import json
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -24,11 +23,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from django.db import connections, transaction
 from django.db.models import Model
-from django.db.models.fields import AutoFieldMixin
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from .. import codes, tracing
+from ..dedup import insert_fields, insert_params
 from ..exceptions import IdempotencyConflict, InvalidInput
 from ..limits import Concurrency, Strategy
 from ..models import BudgetAccount, RunStatus, WorkflowRun
@@ -291,11 +290,11 @@ def insert(using: str, run: WorkflowRun, budget: BudgetAccount | None) -> bool:
     statement text is the same from one enqueue to the next, and parsed once.
     """
     connection = connections[using]
-    params = _prepared(run, connection)
+    params = insert_params(run, connection)
     nulls = tuple([value is None for value in params])
     budget_nulls = None
     if budget is not None:
-        budget_params = _prepared(budget, connection)
+        budget_params = insert_params(budget, connection)
         budget_nulls = tuple([value is None for value in budget_params])
         params = [*params, *budget_params]
     sql = _insert_sql(connection, nulls, budget_nulls)
@@ -338,7 +337,7 @@ def _insert_sql(
 def _insert_parts(
     quote: Callable[[str], str], model: type[Model], nulls: tuple[bool, ...]
 ) -> dict[str, str]:
-    fields = _copied_fields(model)
+    fields = insert_fields(model)
     if len(fields) != len(nulls):
         raise AssertionError(f"{model.__name__} has {len(fields)} columns, not {len(nulls)}")
     return {
@@ -460,10 +459,10 @@ def start_many(
     template = new_run(definition, inputs[0], now=now, trace_context=trace_context, **columns)
     other = new_run(definition, inputs[0], now=now, trace_context=trace_context, **columns)
     connection = connections[using]
-    fields = _copied_fields(WorkflowRun)
+    fields = insert_fields(WorkflowRun)
     names = [f.attname for f in fields]
-    prepared = _prepared(template, connection)
-    other_values = _dumped(_prepared(other, connection), connection)
+    prepared = insert_params(template, connection)
+    other_values = _dumped(insert_params(other, connection), connection)
     differing = {
         name
         for name, a, b in zip(names, _dumped(prepared, connection), other_values, strict=True)
@@ -493,8 +492,8 @@ def start_many(
 
     if _dumped(row(template.pk, template.input), connection) != _dumped(prepared, connection):
         raise AssertionError("start_many() builds a row other than new_run() builds")
-    account_fields = _copied_fields(BudgetAccount)
-    account = _prepared(
+    account_fields = insert_fields(BudgetAccount)
+    account = insert_params(
         BudgetAccount(
             root_id=template.pk,
             effect_budget=effect_budget,
@@ -535,43 +534,6 @@ IGNORE_NOTHING_SQL = (
     "SELECT pg_catalog.set_config('pgtrigger.ignore', '{}', true)"
     " WHERE NULLIF(pg_catalog.current_setting('pgtrigger.ignore', true), '') IS NULL"
 )
-
-
-@functools.cache
-def _copied_fields(model: type[Model]) -> tuple[Any, ...]:
-    """The columns an insert or a ``COPY`` writes: all but database-generated keys."""
-    return tuple(f for f in model._meta.concrete_fields if not isinstance(f, AutoFieldMixin))
-
-
-def _prepared(obj: Model, connection: Any) -> list[Any]:
-    """``obj``'s columns (``_copied_fields``) as the ORM would save them.
-
-    A NULL column is left NULL without asking its field, when its field prepares
-    ``None`` as ``None`` (``_nulls_kept``, asked once): a task run has some twenty
-    NULL columns, each a few calls deep into Django on every enqueue (#37).
-    """
-    model = type(obj)
-    values = []
-    for field, null_kept in zip(_copied_fields(model), _nulls_kept(model, connection), strict=True):
-        value = field.pre_save(obj, add=True)
-        if value is not None or not null_kept:
-            value = field.get_db_prep_save(value, connection)
-        values.append(value)
-    return values
-
-
-#: Model -> whether each of its ``_copied_fields`` prepares ``None`` as ``None``.
-_NULLS_KEPT: dict[type[Model], tuple[bool, ...]] = {}
-
-
-def _nulls_kept(model: type[Model], connection: Any) -> tuple[bool, ...]:
-    kept = _NULLS_KEPT.get(model)
-    if kept is None:
-        fields = _copied_fields(model)
-        kept = _NULLS_KEPT[model] = tuple(
-            [f.get_db_prep_save(None, connection) is None for f in fields]
-        )
-    return kept
 
 
 def _dumped(values: list[Any], connection: Any) -> list[Any]:
