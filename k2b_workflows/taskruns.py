@@ -255,19 +255,25 @@ def call_cost(spec: Any, args: Any, kwargs: Any, budget: dict[str, int]) -> dict
         where = f"cost {spec}()"
     else:
         value, where = spec, "cost"
-    try:
-        cost = validate_cost(value)
-    except InvalidInput:
-        raise InvalidInput(
-            f"{where} must be a dict of unit (1-100 characters) -> int from 0 to 2**31-1, "
-            f"not {value!r:.200}"
-        ) from None
+    cost = checked_cost(value, where)
     unknown = sorted(set(cost) - set(budget))
     if unknown:
         raise InvalidInput(
             f"{where} charges {unknown} that the effect_budget {budget} does not limit"
         )
     return cost
+
+
+def checked_cost(value: Any, where: str) -> dict[str, int]:
+    """``value`` checked as the kernel checks a cost (``validate_cost``), the error
+    naming ``where`` it came from."""
+    try:
+        return validate_cost(value)
+    except InvalidInput:
+        raise InvalidInput(
+            f"{where} must be a dict of unit (1-100 characters) -> int from 0 to 2**31-1, "
+            f"not {value!r:.200}"
+        ) from None
 
 
 def import_callable(path: str) -> Any:

@@ -41,7 +41,6 @@ from . import control, scheduling, signals, store, validation
 from .actions import to_json_value
 from .exceptions import InvalidInput, RunEndNotSealed
 from .kernel import seals
-from .kernel.budgets import validate_cost
 from .limits import Concurrency, RateLimit, check_rate_limit
 from .models import TERMINAL_STATUSES, JournalEntry, TaskAttempt, WorkflowRun, WorkflowSchedule
 from .retries import Retry, check_policy
@@ -56,6 +55,7 @@ from .taskruns import (
     backends_api,
     base_api,
     call_cost,
+    checked_cost,
     concurrency_to_json,
     current_step,
     finished_result,
@@ -518,12 +518,9 @@ def _cost_spec(value: Any, where: str) -> dict[str, int] | str | None:
     if value is None or isinstance(value, dict):
         if value is not None:
             try:
-                validate_cost(value)
-            except InvalidInput:
-                raise InvalidTaskCall(
-                    f"{where}: cost must be a dict of unit (1-100 characters) -> int from 0 "
-                    f"to 2**31-1, not {value!r:.200}"
-                ) from None
+                checked_cost(value, f"{where}: cost")
+            except InvalidInput as exc:
+                raise InvalidTaskCall(str(exc)) from None
         return value
     if isinstance(value, str):
         try:
