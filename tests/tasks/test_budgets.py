@@ -56,13 +56,6 @@ def charges(result_id: str) -> list[tuple[str, int]]:
     return list(BudgetCharge.objects.filter(run_id=result_id).values_list("unit", "amount"))
 
 
-@pytest.fixture
-def nothing_inserted():
-    before = WorkflowRun.objects.count()
-    yield
-    assert WorkflowRun.objects.count() == before
-
-
 # -- the guarantee ------------------------------------------------------------------------
 
 

@@ -24,13 +24,6 @@ except ImportError:  # Django 5.2: the backport
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def nothing_inserted():
-    before = WorkflowRun.objects.count()
-    yield
-    assert WorkflowRun.objects.count() == before
-
-
 def test_the_refusal_is_djangos_invalid_task_and_our_invalid_input():
     assert issubclass(InvalidTaskCall, InvalidTask)
     assert issubclass(InvalidTaskCall, InvalidInput)
