@@ -8,8 +8,6 @@ restart, a rate limit across workers, aging under a flood) are
 from __future__ import annotations
 
 import datetime as dt
-import statistics
-import time
 from datetime import timedelta
 
 import pytest
@@ -437,7 +435,10 @@ def _fill_backlog(keyed: bool) -> None:
         cursor.execute("DELETE FROM k2b_budget_account WHERE root_id = %s", [template.pk])
 
 
-def _claim_plan_and_times(samples: int = 31) -> tuple[str, int, list[float]]:
+def _claim_plan_and_buffers(samples: int = 3) -> tuple[str, int, int]:
+    """The claim's plan, the most run rows it fetched from the heap, and the fewest
+    buffers it touched (shared hits and reads, its children's included) in ``samples``
+    rolled-back claims: counts of work, not times, so a loaded machine cannot move them."""
     statement = claim.claim_statement("test", [("flow.keyed", 1)], None, 10)
     assert statement is not None
     sql, params = statement
@@ -446,19 +447,19 @@ def _claim_plan_and_times(samples: int = 31) -> tuple[str, int, list[float]]:
         cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
         plan = "\n".join(row[0] for row in cursor.fetchall())
         transaction.set_rollback(True)
-    times = []
     fetched = 0
+    buffers = []
     for _ in range(samples):
         with transaction.atomic(), connection.cursor() as cursor:
             before = run_heap_fetches()
             cursor.execute(claim.CLAIM_PLAN)
-            began = time.perf_counter()
-            cursor.execute(sql, params)
-            assert len(cursor.fetchall()) == 10
-            times.append(time.perf_counter() - began)
+            cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params)
+            (top,) = cursor.fetchone()[0]
+            assert top["Plan"]["Actual Rows"] == 10, top
+            buffers.append(top["Plan"]["Shared Hit Blocks"] + top["Plan"]["Shared Read Blocks"])
             fetched = max(fetched, run_heap_fetches() - before)
             transaction.set_rollback(True)
-    return plan, fetched, times
+    return plan, fetched, min(buffers)
 
 
 @pytest.mark.slow
@@ -467,7 +468,7 @@ def test_a_claim_over_50000_runs_behind_1000_keys_with_priorities_is_an_index_wa
     order and stops after its rows; the 48,000 runs queued behind keys are not read."""
     with run_statistics_never_taken():
         _fill_backlog(keyed=True)
-        plan, fetched, keyed_times = _claim_plan_and_times()
+        plan, fetched, keyed_buffers = _claim_plan_and_buffers()
     print(plan)
     assert "k2b_run_queued" in plan, plan
     assert "Sort" not in plan.split("LockRows")[-1], plan
@@ -477,17 +478,14 @@ def test_a_claim_over_50000_runs_behind_1000_keys_with_priorities_is_an_index_wa
         cursor.execute("VACUUM k2b_run")  # no dead entries for the second walk to skip
     with run_statistics_never_taken():
         _fill_backlog(keyed=False)
-        plan, fetched, plain_times = _claim_plan_and_times()
+        plan, fetched, plain_buffers = _claim_plan_and_buffers()
     print(plan)
     assert fetched < 100, (fetched, plan)
-    # The fastest of each: what the claim costs, with the shared machine's stalls left out.
-    keyed, plain = min(keyed_times), min(plain_times)
-    print(
-        f"medians: keyed {statistics.median(keyed_times) * 1000:.2f} ms,"
-        f" plain {statistics.median(plain_times) * 1000:.2f} ms"
-    )
-    print(f"claim of 10 over {BACKLOG}: keyed {keyed * 1000:.2f} ms, plain {plain * 1000:.2f} ms")
-    assert keyed <= 1.5 * plain + 0.0005, (keyed, plain)
+    # What the keys cost the claim, in pages touched: the slot rows of the keys it
+    # admits, not the 48,000 runs behind them. (Times were compared here once; on a
+    # loaded machine they swung past any fair bound while the work stayed the same.)
+    print(f"claim of 10 over {BACKLOG}: keyed {keyed_buffers} buffers, plain {plain_buffers}")
+    assert keyed_buffers <= 1.5 * plain_buffers, (keyed_buffers, plain_buffers)
 
 
 # -- what operators see --------------------------------------------------------------------
