@@ -9,6 +9,12 @@ parked step's action). The tree is copied to a temporary directory
 first (the tracked files, as they are in the work tree), so the checkout
 is never left mutated.
 
+Each job keeps its test database between mutants (``--reuse-db``): creating
+and migrating one took most of a mutant's time. A mutant of what a
+``migrate`` installs or what the test database's setup runs (``SCHEMA``) gets
+a database of its own, created for it and dropped after it, so the kept one
+never holds a mutated trigger, function or grant.
+
     python scripts/mutants.py            # each mutant against the tests named for it
     python scripts/mutants.py --full     # each mutant against the whole fast suite
     python scripts/mutants.py fence-generation anchor   # only these
@@ -31,6 +37,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -1036,6 +1045,28 @@ MUTANTS = (
 )
 
 
+#: Files whose mutants change what ``migrate`` installs (migrations, the trigger
+#: and function bodies they import, the models they name), the grants, the clock
+#: function the tests swap, or the test database's own setup and flush. Their
+#: mutants never run on a kept database.
+SCHEMA_PREFIXES = ("k2b_workflows/migrations/",)
+SCHEMA_FILES = frozenset(
+    {
+        "k2b_workflows/apps.py",
+        "k2b_workflows/kernel/clock.py",
+        "k2b_workflows/models.py",
+        "k2b_workflows/roles.py",
+        "k2b_workflows/schedule_models.py",
+        "k2b_workflows/testdb.py",
+        "k2b_workflows/triggers.py",
+    }
+)
+
+
+def touches_schema(mutant: Mutant) -> bool:
+    return mutant.path in SCHEMA_FILES or mutant.path.startswith(SCHEMA_PREFIXES)
+
+
 def _copy_tree(dest: Path) -> None:
     files = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
@@ -1062,27 +1093,54 @@ def _apply(tree: Path, mutant: Mutant) -> str:
                 f"{mutant.path}; update scripts/mutants.py"
             )
         text = text.replace(old, new)
-    path.write_text(text)
+    _write(path, text)
     return original
 
 
-def _own_database(url: str, job: int) -> str:
-    """``url`` with ``_mutants<job>`` added to the database name: the test database
-    pytest creates from it (``test_<name>_mutants<job>``) is neither the one a
+def _write(path: Path, text: str) -> None:
+    """Write a module and drop its cached bytecode: a mutant as long as the guard
+    it replaced, written within the same second, would otherwise load from the
+    other's ``.pyc`` (checked by size and whole-second mtime)."""
+    path.write_text(text)
+    for cached in (path.parent / "__pycache__").glob(f"{path.stem}.*.pyc"):
+        cached.unlink(missing_ok=True)
+
+
+def _own_database(url: str, suffix: str) -> str:
+    """``url`` with ``_mutants<suffix>`` added to the database name: the test database
+    pytest creates from it (``test_<name>_mutants<suffix>``) is neither the one a
     ``make test`` beside this run creates and drops, nor another job's."""
     parts = urlsplit(url)
     name = parts.path.lstrip("/") or "postgres"
-    return urlunsplit(parts._replace(path=f"/{name}_mutants{job}"))
+    return urlunsplit(parts._replace(path=f"/{name}_mutants{suffix}"))
 
 
-def _pytest(tree: Path, targets: list[str], timeout: float, job: int) -> tuple[int, str]:
+@dataclass
+class Job:
+    """A copy of the tree and the test database kept for its mutants."""
+
+    number: int
+    tree: Path
+    #: Whether the kept database must be made anew: before the first mutant (one
+    #: left by an earlier run may be of other migrations), and after a hang, whose
+    #: killed session may have left the test clock's function installed.
+    fresh: bool = True
+
+
+def _pytest(job: Job, targets: list[str], timeout: float, schema: bool) -> tuple[int, str]:
     env = {
         **os.environ,
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "DATABASE_URL": _own_database(os.environ["DATABASE_URL"], job),
         # A supervisor's mutant shows as a wait that never ends: wait less for it.
         "K2B_PROCESS_TEST_TIMEOUT": os.environ.get("K2B_PROCESS_TEST_TIMEOUT", "40"),
     }
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # the job's copy keeps its bytecode
+    if schema:
+        # Created for this mutant and dropped after it (pytest-django's default).
+        env["DATABASE_URL"] = _own_database(os.environ["DATABASE_URL"], f"{job.number}s")
+        databases = []
+    else:
+        env["DATABASE_URL"] = _own_database(os.environ["DATABASE_URL"], str(job.number))
+        databases = ["--reuse-db", "--create-db"] if job.fresh else ["--reuse-db"]
     command = [
         sys.executable,
         "-m",
@@ -1091,30 +1149,45 @@ def _pytest(tree: Path, targets: list[str], timeout: float, job: int) -> tuple[i
         "-q",
         "-m",
         "not browser",
+        *databases,
         *targets,
     ]
     try:
         done = subprocess.run(
-            command, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout
+            command, cwd=job.tree, env=env, capture_output=True, text=True, timeout=timeout
         )
     except subprocess.TimeoutExpired:
+        job.fresh = job.fresh or not schema
         return 1, "timed out: 1 failed (a hang counts as caught)"
+    if not schema:
+        job.fresh = False
     tail = (done.stdout + done.stderr).strip().splitlines()
     return done.returncode, tail[-1] if tail else ""
 
 
-def _run(mutant: Mutant, tree: Path, args: argparse.Namespace, job: int) -> tuple[bool, str]:
-    """Apply ``mutant`` to ``tree`` (a job's own copy), run its tests, restore the file."""
-    original = _apply(tree, mutant)
+def _drop_kept(job: Job) -> None:
+    """Drop the test database a job kept, as pytest-django drops the ones it made."""
+    parts = urlsplit(_own_database(os.environ["DATABASE_URL"], str(job.number)))
+    kept = "test_" + parts.path.lstrip("/")
+    server = urlunsplit(parts._replace(path="/postgres"))
+    with psycopg.connect(server, autocommit=True) as connection:
+        connection.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(kept))
+        )
+
+
+def _run(mutant: Mutant, job: Job, args: argparse.Namespace) -> tuple[bool, str]:
+    """Apply ``mutant`` to the job's own copy of the tree, run its tests, restore the file."""
+    original = _apply(job.tree, mutant)
     started = time.monotonic()
     try:
         if args.full:
             targets = ["-m", "not crash and not slow and not browser", "tests"]
         else:
             targets = list(mutant.tests)
-        code, last = _pytest(tree, targets, args.timeout, job)
+        code, last = _pytest(job, targets, args.timeout, touches_schema(mutant))
     finally:
-        (tree / mutant.path).write_text(original)
+        _write(job.tree / mutant.path, original)
     # Caught: a test failed. Only errors (setup, collection, the database),
     # or no test at all (exit 5), is no verdict, and is reported as such.
     caught = code == 1 and " failed" in last
@@ -1152,30 +1225,34 @@ def main() -> int:
     jobs = max(1, min(args.jobs, len(chosen)))
     survivors = []
     with tempfile.TemporaryDirectory(prefix="k2b-mutants-") as tmp:
-        trees: queue.Queue[tuple[int, Path]] = queue.Queue()
-        for job in range(jobs):
-            tree = Path(tmp) / str(job)
-            _copy_tree(tree)
+        idle: queue.Queue[Job] = queue.Queue()
+        for number in range(jobs):
+            job = Job(number, Path(tmp) / str(number))
+            _copy_tree(job.tree)
             # Every guarded text occurs once before anything runs: a stale table
             # fails at once, not after an hour of the others.
             for mutant in chosen:
-                _apply(tree, mutant)
-                (tree / mutant.path).write_text((ROOT / mutant.path).read_text())
-            trees.put((job, tree))
+                _apply(job.tree, mutant)
+                _write(job.tree / mutant.path, (ROOT / mutant.path).read_text())
+            idle.put(job)
 
         def one(mutant: Mutant) -> tuple[Mutant, bool, str]:
-            job, tree = trees.get()
+            job = idle.get()
             try:
-                return (mutant, *_run(mutant, tree, args, job))
+                return (mutant, *_run(mutant, job, args))
             finally:
-                trees.put((job, tree))
+                idle.put(job)
 
         print(f"{'mutant':26} {'result':10} {'seconds':>7}  tests", flush=True)
-        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-            for mutant, caught, line in pool.map(one, chosen):
-                print(line, flush=True)
-                if not caught:
-                    survivors.append(mutant.name)
+        try:
+            with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+                for mutant, caught, line in pool.map(one, chosen):
+                    print(line, flush=True)
+                    if not caught:
+                        survivors.append(mutant.name)
+        finally:
+            while not idle.empty():
+                _drop_kept(idle.get())
     if survivors:
         print(f"\n{len(survivors)} mutant(s) not caught: {', '.join(survivors)}")
         return 1
