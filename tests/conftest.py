@@ -27,6 +27,10 @@ pytest_plugins = ["tests.support.browser"]
 #: The suite only makes that flush cheaper.
 _sql_flush = DatabaseOperations.sql_flush
 
+#: What ``migrate`` wrote and no test changes: the content types and the
+#: permissions. A flush keeps them, so that it need not make them again.
+_KEPT = frozenset({"django_content_type", "auth_permission"})
+
 
 def _flush_by_delete(
     self: DatabaseOperations,
@@ -43,7 +47,9 @@ def _flush_by_delete(
     ~150 ms there, DELETE ~15 ms, and the suite flushes some 500 times. The
     foreign keys Django creates are deferrable, so the order does not matter.
     """
+    tables = [table for table in tables if table not in _KEPT]
     if reset_sequences or allow_cascade or not tables:
+        # ``call_command("flush")`` resets sequences: Django's TRUNCATE.
         return _sql_flush(
             self, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade
         )
@@ -54,6 +60,36 @@ def _flush_by_delete(
 
 
 DatabaseOperations.sql_flush = _flush_by_delete  # type: ignore[method-assign]
+
+
+def _after_migrate_only(receiver: Callable[..., None]) -> Callable[..., None]:
+    """``receiver`` for a ``migrate`` (which sends ``plan``), not for a flush.
+
+    A flush sends ``post_migrate`` too, for what it emptied to be made again.
+    Making the content types and permissions it now keeps was most of every
+    transactional test's teardown: 67 of them took 18 s with it, 4 s without.
+    """
+
+    def after_migrate(*args: Any, **kwargs: Any) -> None:
+        if "plan" in kwargs:
+            receiver(*args, **kwargs)
+
+    return after_migrate
+
+
+def _keep_content_types_and_permissions() -> None:
+    from django.contrib.auth.management import create_permissions
+    from django.contrib.contenttypes.management import create_contenttypes
+    from django.db.models.signals import post_migrate
+
+    for receiver, uid in (
+        (create_contenttypes, None),
+        (create_permissions, "django.contrib.auth.management.create_permissions"),
+    ):
+        post_migrate.disconnect(receiver, dispatch_uid=uid)
+        post_migrate.connect(
+            _after_migrate_only(receiver), weak=False, dispatch_uid=f"tests.kept.{uid or 'ct'}"
+        )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -83,7 +119,9 @@ def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[N
     """Through a transaction-pooling PgBouncer (``make test-pgbouncer``), the documented
     setting: the role's own ``idle_in_transaction_session_timeout`` in the test database,
     on every server connection (PgBouncer reconnects); at the end, PgBouncer lets go of
-    the test database so that it can be dropped."""
+    the test database so that it can be dropped. Once it is migrated, flushes keep
+    its content types and permissions (``_KEPT``)."""
+    _keep_content_types_and_permissions()
     if os.environ.get("K2B_TEST_POOL_MODE") == "transaction":
         from django.db import connections
 
