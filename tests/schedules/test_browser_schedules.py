@@ -81,9 +81,13 @@ def test_the_preview_follows_the_cron_as_it_is_typed(browser, live_server, sched
     )
 
     def items() -> list[str]:
-        return [
-            li.text for li in browser.find_elements(By.CSS_SELECTOR, "#k2b-schedule-preview li")
-        ]
+        # The list's texts in one read: the page replaces its items as each answer
+        # comes, and an item found before a replacement and read after it is stale
+        # (StaleElementReferenceException, seen under make test).
+        return browser.execute_script(
+            "return Array.from(document.querySelectorAll('#k2b-schedule-preview li'),"
+            " (item) => item.innerText)"
+        )
 
     saved = items()
     assert len(saved) == 5
@@ -93,8 +97,14 @@ def test_the_preview_follows_the_cron_as_it_is_typed(browser, live_server, sched
     cron.send_keys("30 6 * * 1-5")
     # Each answer is a debounced fetch to the live server: on a loaded machine with a
     # browser just started, seconds. The wait ends as soon as it is shown.
-    WebDriverWait(browser, PREVIEW_WAIT).until(lambda d: items() != saved and len(items()) == 5)
-    typed = items()
+    shown: list[str] = []
+
+    def followed(_: object) -> bool:
+        shown[:] = items()
+        return shown != saved and len(shown) == 5
+
+    WebDriverWait(browser, PREVIEW_WAIT).until(followed)
+    typed = shown
     assert len({t.split()[0] for t in typed}) == 5  # five different days
     screenshot(browser, "schedule-page")
 
