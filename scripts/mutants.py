@@ -1126,6 +1126,12 @@ class Job:
     #: killed session may have left the test clock's function installed.
     fresh: bool = True
 
+    def database_url(self, schema: bool) -> str:
+        """The URL its mutants' tests get: the kept database's, or (``schema``) that
+        of one pytest-django creates for a single mutant and drops after it."""
+        suffix = f"{self.number}s" if schema else str(self.number)
+        return _own_database(os.environ["DATABASE_URL"], suffix)
+
 
 def _pytest(job: Job, targets: list[str], timeout: float, schema: bool) -> tuple[int, str]:
     env = {
@@ -1134,12 +1140,11 @@ def _pytest(job: Job, targets: list[str], timeout: float, schema: bool) -> tuple
         "K2B_PROCESS_TEST_TIMEOUT": os.environ.get("K2B_PROCESS_TEST_TIMEOUT", "40"),
     }
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # the job's copy keeps its bytecode
-    if schema:
-        # Created for this mutant and dropped after it (pytest-django's default).
-        env["DATABASE_URL"] = _own_database(os.environ["DATABASE_URL"], f"{job.number}s")
-        databases = []
-    else:
-        env["DATABASE_URL"] = _own_database(os.environ["DATABASE_URL"], str(job.number))
+    env["DATABASE_URL"] = job.database_url(schema)
+    # A schema mutant's database is created for it and dropped after it (pytest-django's
+    # default); the kept one is reused, and made anew when the job says so.
+    databases: list[str] = []
+    if not schema:
         databases = ["--reuse-db", "--create-db"] if job.fresh else ["--reuse-db"]
     command = [
         sys.executable,
@@ -1157,17 +1162,18 @@ def _pytest(job: Job, targets: list[str], timeout: float, schema: bool) -> tuple
             command, cwd=job.tree, env=env, capture_output=True, text=True, timeout=timeout
         )
     except subprocess.TimeoutExpired:
-        job.fresh = job.fresh or not schema
-        return 1, "timed out: 1 failed (a hang counts as caught)"
+        done = None
     if not schema:
-        job.fresh = False
+        job.fresh = done is None
+    if done is None:
+        return 1, "timed out: 1 failed (a hang counts as caught)"
     tail = (done.stdout + done.stderr).strip().splitlines()
     return done.returncode, tail[-1] if tail else ""
 
 
 def _drop_kept(job: Job) -> None:
     """Drop the test database a job kept, as pytest-django drops the ones it made."""
-    parts = urlsplit(_own_database(os.environ["DATABASE_URL"], str(job.number)))
+    parts = urlsplit(job.database_url(schema=False))
     kept = "test_" + parts.path.lstrip("/")
     server = urlunsplit(parts._replace(path="/postgres"))
     with psycopg.connect(server, autocommit=True) as connection:
