@@ -229,6 +229,16 @@ MUTANTS = (
         ("tests/hot_path/test_claim_and_preload.py::test_a_claim_is_never_compiled",),
     ),
     Mutant(
+        "pipeline-loader-renewed",
+        "k2b_workflows/kernel/pipeline.py",
+        "        names.tx = Transformer(conn)",
+        "        pass",
+        (
+            "tests/kernel/test_pipeline.py::"
+            "test_installing_the_kernels_timestamp_loader_renews_the_transformer",
+        ),
+    ),
+    Mutant(
         "pending-since-admission",
         "k2b_workflows/kernel/flow.py",
         " AND run_after > COALESCE(%s::timestamptz, k2b_now()))",

@@ -340,7 +340,8 @@ class statement_cursor:
         self.errors = wrapper.wrap_database_errors
         self.errors.__enter__()
         conn = wrapper.connection
-        timestamps.install(conn)
+        if timestamps.install(conn):
+            pipeline.adapters_changed(conn)
         prepares = conn.prepare_threshold is not None
         self.cursor = (pipeline.Cursor if prepares else psycopg.ClientCursor)(conn)
         return self.cursor

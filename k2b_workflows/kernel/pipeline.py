@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import itertools
 import re
-import weakref
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -49,17 +48,45 @@ _BEGIN = ("BEGIN",)
 
 
 class _Prepared(dict):
-    """A connection's statements: (query, parameter types) -> the name prepared under."""
+    """A connection's statements: (query, parameter types) -> the name prepared under;
+    and the connection's ``Transformer``.
 
-    def __init__(self) -> None:
+    The transformer is kept for the connection's life, as a cursor keeps its own
+    across executes: it caches the dumper of each parameter type and the loader
+    of each column type it has met. A transformer made for every round trip
+    looked up and instantiated them again each time (a loader per column of
+    every result), a twentieth of a task's CPU in the worker. A connection is
+    one thread's, as its statements' names are.
+    """
+
+    def __init__(self, conn: psycopg.Connection) -> None:
         super().__init__()
         self.names = itertools.count()
+        self.tx = Transformer(conn)
 
     def new_name(self) -> bytes:
         return f"_k2b_{next(self.names)}".encode()
 
 
-_prepared: weakref.WeakKeyDictionary[psycopg.Connection, _Prepared] = weakref.WeakKeyDictionary()
+#: On the connection, not in a ``WeakKeyDictionary``: the transformer refers to its
+#: connection, which would then never be dropped from such a dictionary.
+_STATE = "_k2b_pipeline"
+
+
+def adapters_changed(conn: psycopg.Connection) -> None:
+    """A loader or dumper of ``conn`` was registered: the next round trip makes a
+    transformer that has it (the statements' names stay)."""
+    names: _Prepared | None = getattr(conn, _STATE, None)
+    if names is not None:
+        names.tx = Transformer(conn)
+
+
+def _state(conn: psycopg.Connection) -> _Prepared:
+    names: _Prepared | None = getattr(conn, _STATE, None)
+    if names is None:
+        names = _Prepared(conn)
+        setattr(conn, _STATE, names)
+    return names
 
 
 @functools.lru_cache(maxsize=512)
@@ -96,10 +123,8 @@ def round_trip(
     to the sync, a ``COMMIT`` among them: the first error is raised (psycopg's
     class for its SQLSTATE) once every result is read.
     """
-    names = _prepared.get(conn)
-    if names is None:
-        names = _prepared[conn] = _Prepared()
-    tx = Transformer(conn)
+    names = _state(conn)
+    tx = names.tx
     # Every parameter is dumped before anything is queued: a value that cannot be
     # adapted must fail here, not leave half a transaction in libpq's buffer.
     commands: list[_Command] = []

@@ -50,19 +50,21 @@ class TzLoader(Loader):
         return self._parse(data).replace(tzinfo=self.timezone)
 
 
-def install(conn: psycopg.Connection) -> None:
+def install(conn: psycopg.Connection) -> bool:
     """Put a ``TzLoader`` where Django registered its own on ``conn``; nothing else.
+    Returns whether it did: a transformer made before has Django's loader.
 
     Checked at every statement (a dictionary look-up): Django registers its
     loader again when the connection's time zone is set anew.
     """
     if _DJANGO is None or _PARSER is None:
-        return
+        return False
     current: Any = conn.adapters.get_loader(_OID, Format.TEXT)
     if current is None or not issubclass(current, _DJANGO):
-        return
+        return False
 
     class Specific(TzLoader):
         timezone = current.timezone
 
     conn.adapters.register_loader(_OID, Specific)
+    return True

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import zoneinfo
 
 import psycopg
+import psycopg.types.datetime
+import psycopg.types.string
 import pytest
 from django.db import connection, transaction
 
@@ -144,3 +147,56 @@ def test_a_connection_lost_before_a_round_trip_raises_psycopgs_error(conn):
     with pytest.raises(psycopg.OperationalError):
         pipeline.round_trip(conn, [("SELECT %s", [1])])
     connection.close()  # Django's wrapper, for the test database's teardown
+
+
+def test_a_connections_loaders_are_made_once_not_at_every_round_trip(conn):
+    """The connection keeps one transformer: a column's loader is made the first time
+    its type is read, as a cursor's is, not again for every round trip."""
+    made = []
+
+    class Counting(psycopg.types.string.TextLoader):
+        def __init__(self, oid, context=None):
+            super().__init__(oid, context)
+            made.append(oid)
+
+    conn.adapters.register_loader("text", Counting)
+    pipeline.adapters_changed(conn)
+    for k in (1, 2, 3):
+        rows = pipeline.round_trip(conn, [("SELECT %s::text, 'b'::text", [str(k)])])
+        assert rows == [[(str(k), "b")]]
+    assert len(made) == 1
+
+
+def test_a_loader_registered_later_is_used_once_the_kernel_is_told(conn):
+    """``timestamps.install`` replaces Django's loader on a connection the kernel may
+    have read from already; the next round trip reads with the new one."""
+    paris = zoneinfo.ZoneInfo("Europe/Paris")
+    select = [("SELECT %s::timestamptz", ["2026-01-02 03:04:05+00"])]
+    assert pipeline.round_trip(conn, select)[0][0][0].tzinfo is not paris
+
+    class InParis(psycopg.types.datetime.TimestamptzLoader):
+        timezone = paris  # what Django's cursors look for
+
+        def load(self, data):
+            return super().load(data).astimezone(paris)
+
+    conn.adapters.register_loader("timestamptz", InParis)
+    pipeline.adapters_changed(conn)
+    got = pipeline.round_trip(conn, select)[0][0][0]
+    assert got.tzinfo is paris
+    assert got == dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+
+
+def test_installing_the_kernels_timestamp_loader_renews_the_transformer(conn):
+    """Django's loader put back on a connection (as when it connects anew) is replaced
+    by the kernel's at its next statement, and that statement already reads with it."""
+    from django.db.backends.postgresql.psycopg_any import register_tzloader
+
+    from k2b_workflows.kernel import db, timestamps
+
+    db.fetch_statement("default", "SELECT now()")
+    paris = zoneinfo.ZoneInfo("Europe/Paris")
+    register_tzloader(paris, conn)  # Django's, labeled with another zone
+    (when,) = db.fetch_statement("default", "SELECT '2026-01-02 03:04:05+00'::timestamptz")[0]
+    assert issubclass(conn.adapters.get_loader(1184, psycopg.pq.Format.TEXT), timestamps.TzLoader)
+    assert when.tzinfo is paris
