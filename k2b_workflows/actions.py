@@ -148,6 +148,20 @@ def succeeded(output: Any = None, summary: str | None = None) -> Succeeded:
     return Succeeded(output, summary)
 
 
+@dataclass(frozen=True)
+class _ReadBack(Succeeded):
+    """A success whose ``output`` is already ``to_json_value``'s: what it will read back as."""
+
+
+def succeeded_as_stored(output: Any, summary: str | None = None) -> Succeeded:
+    """``succeeded(to_json_value(value), summary)`` for code that normalized the value
+    itself (a task's return value, checked where Django's own backends check it):
+    ``validate_result`` then takes ``output`` as it is instead of encoding and
+    decoding it a second time. Anything else passed here would be stored unchecked.
+    """
+    return _ReadBack(output, summary)
+
+
 def failed(message: str, code: str | None = None, retryable: bool = False) -> Failed:
     """The step did not happen. Retryable failures are tried again with backoff."""
     return Failed(message, code, retryable)
@@ -212,7 +226,10 @@ def validate_result(result: Any, allowed: tuple[type[Result], ...], hook: str) -
         raise InvalidResult(f"{hook}() returned {type(result).__name__}, expected one of: {names}")
     try:
         if isinstance(result, Succeeded):
-            output = to_json_value(result.output, f"{hook}() output")
+            if type(result) is _ReadBack:
+                output = result.output
+            else:
+                output = to_json_value(result.output, f"{hook}() output")
             if result.summary is not None:
                 validation.text(result.summary, f"{hook}() summary", required=False)
             return Succeeded(output, result.summary)

@@ -35,7 +35,7 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from . import codes, validation
-from .actions import Action, Effect, failed, succeeded, to_json_value
+from .actions import Action, Effect, failed, succeeded_as_stored, to_json_value
 from .exceptions import InvalidInput, LeaseLost, RunCanceled
 from .kernel import hooks, seals, starts
 from .kernel.budgets import CostRefused, validate_cost
@@ -348,7 +348,7 @@ class TaskAction(Action, abstract=True):
         finally:
             current_step.reset(token)
         remember(ctx.run_id, result, value, sender)
-        return succeeded(value, summary=f"task {path}")
+        return succeeded_as_stored(value, summary=f"task {path}")
 
     def _call(self, ctx: Any, task: Any, result: Any, input: Any) -> Any:
         args = list(input["args"])
