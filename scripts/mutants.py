@@ -231,11 +231,21 @@ MUTANTS = (
     Mutant(
         "pipeline-loader-renewed",
         "k2b_workflows/kernel/pipeline.py",
-        "        names.tx = Transformer(conn)",
+        "        names.tx = Transformer(_WeakContext(conn))",
         "        pass",
         (
             "tests/kernel/test_pipeline.py::"
             "test_installing_the_kernels_timestamp_loader_renews_the_transformer",
+        ),
+    ),
+    Mutant(
+        "pipeline-weak-context",
+        "k2b_workflows/kernel/pipeline.py",
+        "        self.connection = weakref.proxy(conn)",
+        "        self.connection = conn",
+        (
+            "tests/kernel/test_pipeline.py::"
+            "test_a_connection_dropped_without_close_is_freed_at_once",
         ),
     ),
     Mutant(

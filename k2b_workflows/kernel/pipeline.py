@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import itertools
 import re
+import weakref
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -47,6 +48,24 @@ MAX_PREPARED = 200
 _BEGIN = ("BEGIN",)
 
 
+class _WeakContext:
+    """What a ``Transformer`` takes from its context: the connection's adapters, and
+    the connection itself as a weak proxy.
+
+    A transformer, and every loader it makes, keeps its context's connection. Given
+    the connection itself, the transformer kept for it would make a cycle, and a
+    connection dropped without ``close()`` (a thread's, at its end) would stay open
+    on the server until the garbage collector's next full pass instead of closing
+    once nothing refers to it.
+    """
+
+    __slots__ = ("adapters", "connection")
+
+    def __init__(self, conn: psycopg.Connection) -> None:
+        self.adapters = conn.adapters
+        self.connection = weakref.proxy(conn)
+
+
 class _Prepared(dict):
     """A connection's statements: (query, parameter types) -> the name prepared under;
     and the connection's ``Transformer``.
@@ -62,31 +81,21 @@ class _Prepared(dict):
     def __init__(self, conn: psycopg.Connection) -> None:
         super().__init__()
         self.names = itertools.count()
-        self.tx = Transformer(conn)
+        self.tx = Transformer(_WeakContext(conn))
 
     def new_name(self) -> bytes:
         return f"_k2b_{next(self.names)}".encode()
 
 
-#: On the connection, not in a ``WeakKeyDictionary``: the transformer refers to its
-#: connection, which would then never be dropped from such a dictionary.
-_STATE = "_k2b_pipeline"
+_prepared: weakref.WeakKeyDictionary[psycopg.Connection, _Prepared] = weakref.WeakKeyDictionary()
 
 
 def adapters_changed(conn: psycopg.Connection) -> None:
     """A loader or dumper of ``conn`` was registered: the next round trip makes a
     transformer that has it (the statements' names stay)."""
-    names: _Prepared | None = getattr(conn, _STATE, None)
+    names = _prepared.get(conn)
     if names is not None:
-        names.tx = Transformer(conn)
-
-
-def _state(conn: psycopg.Connection) -> _Prepared:
-    names: _Prepared | None = getattr(conn, _STATE, None)
-    if names is None:
-        names = _Prepared(conn)
-        setattr(conn, _STATE, names)
-    return names
+        names.tx = Transformer(_WeakContext(conn))
 
 
 @functools.lru_cache(maxsize=512)
@@ -123,7 +132,9 @@ def round_trip(
     to the sync, a ``COMMIT`` among them: the first error is raised (psycopg's
     class for its SQLSTATE) once every result is read.
     """
-    names = _state(conn)
+    names = _prepared.get(conn)
+    if names is None:
+        names = _prepared[conn] = _Prepared(conn)
     tx = names.tx
     # Every parameter is dumped before anything is queued: a value that cannot be
     # adapted must fail here, not leave half a transaction in libpq's buffer.

@@ -4,7 +4,10 @@ per connection, one round trip for several, errors and transactions as psycopg's
 from __future__ import annotations
 
 import datetime as dt
+import gc
 import json
+import time
+import weakref
 import zoneinfo
 
 import psycopg
@@ -200,3 +203,28 @@ def test_installing_the_kernels_timestamp_loader_renews_the_transformer(conn):
     (when,) = db.fetch_statement("default", "SELECT '2026-01-02 03:04:05+00'::timestamptz")[0]
     assert issubclass(conn.adapters.get_loader(1184, psycopg.pq.Format.TEXT), timestamps.TzLoader)
     assert when.tzinfo is paris
+
+
+def test_a_connection_dropped_without_close_is_freed_at_once(conn):
+    """What the kernel keeps for a connection (its statements' names, its transformer)
+    makes no reference cycle with it: a connection its thread drops without closing
+    is freed, and its server session ends, when the last reference goes, not at
+    the garbage collector's next full pass."""
+    own = psycopg.connect(conn.info.dsn, prepare_threshold=0, autocommit=True)
+    pid = own.info.backend_pid
+    assert pipeline.round_trip(own, [("SELECT %s::int", [1])]) == [[(1,)]]
+    gone = weakref.ref(own)
+    gc.disable()
+    try:
+        del own
+        assert gone() is None
+    finally:
+        gc.enable()
+    deadline = time.monotonic() + 30  # the server ends the session once it reads the close
+    with conn.cursor() as cursor:
+        while True:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid])
+            if cursor.fetchone()[0] == 0:
+                break
+            assert time.monotonic() < deadline, f"backend {pid} is still there"
+            time.sleep(0.05)
