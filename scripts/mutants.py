@@ -231,7 +231,7 @@ MUTANTS = (
     Mutant(
         "pipeline-loader-renewed",
         "k2b_workflows/kernel/pipeline.py",
-        "        names.tx = Transformer(_WeakContext(conn))",
+        "        names.tx = _transformer(conn)",
         "        pass",
         (
             "tests/kernel/test_pipeline.py::"

@@ -81,7 +81,7 @@ class _Prepared(dict):
     def __init__(self, conn: psycopg.Connection) -> None:
         super().__init__()
         self.names = itertools.count()
-        self.tx = Transformer(_WeakContext(conn))
+        self.tx = _transformer(conn)
 
     def new_name(self) -> bytes:
         return f"_k2b_{next(self.names)}".encode()
@@ -90,12 +90,17 @@ class _Prepared(dict):
 _prepared: weakref.WeakKeyDictionary[psycopg.Connection, _Prepared] = weakref.WeakKeyDictionary()
 
 
+def _transformer(conn: psycopg.Connection) -> abc.Transformer:
+    """The transformer kept for ``conn``: with its adapters, holding it only weakly."""
+    return Transformer(_WeakContext(conn))
+
+
 def adapters_changed(conn: psycopg.Connection) -> None:
     """A loader or dumper of ``conn`` was registered: the next round trip makes a
     transformer that has it (the statements' names stay)."""
     names = _prepared.get(conn)
     if names is not None:
-        names.tx = Transformer(_WeakContext(conn))
+        names.tx = _transformer(conn)
 
 
 @functools.lru_cache(maxsize=512)

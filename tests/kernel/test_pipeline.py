@@ -201,7 +201,10 @@ def test_installing_the_kernels_timestamp_loader_renews_the_transformer(conn):
     paris = zoneinfo.ZoneInfo("Europe/Paris")
     register_tzloader(paris, conn)  # Django's, labeled with another zone
     (when,) = db.fetch_statement("default", "SELECT '2026-01-02 03:04:05+00'::timestamptz")[0]
-    assert issubclass(conn.adapters.get_loader(1184, psycopg.pq.Format.TEXT), timestamps.TzLoader)
+    timestamptz = psycopg.postgres.types["timestamptz"].oid
+    assert issubclass(
+        conn.adapters.get_loader(timestamptz, psycopg.pq.Format.TEXT), timestamps.TzLoader
+    )
     assert when.tzinfo is paris
 
 
