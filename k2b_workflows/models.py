@@ -337,10 +337,10 @@ class WorkflowRun(models.Model):
             GuardedFSM(
                 name="status_transitions",
                 field="status",
+                # Its function is called only for a change of status not in the list
+                # (``GuardedFSM``): never for a step's fence, a lease renewal, a claim
+                # or an end.
                 transitions=RUN_TRANSITIONS,
-                # Most updates of a run (every step's fence, every lease renewal) keep
-                # its status: the function then has nothing to check, so it is not called.
-                condition=pgtrigger.AnyChange("status"),
             ),
             GuardedProtect(
                 name="generation_never_decreases",

@@ -469,6 +469,22 @@ MUTANTS = (
         ("tests/misuse/test_attacks.py",),
     ),
     Mutant(
+        "transitions-checked-in-when",
+        "k2b_workflows/migrations/0026_transition_checks_in_when.py",
+        r"""AND NOT (pg_catalog.concat(OLD."status", \':\', NEW."status") = ANY(\'{"""
+        r"""queued:running,queued:canceled,running:queued,running:waiting""",
+        r"""OR FALSE AND NOT (pg_catalog.concat(OLD."status", \':\', NEW."status") = ANY(\'{"""
+        r"""queued:running,queued:canceled,running:queued,running:waiting""",
+        ("tests/kernel/test_integrity.py::test_a_claim_and_an_end_call_no_trigger_function",),
+    ),
+    Mutant(
+        "end-tries-the-waiters-lock-in-when",
+        "k2b_workflows/migrations/0026_transition_checks_in_when.py",
+        "THEN NOT pg_catalog.pg_try_advisory_xact_lock(",
+        "THEN TRUE OR NOT pg_catalog.pg_try_advisory_xact_lock(",
+        ("tests/kernel/test_integrity.py::test_a_claim_and_an_end_call_no_trigger_function",),
+    ),
+    Mutant(
         "witness-ledger-head",
         "k2b_workflows/kernel/witness.py",
         '        elif record["ledger"] and head != record["head"]:',
