@@ -122,6 +122,16 @@ SETTINGS: tuple[Setting, ...] = (
         ),
     ),
     Setting(
+        "PURE_TASK_ENDS_TOGETHER",
+        8,
+        (
+            "at most this many pure tasks' ends in one commit: a worker thread runs the same "
+            "task's next claimed run before committing a quick run's end, for up to 20 ms, and "
+            "commits their ends together (1: each end commits alone). A worker killed before that "
+            "commit loses those ends, and those runs run again, as pure runs do after any crash"
+        ),
+    ),
+    Setting(
         "SHUTDOWN_GRACE_MS",
         20_000,
         "after SIGTERM, how long steps in flight may finish before their runs are handed back",
@@ -346,6 +356,10 @@ def action_timeout_ms() -> int:
 
 def claim_prefetch() -> int:
     return int(_get("CLAIM_PREFETCH"))
+
+
+def pure_task_ends_together() -> int:
+    return int(_get("PURE_TASK_ENDS_TOGETHER"))
 
 
 def shutdown_grace_ms() -> int:

@@ -485,6 +485,43 @@ MUTANTS = (
         ("tests/kernel/test_integrity.py::test_a_claim_and_an_end_call_no_trigger_function",),
     ),
     Mutant(
+        "ends-together-same-task",
+        "k2b_workflows/worker/runner.py",
+        "        ready = self.claims.next_ready_if(lambda loaded: _pure_task_path(loaded) == path)",
+        "        ready = self.claims.next_ready_if(lambda loaded: True)",
+        (
+            "tests/tasks/test_ends_together.py::"
+            "test_pure_ends_of_one_task_commit_together_and_no_other_end_joins_them",
+        ),
+    ),
+    Mutant(
+        "ends-together-pure-tasks-only",
+        "k2b_workflows/worker/runner.py",
+        "            if path is not None and (max_ends := settings.pure_task_ends_together()) > 1:",
+        "            if (max_ends := settings.pure_task_ends_together()) > 1:",
+        (
+            "tests/tasks/test_ends_together.py::"
+            "test_pure_ends_of_one_task_commit_together_and_no_other_end_joins_them",
+        ),
+    ),
+    Mutant(
+        "ends-together-refusal-reaches-each-end",
+        "k2b_workflows/kernel/together.py",
+        "        if self._error is not None:\n            raise self._error",
+        "        if False:\n            raise self._error",
+        (
+            "tests/tasks/test_ends_together.py::"
+            "test_a_run_canceled_while_its_end_waits_stays_canceled_and_the_others_end",
+        ),
+    ),
+    Mutant(
+        "ends-together-bounded",
+        "k2b_workflows/kernel/together.py",
+        "            and self.ends < self.max_ends",
+        "            and True",
+        ("tests/tasks/test_ends_together.py::test_a_batch_is_no_larger_than_the_setting",),
+    ),
+    Mutant(
         "witness-ledger-head",
         "k2b_workflows/kernel/witness.py",
         '        elif record["ledger"] and head != record["head"]:',

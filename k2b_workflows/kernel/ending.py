@@ -179,8 +179,13 @@ class RunEnding:
         if chains is None:
             return False
         batch = _end_batch(self, output, pending, chains)
+        # Set only for a pure task's run (the runner's choice, ``together.py``).
+        together = self.claim.together
         try:
-            rows = db.commit_batch(self.using, batch.statements)
+            if together is not None:
+                rows = together.commit(self.using, batch.statements)
+            else:
+                rows = db.commit_batch(self.using, batch.statements)
         except db.BatchRefused as exc:
             logger.info("run %s: end as written refused (%s)", self.run_id, exc)
             return False

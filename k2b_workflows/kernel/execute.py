@@ -72,6 +72,7 @@ from .load import Preloaded, preload
 if TYPE_CHECKING:
     from ..retries import Retry
     from .leases import LeaseKeeper
+    from .together import EndsTogether
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +100,8 @@ class Execution:
         self.outcome: str = Outcome.DROPPED
         #: Set by a worker shutting down: stop before the next step and release the run.
         self.stop_requested: threading.Event | None = None
+        #: Set by a worker thread that commits pure runs' ends together (``together.py``).
+        self.together: EndsTogether | None = None
         #: The run's row, journal and ledger, read in the claim's transaction.
         self.preloaded = preloaded
         #: The run could not be released after a lost connection: the worker must.

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from .context import KernelStepContext
     from .leases import LeaseKeeper
     from .load import Preloaded
+    from .together import EndsTogether
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,8 @@ class Claim(Protocol):
     outcome: str
     #: The run could not be released after a lost connection: the worker must.
     release_pending: bool
+    #: Where a pure end may commit with the next runs' ends (``together.py``), or None.
+    together: EndsTogether | None
 
 
 @dataclass

@@ -132,6 +132,16 @@ class Claims:
         with self.lock:
             return self.ready.popleft() if self.ready else None
 
+    def next_ready_if(
+        self, wanted: Callable[[Preloaded | None], bool]
+    ) -> tuple[uuid.UUID, int, Preloaded | None] | None:
+        """The next claimed run no thread has started, if ``wanted`` takes its preload;
+        else None, and the run stays first in line."""
+        with self.lock:
+            if self.ready and wanted(self.ready[0][2]):
+                return self.ready.popleft()
+            return None
+
     # -- the pool ----------------------------------------------------------------
 
     def submit(self, pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any) -> None:

@@ -8,6 +8,7 @@ connections are short (the claim got one, this thread none) claims pause.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -16,11 +17,12 @@ from collections import Counter
 
 from django.db import DatabaseError, connections
 
-from .. import metrics
+from .. import metrics, settings
 from ..kernel import ai, weather
 from ..kernel.execute import Execution
 from ..kernel.leases import LeaseKeeper
 from ..kernel.load import Preloaded
+from ..kernel.together import EndsTogether
 from .claims import Claims
 from .connections import keep_or_close
 from .prefetch import Prefetch
@@ -58,16 +60,45 @@ class Runner:
         self._shortage = weather.Backoff(first=0.2, cap=5.0)
 
     def run_queued(self) -> None:
-        """Execute queued runs one after another until the queue is empty or we stop."""
+        """Execute queued runs one after another until the queue is empty or we stop.
+
+        A pure task's end may commit with the ends of the same task's next claimed
+        runs (``kernel/together.py``): those runs execute inside its end, here.
+        """
         while not self.stopping.is_set():
             ready = self.claims.next_ready()
             if ready is None:
                 return
             run_id, generation, loaded = ready
             self.wake.set()  # the loop may top the queue up
-            self.execute_run(run_id, generation, loaded)
+            path = _pure_task_path(loaded)
+            together = None
+            if path is not None and (max_ends := settings.pure_task_ends_together()) > 1:
+                together = EndsTogether(
+                    self.using, functools.partial(self._join, path=path), max_ends=max_ends
+                )
+            self.execute_run(run_id, generation, loaded, together=together)
 
-    def execute_run(self, run_id: uuid.UUID, generation: int, loaded: Preloaded | None) -> None:
+    def _join(self, together: EndsTogether, path: str) -> bool:
+        """Execute the next claimed run inside ``together``'s end, if it is a pure run of
+        the task at ``path``; whether one ran."""
+        if self.stopping.is_set():
+            return False
+        ready = self.claims.next_ready_if(lambda loaded: _pure_task_path(loaded) == path)
+        if ready is None:
+            return False
+        self.wake.set()
+        self.execute_run(*ready, together=together)
+        return True
+
+    def execute_run(
+        self,
+        run_id: uuid.UUID,
+        generation: int,
+        loaded: Preloaded | None,
+        *,
+        together: EndsTogether | None = None,
+    ) -> None:
         started = time.monotonic()
         try:
             if not self._connected(run_id, generation):
@@ -76,6 +107,9 @@ class Runner:
                 run_id, generation, using=self.using, keeper=self.keeper, preloaded=loaded
             )
             execution.stop_requested = self.stopping
+            if together is not None:
+                together.run_started = started
+                execution.together = together
             outcome = execution.execute()
             if execution.release_pending:
                 self.claims.give_back(run_id, generation)
@@ -153,3 +187,15 @@ class Runner:
         finally:
             self.keeper.untrack_task(task_id)
             keep_or_close(self.using)
+
+
+#: The workflow a pure task's call is a run of (``taskruns.WORKFLOW_NAMES["pure"]``, not
+#: imported: that module imports django.tasks, which a site without tasks may lack).
+_PURE_TASKS = "k2b.task.pure"
+
+
+def _pure_task_path(loaded: Preloaded | None) -> str | None:
+    """The task a claimed run is a pure run of, or None (not a pure task, or not read)."""
+    if loaded is None or loaded.run.workflow_name != _PURE_TASKS:
+        return None
+    return loaded.run.task_path or None

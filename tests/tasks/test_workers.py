@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections import Counter
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -107,6 +108,29 @@ def test_a_pure_task_killed_while_running_runs_again(start_worker, wait):
     assert done.return_value == 42
     assert [f":{dying.pid}:" in w for w in done.worker_ids] == [True, False], done.worker_ids
     assert f":{healthy.pid}:" in done.worker_ids[1], done.worker_ids
+
+
+def test_pure_ends_waiting_to_commit_together_die_with_their_worker_and_run_again(
+    start_worker, wait
+):
+    """A pure task's end may wait to commit with the next runs' ends (``kernel/together.py``).
+    Killed before that commit, the worker takes them with it: those runs run again, as
+    pure runs do after any crash. A run whose end committed never runs again, and no
+    run is lost."""
+    results = [t.pure_crash.enqueue(1), t.pure_crash.enqueue(2)]
+    results += [t.pure_crash.enqueue(3, crash="task_pure"), t.pure_crash.enqueue(4)]
+    dying = start_worker("--concurrency", "1", env={"K2B_TEST_CRASH": "task_pure"})
+    killed(dying)
+    ended_before = {n: status(r.id) == "succeeded" for n, r in zip((1, 2), results, strict=False)}
+    healthy = start_worker("--concurrency", "1")
+    for result in results:
+        settle(wait, result.id, healthy)
+    assert [t.pure_crash.get_result(r.id).return_value for r in results] == [2, 4, 6, 8]
+    ran = Counter(call.payload["n"] for call in calls("task.pure_crash"))
+    assert ran[3] == 2
+    assert ran[4] == 1
+    for n, ended in ended_before.items():
+        assert ran[n] == (1 if ended else 2), (n, ended, ran)
 
 
 def test_a_task_claimed_but_not_started_by_a_killed_worker_runs_again_without_incident(

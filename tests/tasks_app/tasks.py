@@ -246,3 +246,15 @@ def budgeted_flaky(context: TaskContext, key, cents, failures, crash=None):
     if context.attempt <= failures:
         raise ConnectionError(f"attempt {context.attempt} failed")
     return {"attempt": context.attempt}
+
+
+@declared("pure")
+def cancels(run_id=None):
+    """PURE, but for what a test makes of it: cancels the run ``run_id`` names, if any
+    (a run of this task whose end waits to commit with this one's)."""
+    from k2b_workflows import cancel_workflow_run
+
+    _call("task.cancels", payload={"run_id": run_id})
+    if run_id is not None:
+        cancel_workflow_run(run_id, "canceled while its end waited")
+    return run_id
