@@ -112,7 +112,7 @@ def check_settings(
         "SCHEDULE_MAX_CATCH_UP",
         "SCHEDULE_MISSED_AFTER_MS",
         "SCHEDULE_PASS_INTERVAL_MS",
-        "PURE_TASK_ENDS_TOGETHER",
+        "PURE_ENDS_TOGETHER",
     ):
         value = configured.get(key)
         if value is not None and (

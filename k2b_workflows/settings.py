@@ -122,13 +122,15 @@ SETTINGS: tuple[Setting, ...] = (
         ),
     ),
     Setting(
-        "PURE_TASK_ENDS_TOGETHER",
+        "PURE_ENDS_TOGETHER",
         8,
         (
-            "at most this many pure tasks' ends in one commit: a worker thread runs the same "
-            "task's next claimed run before committing a quick run's end, for up to 20 ms, and "
-            "commits their ends together (1: each end commits alone). A worker killed before that "
-            "commit loses those ends, and those runs run again, as pure runs do after any crash"
+            "at most this many pure ends in one commit: after a quick run whose end writes only "
+            "pure work (a pure task, a run whose last steps are PURE), a worker thread runs the "
+            "next claimed run of the same workflow or task before it commits, for up to 20 ms, "
+            "and commits their ends together (1: each end commits alone). A worker killed before "
+            "that commit loses those ends, and those runs run again, as PURE work does after any "
+            "crash"
         ),
     ),
     Setting(
@@ -358,8 +360,8 @@ def claim_prefetch() -> int:
     return int(_get("CLAIM_PREFETCH"))
 
 
-def pure_task_ends_together() -> int:
-    return int(_get("PURE_TASK_ENDS_TOGETHER"))
+def pure_ends_together() -> int:
+    return int(_get("PURE_ENDS_TOGETHER"))
 
 
 def shutdown_grace_ms() -> int:

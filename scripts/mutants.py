@@ -487,21 +487,23 @@ MUTANTS = (
     Mutant(
         "ends-together-same-task",
         "k2b_workflows/worker/runner.py",
-        "        ready = self.claims.next_ready_if(lambda loaded: _pure_task_path(loaded) == path)",
+        "        ready = self.claims.next_ready_if(lambda loaded: _kind(loaded) == kind)",
         "        ready = self.claims.next_ready_if(lambda loaded: True)",
         (
-            "tests/tasks/test_ends_together.py::"
+            "tests/worker/test_ends_together.py::"
             "test_pure_ends_of_one_task_commit_together_and_no_other_end_joins_them",
         ),
     ),
     Mutant(
-        "ends-together-pure-tasks-only",
-        "k2b_workflows/worker/runner.py",
-        "            if path is not None and (max_ends := settings.pure_task_ends_together()) > 1:",
-        "            if (max_ends := settings.pure_task_ends_together()) > 1:",
+        "ends-together-pure-ends-only",
+        "k2b_workflows/kernel/ending.py",
+        "        if together is not None and not _pure_only(pending):",
+        "        if False:",
         (
-            "tests/tasks/test_ends_together.py::"
+            "tests/worker/test_ends_together.py::"
             "test_pure_ends_of_one_task_commit_together_and_no_other_end_joins_them",
+            "tests/worker/test_ends_together.py::"
+            "test_workflow_runs_whose_ends_are_pure_commit_together_and_an_effects_end_never",
         ),
     ),
     Mutant(
@@ -510,7 +512,7 @@ MUTANTS = (
         "        if self._error is not None:\n            raise self._error",
         "        if False:\n            raise self._error",
         (
-            "tests/tasks/test_ends_together.py::"
+            "tests/worker/test_ends_together.py::"
             "test_a_run_canceled_while_its_end_waits_stays_canceled_and_the_others_end",
         ),
     ),
@@ -519,7 +521,7 @@ MUTANTS = (
         "k2b_workflows/kernel/together.py",
         "            and self.ends < self.max_ends",
         "            and True",
-        ("tests/tasks/test_ends_together.py::test_a_batch_is_no_larger_than_the_setting",),
+        ("tests/worker/test_ends_together.py::test_a_batch_is_no_larger_than_the_setting",),
     ),
     Mutant(
         "witness-ledger-head",

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from django.db import DatabaseError
 
 from .. import redaction, signals, store
-from ..actions import canonical_json
+from ..actions import Effect, canonical_json
 from ..exceptions import LeaseLost, RunCanceled, Suspend
 from ..models import JournalEntry, LedgerEntry
 from . import children, db, events, evidence, retrying, seals, waits, weather, witness
@@ -179,8 +179,9 @@ class RunEnding:
         if chains is None:
             return False
         batch = _end_batch(self, output, pending, chains)
-        # Set only for a pure task's run (the runner's choice, ``together.py``).
         together = self.claim.together
+        if together is not None and not _pure_only(pending):
+            together = None  # an effect's success never waits for other runs' ends
         try:
             if together is not None:
                 rows = together.commit(self.using, batch.statements)
@@ -522,3 +523,14 @@ def _end_batch(
     if pending is not None:
         batch.pending_ledger(pending)  # nothing for a success without a ledger kind
     return batch
+
+
+def _pure_only(pending: Pending | None) -> bool:
+    """Whether a run's end carrying ``pending`` (its deferred successes) writes nothing
+    but pure work (no entry of another effect, no ledger entry): only such an end may
+    wait to commit with other runs' (``together.py``)."""
+    if pending is None:
+        return True
+    return pending.ledger_kind is None and all(
+        entry.effect == Effect.PURE.value for entry in pending.entries
+    )

@@ -1,32 +1,34 @@
-"""Pure tasks' ends committed together: one transaction for the ends of several runs.
+"""Pure ends committed together: one transaction for the ends of several runs.
 
 A no-op task's end is one statement, and its commit (the round trip, the
 transaction, the WAL flush) costs the server as much as the statement itself:
-a quarter of a drained task's server CPU went to the commit alone. The ends of
-pure work may wait for the next write (DESIGN.md, "Performance budget": a PURE
-step's success rides on the next write; after a crash it runs again), so the
-ends of pure tasks a worker thread runs one after another may wait for each
-other and commit as one transaction.
+a quarter of a drained task's server CPU went to the commit alone. Pure work
+may wait for the next write (DESIGN.md, "Performance budget": a PURE step's
+success rides on the next write; after a crash it runs again), so the ends
+that write nothing but pure work (a pure task's, a run's whose last steps are
+PURE) may wait for each other when one worker thread runs them one after
+another, and commit as one transaction.
 
 How: the run whose end is ready hands its statements to ``EndsTogether.commit``,
 which runs the next run the worker has claimed right there, in the same thread,
-if that run may join (``join``: a pure task of the same task, while the batch
-is small and young and the task quick). That run's end joins the same list,
-and so on; the last one to join sends every statement in one round trip
-(``db.commit_batch``), and each run takes its own rows back as the stack
-unwinds, going on with its end exactly as after a commit of its own: its
-journal entry stored, its signal sent, its witness line told, its statistics
-counted. Nothing is visible to anyone before the commit, so nothing said
-"succeeded" about an end that did not commit.
+if that run may join (``may_join``, and the runner's ``join``: a run of the same
+workflow or task, while the batch is small and young and the run before was
+quick). Its end joins the same list if it is pure too (``RunEnding``; an
+effect's end commits alone), and so on; the last one to join sends every
+statement in one round trip (``db.commit_batch``), and each run takes its own
+rows back as the stack unwinds, going on with its end exactly as after a
+commit of its own: its journal entries stored, its signal sent, its witness
+line told, its statistics counted. Nothing is visible to anyone before the
+commit, so nothing said "succeeded" about an end that did not commit.
 
 - A statement that matched no row (the run was canceled, or taken over, while
-  it waited) does not stop the commit of the others; its run finds its rows
-  empty and ends as it would alone (``RunEnding.end_as_read``).
-- A refused batch rolls back every end: each run ends again on its own, as
-  after a refused end of its own. A commit whose answer was lost is each run's
-  unknown commit outcome, handled as any other.
+  it waited) makes the batch refused, as it would make a run's own end: the
+  batch rolls back and each run ends again on its own, as after a refused end
+  of its own. A commit whose answer was lost is each run's unknown commit
+  outcome, handled as any other.
 - A worker killed before the commit loses those ends; the runs are taken over
-  when their leases run out and run again, as pure runs do after any crash.
+  when their leases run out and run again, as PURE work does after any crash.
+  A run whose end committed never runs again.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ from . import db
 #: No run joins once the first end has waited this long (seconds).
 MAX_WAIT = 0.02
 #: Nor after a run whose own execution took longer than this (seconds): the next
-#: run of the same task is likely to take as long, and every end before it waits.
+#: run of the same workflow or task is likely to take as long, and every end before
+#: it waits.
 QUICK = 0.005
 
 
@@ -53,7 +56,7 @@ class EndsTogether:
 
     def __init__(self, using: str, join: Callable[[EndsTogether], bool], *, max_ends: int) -> None:
         self.using = using
-        #: At most this many ends in one commit (``PURE_TASK_ENDS_TOGETHER``): a run's
+        #: At most this many ends in one commit (``PURE_ENDS_TOGETHER``): a run's
         #: end waits for at most this many runs after it, and each one that joins adds
         #: its frames to the thread's stack.
         self.max_ends = max_ends

@@ -62,8 +62,9 @@ class Runner:
     def run_queued(self) -> None:
         """Execute queued runs one after another until the queue is empty or we stop.
 
-        A pure task's end may commit with the ends of the same task's next claimed
-        runs (``kernel/together.py``): those runs execute inside its end, here.
+        A run whose end writes nothing but pure work may commit it with the ends of
+        the next claimed runs of the same workflow (or task), which then execute
+        inside its end, here (``kernel/together.py``).
         """
         while not self.stopping.is_set():
             ready = self.claims.next_ready()
@@ -71,20 +72,20 @@ class Runner:
                 return
             run_id, generation, loaded = ready
             self.wake.set()  # the loop may top the queue up
-            path = _pure_task_path(loaded)
+            kind = _kind(loaded)
             together = None
-            if path is not None and (max_ends := settings.pure_task_ends_together()) > 1:
+            if kind is not None and (max_ends := settings.pure_ends_together()) > 1:
                 together = EndsTogether(
-                    self.using, functools.partial(self._join, path=path), max_ends=max_ends
+                    self.using, functools.partial(self._join, kind=kind), max_ends=max_ends
                 )
             self.execute_run(run_id, generation, loaded, together=together)
 
-    def _join(self, together: EndsTogether, path: str) -> bool:
-        """Execute the next claimed run inside ``together``'s end, if it is a pure run of
-        the task at ``path``; whether one ran."""
+    def _join(self, together: EndsTogether, kind: tuple[str, int, str]) -> bool:
+        """Execute the next claimed run inside ``together``'s end, if it is a run of the
+        same ``kind``; whether one ran."""
         if self.stopping.is_set():
             return False
-        ready = self.claims.next_ready_if(lambda loaded: _pure_task_path(loaded) == path)
+        ready = self.claims.next_ready_if(lambda loaded: _kind(loaded) == kind)
         if ready is None:
             return False
         self.wake.set()
@@ -189,13 +190,10 @@ class Runner:
             keep_or_close(self.using)
 
 
-#: The workflow a pure task's call is a run of (``taskruns.WORKFLOW_NAMES["pure"]``, not
-#: imported: that module imports django.tasks, which a site without tasks may lack).
-_PURE_TASKS = "k2b.task.pure"
-
-
-def _pure_task_path(loaded: Preloaded | None) -> str | None:
-    """The task a claimed run is a pure run of, or None (not a pure task, or not read)."""
-    if loaded is None or loaded.run.workflow_name != _PURE_TASKS:
+def _kind(loaded: Preloaded | None) -> tuple[str, int, str] | None:
+    """What a claimed run is a run of (workflow, version, task path), for ``_join``: runs
+    of one kind take about as long as each other. None: not read at the claim."""
+    if loaded is None:
         return None
-    return loaded.run.task_path or None
+    run = loaded.run
+    return (run.workflow_name, run.workflow_version, run.task_path)

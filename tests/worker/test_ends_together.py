@@ -1,4 +1,4 @@
-"""Pure tasks' ends committed together (``kernel/together.py``).
+"""Pure ends committed together (``kernel/together.py``): of tasks, and of workflow runs.
 
 One worker thread executes the claimed runs here, in the test's thread, as a
 pool thread of ``runworkflows`` does (``Runner.run_queued``). Which ends shared
@@ -13,6 +13,7 @@ from django.conf import settings
 from django.db import connection
 from django.test import override_settings
 
+from k2b_workflows import start_workflow_run
 from k2b_workflows.kernel import together
 from k2b_workflows.models import WorkflowRun
 from k2b_workflows.taskruns import TASK_APP_ID
@@ -36,8 +37,8 @@ def unhurried(monkeypatch):
     monkeypatch.setattr(together, "MAX_WAIT", 60.0)
 
 
-def _drain_in_one_thread() -> None:
-    worker = Worker(app_ids=[TASK_APP_ID], listen=False)
+def _drain_in_one_thread(app_id: str = TASK_APP_ID) -> None:
+    worker = Worker(app_ids=[app_id], listen=False)
     runs, loaded, _ = worker.claim(16)
     worker.claims.queue(runs, loaded)
     worker.runner.run_queued()
@@ -100,14 +101,14 @@ def test_a_run_canceled_while_its_end_waits_stays_canceled_and_the_others_end():
     assert _commits([canceling, last]) == ["c0", "c1"]
 
 
-@override_settings(K2B_WORKFLOWS={**settings.K2B_WORKFLOWS, "PURE_TASK_ENDS_TOGETHER": 2})
+@override_settings(K2B_WORKFLOWS={**settings.K2B_WORKFLOWS, "PURE_ENDS_TOGETHER": 2})
 def test_a_batch_is_no_larger_than_the_setting():
     results = [t.add.enqueue(n, n) for n in range(5)]
     _drain_in_one_thread()
     assert _commits(results) == ["c0", "c0", "c1", "c1", "c2"]
 
 
-@override_settings(K2B_WORKFLOWS={**settings.K2B_WORKFLOWS, "PURE_TASK_ENDS_TOGETHER": 1})
+@override_settings(K2B_WORKFLOWS={**settings.K2B_WORKFLOWS, "PURE_ENDS_TOGETHER": 1})
 def test_a_setting_of_one_commits_each_end_alone():
     results = [t.add.enqueue(n, n) for n in range(3)]
     _drain_in_one_thread()
@@ -123,3 +124,18 @@ def test_twenty_runs_commit_in_batches_of_eight_by_default():
     labels = _commits(results)
     assert [labels.count(label) for label in dict.fromkeys(labels)] == [8, 8, 4]
     assert [t.add.get_result(r.id).return_value for r in results] == list(range(1, 21))
+
+
+def test_workflow_runs_whose_ends_are_pure_commit_together_and_an_effects_end_never():
+    """A run of pure steps ends with its successes riding on its end: those ends commit
+    together, as pure tasks' do. A run whose last step is EXTERNAL commits its own."""
+    runs = [start_workflow_run("test.pure", {"a": n, "b": 1}) for n in range(3)]
+    runs += [start_workflow_run("test.charge", {"amount": n}) for n in (1, 2)]
+    runs += [start_workflow_run("test.pure", {"a": 10, "b": 1})]
+    _drain_in_one_thread("tests")
+    assert [WorkflowRun.objects.get(pk=r.pk).status for r in runs] == ["succeeded"] * 6
+    assert [WorkflowRun.objects.get(pk=r.pk).output for r in runs[:3]] == [
+        {"total": n + 2} for n in range(3)
+    ]
+    assert _commits(runs) == ["c0", "c0", "c0", "c1", "c2", "c3"]
+    assert ProviderCall.objects.filter(action="test.charge").count() == 2
