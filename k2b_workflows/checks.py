@@ -11,6 +11,7 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import connections
 
 from . import store
+from .kernel.together import MAX_ENDS as MAX_PURE_ENDS_TOGETHER
 
 if TYPE_CHECKING:
     from .actions import Action
@@ -124,6 +125,16 @@ def check_settings(
                     id="k2b_workflows.E007",
                 )
             )
+    together = configured.get("PURE_ENDS_TOGETHER")
+    if isinstance(together, int) and together > MAX_PURE_ENDS_TOGETHER:
+        # Each end that joins runs the next run inside it, on the thread's stack.
+        errors.append(
+            Error(
+                f"K2B_WORKFLOWS['PURE_ENDS_TOGETHER'] is at most {MAX_PURE_ENDS_TOGETHER}, "
+                f"not {together!r}",
+                id="k2b_workflows.E007",
+            )
+        )
     prefetch = configured.get("CLAIM_PREFETCH")
     if prefetch is not None and (not isinstance(prefetch, int) or prefetch < 0):
         errors.append(

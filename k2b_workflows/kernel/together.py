@@ -38,6 +38,9 @@ from collections.abc import Callable, Sequence
 
 from . import db
 
+#: The most ``PURE_ENDS_TOGETHER`` may be (a system check says so): each run that
+#: joins executes inside the end before it, nine frames deeper on the thread's stack.
+MAX_ENDS = 64
 #: No run joins once the first end has waited this long (seconds).
 MAX_WAIT = 0.02
 #: Nor after a run whose own execution took longer than this (seconds): the next

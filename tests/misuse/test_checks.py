@@ -54,6 +54,8 @@ def test_pgtrigger_model_meta_off_fails():
         ({"RUN_LEASE_MS": -1}, "k2b_workflows.E007"),
         ({"RUN_MAX_CONSECUTIVE_FAILURES": 0}, "k2b_workflows.E007"),
         ({"POLL_INTERVAL_MS": "fast"}, "k2b_workflows.E007"),
+        ({"PURE_ENDS_TOGETHER": 0}, "k2b_workflows.E007"),
+        ({"PURE_ENDS_TOGETHER": 65}, "k2b_workflows.E007"),
         ({"RETRY_BACKOFF_MS": 1000, "RETRY_BACKOFF_MAX_MS": 10}, "k2b_workflows.E008"),
         ({"RUN_LEASE_MS": 100}, "k2b_workflows.W002"),
         ({"LEASE": 1000}, "k2b_workflows.W001"),
@@ -62,6 +64,12 @@ def test_pgtrigger_model_meta_off_fails():
 def test_bad_settings_values_are_reported(configured, expected):
     with override_settings(K2B_WORKFLOWS=configured):
         assert expected in ids(checks.check_settings())
+
+
+@pytest.mark.parametrize("together", [1, 8, 64])
+def test_pure_ends_together_up_to_its_bound_passes(together):
+    with override_settings(K2B_WORKFLOWS={"PURE_ENDS_TOGETHER": together}):
+        assert ids(checks.check_settings()) == []
 
 
 # The isolation level (#38) ----------------------------------------------------------------
