@@ -524,6 +524,13 @@ MUTANTS = (
         ("tests/worker/test_ends_together.py::test_a_batch_is_no_larger_than_the_setting",),
     ),
     Mutant(
+        "ends-together-prefetch-own-time",
+        "k2b_workflows/worker/runner.py",
+        "                    started += together.joined_seconds - joined",
+        "                    pass",
+        ("tests/worker/test_ends_together.py::test_the_prefetch_counts_each_runs_time_once",),
+    ),
+    Mutant(
         "witness-ledger-head",
         "k2b_workflows/kernel/witness.py",
         '        elif record["ledger"] and head != record["head"]:',

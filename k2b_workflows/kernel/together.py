@@ -74,6 +74,8 @@ class EndsTogether:
         self.run_started = time.monotonic()
         #: Runs whose ends joined, the first included.
         self.ends = 0
+        #: Seconds the runs that joined took, as the runner counts them (``Runner._join``).
+        self.joined_seconds = 0.0
 
     def may_join(self) -> bool:
         """Whether one more run may execute before the commit: the batch is not full,

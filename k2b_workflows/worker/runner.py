@@ -89,7 +89,11 @@ class Runner:
         if ready is None:
             return False
         self.wake.set()
+        # What the joined run took (its own joins included, theirs set aside): the
+        # run whose end it joined does not count it as its own time.
+        started, joined = time.monotonic(), together.joined_seconds
         self.execute_run(*ready, together=together)
+        together.joined_seconds = joined + time.monotonic() - started
         return True
 
     def execute_run(
@@ -101,6 +105,7 @@ class Runner:
         together: EndsTogether | None = None,
     ) -> None:
         started = time.monotonic()
+        joined = together.joined_seconds if together is not None else 0.0
         try:
             if not self._connected(run_id, generation):
                 return
@@ -132,6 +137,8 @@ class Runner:
             self.keeper.untrack(run_id)  # a dropped execution never tracked it itself
             with self.lock:
                 self.claims.claimed.pop(run_id, None)
+                if together is not None:  # the runs that executed inside its end
+                    started += together.joined_seconds - joined
                 self.prefetch.ran(time.monotonic() - started)
             keep_or_close(self.using)
 

@@ -139,3 +139,22 @@ def test_workflow_runs_whose_ends_are_pure_commit_together_and_an_effects_end_ne
     ]
     assert _commits(runs) == ["c0", "c0", "c0", "c1", "c2", "c3"]
     assert ProviderCall.objects.filter(action="test.charge").count() == 2
+
+
+def test_the_prefetch_counts_each_runs_time_once(monkeypatch):
+    """The runs that joined an end executed inside it: the claim-ahead estimate
+    (``Prefetch.ran``) counts their time as theirs, not again as the first run's."""
+    import time
+
+    results = [t.add.enqueue(n, 1) for n in range(8)]
+    worker = Worker(app_ids=[TASK_APP_ID], listen=False)
+    runs, loaded, _ = worker.claim(8)
+    worker.claims.queue(runs, loaded)
+    counted: list[float] = []
+    monkeypatch.setattr(worker.prefetch, "ran", counted.append)
+    started = time.monotonic()
+    worker.runner.run_queued()
+    took = time.monotonic() - started
+    assert _commits(results) == ["c0"] * 8
+    assert len(counted) == 8
+    assert sum(counted) <= took
