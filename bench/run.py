@@ -306,11 +306,17 @@ class Bench:
         )
 
     def worker(self, *args: str) -> subprocess.Popen:
+        """A worker on the bench's app. A ``--burst`` one's output is read by
+        ``communicate()``; a long-lived one's is dropped (the bench stops it and never
+        reads it): into an unread pipe, its witness lines (one a run) filled the
+        pipe's 64 KiB within two hundred wakes, and the worker stopped on its next
+        write."""
+        output = subprocess.PIPE if "--burst" in args else subprocess.DEVNULL
         return subprocess.Popen(
             [sys.executable, str(ROOT / "manage.py"), "runworkflows", "--app", "bench", *args],
             cwd=ROOT,
             env=self.env,
-            stdout=subprocess.PIPE,
+            stdout=output,
             stderr=subprocess.STDOUT,
             text=True,
         )
@@ -822,9 +828,11 @@ class Bench:
                               input, error_code, error_message, generation,
                               consecutive_failures, run_after, claimed_by, wait_kind, wait_key,
                               wait_signal_seq, created_at, updated_at, finished_at,
-                              journal_anchor, ledger_anchor)
+                              journal_anchor, ledger_anchor, start_seal, end_seal, holds_slot,
+                              priority, priority_credit_ms, deferred_by, wait_action)
                        SELECT gen_random_uuid(), 'bench.old', 1, 'bench', 'succeeded', '{}',
-                              '', '', 1, 0, now(), '', '', '', 0, now(), now(), now(), '', ''
+                              '', '', 1, 0, now(), '', '', '', 0, now(), now(), now(), '', '',
+                              '', '', false, 0, 0, '', ''
                          FROM generate_series(1, %s)""",
                     [finished - have],
                 )
