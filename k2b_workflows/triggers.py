@@ -124,8 +124,10 @@ class NotifyEnded(PinnedTrigger):
     one that came before is notified.
 
     The lock is tried in the trigger's ``WHEN`` clause, so the function (a
-    PL/pgSQL call with pgtrigger's ignore check, about 45 µs of the server's CPU)
-    runs only for a run someone waits on, not for each of a drained backlog.
+    PL/pgSQL call with pgtrigger's ignore check, and the after-trigger event that
+    queues it) runs only for a run someone waits on, not for each of a drained
+    backlog: with the trigger disabled, a no-op task cost the server about 60 µs
+    less, of some 470.
     ``CASE`` makes the order certain: the lock is tried only for an update that
     ends the run.
     """
