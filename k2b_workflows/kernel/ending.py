@@ -184,7 +184,7 @@ class RunEnding:
             together = None  # an effect's success never waits for other runs' ends
         try:
             if together is not None:
-                rows = together.commit(self.using, batch.statements)
+                rows = together.commit(batch.statements)
             else:
                 rows = db.commit_batch(self.using, batch.statements)
         except db.BatchRefused as exc:

@@ -89,20 +89,21 @@ class EndsTogether:
             and now - self.run_started < QUICK
         )
 
-    def commit(self, using: str, statements: Sequence[db.Statement]) -> list[tuple | None]:
+    def commit(self, statements: Sequence[db.Statement]) -> list[tuple | None]:
         """Commit ``statements`` with the ends of the runs that join; returns their rows.
 
-        Raises what ``db.commit_batch`` raised for the whole batch (each run handles
-        it as its own).
+        Called once by each run of the batch, always before the batch is sent: a
+        run joins only while ``may_join`` says the batch is open, and its end
+        calls this before it returns to the loop below. Raises what
+        ``db.commit_batch`` raised for the whole batch (each run handles it as its
+        own).
         """
-        if using != self.using or self._sent:
-            return db.commit_batch(using, list(statements))
         if not self.ends:
             self.first_end = time.monotonic()
         start = len(self._statements)
         self._statements.extend(statements)
         self.ends += 1
-        while not self._sent and self.may_join() and self._join(self):
+        while self.may_join() and self._join(self):
             pass
         if not self._sent:
             self._sent = True
