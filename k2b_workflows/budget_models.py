@@ -33,6 +33,12 @@ class BudgetAccount(models.Model):
     spent = models.JSONField(default=dict, blank=True)
     ai_calls = models.IntegerField(default=0)
     children = models.IntegerField(default=0)
+    #: HMAC under the evidence key over the root and its three limits, written with
+    #: the account (``seals.limits_seal``, #47). The runtime role cannot change a
+    #: limit (``roles.FROZEN_COLUMNS``); the table's owner can, and raising a
+    #: budget of one charge to 100 let three charges through unseen. A charge
+    #: refuses limits that do not match it, and ``verifyworkflows`` names them.
+    limits_seal = models.CharField(max_length=100, blank=True, default="", db_default="")
 
     class Meta:
         db_table = "k2b_budget_account"

@@ -223,7 +223,7 @@ def create_child_workflow_runs(
                     ctx.using, parent=parent, step=ctx.step, name=name, inputs=inputs
                 )
         except BudgetExceeded as exc:
-            raise StepFailed(codes.MAX_STEPS_EXCEEDED, str(exc)) from None
+            raise StepFailed(exc.code, str(exc)) from None
     else:
         raise InvalidInput("create_child_workflow_runs() takes a step's ctx or a workflow's run")
     runs = WorkflowRun.objects.using(store.database()).in_bulk([str(i) for i in ids])

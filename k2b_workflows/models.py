@@ -27,6 +27,7 @@ from .triggers import (
     GuardedProtect,
     Notify,
     NotifyEnded,
+    Refuse,
     SlotAdmit,
     SlotNeverInserted,
     SlotRelease,
@@ -197,6 +198,18 @@ class WorkflowRun(models.Model):
     #: started with, and how it ended (status, output, error code, generation).
     start_seal = models.CharField(max_length=100, blank=True, default="", editable=False)
     end_seal = models.CharField(max_length=100, blank=True, default="", editable=False)
+    #: How often the run may be tried again is the key holder's (#47). The kernel is the
+    #: only writer that may lower ``consecutive_failures`` (a completed step, a park, an
+    #: operator's retry), and each such reset raises ``attempts_seq`` and seals the new
+    #: number (``seals.attempts_seal``); the database refuses a lower count without a
+    #: higher number, and a number that never decreases (``Meta.triggers``). A claim
+    #: checks the seal of any number above 0 before a step runs: a reset forged with a
+    #: number of its own has no seal. Raising the count needs neither: it only ends
+    #: retries sooner, and a crash's takeover counts it in SQL.
+    attempts_seq = models.BigIntegerField(default=0, db_default=0, editable=False)
+    attempts_seal = models.CharField(
+        max_length=100, blank=True, default="", db_default="", editable=False
+    )
 
     #: The W3C trace context of the code that started the run (``traceparent``,
     #: ``tracestate``) and of the newest attempt (``attempt``, ``attempt_generation``):
@@ -346,6 +359,35 @@ class WorkflowRun(models.Model):
                 name="generation_never_decreases",
                 operation=pgtrigger.Update,
                 condition=pgtrigger.Q(new__generation__lt=pgtrigger.F("old__generation")),
+            ),
+            # How often a step may run again (#47): a reset of the failure count, and a
+            # run put back in line after it failed or needed an operator, carry a new
+            # sealed ``attempts_seq`` (``kernel/seals.py``); the number never goes back.
+            Refuse(
+                name="attempts_seq_never_decreases",
+                operation=pgtrigger.Update,
+                condition=pgtrigger.Q(new__attempts_seq__lt=pgtrigger.F("old__attempts_seq")),
+                message="the attempts_seq of a run never decreases",
+            ),
+            Refuse(
+                name="failures_reset_by_the_kernel",
+                operation=pgtrigger.Update,
+                condition=pgtrigger.Q(
+                    new__consecutive_failures__lt=pgtrigger.F("old__consecutive_failures")
+                )
+                & pgtrigger.Q(new__attempts_seq=pgtrigger.F("old__attempts_seq"))
+                & ~pgtrigger.Q(new__status="succeeded"),
+                message="the failure count of a run is lowered only by the kernel,"
+                " under a new sealed attempts_seq",
+            ),
+            Refuse(
+                name="requeue_after_end_by_the_kernel",
+                operation=pgtrigger.Update,
+                condition=pgtrigger.Q(old__status__in=["failed", "needs_attention"])
+                & pgtrigger.Q(new__status="queued")
+                & pgtrigger.Q(new__attempts_seq__lte=pgtrigger.F("old__attempts_seq")),
+                message="a failed run, or one waiting for an operator, is queued again"
+                " only with a new sealed attempts_seq",
             ),
             SlotRelease(
                 name="slot_release",

@@ -44,10 +44,11 @@ RUNTIME_READS_ONLY = ("k2b_rate_dispatch",)
 #: ``k2b_flow_admit`` (SECURITY DEFINER) alone and freed by the row's trigger;
 #: a key or a workflow name changed under a run, or a limit raised, let three
 #: runs of a limit-1 key inside the action at once; a raised budget let three
-#: charges through a budget of one. The runtime role may UPDATE every other column.
+#: charges through a budget of one. The limits' seal (#47) is written with them and
+#: never changes either. The runtime role may UPDATE every other column.
 FROZEN_COLUMNS = {
     "k2b_run": ("workflow_name", "concurrency_key", "concurrency_limit", "holds_slot"),
-    "k2b_budget_account": ("root_id", "effect_budget", "max_ai_calls", "max_steps"),
+    "k2b_budget_account": ("root_id", "effect_budget", "max_ai_calls", "max_steps", "limits_seal"),
 }
 #: The kernel's SQL functions (migrations 0009, 0016 and 0021): statements and
 #: triggers call them as the runtime role. None takes an argument that decides

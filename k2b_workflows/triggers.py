@@ -188,6 +188,26 @@ class GuardedProtect(OwnerOnlyIgnore, pgtrigger.Protect):
     pass
 
 
+class Refuse(GuardedProtect):
+    """A ``GuardedProtect`` whose refusal says what it refuses and why, in its own words.
+
+    pgtrigger's "Cannot update rows from k2b_run table" tells an operator reading a
+    worker's log nothing about which rule a statement broke.
+    """
+
+    def __init__(self, *, message: str, **kwargs: Any) -> None:
+        if "'" in message or "%" in message:
+            raise ValueError("a refusal's message is SQL text: no quote, no %")
+        self.message = message
+        super().__init__(**kwargs)
+
+    def get_func(self, model: Any) -> str:
+        return (
+            f"RAISE EXCEPTION 'k2b_workflows: {self.message}' "
+            "USING ERRCODE = 'insufficient_privilege';"
+        )
+
+
 class RefuseTruncate(PinnedTrigger):
     """Refuse ``TRUNCATE``: row-level protections never see it, and it empties a table at once.
 

@@ -462,6 +462,85 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "failures-reset-only-by-the-kernel",
+        "k2b_workflows/migrations/0027_attempts_and_limits_sealed.py",
+        """condition='WHEN (NEW."consecutive_failures" < """,
+        """condition='WHEN (FALSE AND NEW."consecutive_failures" < """,
+        (
+            "tests/misuse/test_sealed_attempts.py::"
+            "test_a_failure_count_set_back_by_the_runtime_role_is_refused_and_the_bound_holds",
+        ),
+    ),
+    Mutant(
+        "attempts-seq-never-decreases",
+        "k2b_workflows/migrations/0027_attempts_and_limits_sealed.py",
+        """condition='WHEN (NEW."attempts_seq" < (OLD."attempts_seq"))',""",
+        """condition='WHEN (FALSE AND NEW."attempts_seq" < (OLD."attempts_seq"))',""",
+        ("tests/misuse/test_sealed_attempts.py::test_the_number_of_resets_never_goes_back",),
+    ),
+    Mutant(
+        "requeue-after-end-only-by-the-kernel",
+        "k2b_workflows/migrations/0027_attempts_and_limits_sealed.py",
+        """condition='WHEN (OLD."status" IN (\\'failed\\', \\'needs_attention\\')""",
+        """condition='WHEN (FALSE AND OLD."status" IN (\\'failed\\', \\'needs_attention\\')""",
+        (
+            "tests/misuse/test_sealed_attempts.py::"
+            "test_a_failed_run_is_queued_again_only_by_an_operator",
+        ),
+    ),
+    Mutant(
+        "attempts-seal-checked-at-claim",
+        "k2b_workflows/kernel/execute.py",
+        "        reset = seals.attempts_problem(loaded.run)\n",
+        "        reset = None\n",
+        (
+            "tests/misuse/test_sealed_attempts.py::"
+            "test_a_reset_forged_under_a_number_of_its_own_stops_the_run_at_its_claim",
+            "tests/misuse/test_sealed_attempts.py::"
+            "test_a_failed_run_is_queued_again_only_by_an_operator",
+        ),
+    ),
+    Mutant(
+        "start-seal-covers-routes",
+        "k2b_workflows/kernel/seals.py",
+        "    if routed:\n        fields += [",
+        "    if False:\n        fields += [",
+        (
+            "tests/misuse/test_sealed_rows.py::"
+            "test_a_tasks_route_rewritten_by_the_runtime_role_is_refused_at_its_claim",
+        ),
+    ),
+    Mutant(
+        "budget-limits-sealed",
+        "k2b_workflows/kernel/budgets.py",
+        "        _sealed(root_id, row)\n        budget, spent",
+        "        budget, spent",
+        (
+            "tests/misuse/test_attacks_flow.py::"
+            "test_the_owners_raised_budget_charges_nothing_more_and_verifyworkflows_names_it",
+        ),
+        also=(
+            (
+                "        _sealed(root_id, row)\n        limit, used = row[1]",
+                "        limit, used = row[1]",
+            ),
+            (
+                "        _sealed(root_id, row)\n        limit, used = row[2]",
+                "        limit, used = row[2]",
+            ),
+        ),
+    ),
+    Mutant(
+        "budget-limits-in-verifyworkflows",
+        "k2b_workflows/kernel/flow_audit.py",
+        "        lines.extend(_limits(cursor))\n",
+        "",
+        (
+            "tests/misuse/test_attacks_flow.py::"
+            "test_the_owners_raised_budget_charges_nothing_more_and_verifyworkflows_names_it",
+        ),
+    ),
+    Mutant(
         "pinned-search-path",
         "k2b_workflows/triggers.py",
         '        return template.replace("$$ LANGUAGE plpgsql;", pinned)',
@@ -632,7 +711,11 @@ MUTANTS = (
         "riding-on-the-transactional-block",
         "k2b_workflows/kernel/effects.py",
         "                evidence.append_journal_fenced(\n"
-        "                    pending.entries, prev, self.using, lease_ms=store.lease_ms()\n"
+        "                    pending.entries,\n"
+        "                    prev,\n"
+        "                    self.using,\n"
+        "                    lease_ms=store.lease_ms(),\n"
+        "                    reset=journal.reset,\n"
         "                )\n",
         "                pass\n",
         (
@@ -939,7 +1022,8 @@ MUTANTS = (
     Mutant(
         "runtime-frozen-budget-columns",
         "k2b_workflows/roles.py",
-        '    "k2b_budget_account": ("root_id", "effect_budget", "max_ai_calls", "max_steps"),',
+        '    "k2b_budget_account": ("root_id", "effect_budget", "max_ai_calls", "max_steps",'
+        ' "limits_seal"),',
         '    "k2b_budget_account": ("root_id",),',
         (
             "tests/misuse/test_attacks_flow.py::test_a_tree_budget_of_3_lets_3_emails_through_whatever_the_account_says",

@@ -120,7 +120,7 @@ def step_task(ctx: StepContext, provider: str, request: Any) -> Result:
                     using, root_id=ctx.root_run_id, run_id=ctx.run_id, seq=ctx.step
                 )
             except budgets.BudgetExceeded as exc:
-                return failed(str(exc), code=codes.EFFECT_BUDGET_EXCEEDED)
+                return failed(str(exc), code=exc.code)
             db.execute(
                 using,
                 _INSERT_TASK_SQL,

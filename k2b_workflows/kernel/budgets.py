@@ -22,16 +22,38 @@ from typing import Any
 
 from django.db import connections
 
+from .. import codes
 from ..exceptions import InvalidInput
-from . import db
+from . import db, seals
 
 AI_CALLS = "ai_calls"
 
 
 class BudgetExceeded(Exception):
-    def __init__(self, unit: str, limit: int, spent: int, amount: int) -> None:
+    """A charge the tree's limits refuse, before anything is charged or dispatched; ``code``:
+    what the step fails with (the steps of a tree are ``MAX_STEPS_EXCEEDED``)."""
+
+    code = codes.EFFECT_BUDGET_EXCEEDED
+
+    def __init__(
+        self, unit: str, limit: int, spent: int, amount: int, code: str | None = None
+    ) -> None:
         super().__init__(f"budget for {unit!r} is {limit}: {spent} spent, {amount} more asked")
         self.unit = unit
+        if code is not None:
+            self.code = code
+
+
+class LimitsChanged(BudgetExceeded):
+    """The root's limits do not match their seal (``seals.limits_problem``): someone
+    who could (the table's owner) changed them after the run started. Refused as a
+    budget is, before anything is charged or dispatched, saying why (#47)."""
+
+    code = codes.INTEGRITY_CHAIN_BROKEN
+
+    def __init__(self, problem: str) -> None:
+        Exception.__init__(self, problem)
+        self.unit = "limits"
 
 
 class CostRefused(Exception):
@@ -84,8 +106,11 @@ SELECT EXISTS (SELECT 1 FROM k2b_budget_charge
 
 
 #: The root's account, locked: every charge of the tree serializes here.
+#: With the three limits and their seal (``_sealed``): the limits a charge checks against
+#: are the ones the run started with.
+_LIMITS = "effect_budget, max_ai_calls, max_steps, limits_seal"
 _LOCK_ACCOUNT_BUDGET_SQL = (
-    "SELECT effect_budget, spent FROM k2b_budget_account WHERE root_id = %s FOR UPDATE"
+    f"SELECT {_LIMITS}, spent FROM k2b_budget_account WHERE root_id = %s FOR UPDATE"
 )
 
 _INSERT_CHARGE_SQL = (
@@ -115,7 +140,8 @@ def charge(
         row = cursor.fetchone()
         if row is None:
             return True
-        budget, spent = _json(row[0]), _json(row[1])
+        _sealed(root_id, row)
+        budget, spent = _json(row[0]), _json(row[4])
         cursor.execute(
             _CHARGED_SQL, [root_id, run_id, seq, AI_CALLS, bool(budget), root_id, AI_CALLS]
         )
@@ -141,7 +167,7 @@ def charge(
 
 
 _LOCK_ACCOUNT_AI_CALLS_SQL = (
-    "SELECT max_ai_calls, ai_calls FROM k2b_budget_account WHERE root_id = %s FOR UPDATE"
+    f"SELECT {_LIMITS}, ai_calls FROM k2b_budget_account WHERE root_id = %s FOR UPDATE"
 )
 
 #: The AI calls charged to the tree, counted from the charges (see _CHARGED_SQL).
@@ -165,7 +191,8 @@ def charge_ai_call(using: str, *, root_id: uuid.UUID, run_id: uuid.UUID, seq: in
         row = cursor.fetchone()
         if row is None:
             return
-        limit, used = row
+        _sealed(root_id, row)
+        limit, used = row[1], row[4]
         if limit is not None:
             # Counted from the charges, after the lock (see _CHARGED_SQL): ai_calls
             # set back to zero buys no call. Only with a limit: one statement more.
@@ -188,7 +215,7 @@ def charge_ai_call(using: str, *, root_id: uuid.UUID, run_id: uuid.UUID, seq: in
 
 
 _LOCK_ACCOUNT_STEPS_SQL = (
-    "SELECT max_steps, children FROM k2b_budget_account WHERE root_id = %s FOR UPDATE"
+    f"SELECT {_LIMITS}, children FROM k2b_budget_account WHERE root_id = %s FOR UPDATE"
 )
 
 _COUNT_CHILDREN_SQL = "UPDATE k2b_budget_account SET children = children + %s WHERE root_id = %s"
@@ -206,13 +233,21 @@ def reserve_children(using: str, *, root_id: uuid.UUID, count: int) -> None:
         row = cursor.fetchone()
         if row is None:
             return
-        limit, used = row
+        _sealed(root_id, row)
+        limit, used = row[2], row[4]
         if limit is not None and used + count > limit:
-            raise BudgetExceeded("steps", limit, used, count)
+            raise BudgetExceeded("steps", limit, used, count, codes.MAX_STEPS_EXCEEDED)
         cursor.execute(
             _COUNT_CHILDREN_SQL,
             [count, root_id],
         )
+
+
+def _sealed(root_id: uuid.UUID, row: tuple) -> None:
+    """Raise ``LimitsChanged`` unless the account's limits (``_LIMITS``) match their seal."""
+    problem = seals.limits_problem(root_id, _json(row[0]), row[1], row[2], row[3])
+    if problem is not None:
+        raise LimitsChanged(problem)
 
 
 def _json(value: Any) -> dict:

@@ -22,7 +22,7 @@ import psycopg
 from django.db import DatabaseError, OperationalError, ProgrammingError, connections, transaction
 
 from ..exceptions import DatabaseNotMigrated, LeaseLost, RunCanceled
-from . import clock, pipeline, timestamps
+from . import attempts, clock, pipeline, timestamps
 
 logger = logging.getLogger(__name__)
 
@@ -133,12 +133,12 @@ def run_statement(fn: Callable[[], T], using: str, attempts: int = 5) -> T:
     raise AssertionError("unreachable")
 
 
-FENCE_SQL = """
+FENCE_SQL = f"""
 UPDATE k2b_run
    SET lease_expires_at = k2b_now() + %s * interval '1 millisecond',
        updated_at = k2b_now(),
        current_step = COALESCE(%s, current_step),
-       consecutive_failures = CASE WHEN %s THEN 0 ELSE consecutive_failures END
+       {attempts.SET}
  WHERE id = %s AND generation = %s AND status = 'running'
 RETURNING id
 """
@@ -151,7 +151,7 @@ def fence(
     lease_ms: int,
     step: int | None = None,
     *,
-    reset_failures: bool = False,
+    reset: attempts.Reset | None = None,
 ) -> None:
     """Lock the run row until the surrounding transaction ends, and check we still own it.
 
@@ -163,7 +163,7 @@ def fence(
     if not conn.in_atomic_block:
         raise RuntimeError("fence() must run inside transaction.atomic")
     with statement_cursor(using) as cursor:
-        cursor.execute(FENCE_SQL, [lease_ms, step, reset_failures, run_id, generation])
+        cursor.execute(FENCE_SQL, [lease_ms, step, *attempts.params(reset), run_id, generation])
         if cursor.fetchone():
             return
     raise lease_lost(using, run_id, generation)

@@ -223,7 +223,7 @@ class PureOrIdempotent(EffectPath):
         try:
             db.run_in_transaction(charge, self.using)
         except budgets.BudgetExceeded as exc:
-            self.journal.step_failed(step, store.EFFECT_BUDGET_EXCEEDED, str(exc))
+            self.journal.step_failed(step, exc.code, str(exc))
 
 
 class Transactional(EffectPath):
@@ -253,7 +253,7 @@ class Transactional(EffectPath):
                         step=step,
                     )
                 if isinstance(result, budgets.BudgetExceeded):
-                    self.journal.step_failed(step, store.EFFECT_BUDGET_EXCEEDED, str(result))
+                    self.journal.step_failed(step, result.code, str(result))
                 if isinstance(result, _Denied):
                     self.denied(step, result.failed)
                 return self.apply(step, result)
@@ -292,7 +292,11 @@ class Transactional(EffectPath):
                 # it, in a statement that fences: it commits with this step, or rolls
                 # back with it and stays deferred.
                 evidence.append_journal_fenced(
-                    pending.entries, prev, self.using, lease_ms=store.lease_ms()
+                    pending.entries,
+                    prev,
+                    self.using,
+                    lease_ms=store.lease_ms(),
+                    reset=journal.reset,
                 )
                 prev = pending.entry.entry_hash
             if step.cost:
@@ -314,12 +318,14 @@ class Transactional(EffectPath):
             entry = journal.new_entry(step, JournalEntry.State.SUCCEEDED, result)
             if db.ends_in_atomic(self.using):
                 sql, params = evidence.fenced_journal_statement(
-                    entry, prev, lease_ms=store.lease_ms(), strict=True
+                    entry, prev, lease_ms=store.lease_ms(), reset=journal.reset, strict=True
                 )
                 row = db.commit_in_atomic(self.using, sql, params)
                 evidence.fenced_journal_written(entry, self.using, row)
             else:
-                evidence.append_journal_fenced(entry, prev, self.using, lease_ms=store.lease_ms())
+                evidence.append_journal_fenced(
+                    entry, prev, self.using, lease_ms=store.lease_ms(), reset=journal.reset
+                )
         step.ctx.tx = None
         journal.pending_committed(pending)
         journal.journaled(entry)
@@ -378,7 +384,7 @@ class External(EffectPath):
         except budgets.BudgetExceeded as exc:
             journal.flush_pending()  # rolled back with the dispatch: written now, alone
             journal.ledger_event(step, LedgerEntry.Kind.REJECTED, message=str(exc), fenced=True)
-            journal.step_failed(step, store.EFFECT_BUDGET_EXCEEDED, str(exc))
+            journal.step_failed(step, exc.code, str(exc))
         except (LeaseLost, RunCanceled):
             journal.pending_lost(pending)
             raise

@@ -446,6 +446,7 @@ class RunEnding:
                     seen_kind=run.wait_kind,
                     seen_key=run.wait_key,
                     seen_seq=run.wait_signal_seq,
+                    reset=self.journal.reset,
                 )
             )
 

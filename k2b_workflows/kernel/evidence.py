@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 from django.db import connections, models
 
 from ..models import JournalEntry, LedgerEntry
-from . import clock, db, instances
+from . import attempts, clock, db, instances
 from .chain_checks import (  # noqa: F401  (verifying is the chains' API too)
     ChainBreak,
     StoredEntry,
@@ -208,6 +208,7 @@ def append_journal_fenced(
     using: str,
     *,
     lease_ms: int = 0,
+    reset: attempts.Reset | None = None,
 ) -> JournalEntry:
     """Fence the run, insert the entry (or several, in order) and re-seal the anchor in
     one statement; returns the last entry.
@@ -226,7 +227,7 @@ def append_journal_fenced(
     goes through ``fenced_journal_statement(run_output=..., end_seal=...)``.)
     """
     entries = _many(entry)
-    sql, params = fenced_journal_statement(entries, prev_hash, lease_ms=lease_ms)
+    sql, params = fenced_journal_statement(entries, prev_hash, lease_ms=lease_ms, reset=reset)
     with db.statement_cursor(using) as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
@@ -238,6 +239,7 @@ def fenced_journal_statement(
     prev_hash: str,
     *,
     lease_ms: int = 0,
+    reset: attempts.Reset | None = None,
     run_output: str | None = None,
     end_seal: str = "",
     strict: bool = False,
@@ -252,11 +254,13 @@ def fenced_journal_statement(
     statement's own entries are not in its snapshot: what is compared is what
     was stored before).
     ``end_seal`` (with ``run_output``): the run's end seal (``kernel/seals.py``).
+    ``reset``: the reset of the run's failures that the step's completion carries
+    (``attempts.py``); a run's end needs none (a success may lower the count).
     """
     entries = _many(entry)
     first, last = entries[0], entries[-1]
     if run_output is None:
-        fence = Fence(last.generation, lease_ms, last.seq, reset_failures=True)
+        fence = Fence(last.generation, lease_ms, last.seq, reset=reset)
         return journal_statement(entries, prev_hash, fence, strict=strict)
     key_id, key = _chain_journals(entries, prev_hash)
     sealed = anchor(last.run_id, "journal", last.seq + 1, last.entry_hash, key_id, key)
@@ -366,10 +370,13 @@ _LENIENT = "sealed"
 #: ...or, strict, one row whose run id is NULL: the statement fails (``db.guard_failed``).
 _STRICT = "(SELECT) AS one LEFT JOIN sealed ON true"
 #: The run's fence, carried by the UPDATE of a strict append (``Fence``).
-_FENCE_SET = """,
+_FENCE_SET = (
+    """,
            lease_expires_at = k2b_now() + %s * interval '1 millisecond', updated_at = k2b_now(),
            current_step = COALESCE(%s, current_step),
-           consecutive_failures = CASE WHEN %s THEN 0 ELSE consecutive_failures END"""
+           """
+    + attempts.SET
+)
 _FENCE_WHERE = " AND generation = %s AND status = 'running'"
 
 
@@ -443,11 +450,12 @@ class Fence:
     generation: int
     lease_ms: int
     step: int | None = None
-    reset_failures: bool = False
+    #: The reset of the run's failures the write carries (``attempts.py``), if any.
+    reset: attempts.Reset | None = None
 
     def split(self) -> tuple[list[Any], list[Any]]:
         """Parameters of ``_FENCE_SET`` and of ``_FENCE_WHERE``."""
-        return [self.lease_ms, self.step, self.reset_failures], [self.generation]
+        return [self.lease_ms, self.step, *attempts.params(self.reset)], [self.generation]
 
 
 def _fenced(fence: Fence | None) -> tuple[list[Any], list[Any]]:

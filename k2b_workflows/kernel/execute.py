@@ -216,6 +216,12 @@ class Execution:
             # of its lock, since no later read can make a changed input the original.
             logger.error("run %s: integrity: %s", self.run_id, sealed)
             self.ending.needs_attention(store.INTEGRITY_CHAIN_BROKEN, sealed, step=None)
+        # How often its steps may run again (#47): a failure count set back outside
+        # the kernel stops the run before a step sees it.
+        reset = seals.attempts_problem(loaded.run)
+        if reset is not None:
+            logger.error("run %s: integrity: %s", self.run_id, reset)
+            self.ending.needs_attention(store.INTEGRITY_CHAIN_BROKEN, reset, step=None)
         broken = evidence.verify_run(loaded.run, loaded.journal, loaded.ledger)
         if broken is not None and self.preloaded is None:
             with transaction.atomic(using=self.using):

@@ -120,7 +120,7 @@ class ChildrenStep:
         try:
             ids = starts.start_children(using, parent=run, step=seq, name=name, inputs=step.input)
         except budgets.BudgetExceeded as exc:
-            written.failure = (store.MAX_STEPS_EXCEEDED, str(exc))
+            written.failure = (exc.code, str(exc))
             return written
         except UnknownWorkflow as exc:
             written.failure = ("UNKNOWN_WORKFLOW", str(exc))
@@ -149,6 +149,7 @@ class ChildrenStep:
             seen_kind=run.wait_kind,
             seen_key=run.wait_key,
             seen_seq=run.wait_signal_seq,
+            reset=self.journal.reset,
         )
         return written
 

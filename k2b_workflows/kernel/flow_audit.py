@@ -13,7 +13,9 @@ state the kernel never leaves, named with the runs or the root it concerns:
 - an ended run holding a slot with no live lease (no action of it is inside
   ``run()``: the housekeeping frees it, unless nothing runs the housekeeping);
 - a budget account whose ``spent`` or ``ai_calls`` is not the sum of its
-  charges (a charge checks the sum, so this is a display lie or a tampering).
+  charges (a charge checks the sum, so this is a display lie or a tampering);
+- a budget account whose limits do not match their seal (#47): the owner raised
+  a budget after the run started (a charge refuses it too).
 
 Reads only, in one statement per finding, each over an index or a table the
 kernel keeps small (holders, accounts with charges).
@@ -21,7 +23,13 @@ kernel keeps small (holders, accounts with charges).
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
 from django.db import connections
+
+from . import db, seals
 
 _OVER_LIMIT_SQL = """
 SELECT workflow_name, concurrency_key, count(*), min(concurrency_limit),
@@ -59,6 +67,28 @@ SELECT a.root_id, a.spent, COALESCE(c.units, '{}'::jsonb), a.ai_calls, COALESCE(
 """
 
 
+_LIMITS_SQL = """
+SELECT root_id, effect_budget, max_ai_calls, max_steps, limits_seal
+  FROM k2b_budget_account WHERE root_id > %s ORDER BY root_id LIMIT %s
+"""
+
+
+def _limits(cursor: Any, batch: int = 2000) -> Iterator[str]:
+    """The accounts whose limits do not match their seal, read a page at a time."""
+    after = uuid.UUID(int=0)
+    while True:
+        cursor.execute(_LIMITS_SQL, [after, batch])
+        rows = cursor.fetchall()
+        for root_id, budget, max_ai_calls, max_steps, sealed in rows:
+            budget = db.from_json(budget) or {}
+            problem = seals.limits_problem(root_id, budget, max_ai_calls, max_steps, sealed)
+            if problem is not None:
+                yield problem
+        if len(rows) < batch:
+            return
+        after = rows[-1][0]
+
+
 def findings(using: str) -> list[str]:
     """One line per tampered flow-control or budget state, in a stable order."""
     lines = []
@@ -84,4 +114,5 @@ def findings(using: str) -> list[str]:
                 f"budget of {root_id}: spent {spent} and {ai_calls} AI calls recorded, "
                 f"but its charges sum to {summed} and {ai} AI calls"
             )
+        lines.extend(_limits(cursor))
     return lines

@@ -23,7 +23,7 @@ from django.db import transaction
 from .. import codes, signals, tracing
 from ..exceptions import EvidenceChanged, NotRetryable, ResolutionRefused
 from ..models import TERMINAL_STATUSES, JournalEntry, LedgerEntry, RunStatus, WorkflowRun
-from . import clock, db, evidence, seals, witness
+from . import attempts, clock, db, evidence, seals, witness
 from .requeue import requeue_set
 
 EFFECT_CONFIRMED = "effect_confirmed"
@@ -38,11 +38,11 @@ RETRYABLE_INCIDENT_CODES = (
     codes.INTEGRITY_CHAIN_BROKEN,
 )
 
-#: An operator puts a run back in line: due now, its failures forgotten, its
+#: An operator puts a run back in line: due now, its failures forgotten under a new
+#: sealed number (``attempts.py``: nothing else may queue a failed run again), its
 #: incident and end cleared (a queued run has no end seal to match).
 _REQUEUED = requeue_set(
     release=False,
-    consecutive_failures="0",
     end_seal="''",
     error_code="''",
     error_message="''",
@@ -53,9 +53,16 @@ _REQUEUED = requeue_set(
 )
 REQUEUE_SQL = f"""
 UPDATE k2b_run
-   SET {_REQUEUED}
+   SET {_REQUEUED}, {attempts.SET_ALWAYS}
  WHERE id = %s
 """
+
+
+def _requeue(using: str, run: WorkflowRun) -> None:
+    """Put ``run`` (read under its lock) back in line, as ``REQUEUE_SQL`` says."""
+    reset = attempts.next_for(run.pk, run.attempts_seq)
+    db.execute(using, REQUEUE_SQL, [*attempts.always_params(reset), run.pk])
+
 
 #: A run only if it is past its workflow's timeout and still unfinished.
 OVERDUE_SQL = """
@@ -240,7 +247,7 @@ def resolve(
             evidence.append_journal(entry, last.entry_hash if last else evidence.GENESIS, using)
         else:
             evidence.append_ledger(using, kind=LedgerEntry.Kind.RESOLVED_ABSENT, **common)
-        db.execute(using, REQUEUE_SQL, [run_id])
+        _requeue(using, run)
     if tracing.ENABLED:
         tracing.decided(run, decision, step)
     return WorkflowRun.objects.using(using).get(pk=run_id)
@@ -283,7 +290,7 @@ def retry(using: str, run_id: uuid.UUID, *, actor: Any, reason: str) -> Workflow
             actor_id=actor.pk,
             generation=run.generation,
         )
-        db.execute(using, REQUEUE_SQL, [run_id])
+        _requeue(using, run)
     if tracing.ENABLED:
         tracing.decided(run, "retry", run.attention_step)
     return WorkflowRun.objects.using(using).get(pk=run_id)

@@ -24,7 +24,7 @@ from .. import redaction, store, validation
 from ..actions import Action, Effect, Succeeded
 from ..exceptions import LeaseLost, RunCanceled, StepFailed
 from ..models import JournalEntry, LedgerEntry, WorkflowRun
-from . import budgets, clock, db, events, evidence, instances
+from . import attempts, budgets, clock, db, events, evidence, instances
 
 if TYPE_CHECKING:
     from ..retries import Retry
@@ -151,6 +151,9 @@ class RunJournal:
         #: next non-PURE step's first transaction, a park, or the run's end), see
         #: ``journal_success``.
         self.pending: Pending | None = None
+        #: The reset of the run's failures that this claim's completed steps carry
+        #: (``attempts.py``): prepared once, when the claimed run counts failures.
+        self.reset: attempts.Reset | None = attempts.for_run(loaded.run)
         self.load(loaded)
 
     def load(self, loaded: Preloaded) -> None:
@@ -188,14 +191,15 @@ class RunJournal:
     # -- fence and charge ----------------------------------------------------
 
     def fence(self, step: int | None = None, *, reset_failures: bool = False) -> None:
-        """Lock our run row in the current transaction and check we still own it."""
+        """Lock our run row in the current transaction and check we still own it;
+        ``reset_failures``: a step completes, the failures before it no longer count."""
         db.fence(
             self.using,
             self.run_id,
             self.generation,
             store.lease_ms(),
             step,
-            reset_failures=reset_failures,
+            reset=self.reset if reset_failures else None,
         )
 
     def charge(self, step: Step) -> None:
@@ -324,7 +328,7 @@ class RunJournal:
         try:
             db.run_in_transaction(write, self.using)
         except budgets.BudgetExceeded as exc:
-            self.step_failed(step, store.EFFECT_BUDGET_EXCEEDED, str(exc))
+            self.step_failed(step, exc.code, str(exc))
         self.journaled(entry)
         return validation.copy_json(entry.output)
 
@@ -353,7 +357,11 @@ class RunJournal:
                 # Fence and journal entries in one statement, its own transaction.
                 db.run_statement(
                     lambda: evidence.append_journal_fenced(
-                        pending.entries, self.last_hash, self.using, lease_ms=store.lease_ms()
+                        pending.entries,
+                        self.last_hash,
+                        self.using,
+                        lease_ms=store.lease_ms(),
+                        reset=self.reset,
                     ),
                     self.using,
                 )
@@ -533,7 +541,7 @@ class Batch:
     ) -> None:
         self.journal = journal
         self.fence: evidence.Fence | None = evidence.Fence(
-            journal.generation, store.lease_ms(), step, reset_failures
+            journal.generation, store.lease_ms(), step, journal.reset if reset_failures else None
         )
         head = journal.ledger_head
         self.head = evidence.LedgerHead(head.count, head.head)

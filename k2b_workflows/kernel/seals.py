@@ -16,7 +16,16 @@ that passed ``verifyworkflows``.
   cleared when the run is queued again. The generation makes an old seal
   useless on a later life of the run (generation never decreases).
 
-Both are ``"<key id>:<mac>"`` under the evidence keys (``keys.evidence_keys()``),
+- ``attempts_seal`` = HMAC over (run id, ``attempts_seq``), written by every
+  reset of the run's failure count (#47): a completed step after failures, a
+  park, an operator's retry or resolution. The database refuses a lower count
+  that does not come with a higher ``attempts_seq`` (``models.WorkflowRun``'s
+  triggers), and a number that decreases; so a count set back to 0 by the
+  runtime role carries either the old number (refused) or a new one no key
+  sealed, which the claim refuses before a step runs. Resetting the counter
+  as the runtime role ran a step bounded to 3 attempts 213 times before.
+
+All three are ``"<key id>:<mac>"`` under the evidence keys (``keys.evidence_keys()``),
 which live outside the database: a role that can write the row cannot make
 a seal that verifies. ``verifyworkflows``, the admin and a parent reading its
 children's results check them.
@@ -45,27 +54,40 @@ def _mac(key_id: str, key: bytes, text: str) -> str:
     return f"{key_id}:{hashing.hmac_hex(key, text)}"
 
 
-def _start_text(run: WorkflowRun) -> str:
-    return _start_text_of(run, run.pk, run.root_id, run.input)
+def _start_text(run: WorkflowRun, *, routed: bool = True) -> str:
+    return _start_text_of(run, run.pk, run.root_id, run.input, routed=routed)
 
 
-def _start_text_of(run: WorkflowRun, run_id: Any, root_id: Any, input: Any) -> str:
-    return hashing.canonical(
-        [
-            "start",
-            str(run_id),
-            run.workflow_name,
-            run.workflow_version,
-            run.app_id,
-            input,
-            run.principal,
-            run.idempotency_key,
-            None if run.parent_id is None else str(run.parent_id),
-            None if root_id is None else str(root_id),
-            run.parent_step,
-            run.child_index,
+def _start_text_of(
+    run: WorkflowRun, run_id: Any, root_id: Any, input: Any, *, routed: bool = True
+) -> str:
+    """What a start seal covers. ``routed``: with where and in which order the run is
+    claimed, its queue, priority and task path (#47): a task moved to another queue
+    never ran on its queue's workers, and the runs list showed a forged task path.
+    Seals written before #47 cover the rest only (``start_problem``). ``getattr``: a
+    migration seals rows of a model from before those columns (their defaults)."""
+    fields = [
+        "start",
+        str(run_id),
+        run.workflow_name,
+        run.workflow_version,
+        run.app_id,
+        input,
+        run.principal,
+        run.idempotency_key,
+        None if run.parent_id is None else str(run.parent_id),
+        None if root_id is None else str(root_id),
+        run.parent_step,
+        run.child_index,
+    ]
+    if routed:
+        fields += [
+            getattr(run, "queue", "default"),
+            getattr(run, "priority", 0),
+            getattr(run, "priority_credit_ms", 0),
+            getattr(run, "task_path", ""),
         ]
-    )
+    return hashing.canonical(fields)
 
 
 def _end_text(
@@ -102,6 +124,61 @@ def end_seals(rows: Iterable[tuple[Any, str, str, int]]) -> list[str]:
     return [end_seal(*row) for row in rows]
 
 
+def _attempts_text(run_id: Any, seq: int) -> str:
+    return hashing.canonical(["attempts", str(run_id), int(seq)])
+
+
+def attempts_seal(run_id: Any, seq: int) -> str:
+    """The seal of a run's ``attempts_seq`` ``seq``: a reset of its failures the kernel made."""
+    key_id, key = hashing.signing_key()
+    return _mac(key_id, key, _attempts_text(run_id, seq))
+
+
+def attempts_problem(run: WorkflowRun, keys: dict[str, bytes] | None = None) -> str | None:
+    """Why the run's failure count cannot be trusted, or None.
+
+    Number 0 needs no seal: it is where every run starts, and a count can only
+    have risen under it. Any other number is one the kernel sealed, or forged.
+    """
+    if not run.attempts_seq:
+        return None
+    keys = keys if keys is not None else dict(evidence_keys())
+    why = _matches(run.attempts_seal, _attempts_text(run.pk, run.attempts_seq), keys)
+    if why is None:
+        return None
+    return (
+        f"the run's failure count (reset number {run.attempts_seq}) {why}: it was set back"
+        " outside the kernel, which alone decides how often a step may run again"
+    )
+
+
+def _limits_text(root_id: Any, effect_budget: Any, max_ai_calls: Any, max_steps: Any) -> str:
+    return hashing.canonical(["limits", str(root_id), effect_budget or {}, max_ai_calls, max_steps])
+
+
+def limits_seal(root_id: Any, effect_budget: Any, max_ai_calls: Any, max_steps: Any) -> str:
+    """The seal of a root's budget limits (``BudgetAccount.limits_seal``)."""
+    key_id, key = hashing.signing_key()
+    return _mac(key_id, key, _limits_text(root_id, effect_budget, max_ai_calls, max_steps))
+
+
+def limits_problem(
+    root_id: Any, effect_budget: Any, max_ai_calls: Any, max_steps: Any, sealed: str
+) -> str | None:
+    """Why a root's budget limits cannot be trusted (changed since the run started), or None."""
+    why = _matches(
+        sealed,
+        _limits_text(root_id, effect_budget, max_ai_calls, max_steps),
+        dict(evidence_keys()),
+    )
+    if why is None:
+        return None
+    return (
+        f"the budget limits of {root_id} (effect_budget {effect_budget or {}}, max_ai_calls"
+        f" {max_ai_calls}, max_steps {max_steps}) {why}: changed after the run started"
+    )
+
+
 def _matches(sealed: str, text: str, keys: dict[str, bytes]) -> str | None:
     """None when ``sealed`` is a seal of ``text`` under one of ``keys``, else why not."""
     if not sealed:
@@ -128,14 +205,19 @@ def text_problem(sealed: str, text: str) -> str | None:
 
 
 def start_problem(run: WorkflowRun, keys: dict[str, bytes] | None = None) -> str | None:
-    """Why the run's start fields cannot be trusted, or None."""
+    """Why the run's start fields cannot be trusted, or None.
+
+    A seal written before #47 does not cover the run's queue, priority and task
+    path: it verifies over the other fields alone. A seal written since covers them
+    all, and never verifies over fewer (it is a MAC of the longer text).
+    """
     keys = keys if keys is not None else dict(evidence_keys())
     why = _matches(run.start_seal, _start_text(run), keys)
-    if why is None:
+    if why is None or _matches(run.start_seal, _start_text(run, routed=False), keys) is None:
         return None
     return (
-        f"the run's start fields (input, principal, version, idempotency key, tree) {why}"
-        " (changed after the run was started)"
+        f"the run's start fields (input, principal, version, idempotency key, tree, queue,"
+        f" priority, task path) {why} (changed after the run was started)"
     )
 
 
@@ -158,6 +240,6 @@ def end_problem(run: WorkflowRun, keys: dict[str, bytes] | None = None) -> str |
 
 
 def problem(run: WorkflowRun, keys: dict[str, bytes] | None = None) -> str | None:
-    """The first problem with either seal of ``run``, or None."""
+    """The first problem with any seal of ``run``, or None."""
     keys = keys if keys is not None else dict(evidence_keys())
-    return start_problem(run, keys) or end_problem(run, keys)
+    return start_problem(run, keys) or attempts_problem(run, keys) or end_problem(run, keys)

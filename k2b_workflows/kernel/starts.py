@@ -216,6 +216,9 @@ def _start(
             effect_budget=effect_budget,
             max_ai_calls=definition.max_ai_calls,
             max_steps=definition.max_steps,
+            limits_seal=seals.limits_seal(
+                run.id, effect_budget, definition.max_ai_calls, definition.max_steps
+            ),
         )
     if not insert(using, run, budget):
         if idempotency_key is None:
@@ -502,7 +505,9 @@ def start_many(
         ),
         connection,
     )
-    root_at = [f.attname for f in account_fields].index("root_id")
+    account_names = [f.attname for f in account_fields]
+    root_at = account_names.index("root_id")
+    limits_at = account_names.index("limits_seal")
     # The same JSON in every row: dumped once, not once per row (COPY reads text).
     for values in (prepared, account):
         for i, value in enumerate(values):
@@ -517,6 +522,9 @@ def start_many(
         with _copy(using, BudgetAccount, account_fields) as copy:
             for run_id in ids:
                 account[root_at] = run_id
+                account[limits_at] = seals.limits_seal(
+                    run_id, effect_budget, definition.max_ai_calls, definition.max_steps
+                )
                 copy.write_row(account)
     return [QueuedRun(run_id, now) for run_id in ids]
 

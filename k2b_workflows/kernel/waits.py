@@ -23,7 +23,7 @@ from django.utils import timezone
 from .. import store
 from ..actions import Dependency
 from ..store import CHANNEL
-from . import clock
+from . import attempts, clock
 from .requeue import NOW, requeue_set
 
 _UPSERT_SQL = """
@@ -51,18 +51,18 @@ UPDATE k2b_run
         wait_deadline="NULL",
         waiting_since="NULL",
         lease_expires_at="NULL",
-        consecutive_failures="0",
     )
-}
+}, {attempts.SET}
  WHERE id = %s
 """
 
-_PARK_SQL = """
+#: A park is a step's answer, not a failure: the failures before it no longer count.
+_PARK_SQL = f"""
 UPDATE k2b_run
    SET status = 'waiting', updated_at = k2b_now(),
        wait_kind = %s, wait_key = %s, wait_signal_seq = %s, wait_step = %s, wait_action = %s,
        wait_deadline = %s, waiting_since = k2b_now(), lease_expires_at = NULL,
-       consecutive_failures = 0
+       {attempts.SET}
  WHERE id = %s
 """
 
@@ -103,8 +103,10 @@ def park(
     seen_kind: str,
     seen_key: str,
     seen_seq: int,
+    reset: attempts.Reset | None = None,
 ) -> bool:
-    """Park a running run (caller holds its fence) on ``dependency``.
+    """Park a running run (caller holds its fence) on ``dependency``; ``reset``: the
+    claim's reset of the run's failures (``attempts.py``), which a park carries.
 
     Returns False when a wake the run has not seen is already recorded: the
     run is re-queued at once instead of parked.
@@ -117,12 +119,29 @@ def park(
         if current > already_seen:
             cursor.execute(
                 _WOKEN_BEFORE_PARKING_SQL,
-                [dependency.kind, dependency.key, current, step, action, run_id],
+                [
+                    dependency.kind,
+                    dependency.key,
+                    current,
+                    step,
+                    action,
+                    *attempts.params(reset),
+                    run_id,
+                ],
             )
             return False
         cursor.execute(
             _PARK_SQL,
-            [dependency.kind, dependency.key, current, step, action, deadline, run_id],
+            [
+                dependency.kind,
+                dependency.key,
+                current,
+                step,
+                action,
+                deadline,
+                *attempts.params(reset),
+                run_id,
+            ],
         )
     return True
 

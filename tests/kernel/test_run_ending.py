@@ -22,6 +22,7 @@ from k2b_workflows.kernel.ending import Outcome
 from k2b_workflows.models import JournalEntry, LedgerEntry, WorkflowRun
 from tests.support.kernel import (
     claimed_execution,
+    counting_failures,
     fresh,
     journal,
     ledger_kinds,
@@ -193,8 +194,7 @@ def test_retry_later_queues_the_run_after_a_backoff_and_counts_the_failure():
 
 def test_a_retry_after_a_steps_success_counts_from_zero_and_keeps_the_success():
     run, execution = _started()
-    WorkflowRun.objects.filter(pk=run.pk).update(consecutive_failures=3)
-    execution.run.consecutive_failures = 3
+    counting_failures(execution, 3)
     _pending_success(execution, 0)
     with pytest.raises(Suspend):
         execution.ending.retry_later("step 1 raised")

@@ -22,6 +22,7 @@ from k2b_workflows.kernel.load import Preloaded, preload
 from k2b_workflows.models import BudgetCharge, LedgerEntry, WorkflowRun
 from tests.support.kernel import (
     claimed_execution,
+    counting_failures,
     fresh,
     journal,
     ledger_kinds,
@@ -127,8 +128,7 @@ def test_load_takes_entries_hashes_ledger_head_and_each_steps_effect_from_a_read
 
 def test_a_success_waits_for_the_next_write_then_commits_fenced_and_applied():
     run, execution = _started()
-    WorkflowRun.objects.filter(pk=run.pk).update(consecutive_failures=2)
-    execution.run.consecutive_failures = 2
+    counting_failures(execution, 2)
     j = execution.journal
     step0 = new_step(execution, 0, UnitPure, {"n": 0})
 
@@ -277,7 +277,7 @@ def test_an_external_result_the_run_lost_is_kept_as_late_evidence():
 
 def test_a_step_failure_is_journaled_after_the_deferred_success_and_raised():
     run, execution = _started()
-    WorkflowRun.objects.filter(pk=run.pk).update(consecutive_failures=3)
+    counting_failures(execution, 3)
     j = execution.journal
     j.journal_success(new_step(execution, 0, UnitPure), succeeded({"n": 1}))
 
@@ -293,8 +293,9 @@ def test_a_step_failure_is_journaled_after_the_deferred_success_and_raised():
     assert fresh(run).consecutive_failures == 0
     # With nothing deferred before it, the failure's own fence resets the count: a
     # journaled failure is a completed step.
-    WorkflowRun.objects.filter(pk=run.pk).update(consecutive_failures=3)
-    execution.run.consecutive_failures = 3
+    # (A second reset in one claim: the kernel prepares one per claim, as it loaded
+    # the run; this stands for another claim.)
+    counting_failures(execution, 3)
     with pytest.raises(StepFailed):
         j.step_failed(new_step(execution, 2, UnitPure), "REFUSED", "again")
     assert [e.seq for e in journal(run)] == [0, 1, 2]

@@ -306,3 +306,30 @@ def test_max_ai_calls_holds_whatever_the_ai_calls_counter_says(runtime):
     root = WorkflowRun.objects.get(pk=root.pk)
     assert (root.status, root.error_code) == ("failed", "EFFECT_BUDGET_EXCEEDED")
     assert ProviderCall.objects.filter(action="ai.echo").count() == 1
+
+
+def test_the_owners_raised_budget_charges_nothing_more_and_verifyworkflows_names_it(runtime):
+    """The table's owner can change a limit the runtime role cannot (#47): a budget of 3
+    raised to 100 before the tree ran let every send through, and nothing said so.
+    The limits are sealed with the account: a charge refuses the changed ones before
+    anything is sent, and ``verifyworkflows`` names the account."""
+    root = start_workflow_run("fanout.budget_3", {"n": 5})
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """UPDATE k2b_budget_account SET effect_budget = '{"sends": 100}' WHERE root_id = %s""",
+            [root.pk],
+        )
+    ok, out = _verify()
+    assert not ok and f"FLOW the budget limits of {root.pk}" in out, out
+    assert "does not match its seal" in out, out
+    drain(*TREE)
+    # Refused at the first charge of the tree (its children's), before any send.
+    assert ProviderCall.objects.filter(action="fanout.send").count() == 0
+    ended = WorkflowRun.objects.get(pk=root.pk)
+    assert (ended.status, ended.error_code) == ("failed", "INTEGRITY_CHAIN_BROKEN")
+    assert "changed after the run started" in ended.error_message, ended.error_message
+
+
+def test_the_runtime_role_cannot_blank_the_limits_seal(runtime):
+    start_workflow_run("fanout.budget_3", {"n": 1})
+    refused("UPDATE k2b_budget_account SET limits_seal = ''")

@@ -345,3 +345,33 @@ def test_an_ai_task_request_the_runtime_role_wrote_never_reaches_the_provider(
         r.levelno == logging.ERROR and "the provider was not called" in r.getMessage()
         for r in caplog.records
     )
+
+
+@pytest.mark.parametrize(
+    "edit",
+    ["queue = 'default'", "priority = -100, priority_credit_ms = 0", "task_path = 'os.system'"],
+)
+def test_a_tasks_route_rewritten_by_the_runtime_role_is_refused_at_its_claim(runtime, edit):
+    """Where and in which order a task is claimed is sealed with its start (#47): a ``mail``
+    task moved to another queue never ran on its ``--queue mail`` workers, and the runs
+    list showed a forged task path. The claim refuses the row before the task runs."""
+    from tests.tasks_app import tasks
+
+    result = tasks.mail.enqueue("a@example.com")
+    as_runtime(f"UPDATE k2b_run SET {edit} WHERE id = %s", [result.id])
+    run_until_idle()
+    run = WorkflowRun.objects.get(pk=result.id)
+    assert (run.status, run.error_code) == ("needs_attention", "INTEGRITY_CHAIN_BROKEN")
+    assert "queue, priority, task path" in run.error_message
+    assert not ProviderCall.objects.filter(action="task.mail").exists()
+    report = verify()
+    assert result.id in report and "changed after the run was started" in report, report
+
+
+def test_a_task_enqueued_as_written_still_runs_on_its_queue(runtime):
+    from tests.tasks_app import tasks
+
+    result = tasks.mail.enqueue("b@example.com")
+    run_until_idle()
+    assert WorkflowRun.objects.get(pk=result.id).status == "succeeded"
+    assert ProviderCall.objects.filter(action="task.mail").count() == 1

@@ -11,7 +11,7 @@ from django.db import connection
 
 from k2b_workflows import start_workflow_run
 from k2b_workflows.actions import Action, as_action
-from k2b_workflows.kernel import claim, clock, evidence
+from k2b_workflows.kernel import attempts, claim, clock, evidence
 from k2b_workflows.kernel.context import StepContext
 from k2b_workflows.kernel.ending import RunEnding
 from k2b_workflows.kernel.execute import Execution
@@ -73,6 +73,16 @@ def expire_lease(run: WorkflowRun) -> None:
             "UPDATE k2b_run SET lease_expires_at = now() - interval '1 second' WHERE id = %s",
             [run.pk],
         )
+
+
+def counting_failures(execution: Execution, failures: int) -> None:
+    """The claim ``execution`` as if it had loaded its run with ``failures`` consecutive
+    failures: the row, the claim's copy, and the sealed reset its completed steps
+    carry (``kernel/attempts.py``). Written as the owner: the kernel's own count."""
+    WorkflowRun.objects.filter(pk=execution.run_id).update(consecutive_failures=failures)
+    execution.run.consecutive_failures = failures
+    execution.run.attempts_seq = fresh(execution.run).attempts_seq
+    execution.journal.reset = attempts.for_run(execution.run)
 
 
 def fresh(run: WorkflowRun) -> WorkflowRun:

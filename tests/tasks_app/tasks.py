@@ -123,6 +123,18 @@ def external_boom(message):
 RETRY = Retry(max_attempts=3, backoff=0.01, jitter=False)
 
 
+#: Three attempts an hour apart: a test moves ``run_after`` to see them (#47).
+RETRY_HOURLY = Retry(max_attempts=3, backoff=3600, jitter=False)
+
+
+@declared("external", RETRY_HOURLY)
+def charge_then_raise(order):
+    """Charges, then raises: each attempt is one more charge, so the policy's bound is
+    the only thing that stands between a retry loop and the card."""
+    _call("task.charge_then_raise", str(order))
+    raise RuntimeError("the provider's answer was lost")
+
+
 @declared("pure", RETRY, takes_context=True)
 def flaky(context: TaskContext, key, failures):
     """Raises on its first ``failures`` attempts, then returns what it saw."""

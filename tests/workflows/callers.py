@@ -93,6 +93,25 @@ def raises_twice(run, input):
 
 
 @workflow(
+    "callers.raises_hourly",
+    app_id="tests",
+    retry=Retry(max_attempts=3, backoff=dt.timedelta(hours=1), jitter=False),
+)
+def raises_hourly(run, input):
+    """Bounded to 3 attempts an hour apart: only someone who moves ``run_after`` (and
+    who may, #47) sees all three before the test ends."""
+    return run.step(Raises, {})
+
+
+@workflow("callers.flaky_then_patient", app_id="tests")
+def flaky_then_patient(run, input):
+    """Failures before a completed step, then a failure after it: the second step's
+    retry writes the first step's success with the reset of its failures (#47)."""
+    first = run.step(FlakyUntil, {"ok_at": input["ok_at"]})
+    return {"first": first, "second": run.step(PatientFlaky, {"ok_at": 2})}
+
+
+@workflow(
     "callers.workflow_policy",
     app_id="tests",
     retry=Retry(max_attempts=9, backoff=dt.timedelta(minutes=10)),
