@@ -67,6 +67,7 @@ InvalidTask: type[Exception] = getattr(exceptions_api, "InvalidTask", None) or (
     exceptions_api.InvalidTaskError
 )
 TaskResultDoesNotExist: type[Exception] = exceptions_api.TaskResultDoesNotExist
+TaskResultMismatch: type[Exception] = exceptions_api.TaskResultMismatch
 
 #: The app id of task runs: ``runworkflows --app tasks`` runs tasks only.
 TASK_APP_ID = "tasks"

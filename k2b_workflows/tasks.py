@@ -55,6 +55,7 @@ from .taskruns import (
     WORKFLOW_NAMES,
     InvalidTask,
     TaskResultDoesNotExist,
+    TaskResultMismatch,
     backends_api,
     base_api,
     call_cost,
@@ -77,6 +78,7 @@ __all__ = [
     "MAX_RUN_AFTER",
     "InvalidTaskArguments",
     "InvalidTaskCall",
+    "TaskRunNotSealed",
     "WorkflowsBackend",
     "WorkflowsTask",
     "effect_key",
@@ -105,6 +107,28 @@ class InvalidTaskArguments(InvalidTaskCall, TypeError):
     keyword): refused at the enqueue, where Python refuses such a call, and a
     ``TypeError`` as Python's own is. Accepted, the call failed on the worker, after
     the caller had moved on (#47)."""
+
+
+class TaskRunNotSealed(TaskResultMismatch):  # type: ignore[misc,valid-type]
+    """A task run whose start fields (its input: the task path, the call) do not match
+    their seal: the row was changed after the enqueue, by a role with SQL access and
+    no evidence key. Raised by ``get_result`` (so by ``TaskResult.refresh`` and the
+    async forms) before anything of the row is used: its task path is never imported.
+    Django's ``TaskResultMismatch``: the row is not the result of the task enqueued.
+
+    Before #47 the path was imported first: a runtime role that named ``this.x``
+    ran module ``this``'s top-level code in the caller's process, and the
+    ``TaskResultMismatch`` that followed did not say why. ``run_id`` is the run,
+    ``reason`` what does not match.
+    """
+
+    def __init__(self, run_id: object, reason: str) -> None:
+        super().__init__(
+            f"task run {run_id}: its start seal does not verify, the row was changed after "
+            f"the enqueue ({reason}); nothing of it was used, its task path was not imported"
+        )
+        self.run_id = run_id
+        self.reason = reason
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -342,6 +366,13 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
         )
         if run is None:
             raise TaskResultDoesNotExist(f"no task result {result_id}")
+        # The runtime role can write a run's input: its task path is imported below
+        # (``task_at``), so the seal is checked before it, whatever the run's status
+        # (#47). A worker refuses the same row before any step sees it.
+        unsealed = seals.start_problem(run)
+        if unsealed is not None:
+            logger.error("task run %s: its start fields are not used: %s", run_id, unsealed)
+            raise TaskRunNotSealed(run_id, unsealed)
         if run.status in TERMINAL_STATUSES:
             # The runtime role can write a queued run's status and output: a caller
             # would read a return value no worker computed (#35). As a waiter does.

@@ -249,6 +249,69 @@ def test_a_tasks_get_result_still_reads_the_end_the_kernel_wrote(runtime):
     assert task_functions.add.get_result(result.id).return_value == 5
 
 
+#: A module whose import sets ``BAIT_IMPORTED`` in the environment (tests/tasks_app/bait.py).
+BAIT, BAIT_IMPORTED = "tests.tasks_app.bait", "K2B_TEST_BAIT_IMPORTED"
+
+
+@pytest.fixture
+def bait(monkeypatch):
+    """The bait module not imported yet in this process; whether it was, afterwards."""
+    import os
+    import sys
+
+    sys.modules.pop(BAIT, None)
+    monkeypatch.delenv(BAIT_IMPORTED, raising=False)
+    yield lambda: BAIT_IMPORTED in os.environ or BAIT in sys.modules
+    sys.modules.pop(BAIT, None)
+
+
+def read_result(how: str, result) -> None:
+    """A caller reading a task's result, each way django.tasks offers."""
+    from asgiref.sync import async_to_sync
+
+    from tests.tasks_app import tasks as task_functions
+
+    if how == "get_result":
+        task_functions.add.get_result(result.id)
+    elif how == "aget_result":
+        # Its database work comes back to this thread, on this test's connection.
+        async_to_sync(task_functions.add.aget_result)(result.id)
+    else:
+        result.refresh()
+
+
+@pytest.mark.parametrize("status", ["queued", "succeeded"])
+@pytest.mark.parametrize("how", ["get_result", "aget_result", "refresh"])
+def test_a_task_path_the_runtime_role_wrote_is_never_imported_by_a_reader(
+    runtime, caplog, bait, how, status
+):
+    """#47: the runtime role set a queued task's path to ``this.x`` and the web process
+    imported ``this`` (any module's top-level code ran in the caller) before it
+    refused the row with a ``TaskResultMismatch`` that did not say why."""
+    from k2b_workflows.taskruns import TaskResultMismatch
+    from k2b_workflows.tasks import TaskRunNotSealed
+    from tests.tasks_app import tasks as task_functions
+
+    result = task_functions.add.enqueue(2, 3)
+    if status == "succeeded":
+        run_until_idle(using=RUNTIME)
+    as_runtime(
+        "UPDATE k2b_run SET input = jsonb_set(input, '{task}', to_jsonb(%s::text)) WHERE id = %s",
+        [f"{BAIT}.noop", result.id],
+    )
+
+    with pytest.raises(TaskRunNotSealed) as caught:
+        read_result(how, result)
+    assert "its start seal does not verify, the row was changed after the enqueue" in str(
+        caught.value
+    )
+    assert isinstance(caught.value, TaskResultMismatch) and str(caught.value.run_id) == result.id
+    assert not bait(), "the path a row the runtime role wrote names was imported"
+    assert any(
+        r.levelno == logging.ERROR and result.id in r.getMessage() for r in caplog.records
+    ), caplog.records
+
+
 def test_a_task_attempt_the_runtime_role_inserted_is_never_shown_as_the_tasks_error(
     runtime, caplog
 ):
