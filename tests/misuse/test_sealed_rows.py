@@ -22,7 +22,7 @@ from django.db import connection
 
 from k2b_workflows import Schedule, schedule_workflow
 from k2b_workflows.kernel import schedule_seals
-from k2b_workflows.models import AiTask, WorkflowRun, WorkflowSchedule
+from k2b_workflows.models import AiTask, TaskAttempt, WorkflowRun, WorkflowSchedule
 from k2b_workflows.testing import run_until_idle
 from tests.models import ProviderCall
 from tests.support import runtime_role
@@ -335,6 +335,44 @@ def test_a_task_attempt_the_runtime_role_inserted_is_never_shown_as_the_tasks_er
     assert any(
         r.levelno == logging.ERROR and "is not used" in r.getMessage() for r in caplog.records
     )
+    report = verify()
+    assert f"BROKEN task attempt {result.id} #2 " in report and "does not match" in report
+    assert "FAILED" in report
+
+
+def test_a_sealed_task_attempt_the_runtime_role_copied_counts_once_and_is_reported(runtime, caplog):
+    """#47: five copies of a genuine attempt row within its own run (the seal covers
+    the whole row but its id) read as six errors and six workers for one attempt."""
+    from django.contrib import admin as django_admin
+
+    from tests.tasks_app import tasks as task_functions
+
+    result = task_functions.boom.enqueue("the worker's own error")
+    run_until_idle(using=RUNTIME)
+    (original,) = TaskAttempt.objects.filter(run_id=result.id)
+    as_runtime(
+        "INSERT INTO k2b_task_attempt (run_id, attempt, worker_id, started_at, finished_at,"
+        " exception_class_path, traceback, seal)"
+        " SELECT run_id, attempt, worker_id, started_at, finished_at, exception_class_path,"
+        " traceback, seal FROM k2b_task_attempt, generate_series(1, 5) WHERE run_id = %s",
+        [result.id],
+    )
+    assert TaskAttempt.objects.filter(run_id=result.id).count() == 6
+
+    read = task_functions.boom.get_result(result.id)
+    assert [e.exception_class_path for e in read.errors] == ["builtins.ValueError"]
+    assert read.worker_ids == [original.worker_id] and read.attempts == 1
+    assert any(
+        r.levelno == logging.ERROR and "a copy of attempt 1" in r.getMessage()
+        for r in caplog.records
+    )
+    run = WorkflowRun.objects.get(pk=result.id)
+    shown = django_admin.site._registry[WorkflowRun].task_errors(run)
+    assert shown.count("the worker&#x27;s own error") == 1, shown
+    report = verify()
+    copies = [line for line in report.splitlines() if f"BROKEN task attempt {result.id} #1" in line]
+    assert len(copies) == 5 and "a copy of attempt 1" in copies[0], report
+    assert "FAILED" in report and "5 task attempt rows" in report
 
 
 def test_a_waiter_still_gets_the_end_the_kernel_wrote(runtime):
