@@ -1206,6 +1206,16 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "task-admin-path-start-seal",
+        "k2b_workflows/admin/runs.py",
+        "        problem = seals.start_problem(run)\n",
+        "        problem = None\n",
+        (
+            "tests/misuse/test_sealed_rows.py::"
+            "test_a_task_path_the_runtime_role_wrote_is_never_imported_by_a_reader",
+        ),
+    ),
+    Mutant(
         "task-attempt-copy-once",
         "k2b_workflows/taskruns.py",
         "        original = first.get(row.seal) if problem is None else None\n",

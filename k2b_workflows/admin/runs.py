@@ -22,7 +22,7 @@ from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
 from .. import store
-from ..kernel import clock
+from ..kernel import clock, seals
 from ..kernel.evidence import hash_value
 from ..lazy import LazyModule
 from ..models import Incident, LedgerEntry, RunStatus, TaskAttempt, WorkerRecord, WorkflowRun
@@ -297,7 +297,18 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.display(description="task")
     def task_path(self, run: WorkflowRun) -> str:
-        return format_html("<code>{}</code>", run.input.get("task", ""))
+        """The path in the run's input, said not to be the one enqueued when the run's
+        start seal does not verify: the runtime role can write the input (#47)."""
+        shown = format_html("<code>{}</code>", run.input.get("task", ""))
+        problem = seals.start_problem(run)
+        if problem is None:
+            return shown
+        return format_html(
+            '{} <span class="k2b-badge k2b-integrity-broken">tampered</span> not the task'
+            " enqueued: the run's start seal does not verify ({})",
+            shown,
+            problem,
+        )
 
     @admin.display(description="arguments")
     def task_arguments(self, run: WorkflowRun) -> str:

@@ -307,6 +307,9 @@ def test_a_task_path_the_runtime_role_wrote_is_never_imported_by_a_reader(
     )
     assert isinstance(caught.value, TaskResultMismatch) and str(caught.value.run_id) == result.id
     assert not bait(), "the path a row the runtime role wrote names was imported"
+    shown = admin.site._registry[WorkflowRun].task_path(WorkflowRun.objects.get(pk=result.id))
+    assert "tampered" in shown and "start seal does not verify" in shown
+    assert not bait()
     assert any(
         r.levelno == logging.ERROR and result.id in r.getMessage() for r in caplog.records
     ), caplog.records
@@ -343,8 +346,6 @@ def test_a_task_attempt_the_runtime_role_inserted_is_never_shown_as_the_tasks_er
 def test_a_sealed_task_attempt_the_runtime_role_copied_counts_once_and_is_reported(runtime, caplog):
     """#47: five copies of a genuine attempt row within its own run (the seal covers
     the whole row but its id) read as six errors and six workers for one attempt."""
-    from django.contrib import admin as django_admin
-
     from tests.tasks_app import tasks as task_functions
 
     result = task_functions.boom.enqueue("the worker's own error")
@@ -367,7 +368,7 @@ def test_a_sealed_task_attempt_the_runtime_role_copied_counts_once_and_is_report
         for r in caplog.records
     )
     run = WorkflowRun.objects.get(pk=result.id)
-    shown = django_admin.site._registry[WorkflowRun].task_errors(run)
+    shown = admin.site._registry[WorkflowRun].task_errors(run)
     assert shown.count("the worker&#x27;s own error") == 1, shown
     report = verify()
     copies = [line for line in report.splitlines() if f"BROKEN task attempt {result.id} #1" in line]
