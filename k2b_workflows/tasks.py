@@ -713,15 +713,12 @@ def _check_queues(alias: str, queues: Any) -> None:
 
 
 def _check_priority(value: Any, path: str) -> None:
-    """Django's -100..100, as an int: Django compares it first and raised a ``TypeError``
-    of its own for a string; a bool (``True`` is 1 to Python) is a mistake here."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidTaskCall(
-            f"task {path}: priority must be an int from -100 to 100, "
-            f"not {type(value).__name__} {value!r:.80}"
-        )
-    if not -PRIORITY_OFFSET <= value <= 100:
-        raise InvalidTaskCall(f"task {path}: priority must be from -100 to 100, not {value}")
+    """Django's -100..100, as an int, as the run's start takes it (``run_columns``):
+    Django compares it first and raised a ``TypeError`` of its own for a string."""
+    try:
+        validation.integer(value, "priority", minimum=-PRIORITY_OFFSET, maximum=100)
+    except InvalidInput as exc:
+        raise InvalidTaskCall(f"task {path}: {exc}") from None
 
 
 def _check_run_after(value: Any, path: str) -> None:

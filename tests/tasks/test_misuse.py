@@ -198,7 +198,7 @@ def nothing_scheduled():
 @pytest.mark.parametrize("priority", ["5", True, 5.0, None], ids=["str", "bool", "float", "none"])
 def test_a_priority_that_is_not_an_int_is_refused_naming_priority(priority, nothing_inserted):
     """Django compared ``'5' < -100`` itself and raised ``TypeError '<' not supported``."""
-    refused = r"add: priority must be an int from -100 to 100"
+    refused = r"add: priority must be an int, not "
     if priority is not None:  # using() takes None as "unchanged"
         with pytest.raises(InvalidTaskCall, match=refused):
             t.add.using(priority=priority)
