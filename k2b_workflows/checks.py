@@ -229,13 +229,15 @@ def check_actions(
     return warnings
 
 
-# Tagged "database": it connects, so Django runs it with ``check --database`` and
-# before ``migrate``; a migrate on the owner's alias (OWNER_DATABASE) skips it.
-@register(Tags.security, deploy=True)
+# Not a deploy check alone (#47): a site is set up with a plain ``check`` (and the
+# ``runserver`` and ``migrate`` that run it), and a fresh project witnesses
+# nothing; ``check --deploy`` runs it too. Its id stays W040, so a site that
+# silenced it keeps it silenced.
+@register(Tags.security)
 def check_witness(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: object
 ) -> list[CheckMessage]:
-    """``check --deploy``: the witness records go somewhere (#35).
+    """``check`` (and ``check --deploy``): the witness records go somewhere (#35, #47).
 
     They are the only detection of an owner's rollback or a restored backup;
     without a ``WITNESS_SINK`` or a handler of ``k2b_workflows.witness`` at

@@ -67,6 +67,7 @@ InvalidTask: type[Exception] = getattr(exceptions_api, "InvalidTask", None) or (
     exceptions_api.InvalidTaskError
 )
 TaskResultDoesNotExist: type[Exception] = exceptions_api.TaskResultDoesNotExist
+TaskResultMismatch: type[Exception] = exceptions_api.TaskResultMismatch
 
 #: The app id of task runs: ``runworkflows --app tasks`` runs tasks only.
 TASK_APP_ID = "tasks"
@@ -414,16 +415,50 @@ def attempt_text(row: TaskAttempt) -> str:
 
 
 def sealed_attempts(run_id: Any, rows: list[TaskAttempt]) -> list[TaskAttempt]:
-    """The attempts the worker wrote: a row the runtime role inserted (or edited) is
-    refused, loudly, and never shown as the task's error."""
-    kept = []
+    """The attempts the worker wrote, each once: a row the runtime role inserted, edited
+    or copied is refused, loudly, and never shown as the task's error."""
+    kept, refused = checked_attempts(rows)
+    for row, problem in refused:
+        logger.error("task run %s: attempt row %s is not used: %s", run_id, row.pk, problem)
+    return kept
+
+
+def checked_attempts(
+    rows: list[TaskAttempt],
+) -> tuple[list[TaskAttempt], list[tuple[TaskAttempt, str]]]:
+    """``rows`` of one run split into the attempts the worker wrote, each once, and the
+    rows refused, with why: ``sealed_attempts`` and ``verifyworkflows`` judge alike.
+
+    The seal covers the whole row but its id, so a copy of a genuine row within
+    its run (``INSERT ... SELECT`` by the runtime role) verifies: six copies of
+    one failed attempt read as six errors and six workers (#47). A copy is the
+    same sealed row again, and is counted once. Only the same seal makes a copy,
+    not the same attempt number: an operator's retry numbers a task's attempts
+    from 1 again, and each of those is a genuine attempt of its own.
+
+    Refused where it is read, not by a unique index on (run, attempt): the runtime
+    role may INSERT here, and a junk row of the next attempt's number, inserted
+    first, would make the worker's own insert of that attempt fail, so that the
+    attempt could never be recorded. What it can write is a row whose seal does
+    not verify, or a copy: neither is shown or counted, ``verifyworkflows`` names both.
+    """
+    kept: list[TaskAttempt] = []
+    refused: list[tuple[TaskAttempt, str]] = []
+    first: dict[str, TaskAttempt] = {}
     for row in rows:
         problem = seals.text_problem(row.seal, attempt_text(row))
+        original = first.get(row.seal) if problem is None else None
+        if original is not None:
+            problem = (
+                f"a copy of attempt {row.attempt}, which row {original.pk} holds already: "
+                "counted once"
+            )
         if problem is None:
+            first[row.seal] = row
             kept.append(row)
         else:
-            logger.error("task run %s: attempt row %s is not used: %s", run_id, row.pk, problem)
-    return kept
+            refused.append((row, problem))
+    return kept, refused
 
 
 def attempt_number(ctx: Any, run: WorkflowRun) -> int:

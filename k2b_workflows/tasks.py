@@ -23,9 +23,11 @@ face; the worker's charge is the guarantee.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime as dt
 import functools
+import inspect
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -49,9 +51,11 @@ from .taskruns import (
     EFFECT_OF_WORKFLOW,
     EFFECTS,
     MAX_PATH,
+    PRIORITY_OFFSET,
     WORKFLOW_NAMES,
     InvalidTask,
     TaskResultDoesNotExist,
+    TaskResultMismatch,
     backends_api,
     base_api,
     call_cost,
@@ -71,7 +75,10 @@ from .taskruns import (
 from .workflows import check_effect_budget
 
 __all__ = [
+    "MAX_RUN_AFTER",
+    "InvalidTaskArguments",
     "InvalidTaskCall",
+    "TaskRunNotSealed",
     "WorkflowsBackend",
     "WorkflowsTask",
     "effect_key",
@@ -82,12 +89,46 @@ __all__ = [
 #: What ``OPTIONS`` may hold: the defaults of the backend's tasks.
 KNOWN_OPTIONS = frozenset({"effect", "retry", "rate_limit", "concurrency", "effect_budget", "cost"})
 
+#: How far ahead a task's ``run_after`` may be (a datetime, or a timedelta from now):
+#: ten years. Further is a mistake, never a plan (a year 9999, milliseconds taken for
+#: seconds): it would sit queued for ever, and a bug that made it would go unseen (#47).
+MAX_RUN_AFTER = dt.timedelta(days=3653)
+
 logger = logging.getLogger(__name__)
 
 
 class InvalidTaskCall(InvalidInput, InvalidTask):  # type: ignore[misc,valid-type]
     """A task or a call of it that the backend refuses: Django's ``InvalidTask`` and
     this package's ``InvalidInput`` at once, so either ``except`` catches it."""
+
+
+class InvalidTaskArguments(InvalidTaskCall, TypeError):
+    """Arguments the task's function does not take (one short, one too many, an unknown
+    keyword): refused at the enqueue, where Python refuses such a call, and a
+    ``TypeError`` as Python's own is. Accepted, the call failed on the worker, after
+    the caller had moved on (#47)."""
+
+
+class TaskRunNotSealed(TaskResultMismatch):  # type: ignore[misc,valid-type]
+    """A task run whose start fields (its input: the task path, the call) do not match
+    their seal: the row was changed after the enqueue, by a role with SQL access and
+    no evidence key. Raised by ``get_result`` (so by ``TaskResult.refresh`` and the
+    async forms) before anything of the row is used: its task path is never imported.
+    Django's ``TaskResultMismatch``: the row is not the result of the task enqueued.
+
+    Before #47 the path was imported first: a runtime role that named ``this.x``
+    ran module ``this``'s top-level code in the caller's process, and the
+    ``TaskResultMismatch`` that followed did not say why. ``run_id`` is the run,
+    ``reason`` what does not match.
+    """
+
+    def __init__(self, run_id: object, reason: str) -> None:
+        super().__init__(
+            f"task run {run_id}: its start seal does not verify, the row was changed after "
+            f"the enqueue ({reason}); nothing of it was used, its task path was not imported"
+        )
+        self.run_id = run_id
+        self.reason = reason
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -128,6 +169,7 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
     supports_priority = True
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        _check_queues(alias, params.get("QUEUES"))
         super().__init__(alias, params)
         unknown = set(self.options) - KNOWN_OPTIONS
         if unknown:
@@ -152,11 +194,21 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
     # -- what a task declares ------------------------------------------------------
 
     def validate_task(self, task: Any) -> None:
-        try:
-            super().validate_task(task)
-        except InvalidTask as exc:
-            raise InvalidTaskCall(f"task {_path(task)}: {exc}") from None
+        """Every task this backend makes (``@task``, ``using()``) and every enqueue path
+        (``enqueue``, ``aenqueue``, ``enqueue_many``, ``schedule_task``) passes here.
+
+        The priority and ``run_after`` are checked before Django's own checks,
+        which compare and call them as an int and a datetime: a ``'5'`` raised
+        ``TypeError: '<' not supported`` from inside Django, a string
+        ``run_after`` an ``AttributeError`` (#47).
+        """
         path = _path(task)
+        _check_priority(task.priority, path)
+        _check_run_after(task.run_after, path)
+        try:
+            super().validate_task(_as_if_enqueued_now(task))
+        except InvalidTask as exc:
+            raise InvalidTaskCall(f"task {path}: {exc}") from None
         if len(path) > MAX_PATH:
             raise InvalidTaskCall(f"task {path}: the module path is over {MAX_PATH} characters")
         self.effect_of(task)
@@ -237,17 +289,28 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
         task: Any,
         args: Sequence[Any],
         kwargs: dict[str, Any] | None,
-        declared: dict[str, Any] | None = None,
+        bulk: _BulkInputs | None = None,
     ) -> Any:
         """The run's input: the call and the task's declarations (``declared_input``),
-        validated and as it will read back, nothing inserted."""
-        declared = self.declared_input(task) if declared is None else declared
+        validated and as it will read back, nothing inserted.
+
+        Every enqueue path turns a call into a run's input here, and only here:
+        the call is bound to the task's signature first, so that arguments its
+        function does not take are refused at the call rather than on the worker.
+        ``bulk``: the task's declarations encoded once, for ``enqueue_many``.
+        """
+        declared = self.declared_input(task) if bulk is None else bulk.declared
         path = declared["task"]
         if not isinstance(args, list | tuple):
             raise InvalidTaskCall(f"task {path}: args must be a list or tuple, not {args!r:.80}")
         kwargs = {} if kwargs is None else kwargs
         if not isinstance(kwargs, dict):
             raise InvalidTaskCall(f"task {path}: kwargs must be a dict, not {kwargs!r:.80}")
+        _check_binds(task, path, args, kwargs)
+        if bulk is not None:
+            encoded = bulk.encoded(args, kwargs)
+            if encoded is not None:
+                return encoded
         try:
             # One pass over the whole input (enqueue_many makes thousands); on a
             # refusal, the arguments alone, so that the error names which it is.
@@ -269,7 +332,7 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
         input = self.run_input(task, args, kwargs)
         self.check_cost(task, input)
         run = control.start_task_run(
-            WORKFLOW_NAMES[self.effect_of(task)], input, run_after=_aware(task.run_after)
+            WORKFLOW_NAMES[self.effect_of(task)], input, run_after=_run_after(task.run_after)
         )
         result = new_result(task, run, input)
         self._enqueued([result])
@@ -303,6 +366,13 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
         )
         if run is None:
             raise TaskResultDoesNotExist(f"no task result {result_id}")
+        # The runtime role can write a run's input: its task path is imported below
+        # (``task_at``), so the seal is checked before it, whatever the run's status
+        # (#47). A worker refuses the same row before any step sees it.
+        unsealed = seals.start_problem(run)
+        if unsealed is not None:
+            logger.error("task run %s: its start fields are not used: %s", run_id, unsealed)
+            raise TaskRunNotSealed(run_id, unsealed)
         if run.status in TERMINAL_STATUSES:
             # The runtime role can write a queued run's status and output: a caller
             # would read a return value no worker computed (#35). As a waiter does.
@@ -343,20 +413,20 @@ def enqueue_many(
     A few statements for thousands of calls (``control.start_workflow_runs``);
     each call is validated as ``enqueue()`` does before anything is inserted.
     """
-    backend = _backend_of(task)
+    backend = _backend_of(task, "enqueue_many")
     backend.validate_task(task)
     bulk = _BulkInputs(backend, task)
     inputs = []
     for index, call in enumerate(calls):
         if not isinstance(call, list | tuple) or len(call) != 2:
             raise InvalidTaskCall(f"enqueue_many(): call {index} must be (args, kwargs)")
-        input = bulk.input(call[0], call[1])
+        input = backend.run_input(task, call[0], call[1], bulk)
         backend.check_cost(task, input)
         inputs.append(input)
     runs = control.start_workflow_runs(
         WORKFLOW_NAMES[backend.effect_of(task)],
         inputs,
-        run_after=_aware(task.run_after),
+        run_after=_run_after(task.run_after),
         checked=True,
     )
     results = [new_result(task, run, input) for run, input in zip(runs, inputs, strict=True)]
@@ -372,8 +442,8 @@ class _BulkInputs:
     call's ``args`` and ``kwargs``: as JSON, an object whose members are those
     of the two, so its value is theirs together and its size in bytes the sum
     of theirs less one. A call whose arguments are not plainly a list or tuple
-    and a dict, are not JSON, or make the whole too large goes through
-    ``run_input`` itself, which refuses it with the error an ``enqueue()`` gives.
+    and a dict, are not JSON, or make the whole too large is encoded by
+    ``run_input`` as one ``enqueue()`` is, which refuses it with the same error.
     """
 
     def __init__(self, backend: WorkflowsBackend, task: Any) -> None:
@@ -389,9 +459,10 @@ class _BulkInputs:
             return
         self.room = store.max_value_bytes() + 1 - len(text.encode())
 
-    def input(self, args: Any, kwargs: Any) -> Any:
-        if type(args) in (list, tuple) and (kwargs is None or type(kwargs) is dict):
-            call = {"args": list(args), "kwargs": {} if kwargs is None else kwargs}
+    def encoded(self, args: Any, kwargs: Any) -> Any:
+        """The input of a call ``run_input`` has checked, or None: encode it one by one."""
+        if type(args) in (list, tuple) and type(kwargs) is dict:
+            call = {"args": list(args), "kwargs": kwargs}
             try:
                 validation.check_json(call, "the call")
                 text = validation.CANONICAL_JSON.encode(call)
@@ -400,7 +471,7 @@ class _BulkInputs:
                 fits = False
             if fits:
                 return {**self.value, **validation.stored_json(text)}
-        return self.backend.run_input(self.task, args, kwargs, self.declared)
+        return None
 
 
 def schedule_task(
@@ -412,11 +483,21 @@ def schedule_task(
     kwargs: dict[str, Any] | None = None,
 ) -> WorkflowSchedule:
     """A schedule that enqueues ``task(*args, **kwargs)`` once per tick, as
-    ``schedule_workflow`` does for a workflow: exactly one run per tick."""
-    backend = _backend_of(task)
+    ``schedule_workflow`` does for a workflow: exactly one run per tick.
+
+    The call's arguments are ``args`` and ``kwargs``; a ``Schedule(input=...)``
+    is refused, not dropped (a workflow's schedule takes its input there, a
+    task's cannot: its run's input is the call).
+    """
+    backend = _backend_of(task, "schedule_task")
     backend.validate_task(task)
     if not isinstance(schedule, Schedule):
         raise InvalidTaskCall(f"schedule_task() takes a Schedule(...), not {schedule!r:.80}")
+    if schedule.input:
+        raise InvalidTaskCall(
+            f"schedule_task(): a task's schedule takes the call's arguments as args= and "
+            f"kwargs= of schedule_task(), not Schedule(input=...): got input={schedule.input!r:.80}"
+        )
     input = backend.run_input(task, args, kwargs)
     backend.check_cost(task, input)
     spec = dataclasses.replace(schedule, input=input)
@@ -456,7 +537,10 @@ signals.run_finished.connect(_finished, dispatch_uid="k2b_workflows.tasks.finish
 
 
 def _path(task: Any) -> str:
-    func = getattr(task, "func", None)
+    return _function_path(getattr(task, "func", None))
+
+
+def _function_path(func: Any) -> str:
     return f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func))}"
 
 
@@ -611,15 +695,130 @@ def _budget_input(budget: dict[str, int], cost: dict[str, int] | str | None) -> 
     return {"effect_budget": budget, "cost": cost}
 
 
-def _aware(run_after: dt.datetime | None) -> dt.datetime | None:
-    if run_after is None or timezone.is_aware(run_after):
-        return run_after
-    if settings.USE_TZ:
-        raise InvalidTaskCall("run_after must be an aware datetime (USE_TZ is on)")
-    return timezone.make_aware(run_after)
+def _check_queues(alias: str, queues: Any) -> None:
+    """``QUEUES``: a list of queue names. Django makes a set of whatever it is given: a
+    string became a set of its letters, and every task on queue "default" was refused
+    as not one of them, or a one-letter queue accepted (#47)."""
+    if queues is None:
+        return
+    if isinstance(queues, list | tuple | set | frozenset) and all(
+        isinstance(q, str) and q for q in queues
+    ):
+        return
+    raise ImproperlyConfigured(
+        f"TASKS[{alias!r}]['QUEUES'] must be a list of queue names (strings), "
+        f"not {type(queues).__name__} {queues!r:.80}"
+        + (f": write [{queues!r}]" if isinstance(queues, str) else "")
+    )
 
 
-def _backend_of(task: Any) -> WorkflowsBackend:
+def _check_priority(value: Any, path: str) -> None:
+    """Django's -100..100, as an int, as the run's start takes it (``run_columns``):
+    Django compares it first and raised a ``TypeError`` of its own for a string."""
+    try:
+        validation.integer(value, "priority", minimum=-PRIORITY_OFFSET, maximum=100)
+    except InvalidInput as exc:
+        raise InvalidTaskCall(f"task {path}: {exc}") from None
+
+
+def _check_run_after(value: Any, path: str) -> None:
+    """``run_after``: None, a datetime, or a ``timedelta`` from now (Celery's countdown),
+    at most ``MAX_RUN_AFTER`` ahead.
+
+    A naive datetime is what Django's own backends make of it: refused while
+    ``USE_TZ`` is on (it is ambiguous), else the default time zone's local time.
+    """
+    where = f"task {path}: run_after"
+    if value is None:
+        return
+    if isinstance(value, dt.timedelta):
+        if value < dt.timedelta(0):
+            raise InvalidTaskCall(f"{where} is a timedelta from now, which must not be negative")
+        delay = value
+    elif isinstance(value, dt.datetime):
+        if timezone.is_naive(value) and settings.USE_TZ:
+            raise InvalidTaskCall(
+                f"{where} must be an aware datetime while USE_TZ is on, as Django's own "
+                f"backends require, not the naive {value.isoformat()}: use "
+                "timezone.now() + timedelta(...), or a timedelta from now"
+            )
+        delay = _when(value) - _now()
+    else:
+        raise InvalidTaskCall(
+            f"{where} must be a datetime or a timedelta from now, "
+            f"not {type(value).__name__} {value!r:.80}"
+        )
+    if delay > MAX_RUN_AFTER:
+        raise InvalidTaskCall(
+            f"{where} is more than {MAX_RUN_AFTER.days} days (ten years) ahead: {value!r:.80}"
+        )
+
+
+def _as_if_enqueued_now(task: Any) -> Any:
+    """``task`` as Django's checks can read it: a ``run_after`` delay made the datetime
+    it is from now (Django reads it as a datetime). A copy, not ``replace()``, which
+    would validate the copy again."""
+    if not isinstance(task.run_after, dt.timedelta):
+        return task
+    seen = copy.copy(task)
+    object.__setattr__(seen, "run_after", _now() + task.run_after)
+    return seen
+
+
+def _run_after(value: dt.datetime | dt.timedelta | None) -> dt.datetime | None:
+    """When the run may start, as the kernel takes it (``validate_task`` checked it)."""
+    return None if value is None else _when(value)
+
+
+def _when(value: dt.datetime | dt.timedelta) -> dt.datetime:
+    """A ``run_after`` as an aware datetime: a delay from now, or a naive datetime in
+    the default time zone (``USE_TZ`` off: what Django's own backends make of it)."""
+    if isinstance(value, dt.timedelta):
+        return _now() + value
+    return value if timezone.is_aware(value) else timezone.make_aware(value)
+
+
+def _now() -> dt.datetime:
+    """Now, aware whether ``USE_TZ`` is on or off: the kernel takes aware times only."""
+    now = timezone.now()
+    return now if timezone.is_aware(now) else timezone.make_aware(now)
+
+
+@functools.lru_cache(maxsize=1024)
+def _call_signature(func: Any, takes_context: bool) -> inspect.Signature | None:
+    """The signature the caller's arguments bind to: the function's, without the
+    context a ``takes_context`` task receives first. None: none Python can read."""
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):
+        return None
+    if takes_context:
+        signature = signature.replace(parameters=list(signature.parameters.values())[1:])
+    return signature
+
+
+def _check_binds(task: Any, path: str, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+    """The call binds to the task's function, as Python would bind it on the worker."""
+    signature = _call_signature(task.func, bool(task.takes_context))
+    if signature is None:
+        return
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise InvalidTaskArguments(
+            f"task {path}{signature}: {exc} (a worker would fail the call with this TypeError)"
+        ) from None
+
+
+def _backend_of(task: Any, caller: str) -> WorkflowsBackend:
+    if not isinstance(task, base_api.Task):
+        if isinstance(task, str):
+            given = f"the string {task!r:.100}: import the task and pass it"
+        elif callable(task):
+            given = f"the plain function {_function_path(task)}: decorate it with @task"
+        else:
+            given = f"{type(task).__name__} {task!r:.80}"
+        raise InvalidTaskCall(f"{caller}(): task must be a task made with @task, not {given}")
     backend = task.get_backend()
     if not isinstance(backend, WorkflowsBackend):
         raise InvalidTaskCall(

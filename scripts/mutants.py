@@ -1208,6 +1208,114 @@ MUTANTS = (
             "test_a_task_attempt_the_runtime_role_inserted_is_never_shown_as_the_tasks_error",
         ),
     ),
+    # The bad inputs of #47: each refused at the call, naming the argument.
+    Mutant(
+        "task-priority-is-an-int",
+        "k2b_workflows/tasks.py",
+        "        _check_priority(task.priority, path)\n",
+        "",
+        (
+            "tests/tasks/test_misuse.py::test_a_priority_that_is_not_an_int_is_refused_naming_priority",
+        ),
+    ),
+    Mutant(
+        "task-run-after-bound",
+        "k2b_workflows/tasks.py",
+        "    if delay > MAX_RUN_AFTER:\n",
+        "    if False:\n",
+        ("tests/tasks/test_misuse.py::test_a_run_after_out_of_bounds_is_refused_naming_run_after",),
+    ),
+    Mutant(
+        "task-run-after-delay",
+        "k2b_workflows/tasks.py",
+        "        return _now() + value\n",
+        "        return None\n",
+        ("tests/tasks/test_misuse.py::test_a_run_after_timedelta_is_a_delay_from_the_enqueue",),
+    ),
+    Mutant(
+        "task-call-binds",
+        "k2b_workflows/tasks.py",
+        "        signature.bind(*args, **kwargs)\n",
+        "        pass\n",
+        (
+            "tests/tasks/test_misuse.py::test_arguments_the_task_does_not_take_are_refused_at_the_call",
+        ),
+    ),
+    Mutant(
+        "task-call-binds-without-context",
+        "k2b_workflows/tasks.py",
+        "    if takes_context:\n",
+        "    if False:\n",
+        ("tests/tasks/test_misuse.py::test_a_call_that_binds_is_taken_with_a_context_task_too",),
+    ),
+    Mutant(
+        "task-is-a-task",
+        "k2b_workflows/tasks.py",
+        "    if not isinstance(task, base_api.Task):\n",
+        "    if False:\n",
+        (
+            "tests/tasks/test_misuse.py::"
+            "test_a_function_or_a_path_in_place_of_a_task_is_refused_naming_task",
+        ),
+    ),
+    Mutant(
+        "task-queues-a-list",
+        "k2b_workflows/tasks.py",
+        '        _check_queues(alias, params.get("QUEUES"))\n',
+        "",
+        (
+            "tests/tasks/test_misuse.py::"
+            "test_a_string_for_queues_is_an_improperly_configured_backend_naming_queues",
+        ),
+    ),
+    Mutant(
+        "task-schedule-input",
+        "k2b_workflows/tasks.py",
+        "    if schedule.input:\n",
+        "    if False:\n",
+        (
+            "tests/tasks/test_misuse.py::"
+            "test_a_tasks_schedule_refuses_an_input_instead_of_dropping_it",
+        ),
+    ),
+    # NF2, NF6 and N7 of #47.
+    Mutant(
+        "task-result-start-seal-first",
+        "k2b_workflows/tasks.py",
+        "        unsealed = seals.start_problem(run)\n",
+        "        unsealed = None\n",
+        (
+            "tests/misuse/test_sealed_rows.py::"
+            "test_a_task_path_the_runtime_role_wrote_is_never_imported_by_a_reader",
+        ),
+    ),
+    Mutant(
+        "task-admin-path-start-seal",
+        "k2b_workflows/admin/runs.py",
+        "        problem = seals.start_problem(run)\n",
+        "        problem = None\n",
+        (
+            "tests/misuse/test_sealed_rows.py::"
+            "test_a_task_path_the_runtime_role_wrote_is_never_imported_by_a_reader",
+        ),
+    ),
+    Mutant(
+        "task-attempt-copy-once",
+        "k2b_workflows/taskruns.py",
+        "        original = first.get(row.seal) if problem is None else None\n",
+        "        original = None\n",
+        (
+            "tests/misuse/test_sealed_rows.py::"
+            "test_a_sealed_task_attempt_the_runtime_role_copied_counts_once_and_is_reported",
+        ),
+    ),
+    Mutant(
+        "witness-plain-check",
+        "k2b_workflows/checks.py",
+        "@register(Tags.security)\ndef check_witness(",
+        "@register(Tags.security, deploy=True)\ndef check_witness(",
+        ("tests/misuse/test_witness_check.py::test_a_plain_check_warns_too",),
+    ),
 )
 
 

@@ -22,7 +22,7 @@ from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
 from .. import store
-from ..kernel import clock
+from ..kernel import clock, seals
 from ..kernel.evidence import hash_value
 from ..lazy import LazyModule
 from ..models import Incident, LedgerEntry, RunStatus, TaskAttempt, WorkerRecord, WorkflowRun
@@ -31,7 +31,7 @@ from .common import ReadOnlyMixin, field_names, pretty_json, short_hash, status_
 from .workers import worker_state_badge
 
 if TYPE_CHECKING:
-    from .. import versions
+    from .. import taskruns, versions
     from ..kernel import audit
     from . import display as admin_display
     from . import overview_views as admin_overview
@@ -43,6 +43,8 @@ else:
     admin_views = LazyModule("k2b_workflows.admin.views")
     versions = LazyModule("k2b_workflows.versions")
     audit = LazyModule("k2b_workflows.kernel.audit")
+    # Only task runs' pages: it imports django.tasks.
+    taskruns = LazyModule("k2b_workflows.taskruns")
 
 #: The workflows a django.tasks task call runs as (``taskruns.WORKFLOW_NAMES``), by their
 #: prefix: the admin must not import django.tasks, which a project may not have (#37).
@@ -52,6 +54,13 @@ TASK_WORKFLOW_PREFIX = "k2b.task."
 def is_task_run(run: WorkflowRun) -> bool:
     """Whether ``run`` is a django.tasks task call (``k2b_workflows.tasks``)."""
     return run.workflow_name.startswith(TASK_WORKFLOW_PREFIX)
+
+
+def _attempts(run: WorkflowRun) -> list[TaskAttempt]:
+    """A task run's failed attempts as its ``TaskResult`` has them: each once, none the
+    worker did not write (``taskruns.sealed_attempts``, which logs each refused row)."""
+    rows = list(TaskAttempt.objects.filter(run_id=run.pk).order_by("id"))
+    return taskruns.sealed_attempts(run.pk, rows) if rows else []
 
 
 @admin.register(WorkflowRun)
@@ -288,7 +297,18 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.display(description="task")
     def task_path(self, run: WorkflowRun) -> str:
-        return format_html("<code>{}</code>", run.input.get("task", ""))
+        """The path in the run's input, said not to be the one enqueued when the run's
+        start seal does not verify: the runtime role can write the input (#47)."""
+        shown = format_html("<code>{}</code>", run.input.get("task", ""))
+        problem = seals.start_problem(run)
+        if problem is None:
+            return shown
+        return format_html(
+            '{} <span class="k2b-badge k2b-integrity-broken">tampered</span> not the task'
+            " enqueued: the run's start seal does not verify ({})",
+            shown,
+            problem,
+        )
 
     @admin.display(description="arguments")
     def task_arguments(self, run: WorkflowRun) -> str:
@@ -297,7 +317,8 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     @admin.display(description="failed attempts")
     def task_attempts(self, run: WorkflowRun) -> str:
-        rows = list(TaskAttempt.objects.filter(run_id=run.pk).order_by("id"))
+        """The attempts a caller's ``TaskResult`` shows: a forged or copied row is not one."""
+        rows = _attempts(run)
         if not rows:
             return "none"
         return format_html_join(
@@ -309,8 +330,7 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
     @admin.display(description="errors")
     def task_errors(self, run: WorkflowRun) -> str:
         """The failed attempts' tracebacks, scrubbed when they were stored."""
-        rows = TaskAttempt.objects.filter(run_id=run.pk).order_by("id")
-        texts = [redact_text(r.traceback) for r in rows]
+        texts = [redact_text(r.traceback) for r in _attempts(run)]
         if not texts:
             return "—"
         return format_html_join("", '<pre class="k2b-json">{}</pre>', ((t,) for t in texts))

@@ -85,6 +85,9 @@ INLINE = {
     ("docs/security.md", ONE_LINE_WITNESS): (
         "misuse.test_witness_check.test_the_one_line_setup_of_security_md_silences_the_warning"
     ),
+    ("docs/getting-started.md", ONE_LINE_WITNESS): (
+        "test_an_existing_project_with_its_own_databases_adds_the_app_as_getting_started_says"
+    ),
     ("docs/testing.md", "# settings used by your test run"): (
         "test_the_test_settings_of_testing_md_are_the_suites"
     ),
@@ -488,13 +491,15 @@ def test_the_tox_environments_of_the_readme_exist() -> None:
 def test_an_existing_project_with_its_own_databases_adds_the_app_as_getting_started_says(
     tmp_path: Path,
 ) -> None:
-    """``startproject``, then the page's INSTALLED_APPS and DATABASES: check, migrate, status."""
+    """``startproject``, then the page's INSTALLED_APPS, DATABASES and witness LOGGING:
+    check (no issues: W040 is silent once the witness goes somewhere), migrate, status."""
     subprocess.run(
         [sys.executable, "-m", "django", "startproject", "quicksite", str(tmp_path)],
         check=True,
     )
     apps = block("docs/getting-started.md", "INSTALLED_APPS = [").code
     databases = block("docs/getting-started.md", "DATABASES = {").code
+    witness = block("docs/getting-started.md", ONE_LINE_WITNESS).code
     ours = connection.settings_dict
     name = f"{ours['NAME']}_quickstart"[:63]
     server = {
@@ -512,6 +517,7 @@ def test_an_existing_project_with_its_own_databases_adds_the_app_as_getting_star
         + apps.replace("    ...,\n", "    *INSTALLED_APPS,\n")
         + "\n"
         + databases
+        + witness
         # Point the page's settings at this test server.
         + f"\nDATABASES['default'].update({server!r})\n"
     )

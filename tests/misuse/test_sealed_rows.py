@@ -22,7 +22,7 @@ from django.db import connection
 
 from k2b_workflows import Schedule, schedule_workflow
 from k2b_workflows.kernel import schedule_seals
-from k2b_workflows.models import AiTask, WorkflowRun, WorkflowSchedule
+from k2b_workflows.models import AiTask, TaskAttempt, WorkflowRun, WorkflowSchedule
 from k2b_workflows.testing import run_until_idle
 from tests.models import ProviderCall
 from tests.support import runtime_role
@@ -249,6 +249,72 @@ def test_a_tasks_get_result_still_reads_the_end_the_kernel_wrote(runtime):
     assert task_functions.add.get_result(result.id).return_value == 5
 
 
+#: A module whose import sets ``BAIT_IMPORTED`` in the environment (tests/tasks_app/bait.py).
+BAIT, BAIT_IMPORTED = "tests.tasks_app.bait", "K2B_TEST_BAIT_IMPORTED"
+
+
+@pytest.fixture
+def bait(monkeypatch):
+    """The bait module not imported yet in this process; whether it was, afterwards."""
+    import os
+    import sys
+
+    sys.modules.pop(BAIT, None)
+    monkeypatch.delenv(BAIT_IMPORTED, raising=False)
+    yield lambda: BAIT_IMPORTED in os.environ or BAIT in sys.modules
+    sys.modules.pop(BAIT, None)
+
+
+def read_result(how: str, result) -> None:
+    """A caller reading a task's result, each way django.tasks offers."""
+    from asgiref.sync import async_to_sync
+
+    from tests.tasks_app import tasks as task_functions
+
+    if how == "get_result":
+        task_functions.add.get_result(result.id)
+    elif how == "aget_result":
+        # Its database work comes back to this thread, on this test's connection.
+        async_to_sync(task_functions.add.aget_result)(result.id)
+    else:
+        result.refresh()
+
+
+@pytest.mark.parametrize("status", ["queued", "succeeded"])
+@pytest.mark.parametrize("how", ["get_result", "aget_result", "refresh"])
+def test_a_task_path_the_runtime_role_wrote_is_never_imported_by_a_reader(
+    runtime, caplog, bait, how, status
+):
+    """#47: the runtime role set a queued task's path to ``this.x`` and the web process
+    imported ``this`` (any module's top-level code ran in the caller) before it
+    refused the row with a ``TaskResultMismatch`` that did not say why."""
+    from k2b_workflows.taskruns import TaskResultMismatch
+    from k2b_workflows.tasks import TaskRunNotSealed
+    from tests.tasks_app import tasks as task_functions
+
+    result = task_functions.add.enqueue(2, 3)
+    if status == "succeeded":
+        run_until_idle(using=RUNTIME)
+    as_runtime(
+        "UPDATE k2b_run SET input = jsonb_set(input, '{task}', to_jsonb(%s::text)) WHERE id = %s",
+        [f"{BAIT}.noop", result.id],
+    )
+
+    with pytest.raises(TaskRunNotSealed) as caught:
+        read_result(how, result)
+    assert "its start seal does not verify, the row was changed after the enqueue" in str(
+        caught.value
+    )
+    assert isinstance(caught.value, TaskResultMismatch) and str(caught.value.run_id) == result.id
+    assert not bait(), "the path a row the runtime role wrote names was imported"
+    shown = admin.site._registry[WorkflowRun].task_path(WorkflowRun.objects.get(pk=result.id))
+    assert "tampered" in shown and "start seal does not verify" in shown
+    assert not bait()
+    assert any(
+        r.levelno == logging.ERROR and result.id in r.getMessage() for r in caplog.records
+    ), caplog.records
+
+
 def test_a_task_attempt_the_runtime_role_inserted_is_never_shown_as_the_tasks_error(
     runtime, caplog
 ):
@@ -272,6 +338,42 @@ def test_a_task_attempt_the_runtime_role_inserted_is_never_shown_as_the_tasks_er
     assert any(
         r.levelno == logging.ERROR and "is not used" in r.getMessage() for r in caplog.records
     )
+    report = verify()
+    assert f"BROKEN task attempt {result.id} #2 " in report and "does not match" in report
+    assert "FAILED" in report
+
+
+def test_a_sealed_task_attempt_the_runtime_role_copied_counts_once_and_is_reported(runtime, caplog):
+    """#47: five copies of a genuine attempt row within its own run (the seal covers
+    the whole row but its id) read as six errors and six workers for one attempt."""
+    from tests.tasks_app import tasks as task_functions
+
+    result = task_functions.boom.enqueue("the worker's own error")
+    run_until_idle(using=RUNTIME)
+    (original,) = TaskAttempt.objects.filter(run_id=result.id)
+    as_runtime(
+        "INSERT INTO k2b_task_attempt (run_id, attempt, worker_id, started_at, finished_at,"
+        " exception_class_path, traceback, seal)"
+        " SELECT run_id, attempt, worker_id, started_at, finished_at, exception_class_path,"
+        " traceback, seal FROM k2b_task_attempt, generate_series(1, 5) WHERE run_id = %s",
+        [result.id],
+    )
+    assert TaskAttempt.objects.filter(run_id=result.id).count() == 6
+
+    read = task_functions.boom.get_result(result.id)
+    assert [e.exception_class_path for e in read.errors] == ["builtins.ValueError"]
+    assert read.worker_ids == [original.worker_id] and read.attempts == 1
+    assert any(
+        r.levelno == logging.ERROR and "a copy of attempt 1" in r.getMessage()
+        for r in caplog.records
+    )
+    run = WorkflowRun.objects.get(pk=result.id)
+    shown = admin.site._registry[WorkflowRun].task_errors(run)
+    assert shown.count("the worker&#x27;s own error") == 1, shown
+    report = verify()
+    copies = [line for line in report.splitlines() if f"BROKEN task attempt {result.id} #1" in line]
+    assert len(copies) == 5 and "a copy of attempt 1" in copies[0], report
+    assert "FAILED" in report and "5 task attempt rows" in report
 
 
 def test_a_waiter_still_gets_the_end_the_kernel_wrote(runtime):

@@ -1,8 +1,9 @@
-"""``check --deploy`` warns while the witness records go nowhere (#35).
+"""``check`` and ``check --deploy`` warn while the witness records go nowhere (#35, #47).
 
 Without an INFO handler on ``k2b_workflows.witness`` (or a ``WITNESS_SINK``)
 the records of dispatches and ends, the only detection of an owner's rollback,
-were dropped and nothing said so.
+were dropped and nothing said so. Only ``check --deploy`` said it at first, and
+a fresh project, set up with a plain ``check``, witnessed nothing unwarned.
 """
 
 from __future__ import annotations
@@ -71,9 +72,24 @@ def test_a_witness_sink_counts(unheard, settings):
         assert deploy_warnings() == []
 
 
-def test_it_is_a_deploy_check_only(unheard):
-    ids = [m.id for m in checks.run_checks(tags=[checks.Tags.security])]
-    assert "k2b_workflows.W040" not in ids
+def plain_warnings() -> list[str]:
+    return [m.id for m in checks.run_checks(tags=[checks.Tags.security]) if m.id.endswith("W040")]
+
+
+def test_a_plain_check_warns_too(unheard):
+    assert plain_warnings() == ["k2b_workflows.W040"]
+
+
+def test_a_plain_check_is_silent_once_the_witness_goes_somewhere(unheard):
+    unheard.addHandler(logging.StreamHandler())
+    unheard.setLevel(logging.INFO)
+    assert plain_warnings() == []
+
+
+def test_silencing_w040_still_silences_the_plain_checks_warning(unheard, settings):
+    settings.SILENCED_SYSTEM_CHECKS = [*settings.SILENCED_SYSTEM_CHECKS, "k2b_workflows.W040"]
+    shown = [m for m in checks.run_checks(tags=[checks.Tags.security]) if not m.is_silenced()]
+    assert "k2b_workflows.W040" not in [m.id for m in shown]
 
 
 def test_the_one_line_setup_of_security_md_silences_the_warning():

@@ -396,7 +396,11 @@ def test_enqueue_many_builds_each_input_as_enqueue_does():
     """The bulk path encodes the task's part once and each call's arguments alone: the
     inputs stored are those ``run_input`` builds for the same calls."""
     backend = t.add.get_backend()
-    calls = [((1, 2.5), None), ([[1, {"b": "é"}], 1e16], {}), ((), {"a": [None, True, -0.0]})]
+    calls = [
+        ((1, 2.5), None),
+        ([[1, {"b": "é"}], 1e16], {}),
+        ((), {"a": [None, True, -0.0], "b": 1}),
+    ]
     results = enqueue_many(t.add, calls)
     for result, (args, kwargs) in zip(results, calls, strict=True):
         assert run(result.id).input == backend.run_input(t.add, args, kwargs)

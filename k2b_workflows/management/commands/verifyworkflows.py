@@ -5,6 +5,8 @@ nothing (``kernel/schedule_seals.py``), and is named here. And the
 flow-control and budget state no kernel path leaves behind: a key with more
 slot holders than its limit, a slot held by an ended run or without a key, a
 budget whose spending is not its charges' sum (``kernel/flow_audit.py``).
+And every django.tasks attempt row: one whose seal does not verify, or a
+copy of a sealed one (``taskruns.checked_attempts``), is named with its run.
 
 Finished runs included: a run is verified by the kernel only while it runs,
 and an edited resolution on a run that ended a year ago is still a lie.
@@ -17,18 +19,33 @@ Reads only: a read-only auditor role can run it.
 
 from __future__ import annotations
 
+import itertools
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from k2b_workflows import store
 from k2b_workflows.kernel import audit, flow_audit, witness
+from k2b_workflows.lazy import LazyModule
 from k2b_workflows.management.arguments import integer
-from k2b_workflows.models import JournalEntry, LedgerEntry, WorkflowRun, WorkflowSchedule
+from k2b_workflows.models import (
+    JournalEntry,
+    LedgerEntry,
+    TaskAttempt,
+    WorkflowRun,
+    WorkflowSchedule,
+)
 
 MAX_BATCH = 100_000
+
+#: Imported once a task attempt row is found: it imports django.tasks, which a project
+#: without tasks may not have.
+if TYPE_CHECKING:
+    from k2b_workflows import taskruns
+else:
+    taskruns = LazyModule("k2b_workflows.taskruns")
 
 
 class Command(BaseCommand):
@@ -81,6 +98,10 @@ class Command(BaseCommand):
         if schedules:
             summary += f"; {schedules} schedules: {tampered} not written by the key holder"
             broken += tampered
+        attempts = self._task_attempts(using)
+        if attempts:
+            broken += attempts
+            summary += f"; {attempts} task attempt rows not written by the key holder"
         # Slots, limits and budgets no kernel path leaves behind (#35).
         flow = flow_audit.findings(using)
         for line in flow:
@@ -110,6 +131,18 @@ class Command(BaseCommand):
                     f"BROKEN schedule {row.schedule_id} ({row.workflow_name}): {problem}"
                 )
         return checked, broken
+
+    def _task_attempts(self, using: str) -> int:
+        """Task attempt rows a reader refuses (forged, edited or copied): how many."""
+        broken = 0
+        rows = TaskAttempt.objects.using(using).order_by("run_id", "id").iterator()
+        for run_id, group in itertools.groupby(rows, key=lambda row: row.run_id):
+            for row, problem in taskruns.checked_attempts(list(group))[1]:
+                broken += 1
+                self.stdout.write(
+                    f"BROKEN task attempt {run_id} #{row.attempt} (row {row.pk}): {problem}"
+                )
+        return broken
 
     def _runs(self, using: str, batch: int) -> tuple[int, int]:
         checked = broken = 0
