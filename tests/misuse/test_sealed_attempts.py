@@ -68,11 +68,12 @@ def attack_until_settled(run_id, action: str, statement: str) -> tuple[int, int]
         run = row(run_id)
         if run.status in ("succeeded", "failed", "canceled", "needs_attention"):
             break
-        if run.status == "queued" and run.consecutive_failures and run.attempts_seq != seen:
+        # Once per wait for a retry: each follows a claim of its own (a generation).
+        if run.status == "queued" and run.consecutive_failures and run.generation != seen:
+            seen = run.generation
             try:
                 as_runtime(statement, [run_id])
                 accepted += 1
-                seen = row(run_id).attempts_seq
             except DatabaseError as exc:
                 assert db.sqlstate(exc) == "42501", exc
                 refusals += 1
