@@ -148,7 +148,7 @@ SELECT h.id, h.workflow_name, h.error_code, h.attention_step, h.action_name,
        h.holder_pid,
        (SELECT bool_or(t.live) FROM soak_takeover t
          WHERE t.run_id = h.id AND t.generation = h.generation) AS kernel_saw_alive,
-       h.dispatched_at, h.taken_at,
+       h.dispatched_at, NULLIF(h.taken_at, 'infinity') AS taken_at,
        (SELECT min(c.entered_at) FROM soak_task_call c WHERE c.run_id = h.id) AS call_entered,
        (SELECT max(c.left_at) FROM soak_task_call c WHERE c.run_id = h.id) AS call_left,
        (SELECT min(p.created_at) FROM soak_provider_call p
