@@ -70,7 +70,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import random
 import shutil
@@ -97,6 +96,8 @@ from bench.soak_harness.invariants import (  # noqa: E402
     takeover_summary,
 )
 from bench.soak_harness.processes import Burners, Worker  # noqa: E402
+from bench.soak_harness.report import print_report, say, shown  # noqa: E402
+from bench.soak_harness.waker import waker  # noqa: E402
 
 __all__ = [
     "INVARIANTS",
@@ -143,10 +144,6 @@ STARVE = {
 }
 STARVE_QUICK = {**STARVE, "runs": 80, "tasks": 90, "hogs": 8, "duration": 45.0, "workers": 3}
 STARVE_QUICK["drain_timeout"] = 120.0
-
-
-def say(line: str = "") -> None:
-    print(line, flush=True)
 
 
 @dataclass
@@ -588,129 +585,15 @@ class Soak:
             if cluster is not None:
                 cluster.stop()
         print_report(report)
-        if self.args.keep or not report["ok"]:
+        if self.args.keep:
+            say(f"data and logs kept in {self.workdir}")
+        elif not report["ok"]:
+            # The logs tell what happened; the cluster's data (tens of MB) goes.
+            shutil.rmtree(self.cluster.pgdata, ignore_errors=True)
             say(f"logs kept in {self.logs}")
         else:
             shutil.rmtree(self.workdir, ignore_errors=True)
         return 0 if report["ok"] else 1
-
-
-def shown(item: Any) -> str:
-    """A finding as one line to read: times in ISO 8601, ids as text."""
-    if isinstance(item, dict):
-        return json.dumps(item, default=str)
-    if isinstance(item, tuple | list):
-        return "(" + ", ".join(str(value) for value in item) + ")"
-    return str(item)
-
-
-def print_report(report: dict[str, Any]) -> None:
-    say()
-    say(f"| soak ({report['mode']}) | |")
-    say("|---|---|")
-    for key in (
-        "runs_started",
-        "tasks_enqueued",
-        "tasks_enqueued_by",
-        "hogs",
-        "hogs_held",
-        "scheduled_ticks",
-        "runs_total",
-        "statuses",
-        "outcomes_not_succeeded",
-        "provider_calls",
-        "task_calls",
-        "effects",
-        "claims",
-        "worker_processes",
-        "kills",
-        "freezes",
-        "freezes_past_lease",
-        "terminations",
-        "restart_modes",
-        "burners",
-        "burned_seconds",
-        "lease_ms",
-        "worker_nice",
-        "seconds",
-    ):
-        say(f"| {key} | {report[key]} |")
-    say(
-        f"| needs_attention (EXTERNAL, no reconcile, outcome unknown) | "
-        f"{report['needs_attention']}, calls per step: {report['needs_attention_calls']}, "
-        f"cut by: {report['needs_attention_cut_by']} |"
-    )
-    say(
-        f"| takeovers (of live holders) | {report['takeovers']} ({report['live_takeovers']}:"
-        f" {report['live_kernel_saw_alive']} known alive to the reap,"
-        f" {report['live_in_external_call']} inside an external call,"
-        f" {report['live_in_external_step']} between a dispatch and its end;"
-        f" ended wrongly {report['live_ended_wrongly']}, repeated {report['live_repeated']},"
-        f" raced {report['live_raced']}) |"
-    )
-    say()
-    say("| invariant | value |")
-    say("|---|---|")
-    for key in INVARIANTS:
-        say(f"| {key} | {report[key]}{'' if report[key] == 0 else '  <-- VIOLATED'} |")
-    say()
-    say("SOAK " + json.dumps(report, sort_keys=True, default=str))
-
-
-# -- the waker ---------------------------------------------------------------------
-
-
-def waker() -> None:
-    """Open the gates of waiting runs (and, now and then, of runs not parked yet).
-
-    It survives the chaos like any client should: a database error closes the
-    connection and the loop tries again; opening a gate and waking are idempotent.
-    """
-    import django
-
-    django.setup()
-    from django.db import DatabaseError, InterfaceError, connection, transaction
-
-    from k2b_workflows import notify_workflow_worker, wake_workflow_runs_waiting_on
-
-    rng = random.Random()
-    stop = False
-
-    def on_term(signum: int, frame: Any) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, on_term)
-    while not stop:
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    """SELECT wait_key FROM k2b_run
-                        WHERE status = 'waiting' AND wait_kind = 'soak.gate'
-                          AND waiting_since < now() - interval '200 milliseconds'
-                        LIMIT 50"""
-                )
-                keys = [row[0] for row in cursor.fetchall()]
-                if rng.random() < 0.3:  # a wake before the park: the signal must not be lost
-                    cursor.execute(
-                        """SELECT 'gate-' || (input->>'i') FROM k2b_run
-                            WHERE workflow_name = 'soak.wait' AND status IN ('queued', 'running')
-                            ORDER BY random() LIMIT 1"""
-                    )
-                    keys += [row[0] for row in cursor.fetchall()]
-            for key in keys:
-                with transaction.atomic():
-                    with connection.cursor() as cursor:
-                        cursor.execute(
-                            "INSERT INTO soak_gate (key) VALUES (%s) ON CONFLICT DO NOTHING", [key]
-                        )
-                    wake_workflow_runs_waiting_on(app_id="soak", kind="soak.gate", key=key)
-                    notify_workflow_worker("soak")
-        except (DatabaseError, InterfaceError) as exc:
-            print(f"waker: {type(exc).__name__}: {str(exc).strip()}; retrying", flush=True)
-            connection.close()
-            time.sleep(0.5)
-        time.sleep(0.2)
 
 
 # -- command line -------------------------------------------------------------------

@@ -7,5 +7,6 @@
 - ``processes``: the worker processes and, for the starvation soak, the CPU burners;
 - ``load``: the runs and task calls it starts, and the task schedules;
 - ``invariants``: what the database shows after the soak, invariant by invariant,
-  and the takeovers of live holders.
+  and the takeovers of live holders;
+- ``report``: the table and the JSON line; ``waker``: the process that opens gates.
 """
