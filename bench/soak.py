@@ -139,7 +139,7 @@ STARVE = {
     "lease_ms": 1500,
     "jitter_ms": 200,
     "burners": 2 * (os.cpu_count() or 1),
-    "nice": 10,
+    "nice": 15,
     "hogs": 60,
 }
 STARVE_QUICK = {**STARVE, "runs": 80, "tasks": 90, "hogs": 8, "duration": 45.0, "workers": 3}

@@ -92,6 +92,11 @@ while os.getppid() == parent and time.monotonic() < deadline:
 """
 
 
+#: Burners yield to everything else on the machine at niceness 0 (a shared machine's
+#: other work, the soak's own database and harness), and starve workers niced below them.
+BURNER_NICE = 5
+
+
 class Burners:
     """``count`` busy processes, each in a session of its own, for at most ``seconds``."""
 
@@ -106,7 +111,7 @@ class Burners:
         for _ in range(self.count):
             self.procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-c", BURN, str(self.seconds)],
+                    ["nice", "-n", str(BURNER_NICE), sys.executable, "-c", BURN, str(self.seconds)],
                     start_new_session=True,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
