@@ -4,7 +4,7 @@
 Usage::
 
     python bench/soak.py --quick                      # ~1.5 minutes, what CI runs
-    python bench/soak.py                              # 2000 runs, 1200 tasks, ~12 min
+    python bench/soak.py                              # 2000 runs, 1200 tasks, 8 to 13 min
     python bench/soak.py --starve --quick             # starvation, ~1.5 minutes (CI)
     python bench/soak.py --starve                     # starvation for 10 minutes
 
@@ -142,8 +142,15 @@ STARVE = {
     "nice": 15,
     "hogs": 60,
 }
-STARVE_QUICK = {**STARVE, "runs": 80, "tasks": 90, "hogs": 8, "duration": 45.0, "workers": 3}
-STARVE_QUICK["drain_timeout"] = 120.0
+STARVE_QUICK = {
+    **STARVE,
+    "runs": 80,
+    "tasks": 90,
+    "hogs": 8,
+    "duration": 45.0,
+    "workers": 3,
+    "drain_timeout": 120.0,
+}
 
 
 @dataclass
