@@ -333,7 +333,13 @@ def missed_ticks(rows: Any, schedules: dict[str, float]) -> list[tuple]:
             )
         ]
         if not ticks:
-            missed.append(("schedule started no run", schedule_id))
+            state = rows(
+                """SELECT enabled, disabled_reason, paused, anchor, next_tick, next_fire_at,
+                          last_tick, created_at, k2b_now() FROM k2b_schedule
+                    WHERE schedule_id = %s""",
+                [schedule_id],
+            )
+            missed.append(("schedule started no run", schedule_id, *state))
         for before, after in itertools.pairwise(ticks):
             gap = (after - before).total_seconds()
             if abs(gap - seconds) > 0.001:

@@ -36,6 +36,11 @@ LIVE_HOLDER_CALLS_ARE_SAFE = False
 NF3_INVARIANTS = ("raced_effects", "wrong_ends", "unexpected_attention")
 
 
+def findings(result: subprocess.CompletedProcess, names: tuple[str, ...] = INVARIANTS) -> str:
+    """The soak's findings as it printed them: which run, which step, what happened when."""
+    return "\n".join(line for line in result.stdout.splitlines() if line.strip().startswith(names))
+
+
 def soak(*args: str) -> tuple[dict, subprocess.CompletedProcess]:
     result = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "soak.py"), *args],
@@ -65,7 +70,7 @@ def test_quick_soak_keeps_every_invariant():
     assert set(report["task_calls"]) == {"pure", "idempotent", "external"}, report
 
     violated = {name: report[name] for name in INVARIANTS if report[name] != 0}
-    assert not violated, f"{violated}\n{result.stdout[-6000:]}"
+    assert not violated, f"{violated}\n{findings(result)}"
     assert set(report["needs_attention_calls"]) <= {"0", "1"}
     assert report["ok"] and result.returncode == 0, result.stdout[-3000:]
 
@@ -82,14 +87,10 @@ def test_quick_starvation_soak_shows_takeovers_of_live_holders_and_what_they_did
 
     violated = {name: report[name] for name in INVARIANTS if report[name] != 0}
     races = {name: violated.pop(name) for name in NF3_INVARIANTS if name in violated}
-    assert not violated, f"{violated}\n{result.stdout[-6000:]}"
-    # The findings as the soak printed them: which run, which step, what happened when.
-    seen = "\n".join(
-        line for line in result.stdout.splitlines() if line.strip().startswith(NF3_INVARIANTS)
-    )
+    assert not violated, f"{violated}\n{findings(result)}"
     if races and not LIVE_HOLDER_CALLS_ARE_SAFE:
-        pytest.xfail(f"#47 NF3, a live holder's EXTERNAL call: {races}\n{seen}")
-    assert not races, f"{races}\n{seen}"
+        pytest.xfail(f"#47 NF3, a live holder's EXTERNAL call: {races}\n{findings(result)}")
+    assert not races, f"{races}\n{findings(result)}"
     assert report["ok"] and result.returncode == 0, result.stdout[-3000:]
 
 
