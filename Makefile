@@ -39,7 +39,8 @@ help:
 	@echo "make bench     run bench/run.py (full; bench-quick: under a minute)"
 	@echo "make bench-overview time the admin's overview on 1,000,000 runs"
 	@echo "make compare   the same workload on DBOS and Procrastinate (needs the bench extra)"
-	@echo "make soak      the quick soak (SOAK_ARGS= for the long one: 2000 runs, ~10 min)"
+	@echo "make soak      the quick chaos soak, ~1.5 min (docs/soak.md); SOAK_ARGS= the long one, 8-13 min;"
+	@echo "               SOAK_ARGS='--starve --quick' starvation, ~1.5 min; SOAK_ARGS=--starve 10 min of it"
 	@echo "make docs      build the documentation site into build/site (strict: a warning fails)"
 	@echo "make docs-serve serve the documentation at http://127.0.0.1:8001/ while you edit it"
 	@echo "make venv      create .venv and install the project with its dev extras"
@@ -138,6 +139,9 @@ compare: venv db
 	@$(WITH_DB) $(PY) bench/compare.py
 
 # The soak starts and restarts a PostgreSQL of its own: it needs no DATABASE_URL.
+# SOAK_ARGS: --quick (the default, what CI runs), empty for the long chaos soak,
+# --starve [--quick] for the starvation soak, which keeps every core busy while it
+# runs (docs/soak.md).
 SOAK_ARGS ?= --quick
 soak: venv
 	$(PY) bench/soak.py $(SOAK_ARGS)

@@ -151,11 +151,12 @@ def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[N
 #: Long tests first, so that under pytest-xdist they start at once on different
 #: workers while the short ones fill the gaps; last, they would lengthen the run.
 _HEAVY_MARKERS = ("slow", "crash", "browser")
-#: The three longest (35 to 55 s each on 2 cores), first of all. A renamed one only
+#: The four longest (35 to 80 s each on 2 cores), first of all. A renamed one only
 #: loses its place at the head of the queue.
 _LONGEST = (
     "tests/hot_path/test_bench_smoke.py::test_bench_quick_prints_one_json_line_with_the_numbers",
     "tests/crash/test_soak.py::test_quick_soak_keeps_every_invariant",
+    "tests/crash/test_soak.py::test_quick_starvation_soak_shows_takeovers_of_live_holders_and_what_they_did",
     "tests/kernel/test_waits_stress.py::test_no_wake_is_lost_when_thousands_of_parks_and_wakes_race",
 )
 

@@ -6,8 +6,11 @@ Every effect leaves a row the invariant report can count:
   and per IDEMPOTENT effect (in a fenced transaction, only when ``insert_once``
   created the dedup record). Two rows for one step are a duplicate effect.
 - ``soak_provider_call``: the EXTERNAL provider's own record of every call,
-  written on a connection of its own (autocommit), keyed by ``effect_key``.
+  written on a connection of its own (autocommit), keyed by ``effect_key``,
+  with the time it came in and the time it returned to its caller.
   Two calls for one step are a duplicate effect.
+- ``soak_reconcile``: every ``reconcile()`` lookup, when it asked and what it
+  found. One that asked while a call of its step was still in flight raced it.
 - ``soak_gate``: the gates the waker opens; a waiting step checks its gate.
 
 Actions sleep a few milliseconds around their effects so that a killed or
@@ -38,8 +41,11 @@ from k2b_workflows.dedup import insert_once
 from k2b_workflows.models import DedupRecord
 
 APP = "soak"
-#: Upper bound of the pause an action takes before and after its effect.
-JITTER_S = 0.02
+#: Upper bound of the pause an action takes before and after its effect (the
+#: starvation soak lengthens it: more of a worker's time is spent inside calls).
+JITTER_S = int(os.environ.get("K2B_SOAK_JITTER_MS", "20")) / 1000
+#: How long a provider write that lost its connection is tried again.
+PROVIDER_PATIENCE_S = 60.0
 
 
 def pause() -> None:
@@ -67,11 +73,46 @@ def provider() -> Any:
     return conn
 
 
-def provider_lookup(effect_key: str) -> int | None:
+def provider_write(sql: str, params: list[Any]) -> None:
+    """An idempotent provider write, tried again until it lands (a restart, a killed backend).
+
+    For what the soak records about a call that already happened (that it
+    returned): giving up would leave the call looking in flight for ever.
+    """
+    deadline = time.monotonic() + PROVIDER_PATIENCE_S
+    while True:
+        try:
+            with provider().cursor() as cursor:
+                cursor.execute(sql, params)
+            return
+        except DatabaseError:
+            connections["provider"].close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+#: The call has returned to its caller (with its answer, or an error).
+LEFT_SQL = (
+    "UPDATE soak_provider_call SET left_at = clock_timestamp()"
+    " WHERE invocation_key = %s AND left_at IS NULL"
+)
+
+#: The lookup and its record in one statement: what the reconcile saw is what is recorded.
+RECONCILE_SQL = """
+WITH found AS (SELECT min(id) AS id FROM soak_provider_call WHERE effect_key = %s)
+INSERT INTO soak_reconcile (run_id, seq, effect_key, generation, pid, found, call_id)
+SELECT %s, %s, %s, %s, %s, found.id IS NOT NULL, found.id FROM found
+RETURNING call_id
+"""
+
+
+def provider_lookup(ctx: Any) -> int | None:
     try:
         with provider().cursor() as cursor:
             cursor.execute(
-                "SELECT min(id) FROM soak_provider_call WHERE effect_key = %s", [effect_key]
+                RECONCILE_SQL,
+                [ctx.effect_key, ctx.run_id, ctx.step, ctx.effect_key, ctx.generation, os.getpid()],
             )
             return cursor.fetchone()[0]
     except DatabaseError:
@@ -158,14 +199,17 @@ class Charge(Action):
                 )
                 (call_id,) = cursor.fetchone()
         except DatabaseError:
+            # The insert's answer was lost: the call may have gone through, and it is over.
             connections["provider"].close()
+            provider_write(LEFT_SQL, [ctx.invocation_key])
             raise
         pause()
+        provider_write(LEFT_SQL, [ctx.invocation_key])
         return succeeded({"n": input["n"] + 1, "call": call_id})
 
     def reconcile(self, ctx, input):
         try:
-            call_id = provider_lookup(ctx.effect_key)
+            call_id = provider_lookup(ctx)
         except DatabaseError:
             # The provider cannot be asked now; ask again in a second.
             return waiting(Dependency("soak.provider", ctx.effect_key, dt.timedelta(seconds=1)))
