@@ -131,10 +131,11 @@ def run_until_idle(
         keeper.stop()
 
 
-#: The next due run of these workflows (``{app_filter}``: of these apps too).
+#: The next due run of these workflows (``{app_filter}``: of these apps too), in a
+#: queue that is not paused.
 _NEXT_RETRY_SQL = f"""
 SELECT EXTRACT(EPOCH FROM (min(run_after) - k2b_now())) * 1000 FROM k2b_run
- WHERE ((status = 'queued' AND {flow.CLAIMABLE}) OR {flow.DELAYED_KEYED})
+ WHERE ((status = 'queued' AND {flow.CLAIMABLE}) OR {flow.DELAYED_KEYED}) AND {flow.NOT_PAUSED}
    AND (workflow_name, workflow_version)
        IN (SELECT * FROM unnest(%s::text[], %s::int[])) {{app_filter}}
 """
