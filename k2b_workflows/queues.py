@@ -65,7 +65,8 @@ SELECT q.name,
          ORDER BY {flow.QUEUE_ORDER} LIMIT 1),
        (SELECT count(*) FROM (SELECT 1 FROM k2b_run r
          WHERE r.queue = q.name AND r.status IN ('succeeded', 'failed', 'canceled')
-           AND r.finished_at >= k2b_now() - %(recent)s LIMIT %(cap)s) c)
+           AND r.finished_at >= k2b_now() - %(recent_ms)s * interval '1 millisecond'
+         LIMIT %(cap)s) c)
   FROM unnest(%(names)s::text[]) AS q(name)
 """
 
@@ -98,6 +99,11 @@ class QueueView:
         return [(status, shown(self.counts[status])) for status in STATUSES]
 
 
+def view_parameters(names: list[str]) -> dict[str, Any]:
+    """The parameters of ``STATEMENTS["view"]`` for the queues ``names``."""
+    return {"names": names, "cap": COUNT_CAP, "recent_ms": int(RECENT.total_seconds() * 1000)}
+
+
 def read(using: str | None = None) -> list[QueueView]:
     """Every queue runs are in (up to ``MAX_QUEUES``) and every paused one, by name."""
     using = using or store.database()
@@ -106,7 +112,7 @@ def read(using: str | None = None) -> list[QueueView]:
         with connections[using].cursor() as cursor:
             cursor.execute(_QUEUES_SQL, [MAX_QUEUES])
             names = sorted({row[0] for row in cursor.fetchall()} | set(paused))
-            cursor.execute(_VIEW_SQL, {"names": names, "cap": COUNT_CAP, "recent": RECENT})
+            cursor.execute(_VIEW_SQL, view_parameters(names))
             rows = cursor.fetchall()
     return [_view(row, paused) for row in rows]
 

@@ -154,13 +154,15 @@ def test_every_read_of_the_queues_page_is_an_index_scan_stopped_at_its_cap(big_t
         cursor.execute("UPDATE k2b_run SET queue = 'reports' WHERE id::text > 'e'")
         cursor.execute("VACUUM (ANALYZE) k2b_run")
     pause_queue("paused-before-its-first-run", reason="a queue only the pause names")
-    cap = 1_000
+    cap = queues.COUNT_CAP
     with connection.cursor() as cursor:
         cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + queues.STATEMENTS["queues"], [100])
         found = cursor.fetchone()[0][0]["Plan"]
         names = ["default", "mail", "paused-before-its-first-run", "reports"]
-        params = {"names": names, "cap": cap, "recent": queues.RECENT}
-        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + queues.STATEMENTS["view"], params)
+        cursor.execute(
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + queues.STATEMENTS["view"],
+            queues.view_parameters(names),
+        )
         view = cursor.fetchone()[0][0]["Plan"]
 
     def nodes(plan: dict) -> list[dict]:

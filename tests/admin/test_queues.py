@@ -1,4 +1,4 @@
-"""The Queues page and ``manage.py workflowqueues``: counts, the pause, and who may change it (#49)."""
+"""The Queues page and ``manage.py workflowqueues``: counts, pauses, who may change them (#49)."""
 
 from __future__ import annotations
 
@@ -126,7 +126,7 @@ def test_the_command_lists_pauses_and_resumes(two_queues):
 
 def test_the_command_acts_for_a_named_user_who_needs_the_permission(two_queues):
     make_user("viewer", "view_workflowrun")
-    with pytest.raises(CommandError, match="k2b_workflows.pause_queue"):
+    with pytest.raises(CommandError, match=r"k2b_workflows\.pause_queue"):
         command("pause", "default", "--reason", "x", "--actor", "viewer")
     with pytest.raises(CommandError, match="no user 'ghost'"):
         command("resume", "held", "--actor", "ghost")

@@ -103,7 +103,7 @@ def test_a_pause_without_a_reason_is_refused(reason):
 
 
 def test_a_user_needs_the_permission_and_their_pause_and_resume_are_in_the_admin_history():
-    with pytest.raises(PermissionDenied, match="k2b_workflows.pause_queue"):
+    with pytest.raises(PermissionDenied, match=r"k2b_workflows\.pause_queue"):
         pause_queue("held", reason="why", actor=user_with("view_workflowrun", name="viewer"))
     assert not QueuePause.objects.exists()
     operator = user_with("pause_queue")
