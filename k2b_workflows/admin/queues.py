@@ -10,6 +10,7 @@ as the Schedules page does for a schedule's pause and resume. No script.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
@@ -98,31 +99,37 @@ class QueuesAdmin(admin.ModelAdmin):
     def pause_view(self, request: HttpRequest) -> HttpResponse:
         name = self._name(request)
         reason = request.POST.get("reason", "")
-        try:
-            if control.pause_queue(name, reason=reason, actor=request.user):
-                self.message_user(request, f"Paused queue {name}.", messages.SUCCESS)
-            else:
-                self.message_user(request, f"Queue {name} was paused already.", messages.INFO)
-        except InvalidInput as exc:
-            self.message_user(request, str(exc), messages.ERROR)
-        return self._back()
+        return self._act(
+            request,
+            lambda: control.pause_queue(name, reason=reason, actor=request.user),
+            done=f"Paused queue {name}.",
+            not_done=f"Queue {name} was paused already.",
+        )
 
     def resume_view(self, request: HttpRequest) -> HttpResponse:
         name = self._name(request)
+        return self._act(
+            request,
+            lambda: control.resume_queue(name, actor=request.user),
+            done=f"Resumed queue {name}.",
+            not_done=f"Queue {name} was not paused.",
+        )
+
+    def _act(
+        self, request: HttpRequest, change: Callable[[], bool], *, done: str, not_done: str
+    ) -> HttpResponse:
+        """Pause or resume, say what happened (or what was wrong), back to the page."""
         try:
-            if control.resume_queue(name, actor=request.user):
-                self.message_user(request, f"Resumed queue {name}.", messages.SUCCESS)
+            if change():
+                self.message_user(request, done, messages.SUCCESS)
             else:
-                self.message_user(request, f"Queue {name} was not paused.", messages.INFO)
+                self.message_user(request, not_done, messages.INFO)
         except InvalidInput as exc:
             self.message_user(request, str(exc), messages.ERROR)
-        return self._back()
+        return HttpResponseRedirect(reverse("admin:k2b_workflows_queuepause_changelist"))
 
     def _name(self, request: HttpRequest) -> str:
         """The queue the form names; the permission is checked before anything is read."""
         if not self.has_pause_permission(request):
             raise PermissionDenied
         return request.POST.get("queue", "")
-
-    def _back(self) -> HttpResponseRedirect:
-        return HttpResponseRedirect(reverse("admin:k2b_workflows_queuepause_changelist"))

@@ -7,21 +7,25 @@ in ``tests/worker/test_queue_pause.py``.
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 from django.contrib.admin.models import LogEntry
 from django.core.exceptions import PermissionDenied
 
 from k2b_workflows import (
     InvalidInput,
+    Schedule,
     pause_queue,
     paused_queues,
     resume_queue,
+    schedule_workflow,
     start_workflow_run,
     workflow,
 )
 from k2b_workflows.kernel import claim, seals
 from k2b_workflows.models import QueuePause, WorkflowRun
-from k2b_workflows.testing import run_until_idle
+from k2b_workflows.testing import controlled_clock, run_until_idle
 from tests.support.admin import user_with
 from tests.support.kernel import fresh
 
@@ -41,6 +45,19 @@ def test_a_paused_queues_runs_are_accepted_queued_and_not_claimed_while_others_r
     assert resume_queue("held") is True
     run_until_idle(timeout=30)
     assert fresh(before).status == fresh(after).status == "succeeded"
+
+
+def test_a_schedules_ticks_into_a_paused_queue_start_runs_that_wait():
+    with controlled_clock() as clock:
+        schedule_workflow("held-hourly", "queues.held", Schedule(every=dt.timedelta(hours=1)))
+        pause_queue("held", reason="deploy")
+        clock.advance(hours=1)
+        stats = run_until_idle(timeout=30)
+        (run,) = WorkflowRun.objects.filter(schedule_id="held-hourly")
+        assert stats["scheduled"] == 1 and (run.queue, run.status) == ("held", "queued")
+        resume_queue("held")
+        run_until_idle(timeout=30)
+        assert fresh(run).status == "succeeded"
 
 
 def test_paused_queues_says_who_paused_when_and_why_and_the_first_pause_stays():
