@@ -4,7 +4,8 @@
 the calling thread, with the same kernel code as ``manage.py runworkflows``,
 until nothing of the selected apps is runnable. Delayed retries are waited
 for (they are part of "until idle"); waiting runs are not, unless their
-deadline passes within ``timeout``.
+deadline passes within ``timeout``; nor are a paused queue's runs (#49): it
+returns with them queued.
 
 Schedules' due ticks are fired on every round (their runs are then run like
 any other): under ``controlled_clock``, ``clock.advance(hours=1)`` followed by
