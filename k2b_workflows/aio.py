@@ -42,6 +42,7 @@ async def astart_workflow_run(
     run_after: Any = None,
     schedule_id: str | None = None,
     scheduled_for: Any = None,
+    queue: str | None = None,
 ) -> WorkflowRun:
     """``start_workflow_run`` for async code: every argument, passed through by name."""
     return await sync_to_async(control.start_workflow_run)(
@@ -56,6 +57,7 @@ async def astart_workflow_run(
         run_after=run_after,
         schedule_id=schedule_id,
         scheduled_for=scheduled_for,
+        queue=queue,
     )
 
 

@@ -1,4 +1,4 @@
-"""Starting, canceling, waking, resolving and retrying runs: what user code calls.
+"""Starting, canceling, waking, resolving and retrying runs, pausing queues: what user code calls.
 
 The façade over the kernel: each function checks its arguments (a clear
 ``InvalidInput`` naming the bad one, before anything is written) and the
@@ -15,12 +15,14 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING, Any, cast
 
+from django.apps import apps
 from django.core.exceptions import PermissionDenied
+from django.db import transaction
 
 from . import codes, store, tracing, validation
 from .actions import to_json_value
 from .exceptions import InvalidInput, StepFailed
-from .kernel import children, db, interventions, starts, waits
+from .kernel import children, db, interventions, pauses, starts, waits
 from .kernel.budgets import BudgetExceeded
 from .kernel.context import KernelStepContext
 from .kernel.interventions import (
@@ -31,7 +33,7 @@ from .kernel.interventions import (
     RETRYABLE_INCIDENT_CODES,
     retry_refusal,
 )
-from .models import WorkflowRun
+from .models import QueuePause, WorkflowRun
 from .workflows import RunHandle, get_workflow
 
 if TYPE_CHECKING:
@@ -48,7 +50,10 @@ __all__ = [
     "count_child_workflow_runs",
     "create_child_workflow_runs",
     "notify_workflow_worker",
+    "pause_queue",
+    "paused_queues",
     "resolve_effect",
+    "resume_queue",
     "retry_refusal",
     "retry_workflow_run",
     "start_workflow_run",
@@ -69,6 +74,7 @@ def start_workflow_run(
     run_after: Any = None,
     schedule_id: str | None = None,
     scheduled_for: Any = None,
+    queue: str | None = None,
 ) -> WorkflowRun:
     """Queue a run of workflow ``name``. The same ``idempotency_key`` returns the same run.
 
@@ -78,7 +84,9 @@ def start_workflow_run(
     ``priority`` (0 to 1000, higher first, aged by ``PRIORITY_AGING_MS``) orders
     claims; ``run_after`` (an aware datetime) delays the first claim.
     ``schedule_id`` and ``scheduled_for`` are set by schedule passes
-    (``kernel/schedule_passes.py``) and the admin's "run now".
+    (``kernel/schedule_passes.py``) and the admin's "run now". ``queue``: the
+    queue it is claimed from (default: the workflow's, "default" unless
+    ``@workflow(queue=...)`` says otherwise; #49).
 
     Raises ``UnknownWorkflow`` or ``InvalidInput`` before creating anything,
     ``IdempotencyConflict`` when the key names a run started with another input,
@@ -94,6 +102,8 @@ def start_workflow_run(
     if idempotency_key is not None:
         validation.text(idempotency_key, "idempotency_key", max_length=255)
     parent_id = None if parent is None else validation.run_id(parent, "parent")
+    if queue is not None:
+        validation.queue_name(queue)
     with db.schema_required():
         return starts.start(
             store.database(),
@@ -107,6 +117,7 @@ def start_workflow_run(
             run_after=run_after,
             schedule_id=schedule_id,
             scheduled_for=scheduled_for,
+            queue=queue,
         )
 
 
@@ -328,3 +339,88 @@ def retry_workflow_run(run_id: uuid.UUID | str, *, actor: Any, reason: str = "")
         raise InvalidInput("the retry reason must be a string")
     reason = validation.storable_message(reason)
     return interventions.retry(store.database(), run_id, actor=actor, reason=reason)
+
+
+#: What an operator needs to pause or resume a queue, when the actor is a Django user.
+PAUSE_PERMISSION = "k2b_workflows.pause_queue"
+
+
+def pause_queue(name: str, *, reason: str, actor: Any = None) -> bool:
+    """Stop every worker claiming queue ``name``'s runs until ``resume_queue(name)`` (#49).
+
+    The pause is a row: it holds for every worker, of every release, across
+    restarts and deploys. Runs already claimed finish; enqueues, starts and
+    schedule ticks into the queue are accepted and wait, queued. A queue may be
+    paused before its first run. ``reason`` (required) is shown with the pause
+    to whoever finds the queue paused.
+
+    ``actor``: the Django user pausing it (who needs ``k2b_workflows.pause_queue``;
+    the pause then enters the admin's history), a text naming who or what
+    pauses it (a deploy script), or None. Returns False when the queue was
+    paused already: the first pause, its reason and actor, are kept.
+    """
+    validation.queue_name(name)
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidInput(
+            f"pausing queue {name!r} needs a reason: why it stops, for whoever finds it paused"
+        )
+    validation.long_text(reason, "the reason")
+    paused_by = _queue_actor(actor, "pausing")
+    using = store.database()
+    with db.schema_required(), transaction.atomic(using=using):
+        row = pauses.pause(using, name, reason=reason.strip(), paused_by=paused_by)
+        if row is not None:
+            _audit(actor, row, f"Paused: {row.reason}")
+    return row is not None
+
+
+def resume_queue(name: str, *, actor: Any = None) -> bool:
+    """Let workers claim queue ``name``'s runs again, at once: every worker is woken (#49).
+
+    Returns False, and changes nothing, when the queue is not paused: a resume
+    only promises that the queue is not paused afterwards, so a deploy script
+    may resume its queues whether or not an earlier step paused them. A name
+    that is not a valid queue name raises ``InvalidInput``. ``actor`` as for
+    ``pause_queue``.
+    """
+    validation.queue_name(name)
+    resumed_by = _queue_actor(actor, "resuming")
+    using = store.database()
+    with db.schema_required(), transaction.atomic(using=using):
+        row = pauses.resume(using, name, resumed_by=resumed_by)
+        if row is not None:
+            _audit(actor, row, "Resumed")
+    return row is not None
+
+
+def paused_queues() -> dict[str, QueuePause]:
+    """The paused queues by name, each with its ``reason``, ``paused_by`` and ``paused_at``."""
+    with db.schema_required():
+        return pauses.paused(store.database())
+
+
+def _queue_actor(actor: Any, doing: str) -> str:
+    """Who pauses or resumes, as the pause's row names them; a user must hold the permission."""
+    if actor is None:
+        return ""
+    if isinstance(actor, str):
+        return validation.text(actor, "actor", max_length=150)
+    if not getattr(actor, "is_active", False) or not actor.has_perm(PAUSE_PERMISSION):
+        raise PermissionDenied(f"{doing} a queue needs the permission {PAUSE_PERMISSION}")
+    return str(actor.get_username())
+
+
+def _audit(actor: Any, row: QueuePause, message: str) -> None:
+    """A Django user's pause or resume enters the admin's history of the queue, in its
+    transaction (what the Schedules page writes for a schedule's pause and resume)."""
+    if actor is None or isinstance(actor, str) or not apps.is_installed("django.contrib.admin"):
+        return
+    from django.contrib.admin.models import CHANGE, LogEntry
+
+    LogEntry.objects.log_actions(
+        user_id=actor.pk,
+        queryset=[row],
+        action_flag=CHANGE,
+        change_message=message,
+        single_object=True,
+    )

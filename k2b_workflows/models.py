@@ -313,6 +313,9 @@ class WorkflowRun(models.Model):
                 name="k2b_run_queued_queue",
             ),
             models.Index(fields=["status", "created_at"], name="k2b_run_status"),
+            # The Queues page (#49): a queue's runs per status, each count stopped at a
+            # cap, and what it finished in the last minutes, without reading the rest.
+            models.Index(fields=["queue", "status", "finished_at"], name="k2b_run_queue_status"),
             # The overview's throughput and error codes, and retention's oldest first:
             # index-only over the window, whatever the size of the table.
             models.Index(
@@ -669,4 +672,5 @@ from .budget_models import BudgetAccount, BudgetCharge  # noqa: E402, F401
 from .fleet_models import WorkerRecord  # noqa: E402, F401
 from .flow_models import RateDispatch  # noqa: E402, F401
 from .overview_models import OverviewMinute  # noqa: E402, F401
+from .queue_models import QueuePause  # noqa: E402, F401
 from .schedule_models import WorkflowSchedule, WorkflowScheduleSkip  # noqa: E402, F401

@@ -26,9 +26,11 @@ _FORBIDDEN = ("UPDATE", "DELETE", "TRUNCATE")
 #: rendezvous nobody consumed in their housekeeping (``kernel/waits.py``).
 #: The admin's overview drops its per-minute counts older than two days
 #: (``admin/overview.py``). None holds evidence. And schedules an operator deletes
-#: in the admin, with their skipped-tick records (their runs stay). Nothing else.
+#: in the admin, with their skipped-tick records (their runs stay), and the row of
+#: a paused queue, which its resume deletes (#49). Nothing else.
 RUNTIME_DELETES = (
     "k2b_overview_minute",
+    "k2b_queue_pause",
     "k2b_schedule",
     "k2b_schedule_skip",
     "k2b_wait",

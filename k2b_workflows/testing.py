@@ -4,7 +4,8 @@
 the calling thread, with the same kernel code as ``manage.py runworkflows``,
 until nothing of the selected apps is runnable. Delayed retries are waited
 for (they are part of "until idle"); waiting runs are not, unless their
-deadline passes within ``timeout``.
+deadline passes within ``timeout``; nor are a paused queue's runs (#49): it
+returns with them queued.
 
 Schedules' due ticks are fired on every round (their runs are then run like
 any other): under ``controlled_clock``, ``clock.advance(hours=1)`` followed by
@@ -131,10 +132,11 @@ def run_until_idle(
         keeper.stop()
 
 
-#: The next due run of these workflows (``{app_filter}``: of these apps too).
+#: The next due run of these workflows (``{app_filter}``: of these apps too), in a
+#: queue that is not paused.
 _NEXT_RETRY_SQL = f"""
 SELECT EXTRACT(EPOCH FROM (min(run_after) - k2b_now())) * 1000 FROM k2b_run
- WHERE ((status = 'queued' AND {flow.CLAIMABLE}) OR {flow.DELAYED_KEYED})
+ WHERE ((status = 'queued' AND {flow.CLAIMABLE}) OR {flow.DELAYED_KEYED}) AND {flow.NOT_PAUSED}
    AND (workflow_name, workflow_version)
        IN (SELECT * FROM unnest(%s::text[], %s::int[])) {{app_filter}}
 """

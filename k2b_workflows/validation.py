@@ -232,6 +232,16 @@ def text(
     return value
 
 
+#: The longest queue name: ``WorkflowRun.queue``'s and ``QueuePause.queue``'s length.
+MAX_QUEUE_NAME = 100
+
+
+def queue_name(value: Any, field: str = "queue") -> str:
+    """A queue's name (``@workflow(queue=)``, ``start_workflow_run``, ``pause_queue``, #49):
+    a non-empty string, not all whitespace, without NUL, at most ``MAX_QUEUE_NAME``."""
+    return text(value, field, max_length=MAX_QUEUE_NAME)
+
+
 def long_text(value: Any, field: str) -> str:
     """Free text stored in a ``text`` column (evidence, reasons): no NUL, within the size limit."""
     from . import store

@@ -54,6 +54,9 @@ class WorkflowDefinition:
     concurrency: Concurrency | None = None
     #: Written by ``migrate`` as the ``WorkflowSchedule`` whose id is the name.
     schedule: Schedule | None = None
+    #: The queue its runs are claimed from, unless a start names another: what
+    #: ``runworkflows --queue`` selects and ``pause_queue`` pauses (#49).
+    queue: str = "default"
 
 
 @dataclass
@@ -111,6 +114,7 @@ def workflow(
     timeout: dt.timedelta | None = None,
     concurrency: Concurrency | None = None,
     schedule: Schedule | None = None,
+    queue: str = "default",
 ) -> Callable[[WorkflowFn], WorkflowFn]:
     """Register ``fn(run, input)`` as the workflow ``name``.
 
@@ -123,11 +127,15 @@ def workflow(
     bounds the active runs started with the same ``concurrency_key`` (see
     docs/flow-control.md). ``schedule`` starts runs by itself
     (a ``Schedule``): ``migrate`` writes it as the schedule whose id is ``name``.
+    ``queue``: the queue its runs (its children and its schedule's ticks too) are
+    claimed from, unless ``start_workflow_run(queue=...)`` names another
+    (``runworkflows --queue``, ``pause_queue``).
     """
     if not isinstance(name, str) or not name:
         raise InvalidInput("workflow() takes a non-empty name")
     validation.text(name, "the workflow name", max_length=200)
     validation.text(app_id, "app_id", max_length=100)
+    validation.queue_name(queue, f"workflow {name!r}: queue")
     budget = check_effect_budget(effect_budget)
     validation.integer(max_ai_calls, "max_ai_calls", maximum=validation.MAX_INT, optional=True)
     validation.integer(max_steps, "max_steps", minimum=1, maximum=validation.MAX_INT)
@@ -175,6 +183,7 @@ def workflow(
             timeout=timeout,
             concurrency=concurrency,
             schedule=schedule,
+            queue=queue,
         )
         fn.workflow_name = name  # type: ignore[attr-defined]
         return fn

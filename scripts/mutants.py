@@ -1316,6 +1316,49 @@ MUTANTS = (
         "@register(Tags.security, deploy=True)\ndef check_witness(",
         ("tests/misuse/test_witness_check.py::test_a_plain_check_warns_too",),
     ),
+    Mutant(
+        "queue-pause-claim",
+        "k2b_workflows/kernel/claim.py",
+        "WHERE status = 'queued' AND {claimable} AND {not_paused}",
+        "WHERE status = 'queued' AND {claimable}",
+        (
+            "tests/kernel/test_queue_pauses.py::"
+            "test_a_paused_queues_runs_are_accepted_queued_and_not_claimed_while_others_run",
+            "tests/worker/test_queue_pause.py::"
+            "test_a_pause_stops_a_live_worker_claiming_and_holds_through_a_kill_and_a_restart",
+        ),
+    ),
+    Mutant(
+        "queue-pause-pending",
+        "k2b_workflows/worker/selection.py",
+        "OR {unadmitted_keyed}) AND {not_paused}",
+        "OR {unadmitted_keyed})",
+        (
+            "tests/worker/test_queue_pause.py::"
+            "test_a_burst_worker_ends_with_a_paused_queues_runs_still_queued",
+        ),
+    ),
+    Mutant(
+        "queue-pause-next-due",
+        "k2b_workflows/kernel/claim.py",
+        "WHERE status = 'queued' AND {flow.CLAIMABLE} AND {flow.NOT_PAUSED}\n"
+        "        AND {flow.QUEUE_ORDER} <= k2b_now()",
+        "WHERE status = 'queued' AND {flow.CLAIMABLE}\n        AND {flow.QUEUE_ORDER} <= k2b_now()",
+        (
+            "tests/kernel/test_queue_pauses.py::"
+            "test_a_paused_queues_runs_are_accepted_queued_and_not_claimed_while_others_run",
+        ),
+    ),
+    Mutant(
+        "queue-resume-wakes-every-app",
+        "k2b_workflows/worker/wakeups.py",
+        "                            or note.payload == waits.EVERY_APP\n",
+        "",
+        (
+            "tests/worker/test_queue_pause.py::"
+            "test_a_resume_wakes_an_idle_worker_of_another_app_at_once",
+        ),
+    ),
 )
 
 

@@ -9,6 +9,8 @@ from k2b_workflows import (
     Concurrency,
     Effect,
     RateLimit,
+    pause_queue,
+    resume_queue,
     start_workflow_run,
     succeeded,
     workflow,
@@ -77,3 +79,27 @@ def deploy_now(site, commit):
     # A newer deploy of the same site cancels the one in progress: the latest wins.
     return start_workflow_run("site.deploy", {"site": site, "commit": commit}, concurrency_key=site)
 # --8<-- [end:cancel_in_progress]
+
+
+# --8<-- [start:queues]
+@workflow("crm.export_tenant", app_id="crm", queue="exports")
+def export_tenant(run, input):
+    return run.step(PullTenant, {"tenant": input["tenant"]})
+
+
+def export_now(tenant_id, *, urgent=False):
+    # In the queue "exports" (runworkflows --queue exports), or "urgent" for this run.
+    return start_workflow_run(
+        "crm.export_tenant", {"tenant": tenant_id}, queue="urgent" if urgent else None
+    )
+
+
+def hold_exports(operator):
+    # Every worker stops claiming the queue's runs; enqueues still go in, and wait.
+    pause_queue("exports", reason="the CRM's export API is down", actor=operator)
+
+
+def release_exports(operator):
+    # Every worker is woken: the queue's runs are claimed at once.
+    resume_queue("exports", actor=operator)
+# --8<-- [end:queues]

@@ -13,6 +13,7 @@ from k2b_workflows import (
     wake_workflow_runs_waiting_on, notify_workflow_worker,
     create_child_workflow_runs, count_child_workflow_runs,
     resolve_effect, EFFECT_CONFIRMED, EFFECT_ABSENT, retry_workflow_run,
+    pause_queue, resume_queue, paused_queues,                    # queues
     dry_run, DryRunReport, ai_provider,
     Schedule, schedule_workflow,                                 # schedules
     wait_for_workflow_run, await_workflow_run,                   # results and async
@@ -28,6 +29,6 @@ from k2b_workflows.store import (
 from k2b_workflows.testing import run_until_idle
 from k2b_workflows.dedup import insert_once, DedupConflict
 from k2b_workflows.models import WorkflowRun, JournalEntry, LedgerEntry, DedupRecord
-from k2b_workflows.models import WorkflowSchedule
+from k2b_workflows.models import WorkflowSchedule, QueuePause
 from k2b_workflows.signals import run_needs_attention, run_finished   # sent after commit
 # --8<-- [end:imports]

@@ -3,7 +3,7 @@
 No user code imports this package: Django's admin autodiscovery does, and
 importing it registers the model admins (``runs`` for runs and incidents,
 ``entries`` for the journal and the ledger, ``workers`` for the fleet,
-``schedules`` for the Schedules page). The
+``schedules`` for the Schedules page, ``queues`` for the Queues page). The
 views, what the run page draws and the overview's queries are imported on
 first use (``runs`` reaches them lazily), so a worker process that imports
 the admin through ``django.setup()`` pays for none of them.
@@ -11,8 +11,9 @@ the admin through ``django.setup()`` pays for none of them.
 
 from __future__ import annotations
 
-from . import entries, runs, schedules, workers
+from . import entries, queues, runs, schedules, workers
 from .entries import JournalEntryAdmin, LedgerEntryAdmin
+from .queues import QueuesAdmin
 from .runs import IncidentAdmin, WorkflowRunAdmin
 from .schedules import WorkflowScheduleAdmin
 from .workers import WorkerRecordAdmin
@@ -21,10 +22,12 @@ __all__ = [
     "IncidentAdmin",
     "JournalEntryAdmin",
     "LedgerEntryAdmin",
+    "QueuesAdmin",
     "WorkerRecordAdmin",
     "WorkflowRunAdmin",
     "WorkflowScheduleAdmin",
     "entries",
+    "queues",
     "runs",
     "schedules",
     "workers",

@@ -102,7 +102,8 @@ def legend() -> SafeString:
     )
 
 
-def _age(seconds: float | None) -> str:
+def age_text(seconds: float | None) -> str:
+    """How long something has waited, at a glance: "45 s", "12 min", "3.5 h"."""
     if seconds is None:
         return "—"
     if seconds < 120:
@@ -136,7 +137,7 @@ def overview_view(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse
         "active": [(status, _count(n)) for status, n in view.active.items()],
         "finished": list(view.finished.items()),
         "queued_due": _count(view.queued_due),
-        "oldest_due": _age(view.oldest_due_s),
+        "oldest_due": age_text(view.oldest_due_s),
         "chart": chart_svg(view),
         "legend": legend(),
     }

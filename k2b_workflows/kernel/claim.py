@@ -44,7 +44,7 @@ UPDATE k2b_run r
        updated_at = k2b_now()
  WHERE r.id = ANY(ARRAY(
         SELECT id FROM k2b_run
-         WHERE status = 'queued' AND {claimable}
+         WHERE status = 'queued' AND {claimable} AND {not_paused}
            AND {line} <= k2b_now() AND run_after <= k2b_now()
            AND (workflow_name, workflow_version) IN (SELECT * FROM unnest(%s::text[], %s::int[]))
            {app_filter}{queue_filter}
@@ -130,6 +130,7 @@ def claim_statement(
         app_filter=app_filter,
         queue_filter=queue_filter,
         claimable=flow.CLAIMABLE,
+        not_paused=flow.NOT_PAUSED,
         line=flow.QUEUE_ORDER,
     )
     return sql, params
@@ -256,14 +257,14 @@ def promote_due_waits(using: str) -> int:
 _NEXT_DUE_SQL = f"""
 SELECT EXTRACT(EPOCH FROM (LEAST(
     (SELECT k2b_now() FROM k2b_run
-      WHERE status = 'queued' AND {flow.CLAIMABLE}
+      WHERE status = 'queued' AND {flow.CLAIMABLE} AND {flow.NOT_PAUSED}
         AND {flow.QUEUE_ORDER} <= k2b_now() AND run_after <= k2b_now() LIMIT 1),
     (SELECT min({flow.QUEUE_ORDER}) FROM k2b_run
-      WHERE status = 'queued' AND {flow.CLAIMABLE} AND {flow.QUEUE_ORDER} > k2b_now()
-        AND priority_credit_ms = 0),
+      WHERE status = 'queued' AND {flow.CLAIMABLE} AND {flow.NOT_PAUSED}
+        AND {flow.QUEUE_ORDER} > k2b_now() AND priority_credit_ms = 0),
     (SELECT min(run_after) FROM k2b_run
       WHERE status = 'queued' AND priority_credit_ms > 0 AND {flow.CLAIMABLE}
-        AND run_after > k2b_now()),
+        AND {flow.NOT_PAUSED} AND run_after > k2b_now()),
     (SELECT min(run_after) FROM k2b_run WHERE {flow.DELAYED_KEYED}),
     (SELECT min(wait_deadline) FROM k2b_run WHERE status = 'waiting'),
     (SELECT min(lease_expires_at) FROM k2b_run WHERE status = 'running')
@@ -279,7 +280,8 @@ def next_due_in_ms(using: str) -> float | None:
     its line order; the walk skips only delayed runs with a priority); the next
     ``run_after`` of a run with a priority, whose line order comes before it.
     Runs queued behind a key are admitted by a transaction that notifies the
-    workers.
+    workers. A paused queue's runs are not counted: its due runs would wake the
+    loop at once, for ever; its resume notifies the workers (#49).
     """
     with connections[using].cursor() as cursor:
         cursor.execute(_NEXT_DUE_SQL)

@@ -65,6 +65,12 @@ QUEUE_ORDER = "k2b_queue_order(run_after, priority_credit_ms)"
 #: Claimable: not keyed, or holding a slot. The same text as the index's condition.
 CLAIMABLE = "(concurrency_key IS NULL OR holds_slot)"
 
+#: Not in a paused queue (``kernel/pauses.py``, #49): added by every statement that
+#: claims or looks for claimable runs. The subquery has no outer reference, so it is
+#: read once per statement and hashed; its column is a primary key, never NULL, so
+#: ``NOT IN`` holds back no run by a NULL.
+NOT_PAUSED = "queue NOT IN (SELECT queue FROM k2b_queue_pause)"
+
 #: A queued keyed run not due yet, so without a slot (#35): pending work that the
 #: housekeeping admits once due (``admit_due``). Read through ``k2b_run_delayed_keyed``.
 DELAYED_KEYED = (

@@ -90,6 +90,9 @@ def new_run(
     )
     if "run_after" not in columns:
         run.run_after = now
+    if "queue" not in columns:
+        # A child's run, like any other, is in its workflow's queue (#49).
+        run.queue = definition.queue
     run.start_seal = seals.start_seal(run)
     return run
 
@@ -107,7 +110,7 @@ def start(
     run_after: Any = None,
     schedule_id: str | None = None,
     scheduled_for: dt.datetime | None = None,
-    queue: str = "default",
+    queue: str | None = None,
     task_path: str = "",
     concurrency: Concurrency | None = None,
 ) -> WorkflowRun:
@@ -116,7 +119,7 @@ def start(
 
     A workflow in ``INPUT_COLUMNS`` (a django.tasks task's) takes its queue,
     priority, task path, concurrency and effect budget from its input, whoever
-    starts it.
+    starts it. Any other run is in ``queue``, or its workflow's (#49).
 
     ``input`` and ``principal`` are JSON values. Raises ``InvalidInput`` (a bad
     flow-control argument, a missing parent) before writing anything, and
@@ -143,7 +146,7 @@ def start(
     )
     columns["schedule_id"] = schedule_id
     columns["scheduled_for"] = scheduled_for
-    columns["queue"] = queue
+    columns["queue"] = definition.queue if queue is None else queue
     columns["task_path"] = task_path
     declared = concurrency if concurrency is not None else definition.concurrency
     args = (using, definition, input, idempotency_key, principal, parent_id, now, columns, declared)
@@ -411,7 +414,7 @@ def start_many(
     *,
     priority: int = 0,
     run_after: Any = None,
-    queue: str = "default",
+    queue: str | None = None,
     task_path: str = "",
 ) -> list[QueuedRun]:
     """Queue one run of ``definition`` per input (JSON values), in one transaction.
@@ -457,7 +460,12 @@ def start_many(
         now=now,
         concurrency=concurrency,
     )
-    columns.update(schedule_id=None, scheduled_for=None, queue=queue, task_path=task_path)
+    columns.update(
+        schedule_id=None,
+        scheduled_for=None,
+        queue=definition.queue if queue is None else queue,
+        task_path=task_path,
+    )
     trace_context = tracing.capture() if tracing.ENABLED else None
     template = new_run(definition, inputs[0], now=now, trace_context=trace_context, **columns)
     other = new_run(definition, inputs[0], now=now, trace_context=trace_context, **columns)

@@ -161,6 +161,10 @@ def wake(using: str, *, app_id: str, kind: str, key: str) -> int:
 
 _NOTIFY_SQL = "SELECT pg_notify(%s, %s)"
 
+#: The payload that wakes workers of every app (a resumed queue, #49). Never a run
+#: id; an app named "*" would only wake a little more often.
+EVERY_APP = "*"
+
 
 def notify(using: str, app_id: str) -> None:
     """Wake idle workers now; delivered only if the surrounding transaction commits."""

@@ -23,12 +23,12 @@ __all__ = ["Selection"]
 lifecycle = logging.getLogger("k2b_workflows")
 
 #: For ``burst``: is a run of ours queued (even delayed) or claimable soon? The
-#: ``{filters}`` are the app and queue conditions, when the worker has them.
+#: ``{filters}`` are the app and queue conditions, when the worker has them. A
+#: paused queue's runs are not pending: a burst worker stops with them queued (#49).
 _PENDING_RUNS_SQL = """SELECT EXISTS (SELECT 1 FROM k2b_run
      WHERE (workflow_name, workflow_version)
            IN (SELECT * FROM unnest(%s::text[], %s::int[])) {filters}
-        AND ((status = 'queued' AND {claimable})
-             OR {unadmitted_keyed}
+        AND (((status = 'queued' AND {claimable}) OR {unadmitted_keyed}) AND {not_paused}
              OR (status = 'running'
                  AND lease_expires_at < k2b_now())))"""
 _APP_FILTER = "AND app_id = ANY(%s)"
@@ -76,7 +76,10 @@ class Selection:
             params.append(self.queues)
         params.append(admitted_until)
         sql = _PENDING_RUNS_SQL.format(
-            filters=filters, claimable=flow.CLAIMABLE, unadmitted_keyed=flow.UNADMITTED_KEYED
+            filters=filters,
+            claimable=flow.CLAIMABLE,
+            unadmitted_keyed=flow.UNADMITTED_KEYED,
+            not_paused=flow.NOT_PAUSED,
         )
         with connections[using].cursor() as cursor:
             cursor.execute(sql, params)

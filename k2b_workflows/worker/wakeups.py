@@ -14,7 +14,7 @@ import threading
 from collections.abc import Sequence
 
 from .. import metrics, store
-from ..kernel import db, weather
+from ..kernel import db, waits, weather
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +23,9 @@ _LISTEN_SQL = f"LISTEN {store.CHANNEL}"
 
 
 class Listener(threading.Thread):
-    """LISTENs on the workers' channel and sets ``wake`` for notifications of our apps."""
+    """LISTENs on the workers' channel and sets ``wake`` for notifications of our apps.
+
+    And for ``waits.EVERY_APP``: a resumed queue's runs may be any app's (#49)."""
 
     #: How long one wait for notifications lasts: the longest ``stop()`` waits for the thread.
     WAIT_S = 0.1
@@ -50,7 +52,11 @@ class Listener(threading.Thread):
                 self.wake.set()
                 while not self.stopping.is_set():
                     for note in conn.notifies(timeout=self.WAIT_S):
-                        if not self.app_ids or note.payload in self.app_ids:
+                        if (
+                            not self.app_ids
+                            or note.payload in self.app_ids
+                            or note.payload == waits.EVERY_APP
+                        ):
                             self.received += 1
                             self.wake.set()
             except Exception as exc:

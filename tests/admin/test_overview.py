@@ -15,7 +15,7 @@ from django.db import connection, transaction
 from django.urls import reverse
 
 from bench.overview import seed
-from k2b_workflows import start_workflow_run
+from k2b_workflows import pause_queue, queues, start_workflow_run
 from k2b_workflows.admin import overview
 from k2b_workflows.models import OverviewMinute, WorkerRecord, WorkflowRun
 from k2b_workflows.testing import run_until_idle
@@ -142,6 +142,40 @@ def test_every_read_of_the_overview_is_an_index_scan_of_the_window(big_table, wi
     for n in nodes(plans["active"]):
         if n["Node Type"] in ("Index Only Scan", "Index Scan"):
             assert n["Actual Rows"] <= 400, n
+
+
+@pytest.mark.slow
+def test_every_read_of_the_queues_page_is_an_index_scan_stopped_at_its_cap(big_table):
+    """The Queues page (#49) on 60,000 runs in three queues: the queues found by
+    skipping through ``k2b_run_queue_status``, each status counted through it up to
+    the cap, never a scan of the table."""
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE k2b_run SET queue = 'mail' WHERE id::text < '5'")
+        cursor.execute("UPDATE k2b_run SET queue = 'reports' WHERE id::text > 'e'")
+        cursor.execute("VACUUM (ANALYZE) k2b_run")
+    pause_queue("paused-before-its-first-run", reason="a queue only the pause names")
+    cap = queues.COUNT_CAP
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + queues.STATEMENTS["queues"], [100])
+        found = cursor.fetchone()[0][0]["Plan"]
+        names = ["default", "mail", "paused-before-its-first-run", "reports"]
+        cursor.execute(
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + queues.STATEMENTS["view"],
+            queues.view_parameters(names),
+        )
+        view = cursor.fetchone()[0][0]
+        print("queues page, one statement:", view["Execution Time"], "ms")
+        view = view["Plan"]
+
+    def nodes(plan: dict) -> list[dict]:
+        return [plan, *(n for child in plan.get("Plans", []) for n in nodes(child))]
+
+    for plan in (found, view):
+        types = [n["Node Type"] for n in nodes(plan)]
+        assert "Seq Scan" not in types and "Bitmap Heap Scan" not in types, types
+    scans = [n for n in nodes(view) if n.get("Relation Name") == "k2b_run"]
+    assert scans and all(n["Actual Rows"] <= cap for n in scans), scans
+    assert [v.name for v in queues.read()] == names
 
 
 def test_the_page_needs_the_view_permission(client):

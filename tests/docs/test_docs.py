@@ -135,6 +135,10 @@ NOT_RUN = {
     "workflowrun start shop.checkout --input - --json": (
         "reads stdin: tests/admin/test_workflowrun_command.py feeds stdin to resolve --output -"
     ),
+    "workflowqueues pause mail --reason the mail provider is down": (
+        "its reason's quotes do not survive the join and split of this test:"
+        " tests/admin/test_queues.py pauses with a reason of several words"
+    ),
     "verifyworkflows --witness /var/log/k2b/witness.log": (
         "reads a production log; tests/kernel/test_witness.py runs it on witness files of its own"
     ),

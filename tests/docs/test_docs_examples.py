@@ -114,6 +114,7 @@ RUN_BY = {
         "test_one_sync_per_tenant_runs_at_a_time_and_paid_tenants_go_first",
         "test_a_newer_deploy_cancels_the_one_in_progress",
         "test_the_completion_counts_each_dispatch_against_its_api_key",
+        "test_exports_wait_in_their_paused_queue_and_run_once_it_is_resumed",
     ],
     "tutorial": ["test_the_tutorial_approval_wakes_the_demo_checkout"],
     "schedules": ["test_the_nightly_report_fires_at_three_in_berlin_and_the_digest_hourly"],
@@ -923,6 +924,22 @@ def test_the_completion_counts_each_dispatch_against_its_api_key():
                 "SELECT limit_key, count(*) FROM k2b_rate_dispatch GROUP BY 1 ORDER BY 1"
             )
             assert cursor.fetchall() == [("openai.complete:k1", 2), ("openai.complete:k2", 1)]
+
+
+def test_exports_wait_in_their_paused_queue_and_run_once_it_is_resumed():
+    from tests.support.admin import user_with
+
+    with examples("flow_control") as (flow,):
+        operator = user_with("pause_queue")
+        flow.hold_exports(operator)
+        held = flow.export_now(7)
+        urgent = flow.export_now(8, urgent=True)
+        assert (held.queue, urgent.queue) == ("exports", "urgent")
+        run_until_idle()
+        assert (refreshed(held).status, refreshed(urgent).status) == ("queued", "succeeded")
+        flow.release_exports(operator)
+        run_until_idle()
+        assert_run_status(held, "succeeded")
 
 
 def test_the_tracing_example_puts_the_run_in_the_requests_trace():

@@ -22,6 +22,7 @@ from k2b_workflows import (
     Effect,
     RateLimit,
     cancel_workflow_run,
+    pause_queue,
     resolve_effect,
     start_workflow_run,
     store,
@@ -486,6 +487,21 @@ def test_a_claim_over_50000_runs_behind_1000_keys_with_priorities_is_an_index_wa
     # loaded machine they swung past any fair bound while the work stayed the same.)
     print(f"claim of 10 over {BACKLOG}: keyed {keyed_buffers} buffers, plain {plain_buffers}")
     assert keyed_buffers <= 1.5 * plain_buffers, (keyed_buffers, plain_buffers)
+
+
+@pytest.mark.slow
+def test_a_claim_over_50000_runs_reads_the_paused_queues_once_and_walks_as_before():
+    """A pause costs the claim one hashed subplan (#49), read once per statement: the
+    walk of ``k2b_run_queued`` still stops after its rows, whatever the backlog."""
+    pause_queue("elsewhere", reason="a pause every claim reads")
+    with run_statistics_never_taken():
+        _fill_backlog(keyed=False)
+        plan, fetched, _ = _claim_plan_and_buffers()
+    print(plan)
+    assert "k2b_run_queued" in plan, plan
+    assert "hashed SubPlan" in plan and "k2b_queue_pause" in plan, plan
+    assert "Sort" not in plan.split("LockRows")[-1], plan
+    assert fetched < 100, (fetched, plan)
 
 
 # -- what operators see --------------------------------------------------------------------

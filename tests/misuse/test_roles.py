@@ -21,7 +21,7 @@ from django.test import override_settings
 
 from k2b_workflows import cancel_workflow_run, start_workflow_run, wake_workflow_runs_waiting_on
 from k2b_workflows.checks import check_runtime_role
-from k2b_workflows.kernel import db, waits
+from k2b_workflows.kernel import db, pauses, waits
 from k2b_workflows.models import JournalEntry, LedgerEntry, WorkflowRun
 from k2b_workflows.retention import purge_finished_runs
 from k2b_workflows.roles import (
@@ -81,6 +81,17 @@ def test_the_kernel_runs_as_the_runtime_role(runtime):
     }
     assert ProviderCall.objects.filter(action="test.charge").count() == 2
     assert excess_privileges(RUNTIME) == []
+
+
+def test_the_runtime_role_pauses_and_resumes_a_queue_and_its_claims_read_the_pause(runtime):
+    """The web process pauses queues and every worker's claim reads the pause (#49)."""
+    assert pauses.pause(RUNTIME, "held", reason="outage", paused_by="olga") is not None
+    held = start_workflow_run("queues.held", {"n": 1})
+    run_until_idle(using=RUNTIME)
+    assert WorkflowRun.objects.get(pk=held.pk).status == "queued"
+    assert pauses.resume(RUNTIME, "held", resumed_by="olga") is not None
+    run_until_idle(using=RUNTIME)
+    assert WorkflowRun.objects.get(pk=held.pk).status == "succeeded"
 
 
 def test_the_runtime_role_reads_the_clock_where_functions_are_not_public(runtime):
@@ -227,7 +238,7 @@ def test_grantworkflows_prints_only_insert_and_select_on_the_evidence():
     assert not any("TRUNCATE" in line for line in lines)
     deletes = [line for line in lines if "DELETE" in line]
     assert deletes == [
-        'GRANT DELETE ON TABLE "k2b_overview_minute", "k2b_schedule", '
+        'GRANT DELETE ON TABLE "k2b_overview_minute", "k2b_queue_pause", "k2b_schedule", '
         '"k2b_schedule_skip", "k2b_wait", "k2b_worker" TO "k2b_app";'
     ]
     functions = next(line for line in lines if "EXECUTE" in line)

@@ -13,7 +13,7 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from k2b_workflows import Schedule
+from k2b_workflows import Schedule, pause_queue, resume_queue
 from k2b_workflows.kernel import schedule_passes, seals, starts
 from k2b_workflows.models import TaskAttempt, WorkflowRun
 from k2b_workflows.taskruns import TaskResultDoesNotExist, signals_api
@@ -404,3 +404,17 @@ def test_enqueue_many_builds_each_input_as_enqueue_does():
     results = enqueue_many(t.add, calls)
     for result, (args, kwargs) in zip(results, calls, strict=True):
         assert run(result.id).input == backend.run_input(t.add, args, kwargs)
+
+
+def test_tasks_enqueued_on_a_paused_queue_are_accepted_and_run_once_it_is_resumed():
+    """#49: the enqueue and ``enqueue_many`` go in; no claim takes them until the resume."""
+    pause_queue("mail", reason="the mail provider is down")
+    one = t.mail.enqueue("a@x.org")
+    many = enqueue_many(t.mail, [(["b@x.org"], {}), (["c@x.org"], {})])
+    other = t.add.enqueue(2, 3)
+    run_until_idle(timeout=60)
+    assert t.add.get_result(other.id).status == SUCCESSFUL
+    assert {t.mail.get_result(r.id).status for r in (one, *many)} == {READY}
+    resume_queue("mail")
+    run_until_idle(timeout=60)
+    assert {t.mail.get_result(r.id).status for r in (one, *many)} == {SUCCESSFUL}

@@ -363,6 +363,7 @@ from . import (  # noqa: E402
     kernel,  # noqa: F401
     misuse,  # noqa: F401
     polling,  # noqa: F401
+    queues,  # noqa: F401
     schedules,  # noqa: F401
     secrets,  # noqa: F401
     survive,  # noqa: F401
