@@ -5,7 +5,8 @@ success (``RunJournal.pending``): the end costs no commit of its own. A
 success verifies the run's chains before it commits, in the statement that
 ends the run when this execution wrote every entry itself (``end_as_written``),
 else by a read in the same transaction (``end_as_read``). Every end but a
-release seals the run (``seals.end_seal``) and is told to the witness.
+release seals the run (``ended.seal``) and is told once it commits
+(``ended.told``), as every other path that ends a run does.
 
 Every method here that ends the claim raises ``Suspend`` (a BaseException), so
 that a workflow's ``except Exception`` cannot swallow it; they are typed
@@ -21,11 +22,11 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from django.db import DatabaseError
 
-from .. import redaction, signals, store
+from .. import redaction, store
 from ..actions import Effect, canonical_json
 from ..exceptions import LeaseLost, RunCanceled, Suspend
 from ..models import JournalEntry, LedgerEntry
-from . import children, db, events, evidence, retrying, seals, waits, weather, witness
+from . import children, db, ended, events, evidence, retrying, waits, weather
 from .claim import release
 from .journal import Batch, Claim, Pending, RunJournal, Step
 from .load import Preloaded, chains_read, chains_sql, preload
@@ -129,7 +130,7 @@ class RunEnding:
                 Outcome.SUCCEEDED,
                 terminal=True,
                 verify=True,
-                announce={"signal": signals.run_finished, "status": "succeeded", "error_code": ""},
+                told={"error_code": ""},
             )
 
     def _batches_end(self) -> bool:
@@ -150,16 +151,8 @@ class RunEnding:
         ended = self._batches_end() and self.end_as_written(output, pending)
         if not ended and not self.end_as_read(output, pending):
             return
-        signals.send_on_commit(
-            using=self.using,
-            run_id=self.run_id,
-            workflow_name=self.claim.run.workflow_name,
-            signal=signals.run_finished,
-            status="succeeded",
-            error_code="",
-        )
         self.journal.pending_committed(pending)
-        self._witness_end(Outcome.SUCCEEDED)
+        self._told(Outcome.SUCCEEDED, error_code="")
         self.ended(Outcome.SUCCEEDED)
 
     def end_as_written(self, output: Any, pending: Pending | None) -> bool:
@@ -271,13 +264,15 @@ class RunEnding:
         terminal: bool,
         entry: JournalEntry | None = None,
         verify: bool = False,
-        announce: dict[str, Any] | None = None,
+        told: dict[str, Any] | None = None,
         reason: str = "",
     ) -> NoReturn:
         """Fence, then change the run's status (and wake a parent when it ends).
 
         ``sql`` and ``params``: the statement that changes the run row, whole.
-        ``announce``: the signal and its arguments to send once this commits.
+        ``told``: the run ended (or was handed to an operator): what ``ended.told``
+        says of it once this commits, beside its status (its error code, and for an
+        operator the message and the step).
         ``reason``: the (already scrubbed) why, logged with the change.
         """
         journal = self.journal
@@ -306,13 +301,6 @@ class RunEnding:
             db.execute(self.using, sql, params)
             if terminal and run.parent_id:
                 children.wake_parent(self.using, run)
-            if announce is not None:
-                signals.send_on_commit(
-                    using=self.using,
-                    run_id=self.run_id,
-                    workflow_name=run.workflow_name,
-                    **announce,
-                )
 
         try:
             db.run_in_transaction(write, self.using)
@@ -324,8 +312,8 @@ class RunEnding:
         journal.pending_committed(pending)
         if entry is not None:
             journal.journaled(entry)
-        if outcome in seals.SEALED_STATUSES:
-            self._witness_end(outcome)
+        if told is not None:
+            self._told(outcome, **told)
         self.ended(outcome, reason=reason)
 
     def chains_problem(self, loaded: dict[Any, Preloaded]) -> str | None:
@@ -342,10 +330,19 @@ class RunEnding:
 
     def end_seal(self, status: str, code: str, output_text: str = "null") -> str:
         """The seal of this run ending (or parking for an operator) in this generation."""
-        return seals.end_seal(self.run_id, status, code, self.generation, output_text)
+        return ended.seal(self.run_id, status, code, self.generation, output_text)
 
-    def _witness_end(self, status: str) -> None:
-        witness.ended(self.run_id, status, self.generation, *self.journal.ledger_end())
+    def _told(self, status: str, **told: Any) -> None:
+        """``ended.told`` of this claim's end, its ledger as this execution wrote it."""
+        ended.told(
+            self.using,
+            run_id=self.run_id,
+            workflow_name=self.claim.run.workflow_name,
+            status=status,
+            generation=self.generation,
+            ledger=self.journal.ledger_end(),
+            **told,
+        )
 
     def fail(self, code: str, message: str, step: Step | None = None) -> NoReturn:
         """Fail the run for good (journaling the step's failure when there is one)."""
@@ -361,7 +358,7 @@ class RunEnding:
             Outcome.FAILED,
             terminal=True,
             entry=entry,
-            announce={"signal": signals.run_finished, "status": "failed", "error_code": code},
+            told={"error_code": code},
             reason=f"{code}: {message}",
         )
 
@@ -382,12 +379,7 @@ class RunEnding:
             ],
             Outcome.NEEDS_ATTENTION,
             terminal=False,
-            announce={
-                "signal": signals.run_needs_attention,
-                "error_code": code,
-                "message": message,
-                "step": step,
-            },
+            told={"error_code": code, "message": message, "step": step},
             reason=f"{code}: {message}",
         )
 

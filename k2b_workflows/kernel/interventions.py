@@ -14,16 +14,15 @@ arguments and the actor's permission, then calls these.
 
 from __future__ import annotations
 
-import functools
 import uuid
 from typing import Any
 
 from django.db import transaction
 
-from .. import codes, signals, tracing
+from .. import codes, tracing
 from ..exceptions import EvidenceChanged, NotRetryable, ResolutionRefused
 from ..models import TERMINAL_STATUSES, JournalEntry, LedgerEntry, RunStatus, WorkflowRun
-from . import attempts, clock, db, evidence, seals, witness
+from . import attempts, clock, db, ended, evidence
 from .requeue import requeue_set
 
 EFFECT_CONFIRMED = "effect_confirmed"
@@ -127,22 +126,9 @@ def cancel(
         db.execute(
             using,
             SEAL_CANCELED_SQL,
-            [ids, seals.end_seals((i, "canceled", code, gen) for i, _, gen in canceled)],
+            [ids, [ended.seal(i, "canceled", code, gen) for i, _, gen in canceled]],
         )
-        for canceled_id, _, generation in canceled:
-            transaction.on_commit(
-                functools.partial(witness.ended, canceled_id, "canceled", generation, 0, None),
-                using=using,
-            )
-        for canceled_id, workflow_name, _ in canceled:
-            signals.send_on_commit(
-                signals.run_finished,
-                using,
-                run_id=canceled_id,
-                workflow_name=workflow_name,
-                status="canceled",
-                error_code=code,
-            )
+        ended.told_each(using, canceled, "canceled", code)
         db.execute(using, CANCEL_AI_TASKS_SQL, [ids])
         evidence.append_ledger(using, run_id=run_id, kind=LedgerEntry.Kind.CANCELED, message=reason)
         run = WorkflowRun.objects.using(using).get(pk=run_id)

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import hmac
 import uuid
-from collections.abc import Iterable
 from typing import Any
 
 from ..models import WorkflowRun
@@ -117,11 +116,6 @@ def end_seal(
     """The seal of a run's end; ``output_text`` is the canonical JSON of its output."""
     key_id, key = hashing.signing_key()
     return _mac(key_id, key, _end_text(run_id, status, output_text, error_code, generation))
-
-
-def end_seals(rows: Iterable[tuple[Any, str, str, int]]) -> list[str]:
-    """``end_seal`` of each (run id, status, error code, generation), output NULL."""
-    return [end_seal(*row) for row in rows]
 
 
 def _attempts_text(run_id: Any, seq: int) -> str:

@@ -31,7 +31,7 @@ from ..dedup import insert_fields, insert_params
 from ..exceptions import IdempotencyConflict, InvalidInput
 from ..limits import Concurrency, Strategy
 from ..models import BudgetAccount, RunStatus, WorkflowRun
-from . import budgets, clock, db, evidence, flow, hashing, interventions, seals, witness
+from . import budgets, clock, db, ended, evidence, flow, hashing, interventions, seals
 
 if TYPE_CHECKING:
     from ..workflows import WorkflowDefinition
@@ -203,8 +203,8 @@ def _start(
                 "active run(s) (cancel_newest)"
             )
             run.finished_at = now
-            # Born ended: sealed as every end is (kernel/seals.py).
-            run.end_seal = seals.end_seal(run.id, "canceled", codes.CONCURRENCY_LIMITED, 0)
+            # Born ended: sealed and told as every end is (kernel/ended.py).
+            run.end_seal = ended.seal(run.id, "canceled", codes.CONCURRENCY_LIMITED, 0)
         elif strategy == Strategy.CANCEL_IN_PROGRESS:
             for holder in flow.holders_to_cancel(using, definition, key, declared.limit):
                 interventions.cancel(
@@ -232,8 +232,14 @@ def _start(
         assert found is not None
         return found
     if run.status == RunStatus.CANCELED:
-        run_id = run.id
-        transaction.on_commit(lambda: witness.ended(run_id, "canceled", 0, 0, None), using=using)
+        ended.told(
+            using,
+            run_id=run.id,
+            workflow_name=run.workflow_name,
+            status="canceled",
+            error_code=codes.CONCURRENCY_LIMITED,
+            generation=0,
+        )
     if key is not None:
         # The insert's trigger admitted it to a slot, or not.
         run.holds_slot = (
