@@ -8,7 +8,7 @@ caller's transaction, on the app's database: a rolled-back enqueue leaves
 nothing, and no worker sees a task before its transaction commits.
 
 A task call is a run (``TaskResult.id == str(run.pk)``) of one of the
-workflows of ``taskruns.py``, chosen by the task's ``effect``: what a crash
+workflows of ``runs``, chosen by the task's ``effect``: what a crash
 does to it is what the kernel does to a step of that class. Priorities,
 delays, queues, retries, rate limits, schedules and budgets are the kernel's own.
 
@@ -39,25 +39,26 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from . import control, scheduling, signals, store, validation
-from .actions import to_json_value
-from .exceptions import InvalidInput, RunEndNotSealed
-from .kernel import seals
-from .limits import Concurrency, RateLimit, check_rate_limit
-from .models import TERMINAL_STATUSES, JournalEntry, TaskAttempt, WorkflowRun, WorkflowSchedule
-from .retries import Retry, check_policy
-from .schedules import Schedule
-from .taskruns import (
-    EFFECT_OF_WORKFLOW,
-    EFFECTS,
-    MAX_PATH,
-    PRIORITY_OFFSET,
-    WORKFLOW_NAMES,
+from .. import control, scheduling, signals, store, validation
+from ..actions import to_json_value
+from ..exceptions import InvalidInput, RunEndNotSealed
+from ..kernel import seals
+from ..limits import Concurrency, RateLimit, check_rate_limit
+from ..models import TERMINAL_STATUSES, JournalEntry, TaskAttempt, WorkflowRun, WorkflowSchedule
+from ..retries import Retry, check_policy
+from ..schedules import Schedule
+from ..workflows import check_effect_budget
+from .compat import (
     InvalidTask,
     TaskResultDoesNotExist,
     TaskResultMismatch,
     backends_api,
     base_api,
+    signals_api,
+    tasks_api,
+)
+from .names import EFFECT_NAMES, EFFECT_OF_WORKFLOW, MAX_PATH, PRIORITY_OFFSET, WORKFLOW_NAMES
+from .runs import (
     call_cost,
     checked_cost,
     concurrency_to_json,
@@ -68,11 +69,8 @@ from .taskruns import (
     rate_limit_to_json,
     result_of,
     retry_to_json,
-    signals_api,
     task_at,
-    tasks_api,
 )
-from .workflows import check_effect_budget
 
 __all__ = [
     "MAX_RUN_AFTER",
@@ -566,11 +564,10 @@ def _check_reachable(task: Any) -> None:
 
 
 def _effect(value: Any, where: str) -> str:
-    if isinstance(value, str) and value in EFFECTS:
+    if isinstance(value, str) and value in EFFECT_NAMES:
         return value
-    raise InvalidTaskCall(
-        f"{where}: effect must be one of {', '.join(repr(e) for e in EFFECTS)}, not {value!r:.80}"
-    )
+    allowed = ", ".join(repr(e) for e in EFFECT_NAMES)
+    raise InvalidTaskCall(f"{where}: effect must be one of {allowed}, not {value!r:.80}")
 
 
 def _retry(value: Any, where: str) -> Retry | None:

@@ -34,50 +34,34 @@ from django.core.signals import setting_changed
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from . import codes, validation
-from .actions import Action, Effect, failed, succeeded_as_stored, to_json_value
-from .exceptions import InvalidInput, LeaseLost, RunCanceled
-from .kernel import hooks, seals, starts
-from .kernel.budgets import CostRefused, validate_cost
-from .kernel.hashing import canonical
-from .limits import Concurrency, RateLimit, Strategy
-from .models import RunStatus, TaskAttempt, WorkflowRun
-from .redaction import scrub_error
-from .retries import Retry
-from .workflows import RunHandle, check_effect_budget, workflow
+from .. import codes, validation
+from ..actions import Action, Effect, failed, succeeded_as_stored, to_json_value
+from ..exceptions import InvalidInput, LeaseLost, RunCanceled
+from ..kernel import hooks, seals, starts
+from ..kernel.budgets import CostRefused, validate_cost
+from ..kernel.hashing import canonical
+from ..limits import Concurrency, RateLimit, Strategy
+from ..models import RunStatus, TaskAttempt, WorkflowRun
+from ..redaction import scrub_error
+from ..retries import Retry
+from ..workflows import RunHandle, check_effect_budget, workflow
+from .compat import InvalidTask as InvalidTask
+from .compat import TaskResultDoesNotExist as TaskResultDoesNotExist
+from .compat import TaskResultMismatch as TaskResultMismatch
+from .compat import backends_api as backends_api
+from .compat import base_api, signals_api
+from .compat import exceptions_api as exceptions_api
+from .compat import tasks_api as tasks_api
+from .names import EFFECT_OF_WORKFLOW, MAX_PATH, PRIORITY_OFFSET, TASK_APP_ID, WORKFLOW_NAMES
+
+# The names of ``compat`` imported ``as`` themselves are those ``k2b_workflows.taskruns``
+# had: its old path gives this module for a release (``moved.MOVED``).
 
 logger = logging.getLogger(__name__)
 
 
-def _api(name: str) -> Any:
-    """A module of django.tasks: Django's own (6.0+), else the ``django-tasks`` backport."""
-    try:
-        return importlib.import_module(f"django.tasks{name}")
-    except ImportError:
-        return importlib.import_module(f"django_tasks{name}")
-
-
-tasks_api = _api("")
-base_api = _api(".base")
-signals_api = _api(".signals")
-exceptions_api = _api(".exceptions")
-backends_api = _api(".backends.base")
-#: Django calls it ``InvalidTask``; the backport ``InvalidTaskError``.
-InvalidTask: type[Exception] = getattr(exceptions_api, "InvalidTask", None) or (
-    exceptions_api.InvalidTaskError
-)
-TaskResultDoesNotExist: type[Exception] = exceptions_api.TaskResultDoesNotExist
-TaskResultMismatch: type[Exception] = exceptions_api.TaskResultMismatch
-
-#: The app id of task runs: ``runworkflows --app tasks`` runs tasks only.
-TASK_APP_ID = "tasks"
+#: The effect class of each effect a task may declare.
 EFFECTS = {"pure": Effect.PURE, "idempotent": Effect.IDEMPOTENT, "external": Effect.EXTERNAL}
-WORKFLOW_NAMES = {effect: f"k2b.task.{effect}" for effect in EFFECTS}
-EFFECT_OF_WORKFLOW = {name: effect for effect, name in WORKFLOW_NAMES.items()}
-#: ``Action.name`` is 200 characters; the journal names the step ``task:<path>``.
-MAX_PATH = 190
-#: Django's priorities (-100..100) on the kernel's scale (0..1000, higher first).
-PRIORITY_OFFSET = 100
 
 #: The step context of the task this thread is running: what ``effect_key(context)`` reads.
 current_step: contextvars.ContextVar[Any] = contextvars.ContextVar("k2b_task_step", default=None)
