@@ -301,7 +301,7 @@ class TaskAction(Action, abstract=True):
 
     def run(self, ctx: Any, input: Any) -> Any:
         started = timezone.now()
-        run: WorkflowRun = ctx._execution.run
+        run: WorkflowRun = ctx.run_row
         attempt = attempt_number(ctx, run)
         path = input["task"]
         try:
