@@ -81,7 +81,7 @@ MUTANTS = (
     Mutant(
         "task-cost",
         "k2b_workflows/tasks/runs.py",
-        '        spec = input.get("cost")\n',
+        '        spec = input_option(input, "cost")\n',
         "        spec = None\n",
         (
             "tests/tasks/test_budgets.py::"
