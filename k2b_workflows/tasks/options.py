@@ -28,9 +28,12 @@ How to add an option (``timeout``, say):
    then works too: the known keys of ``OPTIONS`` are these fields.
 3. A rule about two options together goes in ``check_together``.
 
-Nothing else reads, defaults or checks a task's options. The run's input of
-a task is unchanged by an option none of its tasks declare: keep ``written``
-false for a value that means "not declared".
+Nothing else defaults or converts a task's options. Two reads stay outside on
+purpose: Django's priority is checked (``check_priority``) before Django's own
+checks compare it, and the worker reads the task path straight from the
+input (``input["task"]``, checked when the run started) where it imports the
+task. The run's input of a task is unchanged by an option none of its tasks
+declare: keep ``written`` false for a value that means "not declared".
 """
 
 from __future__ import annotations
