@@ -39,9 +39,9 @@ class K2BWorkflowsConfig(AppConfig):
         autodiscover_modules("workflows")
 
         # django.tasks: a process whose TASKS names our backend registers the task
-        # workflows (taskruns.py), so its workers claim task runs (#37).
+        # workflows (tasks/runs.py), so its workers claim task runs (#37).
         if uses_task_backend():
-            from . import tasks  # noqa: F401
+            from .tasks import backend  # noqa: F401
 
         # ``migrate`` writes the decorators' schedules (and disables removed ones).
         post_migrate.connect(_sync_decorator_schedules, sender=self)

@@ -628,7 +628,7 @@ class TaskAttempt(models.Model):
     finished_at = models.DateTimeField()
     exception_class_path = models.CharField(max_length=500)
     traceback = models.TextField(blank=True, default="")
-    #: HMAC under the evidence key over the row (``taskruns.attempt_text``): the
+    #: HMAC under the evidence key over the row (``tasks.runs.attempt_text``): the
     #: runtime role may insert rows here, but a row it wrote is never shown as an
     #: error of the task (#35).
     seal = models.CharField(max_length=200, blank=True, default="", db_default="")

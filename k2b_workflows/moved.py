@@ -1,9 +1,10 @@
 """Old import paths of modules that moved, kept working for one release.
 
-The admin and the worker process became packages of their own
-(``k2b_workflows.admin``, ``k2b_workflows.worker``). A host project that
-imported one of their modules by its old path (``k2b_workflows.logformat``
-in a ``LOGGING`` setting, ``k2b_workflows.health`` in a probe script) must
+The admin, the worker process and the django.tasks backend became packages
+of their own (``k2b_workflows.admin``, ``k2b_workflows.worker``,
+``k2b_workflows.tasks``). A host project that imported one of their modules
+by its old path (``k2b_workflows.logformat`` in a ``LOGGING`` setting,
+``k2b_workflows.health`` in a probe script, ``k2b_workflows.taskruns``) must
 not break on upgrade: the finder below answers for the old names, warns with
 a ``DeprecationWarning`` naming the new path, and hands back the very module
 object that lives there, so a monkeypatch or an ``isinstance`` through either
@@ -39,6 +40,7 @@ MOVED: dict[str, str] = {
     "k2b_workflows.timeouts": "k2b_workflows.worker.timeouts",
     "k2b_workflows.topology": "k2b_workflows.worker.topology",
     "k2b_workflows.wakeups": "k2b_workflows.worker.wakeups",
+    "k2b_workflows.taskruns": "k2b_workflows.tasks.runs",
 }
 
 

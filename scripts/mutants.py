@@ -59,7 +59,7 @@ class Mutant:
 MUTANTS = (
     Mutant(
         "task-external-never-rerun",
-        "k2b_workflows/taskruns.py",
+        "k2b_workflows/tasks/runs.py",
         '"external": Effect.EXTERNAL}',
         '"external": Effect.IDEMPOTENT}',
         (
@@ -80,8 +80,8 @@ MUTANTS = (
     ),
     Mutant(
         "task-cost",
-        "k2b_workflows/taskruns.py",
-        '        spec = input.get("cost")\n',
+        "k2b_workflows/tasks/runs.py",
+        '        spec = input_option(input, "cost")\n',
         "        spec = None\n",
         (
             "tests/tasks/test_budgets.py::"
@@ -120,14 +120,14 @@ MUTANTS = (
     ),
     Mutant(
         "task-path-check",
-        "k2b_workflows/taskruns.py",
+        "k2b_workflows/tasks/runs.py",
         "    if task.module_path != path:",
         "    if False:",
         ("tests/tasks/test_workers.py::test_a_path_that_now_names_another_task_is_not_called",),
     ),
     Mutant(
         "task-concurrency-key",
-        "k2b_workflows/taskruns.py",
+        "k2b_workflows/tasks/runs.py",
         '        "concurrency_key": None if declared is None else f"task:{path}",',
         '        "concurrency_key": None,',
         (
@@ -1180,7 +1180,7 @@ MUTANTS = (
     ),
     Mutant(
         "task-bulk-input-size",
-        "k2b_workflows/tasks.py",
+        "k2b_workflows/tasks/backend.py",
         "                fits = len(text.encode()) <= self.room",
         "                fits = True",
         (
@@ -1190,7 +1190,7 @@ MUTANTS = (
     ),
     Mutant(
         "task-result-end-seal",
-        "k2b_workflows/tasks.py",
+        "k2b_workflows/tasks/backend.py",
         "            forged = seals.end_problem(run)\n",
         "            forged = None\n",
         (
@@ -1200,7 +1200,7 @@ MUTANTS = (
     ),
     Mutant(
         "task-attempt-seal",
-        "k2b_workflows/taskruns.py",
+        "k2b_workflows/tasks/runs.py",
         "    rows = sealed_attempts(run.pk, rows)\n",
         "    rows = list(rows)\n",
         (
@@ -1211,7 +1211,7 @@ MUTANTS = (
     # The bad inputs of #47: each refused at the call, naming the argument.
     Mutant(
         "task-priority-is-an-int",
-        "k2b_workflows/tasks.py",
+        "k2b_workflows/tasks/backend.py",
         "        _check_priority(task.priority, path)\n",
         "",
         (
@@ -1220,21 +1220,21 @@ MUTANTS = (
     ),
     Mutant(
         "task-run-after-bound",
-        "k2b_workflows/tasks.py",
+        "k2b_workflows/tasks/backend.py",
         "    if delay > MAX_RUN_AFTER:\n",
         "    if False:\n",
         ("tests/tasks/test_misuse.py::test_a_run_after_out_of_bounds_is_refused_naming_run_after",),
     ),
     Mutant(
         "task-run-after-delay",
-        "k2b_workflows/tasks.py",
+        "k2b_workflows/tasks/backend.py",
         "        return _now() + value\n",
         "        return None\n",
         ("tests/tasks/test_misuse.py::test_a_run_after_timedelta_is_a_delay_from_the_enqueue",),
     ),
     Mutant(
         "task-call-binds",
-        "k2b_workflows/tasks.py",
+        "k2b_workflows/tasks/backend.py",
         "        signature.bind(*args, **kwargs)\n",
         "        pass\n",
         (
@@ -1243,14 +1243,14 @@ MUTANTS = (
     ),
     Mutant(
         "task-call-binds-without-context",
-        "k2b_workflows/tasks.py",
+        "k2b_workflows/tasks/backend.py",
         "    if takes_context:\n",
         "    if False:\n",
         ("tests/tasks/test_misuse.py::test_a_call_that_binds_is_taken_with_a_context_task_too",),
     ),
     Mutant(
         "task-is-a-task",
-        "k2b_workflows/tasks.py",
+        "k2b_workflows/tasks/backend.py",
         "    if not isinstance(task, base_api.Task):\n",
         "    if False:\n",
         (
@@ -1260,7 +1260,7 @@ MUTANTS = (
     ),
     Mutant(
         "task-queues-a-list",
-        "k2b_workflows/tasks.py",
+        "k2b_workflows/tasks/backend.py",
         '        _check_queues(alias, params.get("QUEUES"))\n',
         "",
         (
@@ -1270,7 +1270,7 @@ MUTANTS = (
     ),
     Mutant(
         "task-schedule-input",
-        "k2b_workflows/tasks.py",
+        "k2b_workflows/tasks/backend.py",
         "    if schedule.input:\n",
         "    if False:\n",
         (
@@ -1281,7 +1281,7 @@ MUTANTS = (
     # NF2, NF6 and N7 of #47.
     Mutant(
         "task-result-start-seal-first",
-        "k2b_workflows/tasks.py",
+        "k2b_workflows/tasks/backend.py",
         "        unsealed = seals.start_problem(run)\n",
         "        unsealed = None\n",
         (
@@ -1301,7 +1301,7 @@ MUTANTS = (
     ),
     Mutant(
         "task-attempt-copy-once",
-        "k2b_workflows/taskruns.py",
+        "k2b_workflows/tasks/runs.py",
         "        original = first.get(row.seal) if problem is None else None\n",
         "        original = None\n",
         (

@@ -27,12 +27,14 @@ from ..kernel.evidence import hash_value
 from ..lazy import LazyModule
 from ..models import Incident, LedgerEntry, RunStatus, TaskAttempt, WorkerRecord, WorkflowRun
 from ..redaction import redact_text
+from ..tasks import names as task_names
 from .common import ReadOnlyMixin, field_names, pretty_json, short_hash, status_badge
 from .workers import worker_state_badge
 
 if TYPE_CHECKING:
-    from .. import taskruns, versions
+    from .. import versions
     from ..kernel import audit
+    from ..tasks import runs as task_runs
     from . import display as admin_display
     from . import overview_views as admin_overview
     from . import views as admin_views
@@ -43,24 +45,20 @@ else:
     admin_views = LazyModule("k2b_workflows.admin.views")
     versions = LazyModule("k2b_workflows.versions")
     audit = LazyModule("k2b_workflows.kernel.audit")
-    # Only task runs' pages: it imports django.tasks.
-    taskruns = LazyModule("k2b_workflows.taskruns")
-
-#: The workflows a django.tasks task call runs as (``taskruns.WORKFLOW_NAMES``), by their
-#: prefix: the admin must not import django.tasks, which a project may not have (#37).
-TASK_WORKFLOW_PREFIX = "k2b.task."
+    # Only task runs' pages: it imports django.tasks, which a project may not have (#37).
+    task_runs = LazyModule("k2b_workflows.tasks.runs")
 
 
 def is_task_run(run: WorkflowRun) -> bool:
     """Whether ``run`` is a django.tasks task call (``k2b_workflows.tasks``)."""
-    return run.workflow_name.startswith(TASK_WORKFLOW_PREFIX)
+    return task_names.is_task_workflow(run.workflow_name)
 
 
 def _attempts(run: WorkflowRun) -> list[TaskAttempt]:
     """A task run's failed attempts as its ``TaskResult`` has them: each once, none the
-    worker did not write (``taskruns.sealed_attempts``, which logs each refused row)."""
+    worker did not write (``tasks.runs.sealed_attempts``, which logs each refused row)."""
     rows = list(TaskAttempt.objects.filter(run_id=run.pk).order_by("id"))
-    return taskruns.sealed_attempts(run.pk, rows) if rows else []
+    return task_runs.sealed_attempts(run.pk, rows) if rows else []
 
 
 @admin.register(WorkflowRun)

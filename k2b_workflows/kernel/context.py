@@ -87,6 +87,12 @@ class KernelStepContext:
     def using(self) -> str:
         return self._execution.using
 
+    @property
+    def run_row(self) -> WorkflowRun:
+        """The run's row as its claim loaded it, to read, never to save: the kernel
+        writes a run. A django.tasks task reads its worker and its failures there."""
+        return self._execution.run
+
     def now(self) -> dt.datetime:
         """The kernel's current time (aware, UTC): what ``k2b_now()`` reads, with no query.
 

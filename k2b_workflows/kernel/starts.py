@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 
 #: Workflow name -> the start columns its runs take from their input: the
-#: django.tasks task workflows register theirs (``taskruns.run_columns``), so that
+#: django.tasks task workflows register theirs (``tasks.runs.run_columns``), so that
 #: a task's run has its task's queue, priority, task path, concurrency and effect
 #: budget however it is started (an enqueue, a schedule's tick, the admin's "run
 #: now"), read from its sealed input rather than from whichever caller remembered

@@ -981,9 +981,9 @@ def test_the_tracing_example_puts_the_run_in_the_requests_trace():
 
 def _tasks_example():
     """docs/examples/tasks.py in the examples' registries, with the task workflows."""
-    from k2b_workflows import taskruns
+    from k2b_workflows.tasks import runs as task_runs
 
-    return examples("tasks"), taskruns.register
+    return examples("tasks"), task_runs.register
 
 
 def test_the_tasks_example_charges_once_and_enqueues_nothing_when_the_order_fails():

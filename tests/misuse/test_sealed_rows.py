@@ -288,8 +288,8 @@ def test_a_task_path_the_runtime_role_wrote_is_never_imported_by_a_reader(
     """#47: the runtime role set a queued task's path to ``this.x`` and the web process
     imported ``this`` (any module's top-level code ran in the caller) before it
     refused the row with a ``TaskResultMismatch`` that did not say why."""
-    from k2b_workflows.taskruns import TaskResultMismatch
     from k2b_workflows.tasks import TaskRunNotSealed
+    from k2b_workflows.tasks.compat import TaskResultMismatch
     from tests.tasks_app import tasks as task_functions
 
     result = task_functions.add.enqueue(2, 3)

@@ -16,7 +16,6 @@ from django.utils import timezone
 from k2b_workflows import Schedule, pause_queue, resume_queue
 from k2b_workflows.kernel import schedule_passes, seals, starts
 from k2b_workflows.models import TaskAttempt, WorkflowRun
-from k2b_workflows.taskruns import TaskResultDoesNotExist, signals_api
 from k2b_workflows.tasks import (
     InvalidTaskCall,
     WorkflowsBackend,
@@ -24,6 +23,7 @@ from k2b_workflows.tasks import (
     enqueue_many,
     schedule_task,
 )
+from k2b_workflows.tasks.compat import TaskResultDoesNotExist, signals_api
 from k2b_workflows.testing import run_until_idle
 from tests.models import ProviderCall
 from tests.tasks_app import tasks as t
@@ -361,7 +361,7 @@ def test_enqueue_many_wakes_listening_workers_once_it_commits():
     from django.db import connection
 
     from k2b_workflows.store import CHANNEL
-    from k2b_workflows.taskruns import TASK_APP_ID
+    from k2b_workflows.tasks.names import TASK_APP_ID
 
     with psycopg.connect(**connection.get_connection_params(), autocommit=True) as listener:
         listener.execute(f"LISTEN {CHANNEL}")

@@ -12,8 +12,8 @@ from django.core.exceptions import ImproperlyConfigured
 from k2b_workflows import Concurrency, Retry, validation
 from k2b_workflows.exceptions import InvalidInput
 from k2b_workflows.models import WorkflowRun
-from k2b_workflows.taskruns import InvalidTask
 from k2b_workflows.tasks import InvalidTaskCall, WorkflowsBackend, enqueue_many
+from k2b_workflows.tasks.compat import InvalidTask
 from tests.tasks_app import tasks as t
 from tests.tasks_app.tasks import EXTRA_ARGUMENTS, declared
 
@@ -267,7 +267,7 @@ def test_a_naive_run_after_says_what_django_requires(nothing_inserted):
 def test_a_naive_run_after_is_local_time_without_use_tz(settings):
     """As Django's own backends take it: with ``USE_TZ`` off a naive datetime is
     the default time zone's."""
-    from k2b_workflows.tasks import _run_after
+    from k2b_workflows.tasks.backend import _run_after
 
     settings.USE_TZ = False
     naive = dt.datetime(2030, 1, 1, 9)

@@ -16,7 +16,7 @@ from django.test import override_settings
 from k2b_workflows import start_workflow_run
 from k2b_workflows.kernel import together
 from k2b_workflows.models import WorkflowRun
-from k2b_workflows.taskruns import TASK_APP_ID
+from k2b_workflows.tasks.names import TASK_APP_ID
 from k2b_workflows.worker.loop import Worker
 from tests.models import ProviderCall
 from tests.tasks_app import tasks as t

@@ -6,7 +6,7 @@ flow-control and budget state no kernel path leaves behind: a key with more
 slot holders than its limit, a slot held by an ended run or without a key, a
 budget whose spending is not its charges' sum (``kernel/flow_audit.py``).
 And every django.tasks attempt row: one whose seal does not verify, or a
-copy of a sealed one (``taskruns.checked_attempts``), is named with its run.
+copy of a sealed one (``tasks.runs.checked_attempts``), is named with its run.
 
 Finished runs included: a run is verified by the kernel only while it runs,
 and an edited resolution on a run that ended a year ago is still a lie.
@@ -43,9 +43,9 @@ MAX_BATCH = 100_000
 #: Imported once a task attempt row is found: it imports django.tasks, which a project
 #: without tasks may not have.
 if TYPE_CHECKING:
-    from k2b_workflows import taskruns
+    from k2b_workflows.tasks import runs as task_runs
 else:
-    taskruns = LazyModule("k2b_workflows.taskruns")
+    task_runs = LazyModule("k2b_workflows.tasks.runs")
 
 
 class Command(BaseCommand):
@@ -137,7 +137,7 @@ class Command(BaseCommand):
         broken = 0
         rows = TaskAttempt.objects.using(using).order_by("run_id", "id").iterator()
         for run_id, group in itertools.groupby(rows, key=lambda row: row.run_id):
-            for row, problem in taskruns.checked_attempts(list(group))[1]:
+            for row, problem in task_runs.checked_attempts(list(group))[1]:
                 broken += 1
                 self.stdout.write(
                     f"BROKEN task attempt {run_id} #{row.attempt} (row {row.pk}): {problem}"

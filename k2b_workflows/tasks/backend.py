@@ -8,7 +8,7 @@ caller's transaction, on the app's database: a rolled-back enqueue leaves
 nothing, and no worker sees a task before its transaction commits.
 
 A task call is a run (``TaskResult.id == str(run.pk)``) of one of the
-workflows of ``taskruns.py``, chosen by the task's ``effect``: what a crash
+workflows of ``runs``, chosen by the task's ``effect``: what a crash
 does to it is what the kernel does to a step of that class. Priorities,
 delays, queues, retries, rate limits, schedules and budgets are the kernel's own.
 
@@ -39,96 +39,42 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from . import control, scheduling, signals, store, validation
-from .actions import to_json_value
-from .exceptions import InvalidInput, RunEndNotSealed
-from .kernel import seals
-from .limits import Concurrency, RateLimit, check_rate_limit
-from .models import TERMINAL_STATUSES, JournalEntry, TaskAttempt, WorkflowRun, WorkflowSchedule
-from .retries import Retry, check_policy
-from .schedules import Schedule
-from .taskruns import (
-    EFFECT_OF_WORKFLOW,
-    EFFECTS,
-    MAX_PATH,
-    PRIORITY_OFFSET,
-    WORKFLOW_NAMES,
+from .. import control, scheduling, signals, store, validation
+from ..actions import to_json_value
+from ..exceptions import InvalidInput, RunEndNotSealed
+from ..kernel import seals
+from ..limits import Concurrency, RateLimit
+from ..models import TERMINAL_STATUSES, JournalEntry, TaskAttempt, WorkflowRun, WorkflowSchedule
+from ..retries import Retry
+from ..schedules import Schedule
+from .compat import (
     InvalidTask,
     TaskResultDoesNotExist,
-    TaskResultMismatch,
     backends_api,
     base_api,
-    call_cost,
-    checked_cost,
-    concurrency_to_json,
-    current_step,
-    finished_result,
-    import_callable,
-    new_result,
-    rate_limit_to_json,
-    result_of,
-    retry_to_json,
     signals_api,
-    task_at,
     tasks_api,
 )
-from .workflows import check_effect_budget
-
-__all__ = [
-    "MAX_RUN_AFTER",
-    "InvalidTaskArguments",
-    "InvalidTaskCall",
-    "TaskRunNotSealed",
-    "WorkflowsBackend",
-    "WorkflowsTask",
-    "effect_key",
-    "enqueue_many",
-    "schedule_task",
-]
-
-#: What ``OPTIONS`` may hold: the defaults of the backend's tasks.
-KNOWN_OPTIONS = frozenset({"effect", "retry", "rate_limit", "concurrency", "effect_budget", "cost"})
+from .exceptions import InvalidTaskArguments, InvalidTaskCall, TaskRunNotSealed
+from .names import EFFECT_OF_WORKFLOW, MAX_PATH
+from .options import (
+    TaskOptions,
+    call_cost,
+    check_priority,
+    check_within,
+    function_path,
+    task_path,
+)
+from .runs import current_step, finished_result, new_result, result_of, task_at
 
 #: How far ahead a task's ``run_after`` may be (a datetime, or a timedelta from now):
 #: ten years. Further is a mistake, never a plan (a year 9999, milliseconds taken for
 #: seconds): it would sit queued for ever, and a bug that made it would go unseen (#47).
 MAX_RUN_AFTER = dt.timedelta(days=3653)
+#: How many tasks a backend keeps the options of (``options_of``).
+MAX_REMEMBERED_TASKS = 1024
 
 logger = logging.getLogger(__name__)
-
-
-class InvalidTaskCall(InvalidInput, InvalidTask):  # type: ignore[misc,valid-type]
-    """A task or a call of it that the backend refuses: Django's ``InvalidTask`` and
-    this package's ``InvalidInput`` at once, so either ``except`` catches it."""
-
-
-class InvalidTaskArguments(InvalidTaskCall, TypeError):
-    """Arguments the task's function does not take (one short, one too many, an unknown
-    keyword): refused at the enqueue, where Python refuses such a call, and a
-    ``TypeError`` as Python's own is. Accepted, the call failed on the worker, after
-    the caller had moved on (#47)."""
-
-
-class TaskRunNotSealed(TaskResultMismatch):  # type: ignore[misc,valid-type]
-    """A task run whose start fields (its input: the task path, the call) do not match
-    their seal: the row was changed after the enqueue, by a role with SQL access and
-    no evidence key. Raised by ``get_result`` (so by ``TaskResult.refresh`` and the
-    async forms) before anything of the row is used: its task path is never imported.
-    Django's ``TaskResultMismatch``: the row is not the result of the task enqueued.
-
-    Before #47 the path was imported first: a runtime role that named ``this.x``
-    ran module ``this``'s top-level code in the caller's process, and the
-    ``TaskResultMismatch`` that followed did not say why. ``run_id`` is the run,
-    ``reason`` what does not match.
-    """
-
-    def __init__(self, run_id: object, reason: str) -> None:
-        super().__init__(
-            f"task run {run_id}: its start seal does not verify, the row was changed after "
-            f"the enqueue ({reason}); nothing of it was used, its task path was not imported"
-        )
-        self.run_id = run_id
-        self.reason = reason
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -171,25 +117,16 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         _check_queues(alias, params.get("QUEUES"))
         super().__init__(alias, params)
-        unknown = set(self.options) - KNOWN_OPTIONS
-        if unknown:
-            raise ImproperlyConfigured(
-                f"TASKS[{alias!r}]['OPTIONS'] has unknown keys {sorted(unknown)}: "
-                f"known are {sorted(KNOWN_OPTIONS)}"
-            )
-        where = f"TASKS[{alias!r}]['OPTIONS']"
-        try:
-            self.default_effect = _effect(self.options.get("effect", "external"), where)
-            self.default_retry = _retry(self.options.get("retry"), where)
-            self.default_rate_limit = check_rate_limit(where, self.options.get("rate_limit"))
-            self.default_concurrency = _concurrency(self.options.get("concurrency"), where)
-            self.default_effect_budget = check_effect_budget(
-                self.options.get("effect_budget"), where
-            )
-            self.default_cost = _cost_spec(self.options.get("cost"), where)
-            _check_budget(where, self.default_effect, self.default_effect_budget, self.default_cost)
-        except InvalidInput as exc:
-            raise ImproperlyConfigured(str(exc)) from None
+        #: The options of the tasks that declare none (``TaskOptions.defaults``).
+        self.defaults = TaskOptions.defaults(alias, self.options)
+        #: task -> its ``TaskOptions``: read once per task, not once per call.
+        self._options: dict[Any, TaskOptions] = {}
+
+    @property
+    def default_effect(self) -> str:
+        """The effect of this alias's tasks that declare none (``OPTIONS["effect"]``)."""
+        effect: str = self.defaults["effect"]
+        return effect
 
     # -- what a task declares ------------------------------------------------------
 
@@ -202,7 +139,7 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
         ``TypeError: '<' not supported`` from inside Django, a string
         ``run_after`` an ``AttributeError`` (#47).
         """
-        path = _path(task)
+        path = task_path(task)
         _check_priority(task.priority, path)
         _check_run_after(task.run_after, path)
         try:
@@ -211,45 +148,22 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
             raise InvalidTaskCall(f"task {path}: {exc}") from None
         if len(path) > MAX_PATH:
             raise InvalidTaskCall(f"task {path}: the module path is over {MAX_PATH} characters")
-        self.effect_of(task)
-        self.retry_of(task)
-        check_rate_limit(f"task {path}", getattr(task, "rate_limit", None))
-        self.concurrency_of(task)
-        self.budget_of(task)
+        self.options_of(task)
 
-    def effect_of(self, task: Any) -> str:
-        declared = getattr(task, "effect", None)
-        if declared is None:
-            return self.default_effect
-        return _effect(declared, f"task {_path(task)}")
-
-    def retry_of(self, task: Any) -> Retry | None:
-        declared = getattr(task, "retry", None)
-        if declared is None:
-            return self.default_retry
-        return _retry(declared, f"task {_path(task)}")
-
-    def rate_limit_of(self, task: Any) -> RateLimit | None:
-        return getattr(task, "rate_limit", None) or self.default_rate_limit
-
-    def concurrency_of(self, task: Any) -> Concurrency | None:
-        declared = getattr(task, "concurrency", None)
-        if declared is None:
-            return self.default_concurrency
-        return _concurrency(declared, f"task {_path(task)}")
-
-    def budget_of(self, task: Any) -> tuple[dict[str, int], dict[str, int] | str | None]:
-        """The task's ``effect_budget`` and cost (a dict, or its callable's path), each
-        its own declaration or else the backend's ``OPTIONS``; ``({}, None)``: none."""
-        where = f"task {_path(task)}"
-        declared = getattr(task, "effect_budget", None)
-        budget = (
-            self.default_effect_budget if declared is None else check_effect_budget(declared, where)
-        )
-        declared_cost = getattr(task, "cost", None)
-        cost = self.default_cost if declared_cost is None else _cost_spec(declared_cost, where)
-        _check_budget(where, self.effect_of(task), budget, cost)
-        return budget, cost
+    def options_of(self, task: Any) -> TaskOptions:
+        """The task's options (``TaskOptions.of``), read on the task's first call and kept:
+        a task is a frozen dataclass, equal tasks have equal options."""
+        try:
+            return self._options[task]
+        except KeyError:
+            pass
+        except TypeError:  # an unhashable task (an option's value is): read each time
+            return TaskOptions.of(task, self.alias, self.defaults)
+        options = TaskOptions.of(task, self.alias, self.defaults)
+        if len(self._options) >= MAX_REMEMBERED_TASKS:
+            self._options.clear()  # tasks made by using() per call: start over
+        self._options[task] = options
+        return options
 
     def check_cost(self, task: Any, input: Any) -> None:
         """Refuse a call whose cost is over its task's budget, or cannot be computed,
@@ -257,32 +171,24 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
         task. A task's run is its own root, so nothing else was spent from its
         budget: this is the comparison the worker makes. Not a guarantee (a cost
         that reads prices may read others on the worker); the worker's charge is."""
-        spec = input.get("cost")
+        options = self.options_of(task)
+        spec = options.cost
         if not isinstance(spec, str):
             return  # none, or a dict: checked against the budget with the task
-        where = f"the call of task {input['task']}"
-        budget = input["effect_budget"]
+        where = f"the call of task {options.path}"
+        budget = options.effect_budget
         try:
             cost = call_cost(spec, input["args"], input["kwargs"], budget)
         except InvalidInput as exc:
             raise InvalidTaskCall(f"{where}: {exc}") from exc
-        _check_within(where, cost, budget)
+        check_within(where, cost, budget)
 
     # -- enqueue ---------------------------------------------------------------------
 
     def declared_input(self, task: Any) -> dict[str, Any]:
         """The part of a run's input that is the task's, the same for all its calls."""
         _check_reachable(task)
-        return {
-            "task": _path(task),
-            "backend": self.alias,
-            "queue": task.queue_name,
-            "priority": task.priority,
-            "retry": retry_to_json(self.retry_of(task)),
-            "rate_limit": rate_limit_to_json(self.rate_limit_of(task)),
-            "concurrency": concurrency_to_json(self.concurrency_of(task)),
-            **_budget_input(*self.budget_of(task)),
-        }
+        return self.options_of(task).to_input()
 
     def run_input(
         self,
@@ -332,7 +238,7 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
         input = self.run_input(task, args, kwargs)
         self.check_cost(task, input)
         run = control.start_task_run(
-            WORKFLOW_NAMES[self.effect_of(task)], input, run_after=_run_after(task.run_after)
+            self.options_of(task).workflow_name, input, run_after=_run_after(task.run_after)
         )
         result = new_result(task, run, input)
         self._enqueued([result])
@@ -424,7 +330,7 @@ def enqueue_many(
         backend.check_cost(task, input)
         inputs.append(input)
     runs = control.start_workflow_runs(
-        WORKFLOW_NAMES[backend.effect_of(task)],
+        backend.options_of(task).workflow_name,
         inputs,
         run_after=_run_after(task.run_after),
         checked=True,
@@ -501,7 +407,7 @@ def schedule_task(
     input = backend.run_input(task, args, kwargs)
     backend.check_cost(task, input)
     spec = dataclasses.replace(schedule, input=input)
-    return scheduling.schedule_workflow(schedule_id, WORKFLOW_NAMES[backend.effect_of(task)], spec)
+    return scheduling.schedule_workflow(schedule_id, backend.options_of(task).workflow_name, spec)
 
 
 # -- the end of a task run -----------------------------------------------------------
@@ -536,14 +442,6 @@ signals.run_finished.connect(_finished, dispatch_uid="k2b_workflows.tasks.finish
 # -- private -------------------------------------------------------------------------
 
 
-def _path(task: Any) -> str:
-    return _function_path(getattr(task, "func", None))
-
-
-def _function_path(func: Any) -> str:
-    return f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func))}"
-
-
 @functools.lru_cache(maxsize=1024)
 def _reachable(path: str, func: Any) -> bool:
     """Whether ``path`` imports back to the task of ``func``: the worker imports it so."""
@@ -557,142 +455,12 @@ def _reachable(path: str, func: Any) -> bool:
 def _check_reachable(task: Any) -> None:
     """The task path check: a worker finds a task by its module path; refuse one it
     could not find (defined in ``__main__``, a function renamed after ``@task``)."""
-    path = _path(task)
+    path = task_path(task)
     if not _reachable(path, task.func):
         raise InvalidTaskCall(
             f"task {path}: that path does not import back to this task, so no worker could "
             "run it: define tasks at module level, as the module's attribute of that name"
         )
-
-
-def _effect(value: Any, where: str) -> str:
-    if isinstance(value, str) and value in EFFECTS:
-        return value
-    raise InvalidTaskCall(
-        f"{where}: effect must be one of {', '.join(repr(e) for e in EFFECTS)}, not {value!r:.80}"
-    )
-
-
-def _retry(value: Any, where: str) -> Retry | None:
-    policy = check_policy(value, f"{where}: retry")
-    if policy is None:
-        return None
-    if policy.non_retryable_codes:
-        raise InvalidTaskCall(
-            f"{where}: Retry(non_retryable_codes=...) means nothing for a task: its failures "
-            "are exceptions, not error codes"
-        )
-    if policy.max_attempts == 1:
-        raise InvalidTaskCall(
-            f"{where}: Retry(max_attempts=1) retries nothing: leave retry out, or allow 2 or more"
-        )
-    return policy
-
-
-def _concurrency(value: Any, where: str) -> Concurrency | None:
-    if value is None or isinstance(value, Concurrency):
-        return value
-    raise InvalidTaskCall(f"{where}: concurrency must be a Concurrency(...), not {value!r:.80}")
-
-
-def _cost_spec(value: Any, where: str) -> dict[str, int] | str | None:
-    """A declared cost as the run's input holds it: a dict of unit -> int, or the
-    module path of a callable, which must import back to it (the worker computes
-    the cost there). A dotted path is taken as one (``OPTIONS`` in settings)."""
-    if value is None or isinstance(value, dict):
-        if value is not None:
-            try:
-                checked_cost(value, f"{where}: cost")
-            except InvalidInput as exc:
-                raise InvalidTaskCall(str(exc)) from None
-        return value
-    if isinstance(value, str):
-        try:
-            import_callable(value)
-        except InvalidInput as exc:
-            raise InvalidTaskCall(f"{where}: {exc}") from None
-        return value
-    if not callable(value):
-        raise InvalidTaskCall(
-            f"{where}: cost must be a dict of unit -> int or a module-level function, "
-            f"not {value!r:.80}"
-        )
-    path = f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', '?')}"
-    if not _imports_back(path, value):
-        raise InvalidTaskCall(
-            f"{where}: cost {path} does not import back to that function, so no worker "
-            "could compute it: define it at module level"
-        )
-    return path
-
-
-@functools.lru_cache(maxsize=1024)
-def _names(path: str, value: Any) -> bool:
-    """Whether ``path`` imports back to ``value``."""
-    try:
-        return import_string(path) is value
-    except ImportError:
-        return False
-
-
-def _imports_back(path: str, value: Any) -> bool:
-    try:
-        return _names(path, value)
-    except TypeError:  # an unhashable callable: not cached
-        return _names.__wrapped__(path, value)
-
-
-def _check_budget(
-    where: str, effect: str, budget: dict[str, int], cost: dict[str, int] | str | None
-) -> None:
-    """A budget and a cost go together, on a task with an effect to guard.
-
-    A budget without a cost charges nothing and guards nothing; a cost without
-    a budget is charged against no limit. A pure task has no effect to guard
-    (and the kernel charges a pure step with its result, after it ran). A fixed
-    cost over its budget fails every call: refused with the declaration.
-    """
-    if not budget and cost is None:
-        return
-    if not budget:
-        raise InvalidTaskCall(
-            f"{where}: cost without an effect_budget is charged against no limit: "
-            "give effect_budget= too, or leave cost out"
-        )
-    if cost is None:
-        raise InvalidTaskCall(
-            f"{where}: an effect_budget without a cost charges nothing: give cost= "
-            "(a dict of unit -> int, or a module-level function of the call's arguments)"
-        )
-    if effect == "pure":
-        raise InvalidTaskCall(
-            f"{where}: a pure task has no effect to budget (its charge would be made after "
-            "it ran): declare it idempotent or external, or leave effect_budget out"
-        )
-    if isinstance(cost, dict):
-        try:
-            fixed = call_cost(cost, (), {}, budget)
-        except InvalidInput as exc:
-            raise InvalidTaskCall(f"{where}: {exc}") from None
-        _check_within(where, fixed, budget)
-
-
-def _check_within(where: str, cost: dict[str, int], budget: dict[str, int]) -> None:
-    for unit, amount in cost.items():
-        if amount > budget[unit]:
-            raise InvalidTaskCall(
-                f"{where}: a cost of {amount} {unit!r} is over the effect_budget of "
-                f"{budget[unit]} (a worker would fail the call with EFFECT_BUDGET_EXCEEDED "
-                "and never call the task)"
-            )
-
-
-def _budget_input(budget: dict[str, int], cost: dict[str, int] | str | None) -> dict[str, Any]:
-    """The run input's part for a budget: nothing for a task without one, so that
-    the input (sealed, shown, stored per call) of every other task is unchanged."""
-    if not budget:
-        return {}
-    return {"effect_budget": budget, "cost": cost}
 
 
 def _check_queues(alias: str, queues: Any) -> None:
@@ -716,7 +484,7 @@ def _check_priority(value: Any, path: str) -> None:
     """Django's -100..100, as an int, as the run's start takes it (``run_columns``):
     Django compares it first and raised a ``TypeError`` of its own for a string."""
     try:
-        validation.integer(value, "priority", minimum=-PRIORITY_OFFSET, maximum=100)
+        check_priority(value)
     except InvalidInput as exc:
         raise InvalidTaskCall(f"task {path}: {exc}") from None
 
@@ -815,14 +583,14 @@ def _backend_of(task: Any, caller: str) -> WorkflowsBackend:
         if isinstance(task, str):
             given = f"the string {task!r:.100}: import the task and pass it"
         elif callable(task):
-            given = f"the plain function {_function_path(task)}: decorate it with @task"
+            given = f"the plain function {function_path(task)}: decorate it with @task"
         else:
             given = f"{type(task).__name__} {task!r:.80}"
         raise InvalidTaskCall(f"{caller}(): task must be a task made with @task, not {given}")
     backend = task.get_backend()
     if not isinstance(backend, WorkflowsBackend):
         raise InvalidTaskCall(
-            f"task {_path(task)} is on backend {task.backend!r} ({type(backend).__name__}), "
+            f"task {task_path(task)} is on backend {task.backend!r} ({type(backend).__name__}), "
             "not a k2b_workflows.tasks.WorkflowsBackend"
         )
     return backend

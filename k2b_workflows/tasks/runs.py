@@ -32,52 +32,34 @@ from typing import Any
 
 from django.core.signals import setting_changed
 from django.utils import timezone
-from django.utils.module_loading import import_string
 
-from . import codes, validation
-from .actions import Action, Effect, failed, succeeded_as_stored, to_json_value
-from .exceptions import InvalidInput, LeaseLost, RunCanceled
-from .kernel import hooks, seals, starts
-from .kernel.budgets import CostRefused, validate_cost
-from .kernel.hashing import canonical
-from .limits import Concurrency, RateLimit, Strategy
-from .models import RunStatus, TaskAttempt, WorkflowRun
-from .redaction import scrub_error
-from .retries import Retry
-from .workflows import RunHandle, check_effect_budget, workflow
+from .. import codes
+from ..actions import Action, Effect, failed, succeeded_as_stored, to_json_value
+from ..exceptions import InvalidInput, LeaseLost, RunCanceled
+from ..kernel import hooks, seals, starts
+from ..kernel.budgets import CostRefused
+from ..kernel.hashing import canonical
+from ..models import RunStatus, TaskAttempt, WorkflowRun
+from ..redaction import scrub_error
+from ..workflows import RunHandle, workflow
+from .compat import InvalidTask as InvalidTask
+from .compat import TaskResultDoesNotExist as TaskResultDoesNotExist
+from .compat import TaskResultMismatch as TaskResultMismatch
+from .compat import backends_api as backends_api
+from .compat import base_api, signals_api
+from .compat import exceptions_api as exceptions_api
+from .compat import tasks_api as tasks_api
+from .names import EFFECT_OF_WORKFLOW, PRIORITY_OFFSET, TASK_APP_ID, WORKFLOW_NAMES
+from .options import call_cost, check_input, input_option
+
+# The names of ``compat`` imported ``as`` themselves are those ``k2b_workflows.taskruns``
+# had: its old path gives this module for a release (``moved.MOVED``).
 
 logger = logging.getLogger(__name__)
 
 
-def _api(name: str) -> Any:
-    """A module of django.tasks: Django's own (6.0+), else the ``django-tasks`` backport."""
-    try:
-        return importlib.import_module(f"django.tasks{name}")
-    except ImportError:
-        return importlib.import_module(f"django_tasks{name}")
-
-
-tasks_api = _api("")
-base_api = _api(".base")
-signals_api = _api(".signals")
-exceptions_api = _api(".exceptions")
-backends_api = _api(".backends.base")
-#: Django calls it ``InvalidTask``; the backport ``InvalidTaskError``.
-InvalidTask: type[Exception] = getattr(exceptions_api, "InvalidTask", None) or (
-    exceptions_api.InvalidTaskError
-)
-TaskResultDoesNotExist: type[Exception] = exceptions_api.TaskResultDoesNotExist
-TaskResultMismatch: type[Exception] = exceptions_api.TaskResultMismatch
-
-#: The app id of task runs: ``runworkflows --app tasks`` runs tasks only.
-TASK_APP_ID = "tasks"
+#: The effect class of each effect a task may declare.
 EFFECTS = {"pure": Effect.PURE, "idempotent": Effect.IDEMPOTENT, "external": Effect.EXTERNAL}
-WORKFLOW_NAMES = {effect: f"k2b.task.{effect}" for effect in EFFECTS}
-EFFECT_OF_WORKFLOW = {name: effect for effect, name in WORKFLOW_NAMES.items()}
-#: ``Action.name`` is 200 characters; the journal names the step ``task:<path>``.
-MAX_PATH = 190
-#: Django's priorities (-100..100) on the kernel's scale (0..1000, higher first).
-PRIORITY_OFFSET = 100
 
 #: The step context of the task this thread is running: what ``effect_key(context)`` reads.
 current_step: contextvars.ContextVar[Any] = contextvars.ContextVar("k2b_task_step", default=None)
@@ -158,41 +140,6 @@ def load_task(path: str) -> Any:
 # -- what the run's input says of its task ------------------------------------------
 
 
-def retry_to_json(policy: Retry | None) -> dict[str, Any] | None:
-    if policy is None:
-        return None
-    cap = policy.max_backoff
-    return {
-        "max_attempts": policy.max_attempts,
-        "backoff_s": _seconds(policy.backoff),
-        "max_backoff_s": None if cap is None else _seconds(cap),
-        "jitter": policy.jitter,
-        "multiplier": policy.multiplier,
-    }
-
-
-def retry_from_json(value: dict[str, Any] | None) -> Retry | None:
-    if value is None:
-        return None
-    return Retry(
-        max_attempts=value["max_attempts"],
-        backoff=value["backoff_s"],
-        max_backoff=value["max_backoff_s"],
-        jitter=value["jitter"],
-        multiplier=value["multiplier"],
-    )
-
-
-def rate_limit_to_json(limit: RateLimit | None) -> dict[str, Any] | None:
-    return None if limit is None else {"limit": limit.limit, "per_ms": limit.per_ms}
-
-
-def concurrency_to_json(declared: Concurrency | None) -> dict[str, Any] | None:
-    if declared is None:
-        return None
-    return {"limit": declared.limit, "strategy": Strategy(declared.strategy).value}
-
-
 def run_columns(input: Any) -> dict[str, Any]:
     """The start columns of a task's run, read from its input (``starts.INPUT_COLUMNS``).
 
@@ -205,91 +152,19 @@ def run_columns(input: Any) -> dict[str, Any]:
     is its run's budget account's (a task's run is its own root), written with
     the run, out of the runtime role's reach (``roles.py``).
     """
-    if not isinstance(input, dict) or not isinstance(input.get("task"), str):
-        raise InvalidInput(
-            "a task run's input is the call enqueue() builds ({'task': 'module.path', ...}): "
-            "enqueue the task instead of starting its workflow"
-        )
-    path = validation.text(input["task"], "the task path", max_length=MAX_PATH)
-    queue = validation.text(input.get("queue", "default"), "the task's queue", max_length=100)
-    priority = input.get("priority", 0)
-    validation.integer(priority, "the task's priority", minimum=-PRIORITY_OFFSET, maximum=100)
-    limit = input.get("concurrency")
-    declared = None
-    if limit is not None:
-        if not isinstance(limit, dict):
-            raise InvalidInput(f"the task's concurrency must be an object, not {limit!r:.80}")
-        declared = Concurrency(limit.get("limit", 1), limit.get("strategy", Strategy.QUEUE))
+    check_input(input)
+    path = input_option(input, "path")
+    queue = input_option(input, "queue")
+    priority = input_option(input, "priority")
+    declared = input_option(input, "concurrency")
     return {
         "queue": queue,
         "priority": priority + PRIORITY_OFFSET,
         "task_path": path,
         "concurrency": declared,
         "concurrency_key": None if declared is None else f"task:{path}",
-        "effect_budget": check_effect_budget(input.get("effect_budget"), f"task {path}"),
+        "effect_budget": input_option(input, "effect_budget"),
     }
-
-
-def call_cost(spec: Any, args: Any, kwargs: Any, budget: dict[str, int]) -> dict[str, int]:
-    """What one call of a task charges: its declared ``cost`` (``spec``: a dict of
-    unit -> int, or the module path of a callable taking the call's arguments),
-    checked as the kernel checks a cost, and against ``budget``'s units.
-
-    A unit the budget does not name is refused rather than charged without a
-    limit: a typo (``"cent"`` for ``"cents"``) would turn the guard off
-    unseen. Raises ``InvalidInput``; the enqueue turns it into ``InvalidTaskCall``,
-    the worker into ``INVALID_TASK_COST``.
-    """
-    if spec is None:
-        return {}
-    if isinstance(spec, str):
-        try:
-            price = import_callable(spec)
-            value = price(*args, **kwargs)
-        except InvalidInput:
-            raise
-        except BaseException as exc:  # as a task's own: SystemExit fails this call only
-            raise InvalidInput(f"cost {spec}() raised {type(exc).__name__}: {exc}") from exc
-        if inspect.iscoroutine(value):
-            value.close()
-            raise InvalidInput(f"cost {spec}() is async: a cost is computed synchronously")
-        where = f"cost {spec}()"
-    else:
-        value, where = spec, "cost"
-    cost = checked_cost(value, where)
-    unknown = sorted(set(cost) - set(budget))
-    if unknown:
-        raise InvalidInput(
-            f"{where} charges {unknown} that the effect_budget {budget} does not limit"
-        )
-    return cost
-
-
-def checked_cost(value: Any, where: str) -> dict[str, int]:
-    """``value`` checked as the kernel checks a cost (``validate_cost``), the error
-    naming ``where`` it came from."""
-    try:
-        return validate_cost(value)
-    except InvalidInput:
-        raise InvalidInput(
-            f"{where} must be a dict of unit (1-100 characters) -> int from 0 to 2**31-1, "
-            f"not {value!r:.200}"
-        ) from None
-
-
-def import_callable(path: str) -> Any:
-    """The callable at module ``path``: a task's cost, imported where it is computed."""
-    try:
-        found = import_string(path)
-    except ImportError as exc:
-        raise InvalidInput(f"cost {path} does not import here: {exc}") from exc
-    if not callable(found):
-        raise InvalidInput(f"cost {path} is not callable")
-    return found
-
-
-def _seconds(value: dt.timedelta | float) -> float:
-    return value.total_seconds() if isinstance(value, dt.timedelta) else float(value)
 
 
 # -- the step -----------------------------------------------------------------------
@@ -307,17 +182,18 @@ class TaskAction(Action, abstract=True):
         ``EFFECT_BUDGET_EXCEEDED``. A cost that cannot be computed fails it with
         ``INVALID_TASK_COST``: its arguments will not price differently next time.
         """
-        spec = input.get("cost")
+        spec = input_option(input, "cost")
         if spec is None:
             return {}
         try:
-            return call_cost(spec, input["args"], input["kwargs"], input.get("effect_budget") or {})
+            budget = input_option(input, "effect_budget")
+            return call_cost(spec, input["args"], input["kwargs"], budget)
         except InvalidInput as exc:
             raise CostRefused(codes.INVALID_TASK_COST, f"task {input['task']}: {exc}") from exc
 
     def run(self, ctx: Any, input: Any) -> Any:
         started = timezone.now()
-        run: WorkflowRun = ctx._execution.run
+        run: WorkflowRun = ctx.run_row
         attempt = attempt_number(ctx, run)
         path = input["task"]
         try:
@@ -480,19 +356,18 @@ _actions: dict[tuple[Any, ...], type[TaskAction]] = {}
 def action_for(effect: str, input: Any) -> type[TaskAction]:
     """The step's action: named for the task's path, with its effect, retry and rate limit."""
     path = input["task"]
-    retry, rate = input.get("retry"), input.get("rate_limit")
-    key = (effect, path, repr(retry), repr(rate))
+    key = (effect, path, repr(input.get("retry")), repr(input.get("rate_limit")))
     cls = _actions.get(key)
     if cls is None:
         attrs: dict[str, Any] = {
             "name": f"task:{path}",
             "effect": EFFECTS[effect],
-            "retry": retry_from_json(retry),
+            "retry": input_option(input, "retry"),
             "__module__": __name__,
         }
-        if rate is not None:
-            per = dt.timedelta(milliseconds=rate["per_ms"])
-            attrs["rate_limit"] = RateLimit(rate["limit"], per)
+        rate_limit = input_option(input, "rate_limit")
+        if rate_limit is not None:
+            attrs["rate_limit"] = rate_limit
         cls = _actions[key] = type(f"Task_{effect}", (TaskAction,), attrs)
     return cls
 
@@ -566,7 +441,7 @@ def new_result(task: Any, run: WorkflowRun | starts.QueuedRun, input: Any, **fie
         "last_attempted_at": None,
         "args": input["args"],
         "kwargs": input["kwargs"],
-        "backend": input.get("backend", "default"),
+        "backend": input_option(input, "backend"),
         "errors": [],
         "worker_ids": [],
     }
@@ -674,9 +549,9 @@ def task_at(path: str, input: Any) -> Any:
         stand_in: Any = object.__new__(_stand_in_class())
         values = {
             "func": missing_task,
-            "priority": input.get("priority", 0),
-            "backend": input.get("backend", "default"),
-            "queue_name": input.get("queue", "default"),
+            "priority": input_option(input, "priority"),
+            "backend": input_option(input, "backend"),
+            "queue_name": input_option(input, "queue"),
             "run_after": None,
             "takes_context": False,
         }

@@ -1,0 +1,492 @@
+"""Every option of a django.tasks task: read once from the task, written to and read
+back from its run's input, each in one place.
+
+The failure this is built around: an option read, defaulted and checked in
+several places (the backend's ``OPTIONS``, the task's declaration, the run's
+input, the worker's step), which drift apart: a default applied on the
+enqueue and not on the worker, a check made on one path and not another.
+Before #48 each option stood in six places across three modules.
+
+``TaskOptions.of(task, alias, defaults)`` reads a task's options once (the
+backend caches it per task): each declared on the task (``@task(...)``'s
+arguments on Django 6.1 and the backport), else the alias's ``OPTIONS``
+(``TaskOptions.defaults``: on Django 6.0, where ``@task`` takes no extra
+arguments, the only way to declare them), else the option's default.
+``to_input()`` writes them into the run's input; ``input_option`` reads
+one back on the worker, and ``from_input`` all of them.
+
+How to add an option (``timeout``, say):
+
+1. A field of ``TaskOptions`` whose metadata is ``option(...)``: its check
+   (the value as declared and where it was declared, to the value kept, or
+   ``InvalidTaskCall``/``InvalidInput`` naming where), its default, and, if the
+   worker needs it, its key in the run's input with how it is written
+   (``encode``) and read back (``decode``, which checks the input again: a
+   schedule or an operator may start a task's run from an input it holds).
+2. The argument ``@task(timeout=...)`` takes: a field of the same name on
+   ``WorkflowsTask`` (``backend.py``), default None. ``OPTIONS["timeout"]``
+   then works too: the known keys of ``OPTIONS`` are these fields.
+3. A rule about two options together goes in ``check_together``.
+
+Nothing else defaults or converts a task's options. Two reads stay outside on
+purpose: Django's priority is checked (``check_priority``) before Django's own
+checks compare it, and the worker reads the task path straight from the
+input (``input["task"]``, checked when the run started) where it imports the
+task. The run's input of a task is unchanged by an option none of its tasks
+declare: keep ``written`` false for a value that means "not declared".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
+
+from .. import validation
+from ..exceptions import InvalidInput
+from ..kernel.budgets import validate_cost
+from ..limits import Concurrency, RateLimit, Strategy, check_rate_limit
+from ..retries import Retry, check_policy
+from ..workflows import check_effect_budget
+from .exceptions import InvalidTaskCall
+from .names import EFFECT_NAMES, MAX_PATH, PRIORITY_OFFSET, WORKFLOW_NAMES
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Option:
+    """How one field of ``TaskOptions`` is declared, checked and kept in a run's input."""
+
+    #: The declared value and where it was declared -> the value kept; raises naming ``where``.
+    check: Callable[[Any, str], Any] | None = None
+    #: What neither the task nor ``OPTIONS`` declaring it means (passed through ``check``).
+    default: Any = None
+    #: The run input's key; None: not in the input.
+    key: str | None = None
+    encode: Callable[[Any], Any] = lambda value: value
+    #: The run's input -> the value, checked: what the worker reads.
+    decode: Callable[[Mapping[str, Any]], Any] | None = None
+    #: Whether the input holds it for these options; None: always.
+    written: Callable[[TaskOptions], bool] | None = None
+
+
+def option(**kwargs: Any) -> Any:
+    """A field of ``TaskOptions`` with its ``Option``."""
+    return dataclasses.field(metadata={"option": Option(**kwargs)})
+
+
+def task_path(task: Any) -> str:
+    """The module path a worker imports the task by."""
+    return function_path(getattr(task, "func", None))
+
+
+def function_path(func: Any) -> str:
+    return f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func))}"
+
+
+# -- the checks of the declared options ------------------------------------------------
+
+
+def check_priority(value: Any, field: str = "priority") -> int:
+    """Django's -100..100, as an int, as the run's start takes it."""
+    priority = validation.integer(value, field, minimum=-PRIORITY_OFFSET, maximum=100)
+    assert priority is not None
+    return priority
+
+
+def _effect(value: Any, where: str) -> str:
+    if isinstance(value, str) and value in EFFECT_NAMES:
+        return value
+    allowed = ", ".join(repr(e) for e in EFFECT_NAMES)
+    raise InvalidTaskCall(f"{where}: effect must be one of {allowed}, not {value!r:.80}")
+
+
+def _retry(value: Any, where: str) -> Retry | None:
+    policy = check_policy(value, f"{where}: retry")
+    if policy is None:
+        return None
+    if policy.non_retryable_codes:
+        raise InvalidTaskCall(
+            f"{where}: Retry(non_retryable_codes=...) means nothing for a task: its failures "
+            "are exceptions, not error codes"
+        )
+    if policy.max_attempts == 1:
+        raise InvalidTaskCall(
+            f"{where}: Retry(max_attempts=1) retries nothing: leave retry out, or allow 2 or more"
+        )
+    return policy
+
+
+def _concurrency(value: Any, where: str) -> Concurrency | None:
+    if value is None or isinstance(value, Concurrency):
+        return value
+    raise InvalidTaskCall(f"{where}: concurrency must be a Concurrency(...), not {value!r:.80}")
+
+
+def _cost_spec(value: Any, where: str) -> dict[str, int] | str | None:
+    """A declared cost as the run's input holds it: a dict of unit -> int, or the
+    module path of a callable, which must import back to it (the worker computes
+    the cost there). A dotted path is taken as one (``OPTIONS`` in settings)."""
+    if value is None or isinstance(value, dict):
+        if value is not None:
+            try:
+                checked_cost(value, f"{where}: cost")
+            except InvalidInput as exc:
+                raise InvalidTaskCall(str(exc)) from None
+        return value
+    if isinstance(value, str):
+        try:
+            import_callable(value)
+        except InvalidInput as exc:
+            raise InvalidTaskCall(f"{where}: {exc}") from None
+        return value
+    if not callable(value):
+        raise InvalidTaskCall(
+            f"{where}: cost must be a dict of unit -> int or a module-level function, "
+            f"not {value!r:.80}"
+        )
+    path = f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', '?')}"
+    if not _imports_back(path, value):
+        raise InvalidTaskCall(
+            f"{where}: cost {path} does not import back to that function, so no worker "
+            "could compute it: define it at module level"
+        )
+    return path
+
+
+@functools.lru_cache(maxsize=1024)
+def _names(path: str, value: Any) -> bool:
+    """Whether ``path`` imports back to ``value``."""
+    try:
+        return import_string(path) is value
+    except ImportError:
+        return False
+
+
+def _imports_back(path: str, value: Any) -> bool:
+    try:
+        return _names(path, value)
+    except TypeError:  # an unhashable callable: not cached
+        return _names.__wrapped__(path, value)
+
+
+# -- how they are written to the run's input and read back -----------------------------
+
+
+def retry_to_json(policy: Retry | None) -> dict[str, Any] | None:
+    if policy is None:
+        return None
+    cap = policy.max_backoff
+    return {
+        "max_attempts": policy.max_attempts,
+        "backoff_s": _seconds(policy.backoff),
+        "max_backoff_s": None if cap is None else _seconds(cap),
+        "jitter": policy.jitter,
+        "multiplier": policy.multiplier,
+    }
+
+
+def retry_from_json(value: dict[str, Any] | None) -> Retry | None:
+    if value is None:
+        return None
+    return Retry(
+        max_attempts=value["max_attempts"],
+        backoff=value["backoff_s"],
+        max_backoff=value["max_backoff_s"],
+        jitter=value["jitter"],
+        multiplier=value["multiplier"],
+    )
+
+
+def rate_limit_to_json(limit: RateLimit | None) -> dict[str, Any] | None:
+    return None if limit is None else {"limit": limit.limit, "per_ms": limit.per_ms}
+
+
+def rate_limit_from_json(value: dict[str, Any] | None) -> RateLimit | None:
+    if value is None:
+        return None
+    return RateLimit(value["limit"], dt.timedelta(milliseconds=value["per_ms"]))
+
+
+def concurrency_to_json(declared: Concurrency | None) -> dict[str, Any] | None:
+    if declared is None:
+        return None
+    return {"limit": declared.limit, "strategy": Strategy(declared.strategy).value}
+
+
+def concurrency_from_json(limit: Any) -> Concurrency | None:
+    if limit is None:
+        return None
+    if not isinstance(limit, dict):
+        raise InvalidInput(f"the task's concurrency must be an object, not {limit!r:.80}")
+    return Concurrency(limit.get("limit", 1), limit.get("strategy", Strategy.QUEUE))
+
+
+def _seconds(value: dt.timedelta | float) -> float:
+    return value.total_seconds() if isinstance(value, dt.timedelta) else float(value)
+
+
+def _has_budget(options: TaskOptions) -> bool:
+    """A budget's part of the input is written only for a task with one, so that the
+    input (sealed, shown, stored per call) of every other task is unchanged."""
+    return bool(options.effect_budget)
+
+
+# -- the options -----------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class TaskOptions:
+    """Every option of one task, checked, as its backend enqueues it.
+
+    The first four are Django's own (the task's path, backend, queue and
+    priority, which ``Task.using()`` changes); the others are declared
+    (``WorkflowsTask``'s fields, else ``OPTIONS``): ``effect``, what a crash
+    while it runs does; ``retry``; ``rate_limit``; ``concurrency``, at most
+    ``limit`` calls at once (its key is the task's path); ``effect_budget``
+    (unit -> int, empty: none) and ``cost`` (a dict, or a callable's path),
+    what one call may charge and charges.
+    """
+
+    path: str = option(
+        key="task",
+        decode=lambda input: validation.text(input["task"], "the task path", max_length=MAX_PATH),
+    )
+    backend: str = option(key="backend", decode=lambda input: input.get("backend", "default"))
+    queue: str = option(
+        key="queue",
+        decode=lambda input: validation.text(
+            input.get("queue", "default"), "the task's queue", max_length=100
+        ),
+    )
+    priority: int = option(
+        key="priority",
+        decode=lambda input: check_priority(input.get("priority", 0), "the task's priority"),
+    )
+    effect: str = option(check=_effect, default="external")
+    retry: Retry | None = option(
+        check=_retry,
+        key="retry",
+        encode=retry_to_json,
+        decode=lambda input: retry_from_json(input.get("retry")),
+    )
+    rate_limit: RateLimit | None = option(
+        check=lambda value, where: check_rate_limit(where, value),
+        key="rate_limit",
+        encode=rate_limit_to_json,
+        decode=lambda input: rate_limit_from_json(input.get("rate_limit")),
+    )
+    concurrency: Concurrency | None = option(
+        check=_concurrency,
+        key="concurrency",
+        encode=concurrency_to_json,
+        decode=lambda input: concurrency_from_json(input.get("concurrency")),
+    )
+    effect_budget: dict[str, int] = option(
+        check=check_effect_budget,
+        key="effect_budget",
+        decode=lambda input: check_effect_budget(
+            input.get("effect_budget"), f"task {input['task']}"
+        ),
+        written=_has_budget,
+    )
+    cost: dict[str, int] | str | None = option(
+        check=_cost_spec, key="cost", decode=lambda input: input.get("cost"), written=_has_budget
+    )
+
+    @property
+    def workflow_name(self) -> str:
+        """The workflow its calls run as: its effect's."""
+        return WORKFLOW_NAMES[self.effect]
+
+    @classmethod
+    def defaults(cls, alias: str, configured: Mapping[str, Any]) -> dict[str, Any]:
+        """The declared options of the tasks of backend ``alias`` that declare none, from its
+        ``OPTIONS``: unknown keys and bad values are ``ImproperlyConfigured``."""
+        unknown = set(configured) - set(DECLARED)
+        if unknown:
+            raise ImproperlyConfigured(
+                f"TASKS[{alias!r}]['OPTIONS'] has unknown keys {sorted(unknown)}: "
+                f"known are {sorted(DECLARED)}"
+            )
+        where = f"TASKS[{alias!r}]['OPTIONS']"
+        try:
+            values = {
+                name: spec.check(configured.get(name, spec.default), where)  # type: ignore[misc]
+                for name, spec in DECLARED.items()
+            }
+            check_together(where, values)
+        except InvalidInput as exc:
+            raise ImproperlyConfigured(str(exc)) from None
+        return values
+
+    @classmethod
+    def of(cls, task: Any, alias: str, defaults: Mapping[str, Any]) -> TaskOptions:
+        """The options of ``task`` on backend ``alias``: each as the task declares it,
+        else ``defaults`` (``TaskOptions.defaults``). Raises ``InvalidInput``."""
+        path = task_path(task)
+        where = f"task {path}"
+        values = {}
+        for name, spec in DECLARED.items():
+            declared = getattr(task, name, None)
+            values[name] = defaults[name] if declared is None else spec.check(declared, where)  # type: ignore[misc]
+        check_together(where, values)
+        return cls(
+            path=path, backend=alias, queue=task.queue_name, priority=task.priority, **values
+        )
+
+    def to_input(self) -> dict[str, Any]:
+        """The run input's part that is the task's, the same for all its calls."""
+        return {
+            key: spec.encode(getattr(self, name))
+            for name, (key, spec) in IN_INPUT.items()
+            if spec.written is None or spec.written(self)
+        }
+
+    @classmethod
+    def from_input(cls, input: Mapping[str, Any], effect: str) -> TaskOptions:
+        """The options a run's ``input`` holds, checked (``effect`` is its workflow's)."""
+        return cls(effect=effect, **{name: input_option(input, name) for name in IN_INPUT})
+
+
+def _options() -> dict[str, Option]:
+    return {f.name: f.metadata["option"] for f in dataclasses.fields(TaskOptions)}
+
+
+#: The options a task or ``OPTIONS`` declares (the others are Django's own).
+DECLARED = {name: spec for name, spec in _options().items() if spec.check is not None}
+#: The options the run's input holds: name -> (its key in the input, its ``Option``).
+IN_INPUT = {name: (spec.key, spec) for name, spec in _options().items() if spec.key is not None}
+_DECODE = {name: spec.decode for name, (_, spec) in IN_INPUT.items()}
+
+
+def input_option(input: Mapping[str, Any], name: str) -> Any:
+    """Option ``name`` as a task run's ``input`` holds it, checked: what a worker reads
+    of one option, without reading the others."""
+    decode = _DECODE[name]
+    assert decode is not None
+    return decode(input)
+
+
+def check_input(input: Any) -> None:
+    """That ``input`` is a task run's input at all: a task's workflow started by hand
+    (``start_workflow_run("k2b.task.pure", ...)``) is refused naming what to do."""
+    if not isinstance(input, dict) or not isinstance(input.get("task"), str):
+        raise InvalidInput(
+            "a task run's input is the call enqueue() builds ({'task': 'module.path', ...}): "
+            "enqueue the task instead of starting its workflow"
+        )
+
+
+# -- the options together --------------------------------------------------------------
+
+
+def check_together(where: str, values: Mapping[str, Any]) -> None:
+    """What the declared options may not be together: a budget and a cost go together,
+    on a task with an effect to guard.
+
+    A budget without a cost charges nothing and guards nothing; a cost without
+    a budget is charged against no limit. A pure task has no effect to guard
+    (and the kernel charges a pure step with its result, after it ran). A fixed
+    cost over its budget fails every call: refused with the declaration.
+    """
+    budget, cost = values["effect_budget"], values["cost"]
+    if not budget and cost is None:
+        return
+    if not budget:
+        raise InvalidTaskCall(
+            f"{where}: cost without an effect_budget is charged against no limit: "
+            "give effect_budget= too, or leave cost out"
+        )
+    if cost is None:
+        raise InvalidTaskCall(
+            f"{where}: an effect_budget without a cost charges nothing: give cost= "
+            "(a dict of unit -> int, or a module-level function of the call's arguments)"
+        )
+    if values["effect"] == "pure":
+        raise InvalidTaskCall(
+            f"{where}: a pure task has no effect to budget (its charge would be made after "
+            "it ran): declare it idempotent or external, or leave effect_budget out"
+        )
+    if isinstance(cost, dict):
+        try:
+            fixed = call_cost(cost, (), {}, budget)
+        except InvalidInput as exc:
+            raise InvalidTaskCall(f"{where}: {exc}") from None
+        check_within(where, fixed, budget)
+
+
+def check_within(where: str, cost: dict[str, int], budget: dict[str, int]) -> None:
+    for unit, amount in cost.items():
+        if amount > budget[unit]:
+            raise InvalidTaskCall(
+                f"{where}: a cost of {amount} {unit!r} is over the effect_budget of "
+                f"{budget[unit]} (a worker would fail the call with EFFECT_BUDGET_EXCEEDED "
+                "and never call the task)"
+            )
+
+
+# -- what a call costs ----------------------------------------------------------------
+
+
+def call_cost(spec: Any, args: Any, kwargs: Any, budget: dict[str, int]) -> dict[str, int]:
+    """What one call of a task charges: its declared ``cost`` (``spec``: a dict of
+    unit -> int, or the module path of a callable taking the call's arguments),
+    checked as the kernel checks a cost, and against ``budget``'s units.
+
+    A unit the budget does not name is refused rather than charged without a
+    limit: a typo (``"cent"`` for ``"cents"``) would turn the guard off
+    unseen. Raises ``InvalidInput``; the enqueue turns it into ``InvalidTaskCall``,
+    the worker into ``INVALID_TASK_COST``.
+    """
+    if spec is None:
+        return {}
+    if isinstance(spec, str):
+        try:
+            price = import_callable(spec)
+            value = price(*args, **kwargs)
+        except InvalidInput:
+            raise
+        except BaseException as exc:  # as a task's own: SystemExit fails this call only
+            raise InvalidInput(f"cost {spec}() raised {type(exc).__name__}: {exc}") from exc
+        if inspect.iscoroutine(value):
+            value.close()
+            raise InvalidInput(f"cost {spec}() is async: a cost is computed synchronously")
+        where = f"cost {spec}()"
+    else:
+        value, where = spec, "cost"
+    cost = checked_cost(value, where)
+    unknown = sorted(set(cost) - set(budget))
+    if unknown:
+        raise InvalidInput(
+            f"{where} charges {unknown} that the effect_budget {budget} does not limit"
+        )
+    return cost
+
+
+def checked_cost(value: Any, where: str) -> dict[str, int]:
+    """``value`` checked as the kernel checks a cost (``validate_cost``), the error
+    naming ``where`` it came from."""
+    try:
+        return validate_cost(value)
+    except InvalidInput:
+        raise InvalidInput(
+            f"{where} must be a dict of unit (1-100 characters) -> int from 0 to 2**31-1, "
+            f"not {value!r:.200}"
+        ) from None
+
+
+def import_callable(path: str) -> Any:
+    """The callable at module ``path``: a task's cost, imported where it is computed."""
+    try:
+        found = import_string(path)
+    except ImportError as exc:
+        raise InvalidInput(f"cost {path} does not import here: {exc}") from exc
+    if not callable(found):
+        raise InvalidInput(f"cost {path} is not callable")
+    return found
