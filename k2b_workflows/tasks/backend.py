@@ -23,7 +23,6 @@ face; the worker's charge is the guarantee.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import datetime as dt
 import functools
@@ -524,11 +523,15 @@ def _check_run_after(value: Any, path: str) -> None:
 
 def _as_if_enqueued_now(task: Any) -> Any:
     """``task`` as Django's checks can read it: a ``run_after`` delay made the datetime
-    it is from now (Django reads it as a datetime). A copy, not ``replace()``, which
-    would validate the copy again."""
+    it is from now (Django reads it as a datetime). Copied field by field, without
+    calling the class: ``replace()`` and ``copy.copy()`` (Django 6.1's ``Task`` copies
+    through ``__reduce__``) make a new task, which Django validates again, here: a
+    recursion without end."""
     if not isinstance(task.run_after, dt.timedelta):
         return task
-    seen = copy.copy(task)
+    seen = object.__new__(type(task))
+    for field in dataclasses.fields(task):
+        object.__setattr__(seen, field.name, getattr(task, field.name))
     object.__setattr__(seen, "run_after", _now() + task.run_after)
     return seen
 
