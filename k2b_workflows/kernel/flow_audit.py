@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from django.db import connections
 
+from . import flow
+
 _OVER_LIMIT_SQL = """
 SELECT workflow_name, concurrency_key, count(*), min(concurrency_limit),
        array_agg(id ORDER BY created_at)
@@ -37,10 +39,11 @@ SELECT id, workflow_name, status FROM k2b_run
  WHERE holds_slot AND concurrency_key IS NULL ORDER BY id
 """
 
-_ENDED_HOLDERS_SQL = """
+_ENDED_HOLDERS_SQL = f"""
 SELECT id, workflow_name, status, concurrency_key FROM k2b_run
  WHERE holds_slot AND status IN ('succeeded', 'failed', 'canceled')
    AND (lease_expires_at IS NULL OR lease_expires_at <= k2b_now())
+   AND {flow.HOLDER_GONE}
  ORDER BY id
 """
 
