@@ -160,14 +160,15 @@ _FREE = (
     f" '{LIVE_LOSS_AGAIN}' || COALESCE(k.current_step::text, '-')))"
 )
 
-#: An expired run whose holder is inside an external call and may still be running
-#: (``holders.py``) is not taken from it: its lease is extended instead, and it is
-#: looked at again when that runs out. Taken over, the call's answer would land
-#: after the takeover had asked ``reconcile()``, which a provider that has not
-#: seen the call yet answers "absent" (#47). Left to its holder, the answer
-#: commits as if the lease had never lapsed: the fence checks the generation,
-#: not the clock.
-_HELD = f"({holders.IN_CALL} AND {holders.present('k.claimed_by')})"
+#: An expired run whose holder may still be running (``holders.py``) is not taken
+#: from it when it is inside an external call, or holds a concurrency slot: its
+#: lease is extended instead, and it is looked at again when that runs out (#47).
+#: Taken over, an external call's answer would land after the takeover had asked
+#: ``reconcile()``, which a provider that has not seen the call yet answers
+#: "absent"; a keyed run's action would run a second time beside the first,
+#: two inside a limit-1 key. Left to its holder, the answer commits as if the
+#: lease had never lapsed: the fence checks the generation, not the clock.
+_HELD = f"(({holders.IN_CALL} OR k.holds_slot) AND {holders.present('k.claimed_by')})"
 
 _REAP_SQL = (
     "WITH"
@@ -231,8 +232,8 @@ def reap_expired(using: str, worker_id: str = "", executing: Sequence[Any] = ())
     may renew late, and counting that against the run failed orders that had no
     fault of their own (#38). Either way the run is taken over at once, and the
     old holder is fenced; but not a run whose holder may still be inside an
-    external call (``_HELD``): its lease is extended and it stays the holder's
-    until the call returns or the holder is gone (#47).
+    external call, or that holds a slot (``_HELD``): its lease is extended and it
+    stays the holder's until the holder goes on or is gone (#47).
 
     In the same statement, free the slots of ended runs whose worker died
     inside ``run()`` (``flow.SWEEP_CTE``).

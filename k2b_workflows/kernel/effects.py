@@ -40,7 +40,18 @@ from ..actions import (
 from ..exceptions import InvalidInput, LeaseLost, RunCanceled, StepFailed, Suspend
 from ..limits import RateLimit
 from ..models import JournalEntry, LedgerEntry
-from . import budgets, db, events, evidence, flow, hooks, retrying, weather, witness
+from . import (
+    budgets,
+    contradictions,
+    db,
+    events,
+    evidence,
+    flow,
+    hooks,
+    retrying,
+    weather,
+    witness,
+)
 from .ending import Outcome, RunEnding
 from .journal import Batch, Claim, EffectState, RunJournal, Step
 
@@ -538,7 +549,11 @@ class External(EffectPath):
         try:
             db.run_in_transaction(record, self.using)
         except (LeaseLost, RunCanceled):
-            journal.late_evidence(step, f"failed result after losing the run: {result.message}")
+            journal.late_evidence(
+                step,
+                f"failed result after losing the run: {result.message}",
+                outcome=contradictions.FAILED,
+            )
             raise
         state.open_key = None
         if (

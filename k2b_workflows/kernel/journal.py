@@ -24,7 +24,7 @@ from .. import redaction, store, validation
 from ..actions import Action, Effect, Succeeded
 from ..exceptions import LeaseLost, RunCanceled, StepFailed
 from ..models import JournalEntry, LedgerEntry, WorkflowRun
-from . import budgets, clock, db, events, evidence, instances
+from . import budgets, clock, contradictions, db, events, evidence, instances
 
 if TYPE_CHECKING:
     from ..retries import Retry
@@ -407,6 +407,7 @@ class RunJournal:
                 pending.step,
                 "result arrived after the run was taken over or canceled",
                 output=pending.output,
+                outcome=contradictions.SUCCEEDED,
             )
 
     # -- the ledger ----------------------------------------------------------
@@ -468,21 +469,47 @@ class RunJournal:
 
         db.run_in_transaction(write, self.using)
 
-    def late_evidence(self, step: Step, message: str, output: Any = None) -> None:
-        """A fenced-out worker's result is evidence for the operator, never applied."""
+    def late_evidence(
+        self, step: Step, message: str, output: Any = None, outcome: str | None = None
+    ) -> None:
+        """A fenced-out worker's result is evidence, never applied as the step's result.
+
+        ``outcome``: what the call answered ("succeeded", "failed"; None: no
+        answer). One that contradicts the decision that closed the invocation
+        meanwhile (a reconcile, an operator, another holder) names it, and puts
+        a run not ended yet in the operators' queue (``contradictions.py``, #47).
+        """
 
         def write() -> None:
             db.lock_run(self.using, self.run_id)
-            self.ledger(
+            said = contradictions.contradicted(
+                self.using, self.run_id, step.seq, step.ctx.invocation_key or "", outcome
+            )
+            detail: dict[str, Any] = {}
+            if output is not None:
+                # Never the raw output: it may hold card tokens or credentials.
+                detail["output"] = evidence.redacted_summary(output)
+            if said is not None:
+                detail.update(outcome=outcome, contradicts=said)
+            values = self.ledger_values(
                 step,
                 LedgerEntry.Kind.LATE_RESULT,
                 message=message,
                 output_hash=evidence.hash_value(output) if output is not None else "",
-                # Never the raw output: it may hold card tokens or credentials.
-                detail={"output": evidence.redacted_summary(output)}
-                if output is not None
-                else None,
+                detail=detail or None,
             )
+            late = evidence.append_ledger(self.using, expect=self.ledger_head, **values)
+            self.ledger_written(step, LedgerEntry.Kind.LATE_RESULT)
+            if said is not None:
+                logger.error(
+                    "run %s step %s: the late result contradicts the %s entry %s (%s)",
+                    self.run_id,
+                    step.seq,
+                    said["kind"],
+                    said["entry"],
+                    said["outcome"],
+                )
+                contradictions.raise_incident(self.using, self.run_id, step.seq, late.pk, said)
 
         try:
             db.run_in_transaction(write, self.using)
