@@ -32,6 +32,7 @@ from k2b_workflows.kernel import claim
 from k2b_workflows.kernel.execute import Execution
 from k2b_workflows.models import LedgerEntry, WorkflowRun
 from tests.models import ProviderCall
+from tests.support import runtime_role
 from tests.support.kernel import (
     SETTLED,
     claim_for,
@@ -41,7 +42,6 @@ from tests.support.kernel import (
     ledger_kinds,
     requeue_expired,
 )
-from tests.support import runtime_role
 from tests.support.runtime_role import RUNTIME, as_runtime, refused
 from tests.workflows import fence as workflows_fence
 

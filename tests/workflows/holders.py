@@ -16,7 +16,6 @@ from tests.models import ProviderCall
 
 from .fence import gate
 
-
 #: The provider's record of a charge, whichever action made it.
 CHARGE = "holders.slow_charge"
 
