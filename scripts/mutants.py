@@ -1001,7 +1001,7 @@ MUTANTS = (
     Mutant(
         "presence-lock",
         "k2b_workflows/kernel/leases.py",
-        "            if self.worker_id and not self.present.is_set():",
+        "            if self.worker_id and not self.present.is_set() and not self._proxied:",
         "            if False:",
         (
             "tests/crash/test_live_holders.py::"
@@ -1088,7 +1088,8 @@ MUTANTS = (
         ),
         also=(
             (
-                "            if self.worker_id and not self.present.is_set():",
+                "            if self.worker_id and not self.present.is_set()"
+                " and not self._proxied:",
                 "            if False:",
             ),
         ),

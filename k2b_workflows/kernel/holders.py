@@ -36,8 +36,14 @@ from ..triggers import PRESENCE_LOCK
 __all__ = ["IN_CALL", "PRESENCE_LOCK", "TAKE_PRESENCE_SQL", "present"]
 
 #: Sent by the lease keeper on its connection: the lock is held until that connection goes.
-TAKE_PRESENCE_SQL = "SELECT pg_catalog.pg_try_advisory_lock({})".format(
-    PRESENCE_LOCK.format(worker="%s")
+#: Only where the connection reaches PostgreSQL itself (the port we dialled is the one
+#: it listens on, or a Unix socket): behind a pooler or a proxy the session lock could
+#: stay on a server connection after us, and a dead worker would look present for
+#: ever. NULL there: the heartbeat alone tells.
+TAKE_PRESENCE_SQL = (
+    "SELECT CASE WHEN pg_catalog.inet_server_port() IS NULL"
+    " OR pg_catalog.inet_server_port() = %s"
+    " THEN pg_catalog.pg_try_advisory_lock({}) END".format(PRESENCE_LOCK.format(worker="%s"))
 )
 
 

@@ -77,6 +77,8 @@ class LeaseKeeper:
     #: Runs ended under our action that has left ``run()``: their slots to let go
     #: of, on this connection (``leave``), retried at each tick until done.
     _leaving: dict[Any, int] = field(default_factory=dict)
+    #: The keeper's connection reaches PostgreSQL through a pooler or a proxy.
+    _proxied: bool = False
     _runs: dict[Any, _Held] = field(default_factory=dict)
     _tasks: dict[Any, _Held] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -211,13 +213,24 @@ class LeaseKeeper:
         with self._connecting:
             if self._conn is None or self._conn.closed:
                 self.present.clear()
+                self._proxied = False
                 alias = store.listen_database() if self.worker_id else self.using
                 self._conn = db.autocommit_connection(alias)
-            if self.worker_id and not self.present.is_set():
+            if self.worker_id and not self.present.is_set() and not self._proxied:
                 # Not granted: held a moment by a takeover that tried it, or by our
                 # previous connection's session not ended yet. Asked again next tick.
-                row = self._conn.execute(holders.TAKE_PRESENCE_SQL, [self.worker_id]).fetchone()
-                if row and row[0]:
+                port = self._conn.info.port
+                row = self._conn.execute(
+                    holders.TAKE_PRESENCE_SQL, [port, self.worker_id]
+                ).fetchone()
+                if row and row[0] is None:
+                    self._proxied = True
+                    logger.info(
+                        "lease keeper: the database is behind a pooler or a proxy (port %s);"
+                        " no presence lock, the heartbeat tells that this worker is alive",
+                        port,
+                    )
+                elif row and row[0]:
                     self.present.set()
             return self._conn
 

@@ -23,10 +23,11 @@ import threading
 import uuid
 
 import pytest
+from django.contrib.auth.models import Permission, User
 from django.core.management import CommandError, call_command
 from django.db import connection, connections, transaction
 
-from k2b_workflows import cancel_workflow_run, start_workflow_run
+from k2b_workflows import EFFECT_CONFIRMED, cancel_workflow_run, resolve_effect, start_workflow_run
 from k2b_workflows.codes import EFFECT_CONTRADICTED
 from k2b_workflows.kernel import claim
 from k2b_workflows.kernel.execute import Execution
@@ -270,6 +271,20 @@ def test_a_late_result_that_contradicts_a_reconcile_is_an_incident_naming_both(n
     assert f"reconciled entry {reconciled.pk} said failed" in shown
     assert "BROKEN" not in shown
     assert provider("holders.slow_charge") == [charge]  # no second dispatch
+    if after == EFFECT_CONTRADICTED:
+        # The operator settles it with the provider's answer, as any effect in doubt.
+        operator = User.objects.create_user("op", password="x")
+        operator.user_permissions.add(Permission.objects.get(codename="resolve_effect"))
+        resolve_effect(
+            run.pk,
+            EFFECT_CONFIRMED,
+            evidence="the provider's dashboard shows the charge",
+            actor=User.objects.get(pk=operator.pk),
+            output={"charge_id": f"ch_{charge.pk}"},
+        )
+        assert execute_exactly(run.pk) == "succeeded"
+        assert fresh(run).output == {"charge_id": f"ch_{charge.pk}"}
+        assert "CONTRADICTED" not in verify()
 
 
 def test_a_rewritten_lease_takes_no_keyed_run_from_its_live_holder(start_worker, wait, runtime):
