@@ -44,6 +44,7 @@ from tests.support.kernel import (
     requeue_expired,
 )
 from tests.support.runtime_role import RUNTIME, as_runtime, refused
+from tests.tasks_app import tasks
 from tests.workflows import fence as workflows_fence
 
 pytestmark = [
@@ -145,6 +146,27 @@ def test_a_rewritten_lease_takes_no_run_from_a_live_holder_inside_an_external_ca
     assert fresh(run).status == "running"
     wait(lambda: ended(run), timeout=TIMEOUT, message=workers[0].report)
     charged_once_never_asked(run)
+
+
+def test_a_rewritten_lease_takes_no_external_task_from_its_live_holder(start_worker, wait, runtime):
+    """The django.tasks side: no reconcile, so a takeover went to an operator (and the
+    caller saw RUNNING, then needs_attention) although the call succeeded."""
+    result = tasks.slow_charge.enqueue("o-47", 3)
+    workers = [start_worker("--concurrency", "1", env=env()) for _ in range(2)]
+    wait(lambda: provider("task.slow_charge.started"), timeout=TIMEOUT, message=workers[0].report)
+    with transaction.atomic(using=RUNTIME):
+        with connections[RUNTIME].cursor() as cursor:
+            cursor.execute(
+                "UPDATE k2b_run SET lease_expires_at = now() - interval '1 hour' WHERE id = %s",
+                [result.id],
+            )
+        assert claim.reap_expired(RUNTIME) == 0
+    run = WorkflowRun.objects.get(pk=result.id)
+    wait(lambda: ended(run), timeout=TIMEOUT, message=workers[0].report)
+    done = tasks.slow_charge.get_result(result.id)
+    assert (done.status.name, done.return_value) == ("SUCCESSFUL", {"charged": "o-47"})
+    assert len(provider("task.slow_charge")) == 1
+    assert (fresh(run).generation, fresh(run).error_code) == (1, "")
 
 
 # -- slots ------------------------------------------------------------------------------
