@@ -23,7 +23,6 @@ import threading
 import uuid
 
 import pytest
-from django.contrib.auth.models import Permission, User
 from django.core.management import CommandError, call_command
 from django.db import connection, connections, transaction
 
@@ -41,7 +40,9 @@ from tests.support.kernel import (
     execute_exactly,
     fresh,
     ledger_kinds,
+    most_inside,
     requeue_expired,
+    span_edges,
 )
 from tests.support.runtime_role import RUNTIME, as_runtime, refused
 from tests.tasks_app import tasks
@@ -81,6 +82,18 @@ def charged_once_never_asked(run: WorkflowRun) -> None:
     assert ledger_kinds(run) == ["dispatched", "succeeded"]
     # Never taken over: the one claim's generation did it all, and no incident.
     assert (done.generation, done.error_code) == (1, "")
+
+
+def lease_rewritten_and_reaped(run_id: object) -> int:
+    """As the runtime role: the run's lease set an hour back, then a reap, in one
+    transaction (no renewal of the holder's comes in between). The runs re-queued."""
+    with transaction.atomic(using=RUNTIME):
+        with connections[RUNTIME].cursor() as cursor:
+            cursor.execute(
+                "UPDATE k2b_run SET lease_expires_at = now() - interval '1 hour' WHERE id = %s",
+                [run_id],
+            )
+        return claim.reap_expired(RUNTIME)
 
 
 def _heartbeat_stale(worker_pid: int) -> bool:
@@ -134,15 +147,7 @@ def test_a_rewritten_lease_takes_no_run_from_a_live_holder_inside_an_external_ca
     run = start_workflow_run("holders.charge", {"seconds": 4})
     workers = [start_worker("--concurrency", "1", env=env()) for _ in range(2)]
     wait(lambda: provider("holders.started"), timeout=TIMEOUT, message=workers[0].report)
-    # The attacker's lease, and the reap that follows it, in one transaction: no renewal
-    # of the holder's comes in between.
-    with transaction.atomic(using=RUNTIME):
-        with connections[RUNTIME].cursor() as cursor:
-            cursor.execute(
-                "UPDATE k2b_run SET lease_expires_at = now() - interval '1 hour' WHERE id = %s",
-                [run.pk],
-            )
-        assert claim.reap_expired(RUNTIME) == 0
+    assert lease_rewritten_and_reaped(run.pk) == 0
     assert fresh(run).status == "running"
     wait(lambda: ended(run), timeout=TIMEOUT, message=workers[0].report)
     charged_once_never_asked(run)
@@ -154,13 +159,7 @@ def test_a_rewritten_lease_takes_no_external_task_from_its_live_holder(start_wor
     result = tasks.slow_charge.enqueue("o-47", 3)
     workers = [start_worker("--concurrency", "1", env=env()) for _ in range(2)]
     wait(lambda: provider("task.slow_charge.started"), timeout=TIMEOUT, message=workers[0].report)
-    with transaction.atomic(using=RUNTIME):
-        with connections[RUNTIME].cursor() as cursor:
-            cursor.execute(
-                "UPDATE k2b_run SET lease_expires_at = now() - interval '1 hour' WHERE id = %s",
-                [result.id],
-            )
-        assert claim.reap_expired(RUNTIME) == 0
+    assert lease_rewritten_and_reaped(result.id) == 0
     run = WorkflowRun.objects.get(pk=result.id)
     wait(lambda: ended(run), timeout=TIMEOUT, message=workers[0].report)
     done = tasks.slow_charge.get_result(result.id)
@@ -169,20 +168,18 @@ def test_a_rewritten_lease_takes_no_external_task_from_its_live_holder(start_wor
     assert (fresh(run).generation, fresh(run).error_code) == (1, "")
 
 
+def test_a_rewritten_lease_takes_no_keyed_run_from_its_live_holder(start_worker, wait, runtime):
+    key = f"keyed-{uuid.uuid4().hex[:8]}"
+    run = start_workflow_run("flow.one_at_a_time", {"key": key, "nap": 4}, concurrency_key=key)
+    worker = start_worker("--concurrency", "4", env=env())
+    wait(lambda: span_edges(key), timeout=TIMEOUT, message=worker.report)
+    assert lease_rewritten_and_reaped(run.pk) == 0
+    wait(lambda: ended(run), timeout=TIMEOUT, message=worker.report)
+    assert fresh(run).status == "succeeded", describe(run)
+    assert span_edges(key) == ["start", "end"]
+
+
 # -- slots ------------------------------------------------------------------------------
-
-
-def edges(key: str) -> list[str]:
-    rows = ProviderCall.objects.filter(action="flow.span", payload__key=key).order_by("id")
-    return [r.payload["edge"] for r in rows]
-
-
-def most_inside(key: str) -> int:
-    inside = most = 0
-    for edge in edges(key):
-        inside += 1 if edge == "start" else -1
-        most = max(most, inside)
-    return most
 
 
 @pytest.mark.parametrize("lease", ["now() - interval '1 hour'", "NULL"])
@@ -193,7 +190,7 @@ def test_a_canceled_holder_keeps_its_slot_whatever_its_lease_is_rewritten_to(
     one = "flow.one_at_a_time"
     first = start_workflow_run(one, {"key": key, "nap": 4}, concurrency_key=key)
     worker = start_worker("--concurrency", "4", env=env())
-    wait(lambda: edges(key), timeout=TIMEOUT, message=worker.report)
+    wait(lambda: span_edges(key), timeout=TIMEOUT, message=worker.report)
     cancel_workflow_run(first.pk, "not needed any more")
     assert fresh(first).status == "canceled"
     as_runtime(f"UPDATE k2b_run SET lease_expires_at = {lease} WHERE id = %s", [first.pk])
@@ -203,7 +200,7 @@ def test_a_canceled_holder_keeps_its_slot_whatever_its_lease_is_rewritten_to(
     second = start_workflow_run(one, {"key": key, "nap": 0}, concurrency_key=key)
     wait(lambda: ended(second), timeout=TIMEOUT, message=worker.report)
     assert fresh(second).status == "succeeded", describe(second)
-    assert edges(key) == ["start", "end", "start", "end"]
+    assert span_edges(key) == ["start", "end", "start", "end"]
     assert most_inside(key) == 1
     assert not fresh(first).holds_slot
 
@@ -258,7 +255,9 @@ def verify() -> str:
         ("holders.charge_by_key", EFFECT_CONTRADICTED),
     ],
 )
-def test_a_late_result_that_contradicts_a_reconcile_is_an_incident_naming_both(name, after):
+def test_a_late_result_that_contradicts_a_reconcile_is_an_incident_naming_both(
+    name, after, operator
+):
     gate_name = f"g{uuid.uuid4().hex}"
     run = start_workflow_run(name, {"gate": gate_name})
     holder = GoneHolder(run, gate_name)
@@ -295,32 +294,13 @@ def test_a_late_result_that_contradicts_a_reconcile_is_an_incident_naming_both(n
     assert provider("holders.slow_charge") == [charge]  # no second dispatch
     if after == EFFECT_CONTRADICTED:
         # The operator settles it with the provider's answer, as any effect in doubt.
-        operator = User.objects.create_user("op", password="x")
-        operator.user_permissions.add(Permission.objects.get(codename="resolve_effect"))
         resolve_effect(
             run.pk,
             EFFECT_CONFIRMED,
             evidence="the provider's dashboard shows the charge",
-            actor=User.objects.get(pk=operator.pk),
+            actor=operator,
             output={"charge_id": f"ch_{charge.pk}"},
         )
         assert execute_exactly(run.pk) == "succeeded"
         assert fresh(run).output == {"charge_id": f"ch_{charge.pk}"}
         assert "CONTRADICTED" not in verify()
-
-
-def test_a_rewritten_lease_takes_no_keyed_run_from_its_live_holder(start_worker, wait, runtime):
-    key = f"keyed-{uuid.uuid4().hex[:8]}"
-    run = start_workflow_run("flow.one_at_a_time", {"key": key, "nap": 4}, concurrency_key=key)
-    worker = start_worker("--concurrency", "4", env=env())
-    wait(lambda: edges(key), timeout=TIMEOUT, message=worker.report)
-    with transaction.atomic(using=RUNTIME):
-        with connections[RUNTIME].cursor() as cursor:
-            cursor.execute(
-                "UPDATE k2b_run SET lease_expires_at = now() - interval '1 hour' WHERE id = %s",
-                [run.pk],
-            )
-        assert claim.reap_expired(RUNTIME) == 0
-    wait(lambda: ended(run), timeout=TIMEOUT, message=worker.report)
-    assert fresh(run).status == "succeeded", describe(run)
-    assert edges(key) == ["start", "end"]
