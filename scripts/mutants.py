@@ -1028,6 +1028,26 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "replay-waits-for-the-holder",
+        "k2b_workflows/kernel/effects.py",
+        "        holder = holders.still_in_call(",
+        "        holder = None and holders.still_in_call(",
+        (
+            "tests/crash/test_live_holders.py::"
+            "test_a_run_set_back_to_queued_is_not_reconciled_while_its_holder_is_inside_the_call",
+        ),
+    ),
+    Mutant(
+        "a-holders-answer-ends-the-wait",
+        "k2b_workflows/kernel/holders.py",
+        "AND a.kind = 'late_result' AND a.invocation_key = %s)",
+        "AND a.kind = 'no_answer' AND a.invocation_key = %s)",
+        (
+            "tests/crash/test_live_holders.py::"
+            "test_a_run_set_back_to_queued_is_not_reconciled_while_its_holder_is_inside_the_call",
+        ),
+    ),
+    Mutant(
         "keeper-leaves-on-its-own-connection",
         "k2b_workflows/kernel/execute.py",
         "                    self.keeper.leave(self.run_id, self.generation)",

@@ -30,7 +30,7 @@ from django.db import connections
 
 from .. import counters, store
 from . import db, flow, holders
-from .requeue import requeue_set
+from .requeue import AFTER_MS, requeue_set
 
 logger = logging.getLogger(__name__)
 
@@ -358,11 +358,23 @@ UPDATE k2b_run
  WHERE id = %s AND generation = %s AND status = 'running'
 """
 
+_RELEASE_AFTER_SQL = f"""
+UPDATE k2b_run
+   SET {requeue_set(release=True, run_after=AFTER_MS)}
+ WHERE id = %s AND generation = %s AND status = 'running'
+"""
 
-def release(using: str, run_id: uuid.UUID, generation: int) -> bool:
-    """Hand a run we still own back to the queue, without counting a failure."""
+
+def release(using: str, run_id: uuid.UUID, generation: int, after_ms: int = 0) -> bool:
+    """Hand a run we still own back to the queue, without counting a failure.
+
+    ``after_ms``: claimable only after this delay (its holder may still be inside
+    an external call: ``effects.External.wait_for_holder``)."""
     with connections[using].cursor() as cursor:
-        cursor.execute(_RELEASE_SQL, [run_id, generation])
+        if after_ms:
+            cursor.execute(_RELEASE_AFTER_SQL, [after_ms, run_id, generation])
+        else:
+            cursor.execute(_RELEASE_SQL, [run_id, generation])
         return cursor.rowcount == 1
 
 

@@ -42,11 +42,13 @@ from ..limits import RateLimit
 from ..models import JournalEntry, LedgerEntry
 from . import (
     budgets,
+    claim,
     contradictions,
     db,
     events,
     evidence,
     flow,
+    holders,
     hooks,
     retrying,
     weather,
@@ -351,9 +353,11 @@ class External(EffectPath):
         state = journal.effects.setdefault(step.seq, EffectState())
         if state.open_key:
             # Dispatched before (a crash, an exception, a late result): never run
-            # it again blindly. Ask the provider, or an operator.
+            # it again blindly. Ask the provider, or an operator; not while the
+            # worker that called it may still be inside the call.
             journal.flush_pending()
             step.ctx.invocation_key = state.open_key
+            self.wait_for_holder(step)
             return self.reconcile(step, state)
         denial = self.authorize_outside_tx(step)
         if denial is not None:
@@ -423,6 +427,35 @@ class External(EffectPath):
         if isinstance(result, Succeeded):
             return journal.journal_success(step, result, ledger_kind=LedgerEntry.Kind.SUCCEEDED)
         self._failed(step, result, LedgerEntry.Kind.FAILED)
+
+    def wait_for_holder(self, step: Step) -> None:
+        """Queue the run again for a lease later if the worker that dispatched the open
+        call may still be inside it (present, no answer of its own yet): no failure
+        counted, nothing asked (#47).
+
+        The reaper leaves such a run to its holder; but a run taken by other means (a
+        reaper of an older release, the runtime role setting it back to ``queued``)
+        reaches this replay while the call is in flight, and a ``reconcile()`` asked
+        now hears "absent" from a provider that has not seen it yet. Once the holder
+        has answered (its late result) or is gone, the run is reconciled as after any
+        crash.
+        """
+        holder = holders.still_in_call(
+            self.using, self.run_id, step.seq, step.ctx.invocation_key or ""
+        )
+        if holder is None:
+            return
+
+        def defer() -> None:
+            self.journal.fence(step.seq)
+            claim.release(self.using, self.run_id, self.claim.generation, store.lease_ms())
+
+        db.run_in_transaction(defer, self.using)
+        self.ending.ended(
+            Outcome.DEFERRED,
+            step=step.seq,
+            reason=f"worker {holder} may still be inside the call",
+        )
 
     def _close_unsent_dispatch(self, step: Step, invocation_key: str) -> None:
         """The dispatch's COMMIT lost its answer: it may have committed, but run() was not called.

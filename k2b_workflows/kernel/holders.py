@@ -31,9 +31,14 @@ step never do.
 
 from __future__ import annotations
 
+from typing import Any
+
+from django.db import connections
+
+from .. import store
 from ..triggers import PRESENCE_LOCK
 
-__all__ = ["IN_CALL", "PRESENCE_LOCK", "TAKE_PRESENCE_SQL", "present"]
+__all__ = ["IN_CALL", "PRESENCE_LOCK", "TAKE_PRESENCE_SQL", "present", "still_in_call"]
 
 #: Sent by the lease keeper on its connection: the lock is held until that connection goes.
 #: Only where the connection reaches PostgreSQL itself (the port we dialled is the one
@@ -68,3 +73,33 @@ def present(worker: str, fresh_ms: str = "%s") -> str:
 #: dispatch but the call's own answer, so nothing else can stand last.
 IN_CALL = """COALESCE((SELECT l.kind = 'dispatched' AND l.generation = k.generation
     FROM k2b_ledger l WHERE l.run_id = k.id ORDER BY l.id DESC LIMIT 1), false)"""
+
+
+#: The worker that dispatched an invocation (its dispatch entry names it), if it may
+#: still be inside that call: it has recorded no answer of its own since (a late
+#: result), and it is present.
+_STILL_IN_CALL_SQL = f"""
+SELECT d.worker FROM (
+    SELECT l.id, l.detail->>'worker' AS worker FROM k2b_ledger l
+     WHERE l.run_id = %s AND l.seq = %s AND l.kind = 'dispatched' AND l.invocation_key = %s
+     ORDER BY l.id DESC LIMIT 1) d
+ WHERE d.worker IS NOT NULL
+   AND NOT EXISTS (SELECT 1 FROM k2b_ledger a
+                    WHERE a.run_id = %s AND a.seq = %s AND a.id > d.id
+                      AND a.kind = 'late_result' AND a.invocation_key = %s)
+   AND {present("d.worker")}
+"""
+
+
+def still_in_call(using: str, run_id: Any, seq: int, invocation_key: str) -> str | None:
+    """The id of the worker that may still be inside the call ``invocation_key``, or None.
+
+    Asked by a takeover before it reconciles (the replay of an open dispatch):
+    whoever took the run (a reaper of an older release, the runtime role setting
+    the status back to ``queued``), the call is not raced (#47).
+    """
+    params = [run_id, seq, invocation_key, run_id, seq, invocation_key, store.worker_fresh_ms()]
+    with connections[using].cursor() as cursor:
+        cursor.execute(_STILL_IN_CALL_SQL, params)
+        row = cursor.fetchone()
+    return row[0] if row else None

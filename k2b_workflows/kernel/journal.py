@@ -435,12 +435,21 @@ class RunJournal:
                 ),
                 principal_hash=evidence.hash_value(self.claim.principal),
                 idempotency_key_hash=evidence.hash_optional(self.claim.run.idempotency_key),
-                detail={k: v for k, v in step.refs.items() if v} or None,
+                detail=self._dispatch_detail(step),
             )
         values.update(fields)
         if values.get("message"):
             values["message"] = redaction.scrub_error(values["message"])
         return values
+
+    def _dispatch_detail(self, step: Step) -> dict[str, Any] | None:
+        """A dispatch's refs, and the worker that calls the provider: a takeover asks
+        whether it may still be inside the call (``holders.still_in_call``, #47)."""
+        detail = {k: v for k, v in step.refs.items() if v}
+        keeper = self.claim.keeper
+        if keeper is not None and keeper.worker_id:
+            detail["worker"] = keeper.worker_id
+        return detail or None
 
     def ledger(self, step: Step, kind: str, *, with_hashes: bool = False, **fields: Any) -> None:
         """Append a ledger entry of ``step`` in the current (fenced) transaction."""
@@ -489,8 +498,10 @@ class RunJournal:
             if output is not None:
                 # Never the raw output: it may hold card tokens or credentials.
                 detail["output"] = evidence.redacted_summary(output)
+            if outcome is not None:
+                detail["outcome"] = outcome
             if said is not None:
-                detail.update(outcome=outcome, contradicts=said)
+                detail["contradicts"] = said
             values = self.ledger_values(
                 step,
                 LedgerEntry.Kind.LATE_RESULT,

@@ -153,6 +153,28 @@ def test_a_rewritten_lease_takes_no_run_from_a_live_holder_inside_an_external_ca
     charged_once_never_asked(run)
 
 
+def test_a_run_set_back_to_queued_is_not_reconciled_while_its_holder_is_inside_the_call(
+    start_worker, wait, runtime
+):
+    """Taken without the reaper (the runtime role sets the status back), the next worker
+    finds the call's worker present and waits for its answer; then it reconciles."""
+    run = start_workflow_run("holders.charge", {"seconds": 4})
+    workers = [start_worker("--concurrency", "1", env=env()) for _ in range(2)]
+    wait(lambda: provider("holders.started"), timeout=TIMEOUT, message=workers[0].report)
+    as_runtime("UPDATE k2b_run SET status = 'queued', run_after = now() WHERE id = %s", [run.pk])
+    wait(lambda: ended(run), timeout=TIMEOUT, message=workers[1].report)
+    done = fresh(run)
+    assert done.status == "succeeded", describe(done)
+    (charge,) = provider("holders.slow_charge")
+    assert done.output == {"charge_id": f"ch_{charge.pk}", "reconciled": True}
+    # Asked once, after the holder's own answer: never "absent".
+    assert [c.payload for c in provider("holders.reconcile")] == [{"found": True}]
+    kinds = ledger_kinds(run)
+    assert kinds.index("late_result") < kinds.index("reconciled"), kinds
+    (late,) = LedgerEntry.objects.filter(run=run, kind="late_result")
+    assert late.detail["outcome"] == "succeeded" and "contradicts" not in late.detail
+
+
 def test_a_rewritten_lease_takes_no_external_task_from_its_live_holder(start_worker, wait, runtime):
     """The django.tasks side: no reconcile, so a takeover went to an operator (and the
     caller saw RUNNING, then needs_attention) although the call succeeded."""
