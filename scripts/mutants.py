@@ -1048,6 +1048,16 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "reconcile-against-the-late-answer",
+        "k2b_workflows/kernel/effects.py",
+        "            self._against_the_late_answer(step, result)",
+        "            pass",
+        (
+            "tests/crash/test_live_holders.py::"
+            "test_a_reconcile_that_contradicts_the_calls_own_late_answer_is_an_incident",
+        ),
+    ),
+    Mutant(
         "keeper-leaves-on-its-own-connection",
         "k2b_workflows/kernel/execute.py",
         "                    self.keeper.leave(self.run_id, self.generation)",

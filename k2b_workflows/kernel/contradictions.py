@@ -10,10 +10,15 @@ happened. The same holds the other way round (reconciled "succeeded", the call
 says it failed), and for an operator's resolution.
 
 The late result is chained under the evidence key like every ledger entry, so
-it is the provider's real answer. When it contradicts the decision that closed
-its invocation (the reconcile's answer, an operator's resolution, another
-holder's result), the late entry names that decision (``detail.contradicts``),
-and:
+it is the provider's real answer. The other order is caught too: a takeover
+that waited for the holder's answer (``effects.External.wait_for_holder``)
+and then hears the opposite from ``reconcile()`` (a lookup lagging behind the
+provider's writes) records that answer naming the late result
+(``late_answer``) and hands the run to an operator with the same code.
+
+When a late result contradicts the decision that closed its invocation (the
+reconcile's answer, an operator's resolution, another holder's result), the
+late entry names that decision (``detail.contradicts``), and:
 
 - a run not ended yet goes to ``needs_attention`` with ``EFFECT_CONTRADICTED``,
   both entries in its ``error_detail``: it is in the operators' queue;
@@ -35,7 +40,15 @@ from ..models import LedgerEntry
 from . import db, seals
 from .hashing import canonical_json
 
-__all__ = ["FAILED", "SUCCEEDED", "contradicted", "decision_outcome", "findings", "raise_incident"]
+__all__ = [
+    "FAILED",
+    "SUCCEEDED",
+    "contradicted",
+    "decision_outcome",
+    "findings",
+    "late_answer",
+    "raise_incident",
+]
 
 #: What closed an invocation, after its dispatch: the first of these answers it.
 _DECISIONS_SQL = """
@@ -88,6 +101,32 @@ def contradicted(
     if said == outcome:
         return None
     return {"entry": entry_id, "kind": kind, "outcome": said}
+
+
+#: The last answer the call ``invocation_key`` gave its own worker, late: (entry, outcome).
+_LATE_ANSWER_SQL = """
+SELECT l.id, l.detail->>'outcome' FROM k2b_ledger l
+ WHERE l.run_id = %s AND l.seq = %s AND l.kind = 'late_result' AND l.invocation_key = %s
+   AND l.detail ? 'outcome'
+ ORDER BY l.id DESC LIMIT 1
+"""
+
+
+def late_answer(
+    using: str, run_id: uuid.UUID, seq: int, invocation_key: str, said: str
+) -> dict[str, Any] | None:
+    """The late result of ``invocation_key`` that says the opposite of ``said`` (what a
+    reconcile just answered), as ``detail.contradicts`` names it; None if none does.
+
+    The other order than ``contradicted``: the call answered its fenced-out worker
+    first, and a lookup that lags behind the provider's own writes says otherwise.
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute(_LATE_ANSWER_SQL, [run_id, seq, invocation_key])
+        row = cursor.fetchone()
+    if row is None or row[1] == said:
+        return None
+    return {"entry": row[0], "kind": LedgerEntry.Kind.LATE_RESULT, "outcome": row[1]}
 
 
 _STATUS_SQL = "SELECT status, generation FROM k2b_run WHERE id = %s"
@@ -150,9 +189,9 @@ def raise_incident(
 
 
 _FINDINGS_SQL = """
-SELECT l.run_id, r.workflow_name, r.status, l.seq, l.id, l.detail
+SELECT l.run_id, r.workflow_name, r.status, l.seq, l.id, l.kind, l.detail
   FROM k2b_ledger l JOIN k2b_run r ON r.id = l.run_id
- WHERE l.kind = 'late_result' AND l.detail ? 'contradicts'
+ WHERE l.kind IN ('late_result', 'reconcile_unknown') AND l.detail ? 'contradicts'
    AND NOT EXISTS (SELECT 1 FROM k2b_ledger o
                     WHERE o.run_id = l.run_id AND o.seq = l.seq AND o.id > l.id
                       AND o.kind IN ('resolved_confirmed', 'resolved_absent'))
@@ -167,11 +206,11 @@ def findings(using: str) -> list[str]:
     with connections[using].cursor() as cursor:
         cursor.execute(_FINDINGS_SQL)
         rows = cursor.fetchall()
-    for run_id, name, status, seq, late_id, raw in rows:
+    for run_id, name, status, seq, entry_id, kind, raw in rows:
         detail = db.from_json(raw)
         said = detail["contradicts"]
         lines.append(
-            f"{run_id} {name} ({status}): step {seq}: late result {late_id} says "
+            f"{run_id} {name} ({status}): step {seq}: {kind} entry {entry_id} says "
             f"{detail.get('outcome')}, {said['kind']} entry {said['entry']} said {said['outcome']}"
         )
     return lines

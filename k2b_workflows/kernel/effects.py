@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError, connections
 
-from .. import store, validation
+from .. import codes, store, validation
 from ..actions import (
     Action,
     Ambiguous,
@@ -522,6 +522,8 @@ class External(EffectPath):
         events.reconcile_answered(
             self.claim, step.seq, step.ctx.effect_key, type(result).__name__.lower()
         )
+        if isinstance(result, (Succeeded, Failed)):
+            self._against_the_late_answer(step, result)
         if isinstance(result, Succeeded):
             return journal.journal_success(step, result, ledger_kind=LedgerEntry.Kind.RECONCILED)
         if isinstance(result, Waiting) and state.polls >= store.max_reconcile_polls():
@@ -557,6 +559,45 @@ class External(EffectPath):
             store.EFFECT_OUTCOME_UNKNOWN,
             f"step {step.seq} ({step.name}): reconcile() cannot tell: {result.message or ''}",
             step=step.seq,
+        )
+
+    def _against_the_late_answer(self, step: Step, result: Succeeded | Failed) -> None:
+        """``reconcile()`` says the opposite of what the call answered its own worker, late
+        (a lookup that lags behind the provider's writes): an incident, never a silent
+        end either way (#47). The answer is recorded naming the late result, the
+        invocation stays open, and an operator settles it."""
+        said = contradictions.SUCCEEDED if isinstance(result, Succeeded) else contradictions.FAILED
+        late = contradictions.late_answer(
+            self.using, self.run_id, step.seq, step.ctx.invocation_key or "", said
+        )
+        if late is None:
+            return
+        journal = self.journal
+        kind = LedgerEntry.Kind.RECONCILE_UNKNOWN
+        message = f"reconcile() said {said}; the call itself answered {late['outcome']}, late"
+
+        def record() -> LedgerEntry:
+            journal.fence(step.seq)
+            values = journal.ledger_values(
+                step, kind, message=message, detail={"outcome": said, "contradicts": late}
+            )
+            entry = evidence.append_ledger(self.using, expect=journal.ledger_head, **values)
+            journal.ledger_written(step, kind)
+            return entry
+
+        entry = db.run_in_transaction(record, self.using)
+        self.ending.needs_attention(
+            codes.EFFECT_CONTRADICTED,
+            f"step {step.seq} ({step.name}): {message} (ledger entries {entry.pk} and "
+            f"{late['entry']})",
+            step=step.seq,
+            detail={
+                "kind": "contradiction",
+                "seq": step.seq,
+                "late_result": late["entry"],
+                "entry": entry.pk,
+                "outcome": said,
+            },
         )
 
     def _failed(self, step: Step, result: Failed, kind: str, *, may_retry: bool = True) -> NoReturn:

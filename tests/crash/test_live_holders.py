@@ -158,11 +158,29 @@ def test_a_run_set_back_to_queued_is_not_reconciled_while_its_holder_is_inside_t
 ):
     """Taken without the reaper (the runtime role sets the status back), the next worker
     finds the call's worker present and waits for its answer; then it reconciles."""
-    run = start_workflow_run("holders.charge", {"seconds": 4})
-    workers = [start_worker("--concurrency", "1", env=env()) for _ in range(2)]
+    run = start_workflow_run("holders.charge", {"until_released": True})
+    # No claim ahead: the holder's own process would take the run back for its busy
+    # thread, and run it only once the call has returned.
+    settings = {**SETTINGS, "CLAIM_PREFETCH": 0}
+    env_ = {"K2B_TEST_SETTINGS": json.dumps(settings)}
+    workers = [start_worker("--concurrency", "1", env=env_) for _ in range(2)]
     wait(lambda: provider("holders.started"), timeout=TIMEOUT, message=workers[0].report)
     as_runtime("UPDATE k2b_run SET status = 'queued', run_after = now() WHERE id = %s", [run.pk])
-    wait(lambda: ended(run), timeout=TIMEOUT, message=workers[1].report)
+    # The other worker claims it, finds the call's worker present, and queues it again.
+    wait(
+        lambda: (r := fresh(run)).generation >= 2 and r.status != "running",
+        timeout=TIMEOUT,
+        message=lambda: workers[0].report() + workers[1].report(),
+    )
+    assert fresh(run).status == "queued", describe(run)
+    assert provider("holders.reconcile") == []
+    (started,) = provider("holders.started")
+    ProviderCall.objects.create(action="holders.release", effect_key=started.effect_key)
+    wait(
+        lambda: ended(run),
+        timeout=TIMEOUT,
+        message=lambda: workers[0].report() + workers[1].report(),
+    )
     done = fresh(run)
     assert done.status == "succeeded", describe(done)
     (charge,) = provider("holders.slow_charge")
@@ -310,7 +328,7 @@ def test_a_late_result_that_contradicts_a_reconcile_is_an_incident_naming_both(
     # Where operators look, whatever the status: both entries named, nothing broken.
     shown = verify()
     assert f"CONTRADICTED {run.pk}" in shown, shown
-    assert f"late result {late.pk} says succeeded" in shown
+    assert f"late_result entry {late.pk} says succeeded" in shown
     assert f"reconciled entry {reconciled.pk} said failed" in shown
     assert "BROKEN" not in shown
     assert provider("holders.slow_charge") == [charge]  # no second dispatch
@@ -326,3 +344,28 @@ def test_a_late_result_that_contradicts_a_reconcile_is_an_incident_naming_both(
         assert execute_exactly(run.pk) == "succeeded"
         assert fresh(run).output == {"charge_id": f"ch_{charge.pk}"}
         assert "CONTRADICTED" not in verify()
+
+
+def test_a_reconcile_that_contradicts_the_calls_own_late_answer_is_an_incident():
+    """The other order: the call answered its fenced-out worker first, then a lookup
+    that lags behind the provider's writes says "absent"."""
+    gate_name = f"g{uuid.uuid4().hex}"
+    run = start_workflow_run("holders.charge", {"gate": gate_name, "lookup_lags": True})
+    holder = GoneHolder(run, gate_name)
+    requeue_expired(run)
+    assert holder.returns() == "lease_lost"
+    (late,) = LedgerEntry.objects.filter(run=run, kind="late_result")
+    assert late.detail["outcome"] == "succeeded"
+    assert execute_exactly(run.pk) == "needs_attention"
+    done = fresh(run)
+    assert (done.status, done.error_code) == ("needs_attention", EFFECT_CONTRADICTED)
+    (answer,) = LedgerEntry.objects.filter(run=run, kind="reconcile_unknown")
+    assert answer.detail == {
+        "outcome": "failed",
+        "contradicts": {"entry": late.pk, "kind": "late_result", "outcome": "succeeded"},
+    }
+    assert (done.error_detail["late_result"], done.error_detail["entry"]) == (late.pk, answer.pk)
+    assert not LedgerEntry.objects.filter(run=run, kind="reconciled").exists()
+    shown = verify()
+    assert f"reconcile_unknown entry {answer.pk} says failed" in shown, shown
+    assert f"late_result entry {late.pk} said succeeded" in shown

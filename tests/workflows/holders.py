@@ -31,6 +31,13 @@ class SlowCharge(Action):
         ProviderCall.objects.create(action="holders.started", **fields)
         if input.get("gate"):
             gate(input["gate"])
+        if input.get("until_released"):  # the test says when the provider answers
+            released = {"action": "holders.release", "effect_key": ctx.effect_key}
+            deadline = time.monotonic() + 120
+            while not ProviderCall.objects.filter(**released).exists():
+                if time.monotonic() > deadline:
+                    raise RuntimeError("never released")
+                time.sleep(0.05)
         deadline = time.monotonic() + float(input.get("seconds", 0))
         while time.monotonic() < deadline:  # slices: a SIGSTOP lands in one of them
             time.sleep(0.05)
@@ -39,6 +46,8 @@ class SlowCharge(Action):
 
     def reconcile(self, ctx, input):
         found = ProviderCall.objects.filter(action=CHARGE, effect_key=ctx.effect_key).first()
+        if input.get("lookup_lags"):  # the provider's lookup has not caught up with it yet
+            found = None
         ProviderCall.objects.create(
             action="holders.reconcile",
             effect_key=ctx.effect_key,
