@@ -1137,8 +1137,9 @@ MUTANTS = (
     Mutant(
         "slot-sweep-of-ended-runs",
         "k2b_workflows/kernel/flow.py",
-        "       AND (lease_expires_at IS NULL OR lease_expires_at <= k2b_now())\n    RETURNING id)",
-        "       AND false\n    RETURNING id)",
+        "       AND (lease_expires_at IS NULL OR lease_expires_at <= k2b_now())\n"
+        "       AND {HOLDER_GONE}\n",
+        "       AND false\n",
         (
             "tests/misuse/test_attacks_flow.py::"
             "test_holds_slot_on_a_finished_run_is_refused_and_healed_when_the_owner_sets_it",

@@ -10,8 +10,9 @@ state the kernel never leaves, named with the runs or the root it concerns:
 
 - a key with more slot holders than the least limit its holders started with;
 - a run holding a slot without a key (the claim takes it as unkeyed);
-- an ended run holding a slot with no live lease (no action of it is inside
-  ``run()``: the housekeeping frees it, unless nothing runs the housekeeping);
+- an ended run holding a slot with no live lease and no holder present (no
+  action of it is inside ``run()``: the housekeeping frees it, unless nothing
+  runs the housekeeping);
 - a budget account whose ``spent`` or ``ai_calls`` is not the sum of its
   charges (a charge checks the sum, so this is a display lie or a tampering).
 
