@@ -1040,9 +1040,10 @@ MUTANTS = (
     Mutant(
         "a-holders-answer-ends-the-wait",
         "k2b_workflows/kernel/holders.py",
-        "AND a.kind = 'late_result' AND a.invocation_key = %s)",
-        "AND a.kind = 'no_answer' AND a.invocation_key = %s)",
+        "                    WHERE a.run_id = %s AND a.seq = %s AND a.id > d.id\n",
+        "                    WHERE a.run_id = %s AND a.seq = %s AND a.id > d.id AND false\n",
         (
+            "tests/kernel/test_holders.py",
             "tests/crash/test_live_holders.py::"
             "test_a_run_set_back_to_queued_is_not_reconciled_while_its_holder_is_inside_the_call",
         ),

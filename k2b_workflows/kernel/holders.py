@@ -76,8 +76,9 @@ IN_CALL = """COALESCE((SELECT l.kind = 'dispatched' AND l.generation = k.generat
 
 
 #: The worker that dispatched an invocation (its dispatch entry names it), if it may
-#: still be inside that call: it has recorded no answer of its own since (a late
-#: result), and it is present.
+#: still be inside that call: nothing of that invocation was recorded since (every
+#: entry after a dispatch is written once ``run()`` has returned: its late result,
+#: its "outcome unknown", a reconcile's answer or poll), and it is present.
 _STILL_IN_CALL_SQL = f"""
 SELECT d.worker FROM (
     SELECT l.id, l.detail->>'worker' AS worker FROM k2b_ledger l
@@ -86,7 +87,7 @@ SELECT d.worker FROM (
  WHERE d.worker IS NOT NULL
    AND NOT EXISTS (SELECT 1 FROM k2b_ledger a
                     WHERE a.run_id = %s AND a.seq = %s AND a.id > d.id
-                      AND a.kind = 'late_result' AND a.invocation_key = %s)
+                      AND a.invocation_key = %s)
    AND {present("d.worker")}
 """
 
