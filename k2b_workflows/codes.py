@@ -24,6 +24,9 @@ BACKUP_REQUIRED = "BACKUP_REQUIRED"
 MAX_STEPS_EXCEEDED = "MAX_STEPS_EXCEEDED"
 FAN_OUT_EXCEEDED = "FAN_OUT_EXCEEDED"
 EFFECT_OUTCOME_UNKNOWN = "EFFECT_OUTCOME_UNKNOWN"
+#: A holder's late result says the opposite of the reconcile or the operator's
+#: decision that closed its call (``kernel/contradictions.py``, #47).
+EFFECT_CONTRADICTED = "EFFECT_CONTRADICTED"
 AI_TASK_FAILED = "AI_TASK_FAILED"
 CANCELED = "CANCELED"
 #: A run not ended within its workflow's ``timeout``: canceled (``worker/timeouts.py``).

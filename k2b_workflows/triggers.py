@@ -235,26 +235,50 @@ def append_only(name: str) -> list[pgtrigger.Trigger]:
     ]
 
 
+#: A worker's presence lock (``kernel/holders.py``): held, as a session advisory lock,
+#: by its lease keeper's connection for as long as the process lives. ``{worker}``:
+#: an SQL text expression of the worker's id.
+PRESENCE_LOCK = "pg_catalog.hashtextextended('k2b.worker:' || {worker}, 0)"
+
+
 class SlotRelease(PinnedTrigger):
     """A run that ends gives its concurrency slot up once its action has left ``run()``.
 
     On the row itself, so no path that ends a run (its last step, a failure, a
     cancel, an operator's resolution, a hand-written ``UPDATE``) can keep it.
-    But not while the run's lease is live (#35): a run canceled (by an
-    operator, its timeout or ``cancel_in_progress``) while its worker is inside
-    ``run()`` keeps the slot until that worker has left ``run()`` (it clears the
-    lease, ``flow.leave``) or its lease runs out (the worker died; the
-    housekeeping sweep clears it). Freed at the cancel, the next run of a
-    limit-1 key entered the provider beside the canceled one. Every end a
-    worker writes itself clears the lease in the same statement.
+    But not while its holder may still be inside ``run()`` (#35, #47): a run
+    canceled (by an operator, its timeout or ``cancel_in_progress``) while its
+    worker is inside ``run()`` keeps the slot until that worker has left
+    ``run()`` or is gone. Freed at the cancel, the next run of a limit-1 key
+    entered the provider beside the canceled one.
+
+    - The run's own end, written by its worker from ``running``, clears the
+      lease in the same statement: the slot goes with it.
+    - Once ended, the slot goes when the lease is cleared or has run out, and
+      the holder (``claimed_by``) is gone: its presence lock can be taken. The
+      holder itself clears the lease on the connection that holds that lock
+      (``LeaseKeeper.leave``), where taking it again succeeds. So a lease
+      rewritten by the runtime role, to the past or to NULL, frees nothing
+      while the holder is there; a holder without a presence lock (one that
+      could not take it) frees the slot with its lease, as before.
+    - The holder's name of an ended run that holds a slot never changes: that
+      name is what the release asks about.
     """
 
     when = pgtrigger.Before
     operation = pgtrigger.Update
 
     def get_func(self, model: Any) -> str:
+        ended = "('succeeded', 'failed', 'canceled')"
+        lock = PRESENCE_LOCK.format(worker="OLD.claimed_by")
         return (
-            'IF NEW.lease_expires_at IS NULL OR NEW.lease_expires_at <= "public".k2b_now() THEN '
+            f"IF OLD.status IN {ended} AND NEW.claimed_by IS DISTINCT FROM OLD.claimed_by THEN "
+            "RAISE EXCEPTION 'k2b_workflows: the holder of an ended run that holds a slot "
+            "never changes' USING ERRCODE = 'insufficient_privilege'; END IF; "
+            "IF NEW.lease_expires_at IS NULL AND OLD.status NOT IN " + ended + " THEN "
+            "NEW.holds_slot := false; "
+            'ELSIF (NEW.lease_expires_at IS NULL OR NEW.lease_expires_at <= "public".k2b_now()) '
+            f"AND (OLD.claimed_by = '' OR pg_catalog.pg_try_advisory_xact_lock({lock})) THEN "
             "NEW.holds_slot := false; END IF; RETURN NEW;"
         )
 

@@ -1053,11 +1053,134 @@ MUTANTS = (
     ),
     Mutant(
         "slot-held-while-leased",
-        "k2b_workflows/migrations/0021_flow_guards.py",
-        'func=\'IF NEW.lease_expires_at IS NULL OR NEW.lease_expires_at <= "public".k2b_now() '
-        "THEN NEW.holds_slot := false; END IF; RETURN NEW;',",
-        "func='NEW.holds_slot := false; RETURN NEW;',",
+        "k2b_workflows/migrations/0028_slot_release_asks_the_holder.py",
+        'ELSIF (NEW.lease_expires_at IS NULL OR NEW.lease_expires_at <= \\"public\\".k2b_now()) '
+        "AND (OLD.claimed_by = '' OR pg_catalog.pg_try_advisory_xact_lock("
+        "pg_catalog.hashtextextended('k2b.worker:' || OLD.claimed_by, 0))) THEN",
+        "ELSIF true THEN",
         ("tests/worker/test_flow_slots_held.py",),
+    ),
+    Mutant(
+        "slot-release-asks-the-holder",
+        "k2b_workflows/migrations/0028_slot_release_asks_the_holder.py",
+        " AND (OLD.claimed_by = '' OR pg_catalog.pg_try_advisory_xact_lock("
+        "pg_catalog.hashtextextended('k2b.worker:' || OLD.claimed_by, 0))) THEN",
+        " THEN",
+        (
+            "tests/crash/test_live_holders.py::"
+            "test_a_canceled_holder_keeps_its_slot_whatever_its_lease_is_rewritten_to",
+        ),
+    ),
+    Mutant(
+        "slot-holder-name-frozen",
+        "k2b_workflows/migrations/0028_slot_release_asks_the_holder.py",
+        "RAISE EXCEPTION 'k2b_workflows: the holder of an ended run that holds a slot never "
+        "changes' USING ERRCODE = 'insufficient_privilege';",
+        "NULL;",
+        (
+            "tests/crash/test_live_holders.py::"
+            "test_a_canceled_holder_keeps_its_slot_whatever_its_lease_is_rewritten_to",
+        ),
+    ),
+    Mutant(
+        "presence-lock",
+        "k2b_workflows/kernel/leases.py",
+        "            if self.worker_id and not self.present.is_set() and not self._proxied:",
+        "            if False:",
+        (
+            "tests/crash/test_live_holders.py::"
+            "test_a_holder_stopped_inside_an_external_call_past_its_lease_keeps_the_run",
+            "tests/crash/test_live_holders.py::"
+            "test_a_canceled_holder_keeps_its_slot_whatever_its_lease_is_rewritten_to",
+        ),
+    ),
+    Mutant(
+        "takeover-leaves-a-present-holder",
+        "k2b_workflows/kernel/claim.py",
+        "_HELD = f\"(({holders.IN_CALL} OR k.holds_slot) AND {holders.present('k.claimed_by')})\"",
+        '_HELD = "false"',
+        ("tests/crash/test_live_holders.py",),
+    ),
+    Mutant(
+        "only-a-call-or-a-slot-is-left-to-its-holder",
+        "k2b_workflows/kernel/claim.py",
+        '_HELD = f"(({holders.IN_CALL} OR k.holds_slot) AND',
+        '_HELD = f"((true) AND',
+        (
+            "tests/crash/test_lease_takeovers.py::"
+            "test_a_live_worker_whose_keeper_renewed_too_late_loses_the_run_without_a_failure",
+        ),
+    ),
+    Mutant(
+        "replay-waits-for-the-holder",
+        "k2b_workflows/kernel/effects.py",
+        "        holder = holders.still_in_call(",
+        "        holder = None and holders.still_in_call(",
+        (
+            "tests/crash/test_live_holders.py::"
+            "test_a_run_set_back_to_queued_is_not_reconciled_while_its_holder_is_inside_the_call",
+        ),
+    ),
+    Mutant(
+        "a-holders-answer-ends-the-wait",
+        "k2b_workflows/kernel/holders.py",
+        "                    WHERE a.run_id = %s AND a.seq = %s AND a.id > d.id\n",
+        "                    WHERE a.run_id = %s AND a.seq = %s AND a.id > d.id AND false\n",
+        (
+            "tests/kernel/test_holders.py",
+            "tests/crash/test_live_holders.py::"
+            "test_a_run_set_back_to_queued_is_not_reconciled_while_its_holder_is_inside_the_call",
+        ),
+    ),
+    Mutant(
+        "reconcile-against-the-late-answer",
+        "k2b_workflows/kernel/effects.py",
+        "            self._against_the_late_answer(step, result)",
+        "            pass",
+        (
+            "tests/crash/test_live_holders.py::"
+            "test_a_reconcile_that_contradicts_the_calls_own_late_answer_is_an_incident",
+        ),
+    ),
+    Mutant(
+        "keeper-leaves-on-its-own-connection",
+        "k2b_workflows/kernel/execute.py",
+        "                    self.keeper.leave(self.run_id, self.generation)",
+        "                    flow.leave(self.using, self.run_id, self.generation)",
+        (
+            "tests/worker/test_flow_slots_held.py::"
+            "test_a_canceled_action_keeps_its_slot_until_it_has_left_run",
+        ),
+    ),
+    Mutant(
+        "late-result-contradiction",
+        "k2b_workflows/kernel/journal.py",
+        "            said = contradictions.contradicted(",
+        "            said = None and contradictions.contradicted(",
+        (
+            "tests/crash/test_live_holders.py::"
+            "test_a_late_result_that_contradicts_a_reconcile_is_an_incident_naming_both",
+        ),
+    ),
+    Mutant(
+        "contradiction-raises-an-incident",
+        "k2b_workflows/kernel/journal.py",
+        "                contradictions.raise_incident(self.using,",
+        "                (lambda *_: None)(self.using,",
+        (
+            "tests/crash/test_live_holders.py::"
+            "test_a_late_result_that_contradicts_a_reconcile_is_an_incident_naming_both",
+        ),
+    ),
+    Mutant(
+        "verify-names-contradictions",
+        "k2b_workflows/management/commands/verifyworkflows.py",
+        "        contradicted = contradictions.findings(using)",
+        "        contradicted: list[str] = []",
+        (
+            "tests/crash/test_live_holders.py::"
+            "test_a_late_result_that_contradicts_a_reconcile_is_an_incident_naming_both",
+        ),
     ),
     Mutant(
         "cancel-keeps-a-holders-lease",
@@ -1068,13 +1191,22 @@ MUTANTS = (
         ("tests/worker/test_flow_slots_held.py",),
     ),
     Mutant(
+        # Without a presence lock (the keeper could not take it), the lease it holds
+        # is what keeps a canceled holder's slot: removed from both.
         "keeper-holds-a-canceled-holders-lease",
-        "k2b_workflows/kernel/flow.py",
-        "    if held:\n        ids = list(held)\n        conn.execute(_HOLD_SQL",
-        "    if False:\n        ids = list(held)\n        conn.execute(_HOLD_SQL",
+        "k2b_workflows/kernel/leases.py",
+        "            flow.hold_slots(",
+        "            (lambda *_: None)(",
         (
             "tests/worker/test_flow_slots_held.py::"
             "test_a_canceled_action_keeps_its_slot_until_it_has_left_run",
+        ),
+        also=(
+            (
+                "            if self.worker_id and not self.present.is_set()"
+                " and not self._proxied:",
+                "            if False:",
+            ),
         ),
     ),
     Mutant(
@@ -1090,8 +1222,9 @@ MUTANTS = (
     Mutant(
         "slot-sweep-of-ended-runs",
         "k2b_workflows/kernel/flow.py",
-        "       AND (lease_expires_at IS NULL OR lease_expires_at <= k2b_now())\n    RETURNING id)",
-        "       AND false\n    RETURNING id)",
+        "       AND (lease_expires_at IS NULL OR lease_expires_at <= k2b_now())\n"
+        "       AND {HOLDER_GONE}\n",
+        "       AND false\n",
         (
             "tests/misuse/test_attacks_flow.py::"
             "test_holds_slot_on_a_finished_run_is_refused_and_healed_when_the_owner_sets_it",

@@ -327,6 +327,17 @@ _EFFECT_GUIDE = IncidentGuide(
 
 INCIDENT_GUIDES: dict[str, IncidentGuide] = {
     codes.EFFECT_OUTCOME_UNKNOWN: _EFFECT_GUIDE,
+    codes.EFFECT_CONTRADICTED: IncidentGuide(
+        title="A late result contradicts what the run was told",
+        explain=(
+            "The worker that called the provider came back after another worker had taken "
+            "the run over and been told the opposite (by reconcile() or by an operator). Both "
+            "ledger entries are below: the late result is the provider's own answer to the "
+            "call. Check with the provider and record what you found, as for any effect in "
+            "doubt. Or cancel the run."
+        ),
+        actions=("resolve", "cancel"),
+    ),
     codes.WORKFLOW_RETRY_EXHAUSTED: IncidentGuide(
         title="Retries ran out while an effect is in doubt",
         explain=(

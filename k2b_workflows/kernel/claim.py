@@ -29,8 +29,8 @@ from typing import Any
 from django.db import connections
 
 from .. import counters, store
-from . import db, flow
-from .requeue import requeue_set
+from . import db, flow, holders
+from .requeue import AFTER_MS, requeue_set
 
 logger = logging.getLogger(__name__)
 
@@ -161,6 +161,16 @@ _FREE = (
     f" '{LIVE_LOSS_AGAIN}' || COALESCE(k.current_step::text, '-')))"
 )
 
+#: An expired run whose holder may still be running (``holders.py``) is not taken
+#: from it when it is inside an external call, or holds a concurrency slot: its
+#: lease is extended instead, and it is looked at again when that runs out (#47).
+#: Taken over, an external call's answer would land after the takeover had asked
+#: ``reconcile()``, which a provider that has not seen the call yet answers
+#: "absent"; a keyed run's action would run a second time beside the first,
+#: two inside a limit-1 key. Left to its holder, the answer commits as if the
+#: lease had never lapsed: the fence checks the generation, not the clock.
+_HELD = f"(({holders.IN_CALL} OR k.holds_slot) AND {holders.present('k.claimed_by')})"
+
 _REAP_SQL = (
     "WITH"
     + flow.SWEEP_CTE
@@ -170,13 +180,21 @@ expired AS MATERIALIZED (
     + _FREE
     + " AS free, "
     + HOLDER_WAS_ALIVE
-    + """ AS alive
+    + " AS alive, "
+    + _HELD
+    + """ AS held
       FROM k2b_run k
      WHERE k.status = 'running' AND k.lease_expires_at < k2b_now()
        AND NOT (k.claimed_by = %s AND k.id = ANY(%s::uuid[]))
-     LIMIT 500 FOR UPDATE OF k SKIP LOCKED)
-UPDATE k2b_run r
-   SET """
+     LIMIT 500 FOR UPDATE OF k SKIP LOCKED),
+stood_aside AS (
+    UPDATE k2b_run r SET lease_expires_at = k2b_now() + %s * interval '1 millisecond'
+      FROM expired e
+     WHERE r.id = e.id AND e.held
+    RETURNING r.id),
+requeued AS (
+    UPDATE k2b_run r
+       SET """
     + requeue_set(
         release=True,
         consecutive_failures="r.consecutive_failures + CASE WHEN e.free THEN 0 ELSE 1 END",
@@ -189,9 +207,10 @@ UPDATE k2b_run r
         " || COALESCE(r.current_step::text, '-')",
     )
     + """
-  FROM expired e
- WHERE r.id = e.id
-RETURNING e.free
+      FROM expired e
+     WHERE r.id = e.id AND NOT e.held
+    RETURNING e.free)
+SELECT (SELECT count(*) FROM stood_aside), ARRAY(SELECT free FROM requeued)
 """
 )
 
@@ -213,7 +232,9 @@ def reap_expired(using: str, worker_id: str = "", executing: Sequence[Any] = ())
     counted, once per step (``_FREE``): on a starved host a live worker's keeper
     may renew late, and counting that against the run failed orders that had no
     fault of their own (#38). Either way the run is taken over at once, and the
-    old holder is fenced.
+    old holder is fenced; but not a run whose holder may still be inside an
+    external call, or that holds a slot (``_HELD``): its lease is extended and it
+    stays the holder's until the holder goes on or is gone (#47).
 
     In the same statement, free the slots of ended runs whose worker died
     inside ``run()`` (``flow.SWEEP_CTE``).
@@ -227,19 +248,27 @@ def reap_expired(using: str, worker_id: str = "", executing: Sequence[Any] = ())
             [
                 worker_id,
                 worker_id,
+                store.worker_fresh_ms(),
                 worker_id,
                 list(executing),
+                store.lease_ms(),
                 store.retry_backoff_ms(),
                 store.retry_backoff_max_ms(),
             ],
         )
-        free = [row[0] for row in cursor.fetchall()]
+        stood_aside, free = cursor.fetchone()
     reaped = len(free)
     if any(free):
         logger.warning(
             "re-queued %d run(s) whose live worker renewed its lease too late;"
             " not counted as failures",
             sum(free),
+        )
+    if stood_aside:
+        logger.warning(
+            "left %d run(s) to their holder, still present inside an external call"
+            " past its lease; looked at again in a lease",
+            stood_aside,
         )
     # Counted before the caller's commit: a rolled-back reap is re-counted by the next one.
     counters.count_lease_takeovers(reaped)
@@ -331,11 +360,23 @@ UPDATE k2b_run
  WHERE id = %s AND generation = %s AND status = 'running'
 """
 
+_RELEASE_AFTER_SQL = f"""
+UPDATE k2b_run
+   SET {requeue_set(release=True, run_after=AFTER_MS)}
+ WHERE id = %s AND generation = %s AND status = 'running'
+"""
 
-def release(using: str, run_id: uuid.UUID, generation: int) -> bool:
-    """Hand a run we still own back to the queue, without counting a failure."""
+
+def release(using: str, run_id: uuid.UUID, generation: int, after_ms: int = 0) -> bool:
+    """Hand a run we still own back to the queue, without counting a failure.
+
+    ``after_ms``: claimable only after this delay (its holder may still be inside
+    an external call: ``effects.External.wait_for_holder``)."""
     with connections[using].cursor() as cursor:
-        cursor.execute(_RELEASE_SQL, [run_id, generation])
+        if after_ms:
+            cursor.execute(_RELEASE_AFTER_SQL, [after_ms, run_id, generation])
+        else:
+            cursor.execute(_RELEASE_SQL, [run_id, generation])
         return cursor.rowcount == 1
 
 

@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError, connections
 
-from .. import store, validation
+from .. import codes, store, validation
 from ..actions import (
     Action,
     Ambiguous,
@@ -40,7 +40,20 @@ from ..actions import (
 from ..exceptions import InvalidInput, LeaseLost, RunCanceled, StepFailed, Suspend
 from ..limits import RateLimit
 from ..models import JournalEntry, LedgerEntry
-from . import budgets, db, events, evidence, flow, hooks, retrying, weather, witness
+from . import (
+    budgets,
+    claim,
+    contradictions,
+    db,
+    events,
+    evidence,
+    flow,
+    holders,
+    hooks,
+    retrying,
+    weather,
+    witness,
+)
 from .ending import Outcome, RunEnding
 from .journal import Batch, Claim, EffectState, RunJournal, Step
 
@@ -346,9 +359,11 @@ class External(EffectPath):
         state = journal.effects.setdefault(step.seq, EffectState())
         if state.open_key:
             # Dispatched before (a crash, an exception, a late result): never run
-            # it again blindly. Ask the provider, or an operator.
+            # it again blindly. Ask the provider, or an operator; not while the
+            # worker that called it may still be inside the call.
             journal.flush_pending()
             step.ctx.invocation_key = state.open_key
+            self.wait_for_holder(step)
             return self.reconcile(step, state)
         denial = self.authorize_outside_tx(step)
         if denial is not None:
@@ -419,6 +434,35 @@ class External(EffectPath):
             return journal.journal_success(step, result, ledger_kind=LedgerEntry.Kind.SUCCEEDED)
         self._failed(step, result, LedgerEntry.Kind.FAILED)
 
+    def wait_for_holder(self, step: Step) -> None:
+        """Queue the run again for a lease later if the worker that dispatched the open
+        call may still be inside it (present, no answer of its own yet): no failure
+        counted, nothing asked (#47).
+
+        The reaper leaves such a run to its holder; but a run taken by other means (a
+        reaper of an older release, the runtime role setting it back to ``queued``)
+        reaches this replay while the call is in flight, and a ``reconcile()`` asked
+        now hears "absent" from a provider that has not seen it yet. Once the holder
+        has answered (its late result) or is gone, the run is reconciled as after any
+        crash.
+        """
+        holder = holders.still_in_call(
+            self.using, self.run_id, step.seq, step.ctx.invocation_key or ""
+        )
+        if holder is None:
+            return
+
+        def defer() -> None:
+            self.journal.fence(step.seq)
+            claim.release(self.using, self.run_id, self.claim.generation, store.lease_ms())
+
+        db.run_in_transaction(defer, self.using)
+        self.ending.ended(
+            Outcome.DEFERRED,
+            step=step.seq,
+            reason=f"worker {holder} may still be inside the call",
+        )
+
     def _close_unsent_dispatch(self, step: Step, invocation_key: str) -> None:
         """The dispatch's COMMIT lost its answer: it may have committed, but run() was not called.
 
@@ -484,6 +528,8 @@ class External(EffectPath):
         events.reconcile_answered(
             self.claim, step.seq, step.ctx.effect_key, type(result).__name__.lower()
         )
+        if isinstance(result, (Succeeded, Failed)):
+            self._against_the_late_answer(step, result)
         if isinstance(result, Succeeded):
             return journal.journal_success(step, result, ledger_kind=LedgerEntry.Kind.RECONCILED)
         if isinstance(result, Waiting) and state.polls >= store.max_reconcile_polls():
@@ -521,6 +567,45 @@ class External(EffectPath):
             step=step.seq,
         )
 
+    def _against_the_late_answer(self, step: Step, result: Succeeded | Failed) -> None:
+        """``reconcile()`` says the opposite of what the call answered its own worker, late
+        (a lookup that lags behind the provider's writes): an incident, never a silent
+        end either way (#47). The answer is recorded naming the late result, the
+        invocation stays open, and an operator settles it."""
+        said = contradictions.SUCCEEDED if isinstance(result, Succeeded) else contradictions.FAILED
+        late = contradictions.late_answer(
+            self.using, self.run_id, step.seq, step.ctx.invocation_key or "", said
+        )
+        if late is None:
+            return
+        journal = self.journal
+        kind = LedgerEntry.Kind.RECONCILE_UNKNOWN
+        message = f"reconcile() said {said}; the call itself answered {late['outcome']}, late"
+
+        def record() -> LedgerEntry:
+            journal.fence(step.seq)
+            values = journal.ledger_values(
+                step, kind, message=message, detail={"outcome": said, "contradicts": late}
+            )
+            entry = evidence.append_ledger(self.using, expect=journal.ledger_head, **values)
+            journal.ledger_written(step, kind)
+            return entry
+
+        entry = db.run_in_transaction(record, self.using)
+        self.ending.needs_attention(
+            codes.EFFECT_CONTRADICTED,
+            f"step {step.seq} ({step.name}): {message} (ledger entries {entry.pk} and "
+            f"{late['entry']})",
+            step=step.seq,
+            detail={
+                "kind": "contradiction",
+                "seq": step.seq,
+                "late_result": late["entry"],
+                "entry": entry.pk,
+                "outcome": said,
+            },
+        )
+
     def _failed(self, step: Step, result: Failed, kind: str, *, may_retry: bool = True) -> NoReturn:
         """The provider says the effect did not happen.
 
@@ -544,7 +629,11 @@ class External(EffectPath):
         try:
             db.run_in_transaction(record, self.using)
         except (LeaseLost, RunCanceled):
-            journal.late_evidence(step, f"failed result after losing the run: {result.message}")
+            journal.late_evidence(
+                step,
+                f"failed result after losing the run: {result.message}",
+                outcome=contradictions.FAILED,
+            )
             raise
         state.open_key = None
         if (

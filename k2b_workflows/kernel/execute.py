@@ -182,7 +182,10 @@ class Execution:
             self.outcome = Outcome.CANCELED if isinstance(exc, RunCanceled) else Outcome.LEASE_LOST
             if isinstance(exc, RunCanceled) and run.concurrency_key is not None:
                 # Ended under us, and our action has left run(): its slot may go (#35).
-                flow.leave(self.using, self.run_id, self.generation)
+                if self.keeper:
+                    self.keeper.leave(self.run_id, self.generation)
+                else:
+                    flow.leave(self.using, self.run_id, self.generation)
         except db.CommitOutcomeUnknown as exc:
             # Drop what we believe: the next claim re-reads the journal, which
             # committed (or not) in the very transaction whose outcome we lost.

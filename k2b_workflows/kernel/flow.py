@@ -47,6 +47,7 @@ from django.db import connections, transaction
 
 from .. import counters, store, validation
 from ..exceptions import InvalidInput
+from ..triggers import PRESENCE_LOCK
 from .requeue import requeue_set
 
 if TYPE_CHECKING:
@@ -235,14 +236,23 @@ UPDATE k2b_run SET lease_expires_at = NULL
    AND status IN ('succeeded', 'failed', 'canceled')
 """
 
+#: An ended run's holder is gone, or is this very session (``triggers.SlotRelease``):
+#: its presence lock can be taken. A present holder keeps its slot, whatever its
+#: lease says, until it has left ``run()`` (#47).
+HOLDER_GONE = (
+    f"(claimed_by = '' OR pg_catalog.pg_try_advisory_xact_lock("
+    f"{PRESENCE_LOCK.format(worker='claimed_by')}))"
+)
+
 #: The housekeeping's half: slots of ended runs whose lease ran out (their worker
-#: died inside ``run()``) or that hold one with no lease at all. Rides on the
-#: reap's statement (``claim.reap_expired``): no round trip of its own.
-SWEEP_CTE = """
+#: died inside ``run()``) or that hold one with no lease at all, once the holder is
+#: gone. Rides on the reap's statement (``claim.reap_expired``): no round trip of its own.
+SWEEP_CTE = f"""
 freed AS (
     UPDATE k2b_run SET lease_expires_at = NULL
      WHERE holds_slot AND status IN ('succeeded', 'failed', 'canceled')
        AND (lease_expires_at IS NULL OR lease_expires_at <= k2b_now())
+       AND {HOLDER_GONE}
     RETURNING id)
 """
 
@@ -263,9 +273,16 @@ def leave(using: str, run_id: uuid.UUID, generation: int) -> None:
     """Our action has left ``run()`` of a run that ended under us: free its slot, if held.
 
     The slot's trigger frees it as the lease is cleared, and admits the key's next run.
+    A worker's holder says so on its keeper's connection (``LeaseKeeper.leave``): on
+    another, its presence lock keeps the slot (``triggers.SlotRelease``).
     """
     with connections[using].cursor() as cursor:
         cursor.execute(_LEAVE_SQL, [run_id, generation])
+
+
+def leave_on(conn: Any, run_id: uuid.UUID, generation: int) -> None:
+    """``leave`` on a raw autocommit connection (the lease keeper's)."""
+    conn.execute(_LEAVE_SQL, [run_id, generation])
 
 
 # -- rate limits ---------------------------------------------------------------

@@ -10,8 +10,9 @@ state the kernel never leaves, named with the runs or the root it concerns:
 
 - a key with more slot holders than the least limit its holders started with;
 - a run holding a slot without a key (the claim takes it as unkeyed);
-- an ended run holding a slot with no live lease (no action of it is inside
-  ``run()``: the housekeeping frees it, unless nothing runs the housekeeping);
+- an ended run holding a slot with no live lease and no holder present (no
+  action of it is inside ``run()``: the housekeeping frees it, unless nothing
+  runs the housekeeping);
 - a budget account whose ``spent`` or ``ai_calls`` is not the sum of its
   charges (a charge checks the sum, so this is a display lie or a tampering);
 - a budget account whose limits do not match their seal (#47): the owner raised
@@ -29,7 +30,7 @@ from typing import Any
 
 from django.db import connections
 
-from . import db, seals
+from . import db, flow, seals
 
 _OVER_LIMIT_SQL = """
 SELECT workflow_name, concurrency_key, count(*), min(concurrency_limit),
@@ -45,10 +46,11 @@ SELECT id, workflow_name, status FROM k2b_run
  WHERE holds_slot AND concurrency_key IS NULL ORDER BY id
 """
 
-_ENDED_HOLDERS_SQL = """
+_ENDED_HOLDERS_SQL = f"""
 SELECT id, workflow_name, status, concurrency_key FROM k2b_run
  WHERE holds_slot AND status IN ('succeeded', 'failed', 'canceled')
    AND (lease_expires_at IS NULL OR lease_expires_at <= k2b_now())
+   AND {flow.HOLDER_GONE}
  ORDER BY id
 """
 

@@ -28,7 +28,13 @@ from .requeue import requeue_set
 EFFECT_CONFIRMED = "effect_confirmed"
 EFFECT_ABSENT = "effect_absent"
 RESOLUTION_DECISIONS = (EFFECT_CONFIRMED, EFFECT_ABSENT)
-RESOLVABLE_CODES = (codes.EFFECT_OUTCOME_UNKNOWN, codes.WORKFLOW_RETRY_EXHAUSTED)
+#: ``EFFECT_CONTRADICTED`` (#47): a holder's late result and the decision that closed its
+#: call disagree; the operator settles it with the provider, as any effect in doubt.
+RESOLVABLE_CODES = (
+    codes.EFFECT_OUTCOME_UNKNOWN,
+    codes.WORKFLOW_RETRY_EXHAUSTED,
+    codes.EFFECT_CONTRADICTED,
+)
 #: Incidents an operator ends with "retry": the cause is the code or the stored
 #: evidence, so a retry after a fix (a deploy, a patch, restored rows) replays anew.
 RETRYABLE_INCIDENT_CODES = (
@@ -198,6 +204,14 @@ def resolve(
         )
         if dispatched is None:
             raise ResolutionRefused(f"run {run_id} step {step} has no dispatched effect")
+        if JournalEntry.objects.using(using).filter(run_id=run_id, seq=step).exists():
+            # A contradiction found after the step was journaled (the takeover's
+            # answer, or the workflow went on past its failure): nothing to settle
+            # in the run any more.
+            raise ResolutionRefused(
+                f"run {run_id} step {step} is journaled already: settle the effect with "
+                "the provider, then cancel the run"
+            )
         common = dict(
             run_id=run_id,
             seq=step,

@@ -24,7 +24,7 @@ from .. import redaction, store, validation
 from ..actions import Action, Effect, Succeeded
 from ..exceptions import LeaseLost, RunCanceled, StepFailed
 from ..models import JournalEntry, LedgerEntry, WorkflowRun
-from . import attempts, budgets, clock, db, events, evidence, instances
+from . import attempts, budgets, clock, contradictions, db, events, evidence, instances
 
 if TYPE_CHECKING:
     from ..retries import Retry
@@ -415,6 +415,7 @@ class RunJournal:
                 pending.step,
                 "result arrived after the run was taken over or canceled",
                 output=pending.output,
+                outcome=contradictions.SUCCEEDED,
             )
 
     # -- the ledger ----------------------------------------------------------
@@ -442,12 +443,21 @@ class RunJournal:
                 ),
                 principal_hash=evidence.hash_value(self.claim.principal),
                 idempotency_key_hash=evidence.hash_optional(self.claim.run.idempotency_key),
-                detail={k: v for k, v in step.refs.items() if v} or None,
+                detail=self._dispatch_detail(step),
             )
         values.update(fields)
         if values.get("message"):
             values["message"] = redaction.scrub_error(values["message"])
         return values
+
+    def _dispatch_detail(self, step: Step) -> dict[str, Any] | None:
+        """A dispatch's refs, and the worker that calls the provider: a takeover asks
+        whether it may still be inside the call (``holders.still_in_call``, #47)."""
+        detail = {k: v for k, v in step.refs.items() if v}
+        keeper = self.claim.keeper
+        if keeper is not None and keeper.worker_id:
+            detail["worker"] = keeper.worker_id
+        return detail or None
 
     def ledger(self, step: Step, kind: str, *, with_hashes: bool = False, **fields: Any) -> None:
         """Append a ledger entry of ``step`` in the current (fenced) transaction."""
@@ -476,21 +486,49 @@ class RunJournal:
 
         db.run_in_transaction(write, self.using)
 
-    def late_evidence(self, step: Step, message: str, output: Any = None) -> None:
-        """A fenced-out worker's result is evidence for the operator, never applied."""
+    def late_evidence(
+        self, step: Step, message: str, output: Any = None, outcome: str | None = None
+    ) -> None:
+        """A fenced-out worker's result is evidence, never applied as the step's result.
+
+        ``outcome``: what the call answered ("succeeded", "failed"; None: no
+        answer). One that contradicts the decision that closed the invocation
+        meanwhile (a reconcile, an operator, another holder) names it, and puts
+        a run not ended yet in the operators' queue (``contradictions.py``, #47).
+        """
 
         def write() -> None:
             db.lock_run(self.using, self.run_id)
-            self.ledger(
+            said = contradictions.contradicted(
+                self.using, self.run_id, step.seq, step.ctx.invocation_key or "", outcome
+            )
+            detail: dict[str, Any] = {}
+            if output is not None:
+                # Never the raw output: it may hold card tokens or credentials.
+                detail["output"] = evidence.redacted_summary(output)
+            if outcome is not None:
+                detail["outcome"] = outcome
+            if said is not None:
+                detail["contradicts"] = said
+            values = self.ledger_values(
                 step,
                 LedgerEntry.Kind.LATE_RESULT,
                 message=message,
                 output_hash=evidence.hash_value(output) if output is not None else "",
-                # Never the raw output: it may hold card tokens or credentials.
-                detail={"output": evidence.redacted_summary(output)}
-                if output is not None
-                else None,
+                detail=detail or None,
             )
+            late = evidence.append_ledger(self.using, expect=self.ledger_head, **values)
+            self.ledger_written(step, LedgerEntry.Kind.LATE_RESULT)
+            if said is not None:
+                logger.error(
+                    "run %s step %s: the late result contradicts the %s entry %s (%s)",
+                    self.run_id,
+                    step.seq,
+                    said["kind"],
+                    said["entry"],
+                    said["outcome"],
+                )
+                contradictions.raise_incident(self.using, self.run_id, step.seq, late.pk, said)
 
         try:
             db.run_in_transaction(write, self.using)

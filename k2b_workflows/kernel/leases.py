@@ -11,6 +11,13 @@ nothing while it has none (``ready``): under a shortage of connections
 when it first had to renew found none, and every run it held expired
 mid-step and ran again, until its retries were exhausted. A shortage now
 delays new claims; it never expires a lease that is held.
+
+The same connection holds the worker's presence lock (``holders.py``, #47):
+a takeover leaves a run inside an external call to a holder whose lock is
+held, and a run ended under its action keeps its slot until that holder
+says, on this connection, that the action has left ``run()`` (``leave``).
+So it is opened on ``LISTEN_DATABASE``, the connection that must not go
+through a transaction pooler (a session lock there would outlive us).
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import counters, store
-from . import clock, db, flow, weather
+from . import clock, db, flow, holders, weather
 from .claim import renew_leases
 
 logger = logging.getLogger(__name__)
@@ -62,6 +69,16 @@ _TASK_STATES_SQL = "SELECT id, status, generation FROM k2b_ai_task WHERE id = AN
 @dataclass
 class LeaseKeeper:
     using: str
+    #: The worker's id: its presence lock is taken on the keeper's connection. Empty:
+    #: none (a keeper of ``testing.run_to_end``, which no other process races).
+    worker_id: str = ""
+    #: Set while the keeper's connection holds the presence lock.
+    present: threading.Event = field(default_factory=threading.Event)
+    #: Runs ended under our action that has left ``run()``: their slots to let go
+    #: of, on this connection (``leave``), retried at each tick until done.
+    _leaving: dict[Any, int] = field(default_factory=dict)
+    #: The keeper's connection reaches PostgreSQL through a pooler or a proxy.
+    _proxied: bool = False
     _runs: dict[Any, _Held] = field(default_factory=dict)
     _tasks: dict[Any, _Held] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -195,8 +212,47 @@ class LeaseKeeper:
         # The keeper's thread and the claim loop (``connect``) both open it: once.
         with self._connecting:
             if self._conn is None or self._conn.closed:
-                self._conn = db.autocommit_connection(self.using)
+                self.present.clear()
+                self._proxied = False
+                alias = store.listen_database() if self.worker_id else self.using
+                self._conn = db.autocommit_connection(alias)
+            if self.worker_id and not self.present.is_set() and not self._proxied:
+                # Not granted: held a moment by a takeover that tried it, or by our
+                # previous connection's session not ended yet. Asked again next tick.
+                port = self._conn.info.port
+                row = self._conn.execute(
+                    holders.TAKE_PRESENCE_SQL, [port, self.worker_id]
+                ).fetchone()
+                if row and row[0] is None:
+                    self._proxied = True
+                    logger.info(
+                        "lease keeper: the database is behind a pooler or a proxy (port %s);"
+                        " no presence lock, the heartbeat tells that this worker is alive",
+                        port,
+                    )
+                elif row and row[0]:
+                    self.present.set()
             return self._conn
+
+    def leave(self, run_id: uuid.UUID, generation: int) -> None:
+        """Our action has left ``run()`` of a run that ended under it: let its slot go.
+
+        On this connection, which holds our presence lock: the slot's trigger
+        lets a present holder's slot go only there (``triggers.SlotRelease``).
+        Not reached now (the database is away), it is sent again at each tick.
+        """
+        with self._lock:
+            self._leaving[run_id] = generation
+        with contextlib.suppress(Exception), self._ticking:
+            self._send_leaves(self._connection())
+
+    def _send_leaves(self, conn: Any) -> None:
+        with self._lock:
+            leaving = dict(self._leaving)
+        for run_id, generation in leaving.items():
+            flow.leave_on(conn, run_id, generation)
+            with self._lock:
+                self._leaving.pop(run_id, None)
 
     def _loop(self) -> None:
         last_renew = 0.0
@@ -237,6 +293,9 @@ class LeaseKeeper:
         with self._lock:
             runs = dict(self._runs)
             tasks = dict(self._tasks)
+            leaving = bool(self._leaving)
+        if leaving:
+            self._send_leaves(self._connection())
         if not renew:
             # Between renewals only an action that has run for a while can use the
             # abort signal: a short one ends first, and its run's next write is

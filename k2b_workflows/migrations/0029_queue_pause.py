@@ -16,7 +16,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("k2b_workflows", "0027_attempts_and_limits_sealed"),
+        ("k2b_workflows", "0028_slot_release_asks_the_holder"),
     ]
 
     operations = [

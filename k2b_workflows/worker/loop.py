@@ -109,7 +109,7 @@ class Worker:
         self.stats: Counter[str] = Counter()
         self.stopping = threading.Event()
         self.wake = threading.Event()
-        self.keeper = LeaseKeeper(self.using)
+        self.keeper = LeaseKeeper(self.using, worker_id=self.worker_id)
         #: The claim loop waits for the keeper's connection (logged once per wait).
         self._keeper_waiting = False
         self.prefetch = Prefetch(store.claim_prefetch(), concurrency)

@@ -428,7 +428,8 @@ def test_a_late_result_is_stored_as_a_keyed_hash_and_a_redacted_summary():
             "type": "dict",
             "size": len(canonical_json(output)),
             "keys": ["card_token", "pan"],
-        }
+        },
+        "outcome": "succeeded",
     }
     with connection.cursor() as cursor:
         cursor.execute("SELECT k2b_ledger::text FROM k2b_ledger WHERE run_id = %s", [run.pk])

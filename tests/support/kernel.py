@@ -267,3 +267,21 @@ def run_heap_fetches() -> int:
                            FROM pg_catalog.pg_index WHERE indrelid = 'k2b_run'::regclass)"""
         )
         return int(cursor.fetchone()[0])
+
+
+def span_edges(key: str) -> list[str]:
+    """The edges ("start", "end") of ``flow.span``'s rows of ``key``, in commit order:
+    each row is committed by the action itself as it enters and leaves ``run()``."""
+    from tests.models import ProviderCall
+
+    rows = ProviderCall.objects.filter(action="flow.span", payload__key=key).order_by("id")
+    return [r.payload["edge"] for r in rows]
+
+
+def most_inside(key: str) -> int:
+    """The most actions of ``key`` inside ``run()`` at once, from their own rows."""
+    inside = most = 0
+    for edge in span_edges(key):
+        inside += 1 if edge == "start" else -1
+        most = max(most, inside)
+    return most

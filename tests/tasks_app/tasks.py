@@ -212,6 +212,15 @@ def external_noop(n):
     return n
 
 
+@declared("external", takes_context=True)
+def slow_charge(context: TaskContext, order, seconds):
+    """EXTERNAL, slow: says it started; the provider sees the charge as the call ends (#47)."""
+    _call("task.slow_charge.started", effect_key(context))
+    time.sleep(seconds)
+    _call("task.slow_charge", effect_key(context), {"order": order})
+    return {"charged": order}
+
+
 def impostor_target():
     """A plain function: wrapped by a test as a task it is not known as here."""
     return None

@@ -20,7 +20,7 @@ from django.contrib.auth.models import Permission, User
 from k2b_workflows import EFFECT_CONFIRMED, cancel_workflow_run, resolve_effect, start_workflow_run
 from k2b_workflows.models import WorkflowRun
 from tests.models import ProviderCall
-from tests.support.kernel import execute_exactly, fresh
+from tests.support.kernel import execute_exactly, fresh, most_inside, span_edges
 from tests.support.processes import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -28,21 +28,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 TIMEOUT = 120  # a shared machine: waits on conditions, never on the clock
 
 NAP = 3.0  # how long the first action stays inside run() after it is canceled
-
-
-def edges(key: str) -> list[tuple[int, str, int]]:
-    """(row id, edge, generation) of the span rows of ``key``, in commit order."""
-    rows = ProviderCall.objects.filter(action="flow.span", payload__key=key).order_by("id")
-    return [(r.id, r.payload["edge"], r.pk) for r in rows]
-
-
-def most_inside(key: str) -> int:
-    """The most actions of ``key`` inside ``run()`` at once, from their own rows."""
-    inside = most = 0
-    for _, edge, _ in edges(key):
-        inside += 1 if edge == "start" else -1
-        most = max(most, inside)
-    return most
 
 
 @pytest.mark.parametrize(
@@ -61,7 +46,7 @@ def test_a_canceled_action_keeps_its_slot_until_it_has_left_run(start_worker, na
     first = start_workflow_run(name, {"key": key, "nap": nap}, concurrency_key=key)
     worker = start_worker("--concurrency", "4")
     wait_for(
-        lambda: any(edge == "start" for _, edge, _ in edges(key)),
+        lambda: "start" in span_edges(key),
         timeout=TIMEOUT,
         message=worker.report,
     )
@@ -79,7 +64,7 @@ def test_a_canceled_action_keeps_its_slot_until_it_has_left_run(start_worker, na
         message=worker.report,
     )
     assert (fresh(second).status, fresh(first).status) == ("succeeded", "canceled")
-    order = [edge for _, edge, _ in edges(key)]
+    order = span_edges(key)
     assert order == ["start", "end", "start", "end"], order
     assert most_inside(key) == 1
     assert not fresh(first).holds_slot and not fresh(second).holds_slot

@@ -27,7 +27,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from k2b_workflows import store
-from k2b_workflows.kernel import audit, flow_audit, witness
+from k2b_workflows.kernel import audit, contradictions, flow_audit, witness
 from k2b_workflows.lazy import LazyModule
 from k2b_workflows.management.arguments import integer
 from k2b_workflows.models import (
@@ -109,6 +109,14 @@ class Command(BaseCommand):
         if flow:
             broken += len(flow)
             summary += f"; {len(flow)} flow-control or budget findings"
+        # Late results that contradict a reconcile or an operator (#47): the provider's
+        # real answer against what the run was told. Not a broken chain: both entries
+        # are genuine; said until an operator resolves the step, not counted as broken.
+        contradicted = contradictions.findings(using)
+        for line in contradicted:
+            self.stdout.write(f"CONTRADICTED {line}")
+        if contradicted:
+            summary += f"; {len(contradicted)} effects contradicted by a late result"
         if witness:
             records, findings = _witnessed(lines, using)
             for finding in findings:
