@@ -10,7 +10,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import connections
 
-from . import store
+from . import settings as k2b_settings
 from .kernel.together import MAX_ENDS as MAX_PURE_ENDS_TOGETHER
 
 if TYPE_CHECKING:
@@ -24,7 +24,7 @@ def check_database(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: object
 ) -> list[CheckMessage]:
     errors: list[CheckMessage] = []
-    alias = store.database()
+    alias = k2b_settings.database()
     if alias not in connections.databases:
         return [
             Error(
@@ -87,7 +87,7 @@ def check_settings(
     configured = getattr(settings, "K2B_WORKFLOWS", {})
     if not isinstance(configured, dict):
         return [Error("K2B_WORKFLOWS must be a dict", id="k2b_workflows.E006")]
-    unknown = set(configured) - store.known_settings()
+    unknown = set(configured) - k2b_settings.known_settings()
     if unknown:
         errors.append(
             Warning(
@@ -143,7 +143,7 @@ def check_settings(
                 id="k2b_workflows.E007",
             )
         )
-    if not errors and store.lease_ms() < 500:
+    if not errors and k2b_settings.lease_ms() < 500:
         errors.append(
             Warning(
                 "RUN_LEASE_MS below 500 ms: leases renewed every third of it will expire "
@@ -159,7 +159,7 @@ def check_settings(
                 id="k2b_workflows.E009",
             )
         )
-    if not errors and store.worker_lost_after_ms() <= 2 * store.worker_heartbeat_ms():
+    if not errors and k2b_settings.worker_lost_after_ms() <= 2 * k2b_settings.worker_heartbeat_ms():
         # A worker busy for one slow beat would be reported lost while alive.
         errors.append(
             Warning(
@@ -167,7 +167,7 @@ def check_settings(
                 id="k2b_workflows.W004",
             )
         )
-    if not errors and store.retry_backoff_max_ms() < store.retry_backoff_ms():
+    if not errors and k2b_settings.retry_backoff_max_ms() < k2b_settings.retry_backoff_ms():
         errors.append(
             Error("RETRY_BACKOFF_MAX_MS is smaller than RETRY_BACKOFF_MS", id="k2b_workflows.E008")
         )
@@ -265,7 +265,7 @@ def check_runtime_role(
     **kwargs: object,
 ) -> list[CheckMessage]:
     """Warn when web and workers connect as a role that could rewrite the evidence."""
-    alias = store.database()
+    alias = k2b_settings.database()
     if not databases or alias not in databases or connections[alias].vendor != "postgresql":
         return []
     from django.db import DatabaseError
@@ -315,7 +315,7 @@ def check_isolation_level(
     lease keeper, the heartbeat: only the server's, role's or database's
     ``default_transaction_isolation``), so both are read.
     """
-    alias = store.database()
+    alias = k2b_settings.database()
     if not databases or alias not in databases or connections[alias].vendor != "postgresql":
         return []
     import psycopg
@@ -369,7 +369,7 @@ def check_replication(
     again. Silence with ``SILENCED_SYSTEM_CHECKS = ["k2b_workflows.W020"]`` once
     that window is accepted (docs/high-availability.md).
     """
-    alias = store.database()
+    alias = k2b_settings.database()
     if not databases or alias not in databases or connections[alias].vendor != "postgresql":
         return []
     from django.db import DatabaseError
@@ -402,7 +402,7 @@ def check_schedules(
 ) -> list[CheckMessage]:
     """Schedules that cannot fire as written: a bad spec, an unknown workflow or version,
     a decorator's schedule that its decorator no longer declares."""
-    alias = store.database()
+    alias = k2b_settings.database()
     if not databases or alias not in databases or connections[alias].vendor != "postgresql":
         return []
     from django.db import DatabaseError

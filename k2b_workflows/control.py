@@ -19,7 +19,7 @@ from django.apps import apps
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
 
-from . import codes, store, tracing, validation
+from . import codes, settings, tracing, validation
 from .actions import to_json_value
 from .exceptions import InvalidInput, StepFailed
 from .kernel import children, db, interventions, pauses, starts, waits
@@ -106,7 +106,7 @@ def start_workflow_run(
         validation.queue_name(queue)
     with db.schema_required():
         return starts.start(
-            store.database(),
+            settings.database(),
             definition,
             input,
             idempotency_key=idempotency_key,
@@ -131,7 +131,7 @@ def start_task_run(name: str, input: Any, *, run_after: Any) -> WorkflowRun:
     """
     definition = get_workflow(name)
     with db.schema_required():
-        return starts.start(store.database(), definition, input, run_after=run_after)
+        return starts.start(settings.database(), definition, input, run_after=run_after)
 
 
 def start_workflow_runs(
@@ -158,7 +158,7 @@ def start_workflow_runs(
                 raise InvalidInput(f"input {index} must not be None (use {{}} for no input)")
             values.append(to_json_value(value, f"input {index}"))
     with db.schema_required():
-        return starts.start_many(store.database(), definition, values, run_after=run_after)
+        return starts.start_many(settings.database(), definition, values, run_after=run_after)
 
 
 def cancel_workflow_run(run_id: uuid.UUID | str, reason: str) -> WorkflowRun:
@@ -180,7 +180,7 @@ def cancel_run(
     """``cancel_workflow_run`` with its error code; with ``overdue``, only a run whose
     ``timeout_at`` has passed and that is still queued, running or waiting, checked
     under its lock (the timeout sweep, ``worker/timeouts.py``)."""
-    return interventions.cancel(store.database(), run_id, reason, code=code, overdue=overdue)
+    return interventions.cancel(settings.database(), run_id, reason, code=code, overdue=overdue)
 
 
 def wake_workflow_runs_waiting_on(*, app_id: str, kind: str, key: str) -> int:
@@ -194,7 +194,7 @@ def wake_workflow_runs_waiting_on(*, app_id: str, kind: str, key: str) -> int:
         if not isinstance(value, str) or not value:
             raise InvalidInput(f"{what} must be a non-empty string")
         validation.text(value, what, max_length=length)
-    woken = waits.wake(store.database(), app_id=app_id, kind=kind, key=key)
+    woken = waits.wake(settings.database(), app_id=app_id, kind=kind, key=key)
     if tracing.ENABLED:
         tracing.woke(app_id=app_id, kind=kind, woken=woken)
     return woken
@@ -202,7 +202,7 @@ def wake_workflow_runs_waiting_on(*, app_id: str, kind: str, key: str) -> int:
 
 def notify_workflow_worker(app_id: str) -> None:
     """Wake idle workers of ``app_id`` now (on commit). Runs are found without it, only later."""
-    waits.notify(store.database(), validation.text(app_id, "app_id", max_length=100))
+    waits.notify(settings.database(), validation.text(app_id, "app_id", max_length=100))
 
 
 def create_child_workflow_runs(
@@ -222,10 +222,11 @@ def create_child_workflow_runs(
         validation.text(name, "the child workflow name", max_length=200)
         inputs = validation.child_inputs(inputs, "child inputs")
         # StepFailed fails the calling step with this code, before anything is created.
-        if len(inputs) > store.max_children_per_step():
+        if len(inputs) > settings.max_children_per_step():
             raise StepFailed(
                 codes.FAN_OUT_EXCEEDED,
-                f"{len(inputs)} children asked, at most {store.max_children_per_step()} per step",
+                f"{len(inputs)} children asked,"
+                f" at most {settings.max_children_per_step()} per step",
             )
         try:
             with ctx.fenced(ctx.using):
@@ -237,13 +238,13 @@ def create_child_workflow_runs(
             raise StepFailed(exc.code, str(exc)) from None
     else:
         raise InvalidInput("create_child_workflow_runs() takes a step's ctx or a workflow's run")
-    runs = WorkflowRun.objects.using(store.database()).in_bulk([str(i) for i in ids])
+    runs = WorkflowRun.objects.using(settings.database()).in_bulk([str(i) for i in ids])
     return [runs[uuid.UUID(str(i))] for i in ids]
 
 
 def count_child_workflow_runs(run_id: uuid.UUID | str) -> dict[str, int]:
     """``{"queued": n, "running": n, "succeeded": n, ..., "total": n}`` in one query."""
-    return children.count(store.database(), validation.run_id(run_id))
+    return children.count(settings.database(), validation.run_id(run_id))
 
 
 class _NoOutput:
@@ -311,7 +312,7 @@ def resolve_effect(
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise InvalidInput(f"{name} must be an integer, not {value!r}")
     return interventions.resolve(
-        store.database(),
+        settings.database(),
         run_id,
         decision,
         evidence_text=evidence.strip(),
@@ -338,7 +339,7 @@ def retry_workflow_run(run_id: uuid.UUID | str, *, actor: Any, reason: str = "")
     if not isinstance(reason, str):
         raise InvalidInput("the retry reason must be a string")
     reason = validation.storable_message(reason)
-    return interventions.retry(store.database(), run_id, actor=actor, reason=reason)
+    return interventions.retry(settings.database(), run_id, actor=actor, reason=reason)
 
 
 #: What an operator needs to pause or resume a queue, when the actor is a Django user.
@@ -366,7 +367,7 @@ def pause_queue(name: str, *, reason: str, actor: Any = None) -> bool:
         )
     validation.long_text(reason, "the reason")
     paused_by = _queue_actor(actor, "pausing")
-    using = store.database()
+    using = settings.database()
     with db.schema_required(), transaction.atomic(using=using):
         row = pauses.pause(using, name, reason=reason.strip(), paused_by=paused_by)
         if row is not None:
@@ -385,7 +386,7 @@ def resume_queue(name: str, *, actor: Any = None) -> bool:
     """
     validation.queue_name(name)
     resumed_by = _queue_actor(actor, "resuming")
-    using = store.database()
+    using = settings.database()
     with db.schema_required(), transaction.atomic(using=using):
         row = pauses.resume(using, name, resumed_by=resumed_by)
         if row is not None:
@@ -396,7 +397,7 @@ def resume_queue(name: str, *, actor: Any = None) -> bool:
 def paused_queues() -> dict[str, QueuePause]:
     """The paused queues by name, each with its ``reason``, ``paused_by`` and ``paused_at``."""
     with db.schema_required():
-        return pauses.paused(store.database())
+        return pauses.paused(settings.database())
 
 
 def _queue_actor(actor: Any, doing: str) -> str:

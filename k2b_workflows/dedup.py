@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from django.db import connections, models
 from django.db.models.fields import AutoFieldMixin
 
-from . import store
+from . import settings
 from .exceptions import WorkflowError
 
 M = TypeVar("M", bound=models.Model)
@@ -44,7 +44,7 @@ def insert_once(
     the row under ``key`` has other values. Run it under READ COMMITTED: under
     REPEATABLE READ a row committed after the snapshot raises 40001.
     """
-    using = using or store.database()
+    using = using or settings.database()
     connection = connections[using]
     obj = model(key=key, **values)
     table, insert, params = insert_values(obj, connection)

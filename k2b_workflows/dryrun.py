@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 from django.core.exceptions import PermissionDenied
 
-from . import codes, store, validation
+from . import codes, settings, validation
 from .actions import (
     Effect,
     Failed,
@@ -101,7 +101,7 @@ class _DryExecution:
         self.generation = 0
         self.principal = principal
         self.canceled = threading.Event()
-        self.using = store.database()
+        self.using = settings.database()
         self.path = path
         self.depth = depth
         self.next_seq = 0
@@ -260,7 +260,7 @@ class _DryExecution:
             self._error(str(exc))
         if self.depth >= MAX_DEPTH:
             self._error(f"children nested deeper than {MAX_DEPTH} levels")
-        if len(inputs) > store.max_children_per_step():
+        if len(inputs) > settings.max_children_per_step():
             raise StepFailed(codes.FAN_OUT_EXCEEDED, f"{len(inputs)} children in one step")
         # As in execution, the root's max_steps also bounds the children of the tree.
         self.report.children += len(inputs)

@@ -30,7 +30,7 @@ from typing import Any
 
 from django.db import connections
 
-from . import counters, store
+from . import counters, settings
 from .kernel import db, flow
 from .workflows import registered_versions
 
@@ -102,7 +102,7 @@ class Heartbeat(threading.Thread):
         self.deregistered = False
 
     def run(self) -> None:
-        interval = store.worker_heartbeat_ms() / 1000
+        interval = settings.worker_heartbeat_ms() / 1000
         while not self.stopping.is_set():
             self.beat()
             self.stopping.wait(interval)
@@ -133,8 +133,8 @@ class Heartbeat(threading.Thread):
                 ],
             )
             # Any beating worker does the fleet's housekeeping: two tiny statements.
-            self._conn.execute(_MARK_LOST_SQL, [store.worker_lost_after_ms()])
-            self._conn.execute(_PURGE_SQL, [store.worker_purge_after_ms()])
+            self._conn.execute(_MARK_LOST_SQL, [settings.worker_lost_after_ms()])
+            self._conn.execute(_PURGE_SQL, [settings.worker_purge_after_ms()])
         except Exception as exc:
             if self.failures == 0:
                 logger.warning("heartbeat of %s failed: %s; retrying", self.worker_id, exc)
@@ -184,13 +184,15 @@ class Heartbeat(threading.Thread):
 
 def mark_lost(using: str | None = None) -> int:
     """Mark alive rows whose heartbeat is older than ``WORKER_LOST_AFTER_MS`` as lost."""
-    return db.execute(using or store.database(), _MARK_LOST_SQL, [store.worker_lost_after_ms()])
+    return db.execute(
+        using or settings.database(), _MARK_LOST_SQL, [settings.worker_lost_after_ms()]
+    )
 
 
 def purge(using: str | None = None, older_than_ms: int | None = None) -> int:
     """Delete rows of stopped or lost workers whose last heartbeat is older than the bound."""
-    bound = store.worker_purge_after_ms() if older_than_ms is None else older_than_ms
-    return db.execute(using or store.database(), _PURGE_SQL, [bound])
+    bound = settings.worker_purge_after_ms() if older_than_ms is None else older_than_ms
+    return db.execute(using or settings.database(), _PURGE_SQL, [bound])
 
 
 _LIVE = "state = 'alive' AND heartbeat_at >= k2b_now() - %s * interval '1 millisecond'"
@@ -206,9 +208,9 @@ FROM k2b_worker WHERE {_LIVE} ORDER BY worker_id
 def live_workers(using: str | None = None) -> list[dict[str, Any]]:
     """Workers whose heartbeat is fresh, whatever their row says."""
     rows = db.fetchall(
-        using or store.database(),
+        using or settings.database(),
         _LIVE_WORKERS_SQL,
-        [store.worker_fresh_ms()],
+        [settings.worker_fresh_ms()],
     )
     return [
         {
@@ -246,7 +248,7 @@ def queue_counts(cursor: Any) -> tuple[dict[str, int], int, float | None, int]:
     counts = dict(cursor.fetchall())
     cursor.execute(_DUE_SQL)
     due, oldest = cursor.fetchone()
-    cursor.execute(_LIVE_COUNT_SQL, [store.worker_fresh_ms()])
+    cursor.execute(_LIVE_COUNT_SQL, [settings.worker_fresh_ms()])
     live = cursor.fetchone()[0]
     return counts, int(due), None if oldest is None else float(oldest), int(live)
 
@@ -265,7 +267,7 @@ def status(using: str | None = None) -> dict[str, Any]:
     ``unserved`` lists the (workflow, version) pairs with queued runs that no
     live worker can claim: those runs will wait forever.
     """
-    using = using or store.database()
+    using = using or settings.database()
     with connections[using].cursor() as cursor:
         counts, due, oldest, _ = queue_counts(cursor)
         cursor.execute(_QUEUED_BY_WORKFLOW_SQL)

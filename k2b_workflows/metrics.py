@@ -29,7 +29,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from . import store
+from . import settings
 from .counters import (
     AVAILABLE,
     LATENCY_BUCKETS,
@@ -62,7 +62,7 @@ class DatabaseCollector:
     """
 
     def __init__(self, using: str | None = None) -> None:
-        self.using = using or store.database()
+        self.using = using or settings.database()
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily

@@ -24,7 +24,7 @@ from typing import Any
 
 from django.db import connections
 
-from . import store
+from . import settings
 from .kernel import db, flow, pauses
 from .models import QueuePause, RunStatus
 
@@ -106,7 +106,7 @@ def view_parameters(names: list[str]) -> dict[str, Any]:
 
 def read(using: str | None = None) -> list[QueueView]:
     """Every queue runs are in (up to ``MAX_QUEUES``) and every paused one, by name."""
-    using = using or store.database()
+    using = using or settings.database()
     with db.schema_required():
         paused = pauses.paused(using)
         with connections[using].cursor() as cursor:

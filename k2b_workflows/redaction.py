@@ -26,7 +26,7 @@ from typing import Any
 
 from django.utils.module_loading import import_string
 
-from . import store, validation
+from . import settings, validation
 
 REDACTED = "[redacted]"
 CARD_REDACTED = "[redacted card number]"
@@ -73,8 +73,8 @@ def looks_like_card_number(text: str) -> bool:
 
 def _key_rules() -> tuple[frozenset[str], tuple[str, ...]]:
     """The configured keys, normalized once per value redacted (not once per key)."""
-    exact = frozenset(_normalize(k) for k in store.redact_exact_keys() if k)
-    parts = tuple(p for p in (_normalize(k) for k in store.redact_keys()) if p)
+    exact = frozenset(_normalize(k) for k in settings.redact_exact_keys() if k)
+    parts = tuple(p for p in (_normalize(k) for k in settings.redact_keys()) if p)
     return exact, parts
 
 
@@ -161,7 +161,7 @@ def _redact_value(value: Any, rules: tuple[frozenset[str], tuple[str, ...]]) -> 
 
 
 def _hook() -> Callable[[Any], Any] | None:
-    path = store.redact_hook()
+    path = settings.redact_hook()
     if not path:
         return None
     return import_string(path) if isinstance(path, str) else path
@@ -207,7 +207,7 @@ def shorten(value: Any, max_chars: int, max_items: int = 100) -> Any:
 
 
 def truncate(text: str, limit: int | None = None) -> str:
-    limit = store.error_text_max_chars() if limit is None else limit
+    limit = settings.error_text_max_chars() if limit is None else limit
     if len(text) <= limit:
         return text
     cut = len(text) - limit

@@ -37,7 +37,7 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
-from . import store, triggers, validation
+from . import settings, triggers, validation
 from .exceptions import InvalidInput, RunEndNotSealed
 from .kernel import db, seals, weather
 from .models import ENDED_CHANNEL, SETTLED_STATUSES, WorkflowRun
@@ -131,7 +131,7 @@ class EndListener:
         while True:
             conn = None
             try:
-                conn = db.autocommit_connection(store.listen_database(), follow_clock=False)
+                conn = db.autocommit_connection(settings.listen_database(), follow_clock=False)
                 conn.execute(_LISTEN_ENDED_SQL)
                 self.listening.set()
                 backoff.reset()
@@ -264,7 +264,7 @@ def _waited(using: str, run_id: uuid.UUID) -> None:
 
 
 def _poll_s() -> float:
-    return max(store.poll_interval_ms(), 10) / 1000
+    return max(settings.poll_interval_ms(), 10) / 1000
 
 
 def wait_for_workflow_run(
@@ -282,7 +282,7 @@ def wait_for_workflow_run(
     """
     run_id = validation.run_id(run_id)
     limit = validate_timeout(timeout)
-    using = store.database()
+    using = settings.database()
     deadline = None if limit is None else time.monotonic() + limit
     woken = threading.Event()
     listener.subscribe(run_id, woken.set)
@@ -320,7 +320,7 @@ async def await_workflow_run(
 
     run_id = validation.run_id(run_id)
     limit = validate_timeout(timeout)
-    using = store.database()
+    using = settings.database()
     loop = asyncio.get_running_loop()
     deadline = None if limit is None else loop.time() + limit
     woken = asyncio.Event()

@@ -15,7 +15,7 @@ from typing import Any
 import pgtrigger
 from django.db import connections, transaction
 
-from . import store
+from . import settings
 from .kernel import clock, witness
 
 _APPEND_ONLY = (
@@ -83,7 +83,7 @@ def purge_finished_runs(
         raise ValueError("older_than must be positive")
     # The runtime role holds no DELETE on the append-only tables (roles.py): only
     # the owner purges, and pgtrigger.ignore is then the one sanctioned bypass.
-    using = using or store.owner_database()
+    using = using or settings.owner_database()
     cutoff = clock.now() - older_than
     counts: dict[str, Any] = {}
     with (

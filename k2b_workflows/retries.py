@@ -96,11 +96,11 @@ class Retry:
         """Delay before retry number ``failures`` (1-based)."""
         if failures <= 0:
             return 0
-        from . import store
+        from . import settings
 
         first = _as_timedelta(self.backoff).total_seconds() * 1000
         if self.max_backoff is None:
-            cap = max(first, store.retry_backoff_max_ms())
+            cap = max(first, settings.retry_backoff_max_ms())
         else:
             cap = _as_timedelta(self.max_backoff).total_seconds() * 1000
         delay = min(first * self.multiplier ** min(failures - 1, 64), cap)

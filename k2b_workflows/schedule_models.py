@@ -18,7 +18,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, models, transaction
 from django.utils import timezone
 
-from . import schedules, store
+from . import schedules, settings
 from .exceptions import InvalidSchedule
 from .schedules import Schedule
 
@@ -180,7 +180,7 @@ class WorkflowSchedule(models.Model):
         self.cron, self.input = spec.cron or "", spec.input
         loaded: dict[str, Any] = getattr(self, "_loaded", None) or {}
         adding = self._state.adding or not loaded
-        using = kwargs.get("using") or self._state.db or store.database()
+        using = kwargs.get("using") or self._state.db or settings.database()
         with transaction.atomic(using=using):
             stored = None if adding else self._stored(using)
             tampered = stored is not None and bool(sealer.problem(stored, stored["seal"]))

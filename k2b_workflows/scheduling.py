@@ -17,7 +17,7 @@ from typing import Any
 
 from django.db import IntegrityError, router, transaction
 
-from . import store, validation
+from . import settings, validation
 from .control import start_workflow_run
 from .exceptions import InvalidInput, InvalidSchedule
 from .models import WorkflowRun, WorkflowSchedule
@@ -53,7 +53,7 @@ def schedule_workflow(
     validation.text(workflow_name, "the workflow name", max_length=200)
     validation.integer(version, "version", minimum=1, maximum=validation.MAX_INT, optional=True)
     get_workflow(workflow_name, version)
-    using = store.database()
+    using = settings.database()
     for attempt in range(2):
         try:
             with transaction.atomic(using=using):
@@ -110,7 +110,7 @@ def run_schedule_now(row: WorkflowSchedule) -> WorkflowRun:
     if not row.enabled:
         raise InvalidInput(f"schedule {row.schedule_id!r} is disabled: {row.disabled_reason}")
     row.spec()
-    using = store.database()
+    using = settings.database()
     from .kernel import db
 
     now = db.fetchall(using, NOW_SQL)[0][0]
@@ -130,7 +130,7 @@ def sync_decorator_schedules(using: str | None = None, **kwargs: Any) -> dict[st
     Connected to ``post_migrate``: ``migrate`` runs it where every app's
     workflows are registered. Returns counts (written, disabled).
     """
-    using = using or store.database()
+    using = using or settings.database()
     if not router.allow_migrate_model(using, WorkflowSchedule):
         return {"written": 0, "disabled": 0}
     declared = {
@@ -207,7 +207,7 @@ def post_migrate(sender: Any, using: str = "default", **kwargs: Any) -> None:
     emptied with every other table, are written again, as ``migrate`` first
     wrote them. The next test sees the database as ``migrate`` left it (#38).
     """
-    if using not in (store.database(), store.owner_database()):
+    if using not in (settings.database(), settings.owner_database()):
         return
     state = kwargs.get("apps")
     if state is not None:

@@ -6,6 +6,11 @@ its default and its reader; these names are aliases of those. The
 ``WORKFLOW_RUN_MAX_CONSECUTIVE_FAILURES``...) are the declared defaults, and
 the error codes (``WORKFLOW_RETRY_EXHAUSTED``...) are ``codes``'s: both are
 part of the public API.
+
+For users only: the package itself reads ``settings`` and ``codes``, and an
+import-linter contract (pyproject.toml) fails the build for a module of it
+that imports this one. Two homes had drifted once: a setting was readable from
+``settings`` and not from here.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ from django.db import connections
 from django.db.backends.signals import connection_created
 from django.test import override_settings
 
-from . import store
+from . import settings as k2b_settings
 from .kernel import ai, claim, db, flow, hooks
 from .kernel import clock as kernel_clock
 from .kernel.execute import Execution
@@ -71,7 +71,7 @@ def run_until_idle(
     with ``wait_for_deadlines``, a wait deadline) is due: it moves the clock
     to that moment, so an hour of backoff takes no time.
     """
-    using = using or store.database()
+    using = using or k2b_settings.database()
     worker = Worker(app_ids=app_ids, using=using, listen=False)
     # A simulated crash stands for a dead process, and the reap that takes its run
     # over for another worker's: it must count the crash (#38), not forgive it as
@@ -394,7 +394,7 @@ def _honour_offset(honour: bool) -> None:
     it may replace this one; committed at once, on a connection of its own,
     so that the kernel's other connections see it.
     """
-    conn = db.autocommit_connection(store.owner_database(), follow_clock=False)
+    conn = db.autocommit_connection(k2b_settings.owner_database(), follow_clock=False)
     try:
         kernel_clock.honour_offset(conn, honour)
     finally:

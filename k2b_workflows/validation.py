@@ -150,9 +150,9 @@ def json_text(value: Any, field: str, *, stored: bool = True) -> str:
     check_json(value, field, stored=stored)
     text = CANONICAL_JSON.encode(value)
     if stored:
-        from . import store
+        from . import settings
 
-        limit = store.max_value_bytes()
+        limit = settings.max_value_bytes()
         try:
             size = len(text.encode())
         except UnicodeEncodeError:
@@ -244,10 +244,10 @@ def queue_name(value: Any, field: str = "queue") -> str:
 
 def long_text(value: Any, field: str) -> str:
     """Free text stored in a ``text`` column (evidence, reasons): no NUL, within the size limit."""
-    from . import store
+    from . import settings
 
     text(value, field)
-    limit = store.max_value_bytes()
+    limit = settings.max_value_bytes()
     if len(value.encode()) > limit:
         raise InvalidInput(f"{field} is over the limit of {limit} bytes")
     return value

@@ -12,7 +12,7 @@ from typing import Any
 
 from django.urls import reverse
 
-from .. import codes, store
+from .. import codes, settings
 from ..control import RESOLVABLE_CODES, count_child_workflow_runs
 from ..kernel import clock, flow
 from ..models import (
@@ -241,7 +241,7 @@ def _newest(queryset: Any, order: str, limit: int) -> tuple[list[Any], int]:
 
 def run_page_context(run: WorkflowRun) -> dict[str, Any]:
     """Everything the run page shows below the run's own fields, read in a few queries."""
-    limit = store.admin_run_page_rows()
+    limit = settings.admin_run_page_rows()
     # The step outputs are not drawn on the page; they may be large.
     journal, journal_total = _newest(
         JournalEntry.objects.filter(run=run).defer("output"), "seq", limit
@@ -269,7 +269,7 @@ def run_page_context(run: WorkflowRun) -> dict[str, Any]:
         "child_counts": {k: v for k, v in counts.items() if v and k != "total"},
         "child_total": counts.get("total", 0),
         "is_root": run.parent_id is None,
-        "queued_reason": flow.why_queued(store.database(), run),
+        "queued_reason": flow.why_queued(settings.database(), run),
         "key_url": concurrency_key_url(run.workflow_name, run.concurrency_key)
         if run.concurrency_key is not None
         else "",

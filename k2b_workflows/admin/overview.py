@@ -32,7 +32,7 @@ from typing import Any
 
 from django.db import DatabaseError, connections, transaction
 
-from .. import fleet, store
+from .. import fleet, settings
 from ..models import OverviewMinute, RunStatus
 
 logger = logging.getLogger(__name__)
@@ -172,7 +172,7 @@ def read(window: str = "hour", using: str | None = None) -> Overview:
     """
     if window not in WINDOWS:
         raise ValueError(f"window must be one of {sorted(WINDOWS)}, not {window!r}")
-    using = using or store.database()
+    using = using or settings.database()
     length, _ = WINDOWS[window]
     minutes = int(length.total_seconds() // 60)
     with connections[using].cursor() as cursor:

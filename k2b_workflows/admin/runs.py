@@ -21,7 +21,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
-from .. import store
+from .. import settings
 from ..kernel import clock, seals
 from ..kernel.evidence import hash_value
 from ..lazy import LazyModule
@@ -207,7 +207,7 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
     def integrity(self, run: WorkflowRun) -> str:
         """Verified now, from the database, with the evidence keys: a finished run
         whose resolution was edited shows it here, not only at its next claim."""
-        problem = audit.stored_problem(run.pk, run._state.db or store.database())
+        problem = audit.stored_problem(run.pk, run._state.db or settings.database())
         if problem is None:
             return mark_safe(
                 '<span class="k2b-badge k2b-integrity-verified">verified</span>'

@@ -28,7 +28,7 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from .. import store
+from .. import settings
 from ..control import (
     EFFECT_CONFIRMED,
     RESOLVABLE_CODES,
@@ -419,7 +419,7 @@ def concurrency_key_view(model_admin: ModelAdmin, request: HttpRequest) -> HttpR
             return HttpResponseBadRequest(
                 f"?{argument}= must be at most {longest} characters, without NUL bytes"
             )
-    view = flow.key_runs(store.database(), workflow_name, key)
+    view = flow.key_runs(settings.database(), workflow_name, key)
     with connection_for_runs().cursor() as cursor:
         busiest = flow.busiest_keys(cursor, limit=20)
     context = _admin_context(
@@ -437,4 +437,4 @@ def concurrency_key_view(model_admin: ModelAdmin, request: HttpRequest) -> HttpR
 def connection_for_runs() -> BaseDatabaseWrapper:
     from django.db import connections
 
-    return connections[store.database()]
+    return connections[settings.database()]

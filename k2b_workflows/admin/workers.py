@@ -13,7 +13,7 @@ from django.contrib import admin
 from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 
-from .. import store
+from .. import settings
 from ..kernel import clock
 from ..lazy import LazyModule
 from ..models import RunStatus, WorkerRecord, WorkflowRun
@@ -36,14 +36,14 @@ def effective_worker_state(worker: WorkerRecord) -> str:
     """A row still "alive" whose heartbeat is too old belongs to a dead process: say lost.
 
     Between the two, "late": ``workflowstatus`` and the overview no longer count
-    it live (``store.worker_fresh_ms()``), and this page says so rather than
+    it live (``settings.worker_fresh_ms()``), and this page says so rather than
     "alive" (#38).
     """
     if worker.state == WorkerRecord.State.ALIVE:
         silent_ms = (clock.now() - worker.heartbeat_at).total_seconds() * 1000
-        if silent_ms > store.worker_lost_after_ms():
+        if silent_ms > settings.worker_lost_after_ms():
             return WorkerRecord.State.LOST
-        if silent_ms > store.worker_fresh_ms():
+        if silent_ms > settings.worker_fresh_ms():
             return LATE
     return worker.state
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
 
-from .. import codes, redaction, store
+from .. import codes, redaction, settings
 from ..actions import Dependency, Result, canonical_json, failed, succeeded, to_json_value, waiting
 from ..exceptions import InvalidInput
 from . import budgets, db, hashing, waits
@@ -108,7 +108,7 @@ def step_task(ctx: StepContext, provider: str, request: Any) -> Result:
         return failed(str(exc), code=codes.AI_TASK_FAILED)
     using = ctx.using
     with transaction.atomic(using=using), holding_run_lock():
-        db.fence(using, ctx.run_id, ctx.generation, store.lease_ms())
+        db.fence(using, ctx.run_id, ctx.generation, settings.lease_ms())
         rows = db.fetchall(
             using,
             _TASK_OF_STEP_SQL,
@@ -163,7 +163,7 @@ def claim_tasks(using: str, *, app_ids: list[str] | None, limit: int) -> list[tu
     names = list(_providers)
     if limit <= 0 or not names:
         return []
-    params: list[Any] = [store.lease_ms(), names]
+    params: list[Any] = [settings.lease_ms(), names]
     app_filter = ""
     if app_ids:
         app_filter = "AND app_id = ANY(%s)"
@@ -198,7 +198,7 @@ def reap_expired(using: str) -> int:
     and paid, on every lease expiry forever: after ``AI_TASK_MAX_ATTEMPTS``
     the task fails and wakes its step, which fails ``AI_TASK_FAILED``.
     """
-    limit = store.ai_task_max_attempts()
+    limit = settings.ai_task_max_attempts()
     rows = db.fetchall(
         using,
         _REAP_TASKS_SQL,

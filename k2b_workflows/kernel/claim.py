@@ -28,7 +28,7 @@ from typing import Any
 
 from django.db import connections
 
-from .. import counters, store
+from .. import counters, settings
 from . import db, flow, holders
 from .requeue import AFTER_MS, requeue_set
 
@@ -111,7 +111,7 @@ def claim_statement(
     if limit <= 0 or not workflows:
         return None
     params: list[Any] = [
-        store.lease_ms(),
+        settings.lease_ms(),
         worker_id,
         [name for name, _ in workflows],
         [version for _, version in workflows],
@@ -248,12 +248,12 @@ def reap_expired(using: str, worker_id: str = "", executing: Sequence[Any] = ())
             [
                 worker_id,
                 worker_id,
-                store.worker_fresh_ms(),
+                settings.worker_fresh_ms(),
                 worker_id,
                 list(executing),
-                store.lease_ms(),
-                store.retry_backoff_ms(),
-                store.retry_backoff_max_ms(),
+                settings.lease_ms(),
+                settings.retry_backoff_ms(),
+                settings.retry_backoff_max_ms(),
             ],
         )
         stood_aside, free = cursor.fetchone()

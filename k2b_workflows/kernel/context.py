@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from django.db import connections, transaction
 
-from .. import store
+from .. import settings
 from ..exceptions import InvalidInput, LeaseLost, RunCanceled
 from . import ai, clock, db
 
@@ -112,7 +112,7 @@ class KernelStepContext:
         """
         if self.dry_run:
             return
-        lease = store.lease_ms()
+        lease = settings.lease_ms()
         if tx is not None:
             if tx != self.using:
                 raise InvalidInput(f"heartbeat(tx={tx!r}): the run lives on {self.using!r}")

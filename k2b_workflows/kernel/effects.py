@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError, connections
 
-from .. import codes, store, validation
+from .. import codes, settings, validation
 from ..actions import (
     Action,
     Ambiguous,
@@ -77,7 +77,7 @@ class _Denied:
 
 def timeout_s(action: Action) -> float:
     """The action's timeout in seconds, as the lease keeper counts it."""
-    return action.timeout if action.timeout is not None else store.action_timeout_ms() / 1000
+    return action.timeout if action.timeout is not None else settings.action_timeout_ms() / 1000
 
 
 class EffectPath(abc.ABC):
@@ -107,7 +107,7 @@ class EffectPath(abc.ABC):
         try:
             key = flow.limit_key(step.action, step.input)
         except InvalidInput as exc:
-            self.ending.fail(store.INVALID_RATE_LIMIT_KEY, f"step {step.seq} ({step.name}): {exc}")
+            self.ending.fail(codes.INVALID_RATE_LIMIT_KEY, f"step {step.seq} ({step.name}): {exc}")
         self.journal.flush_pending()
         generation = self.claim.generation
 
@@ -158,11 +158,11 @@ class EffectPath(abc.ABC):
         try:
             result = hooks.call(step.action.authorize, step.ctx, step.input, timeout_s(step.action))
         except PermissionDenied as exc:
-            return Failed(str(exc) or "permission denied", store.FORBIDDEN)
+            return Failed(str(exc) or "permission denied", codes.FORBIDDEN)
         if result is None or isinstance(result, Succeeded):
             return None
         if isinstance(result, Failed):
-            return Failed(result.message, result.code or store.FORBIDDEN)
+            return Failed(result.message, result.code or codes.FORBIDDEN)
         raise InvalidResult(f"authorize() returned {result!r}")
 
     def authorize_outside_tx(self, step: Step) -> Failed | None:
@@ -171,7 +171,7 @@ class EffectPath(abc.ABC):
             return self.authorize(step)
         except InvalidResult as exc:
             self.ending.fail(
-                store.INVALID_ACTION_RESULT, f"step {step.seq} ({step.name}): {exc}", step=step
+                codes.INVALID_ACTION_RESULT, f"step {step.seq} ({step.name}): {exc}", step=step
             )
         except (LeaseLost, RunCanceled, Suspend):
             raise
@@ -182,7 +182,7 @@ class EffectPath(abc.ABC):
 
     def denied(self, step: Step, denial: Failed) -> NoReturn:
         """``authorize()`` refused: the step fails, nothing spent."""
-        self.journal.step_failed(step, denial.code or store.FORBIDDEN, denial.message)
+        self.journal.step_failed(step, denial.code or codes.FORBIDDEN, denial.message)
 
     def apply(self, step: Step, result: Succeeded | Failed | Waiting) -> Any:
         """A step's own answer: journal its success, park on its wait, retry or fail it."""
@@ -192,7 +192,7 @@ class EffectPath(abc.ABC):
             self.ending.park(step.seq, step.name, result.dependency)
         if result.retryable and retrying.retries(self.claim.retry_policy, result.code):
             self.ending.retry_later(f"step {step.seq} ({step.name}) failed: {result.message}")
-        self.journal.step_failed(step, result.code or store.ACTION_FAILED, result.message)
+        self.journal.step_failed(step, result.code or codes.ACTION_FAILED, result.message)
 
 
 class PureOrIdempotent(EffectPath):
@@ -217,7 +217,7 @@ class PureOrIdempotent(EffectPath):
             if idempotent:  # repeating with the same effect_key is safe
                 self.ending.retry_later(f"step {step.seq} ({step.name}): {exc}")
             self.ending.fail(
-                store.INVALID_ACTION_RESULT, f"step {step.seq} ({step.name}): {exc}", step=step
+                codes.INVALID_ACTION_RESULT, f"step {step.seq} ({step.name}): {exc}", step=step
             )
         if isinstance(result, Ambiguous):
             self.ending.retry_later(
@@ -261,7 +261,7 @@ class Transactional(EffectPath):
                 result = rb.result
                 if isinstance(result, InvalidResult):
                     self.ending.fail(
-                        store.INVALID_ACTION_RESULT,
+                        codes.INVALID_ACTION_RESULT,
                         f"step {step.seq} ({step.name}): {result}",
                         step=step,
                     )
@@ -308,7 +308,7 @@ class Transactional(EffectPath):
                     pending.entries,
                     prev,
                     self.using,
-                    lease_ms=store.lease_ms(),
+                    lease_ms=settings.lease_ms(),
                     reset=journal.reset,
                 )
                 prev = pending.entry.entry_hash
@@ -331,13 +331,13 @@ class Transactional(EffectPath):
             entry = journal.new_entry(step, JournalEntry.State.SUCCEEDED, result)
             if db.ends_in_atomic(self.using):
                 sql, params = evidence.fenced_journal_statement(
-                    entry, prev, lease_ms=store.lease_ms(), reset=journal.reset, strict=True
+                    entry, prev, lease_ms=settings.lease_ms(), reset=journal.reset, strict=True
                 )
                 row = db.commit_in_atomic(self.using, sql, params)
                 evidence.fenced_journal_written(entry, self.using, row)
             else:
                 evidence.append_journal_fenced(
-                    entry, prev, self.using, lease_ms=store.lease_ms(), reset=journal.reset
+                    entry, prev, self.using, lease_ms=settings.lease_ms(), reset=journal.reset
                 )
         step.ctx.tx = None
         journal.pending_committed(pending)
@@ -454,7 +454,7 @@ class External(EffectPath):
 
         def defer() -> None:
             self.journal.fence(step.seq)
-            claim.release(self.using, self.run_id, self.claim.generation, store.lease_ms())
+            claim.release(self.using, self.run_id, self.claim.generation, settings.lease_ms())
 
         db.run_in_transaction(defer, self.using)
         self.ending.ended(
@@ -511,7 +511,7 @@ class External(EffectPath):
                 fenced=True,
             )
             ending.needs_attention(
-                store.EFFECT_OUTCOME_UNKNOWN,
+                codes.EFFECT_OUTCOME_UNKNOWN,
                 f"step {step.seq} ({step.name}): outcome unknown and no reconcile()",
                 step=step.seq,
             )
@@ -532,7 +532,7 @@ class External(EffectPath):
             self._against_the_late_answer(step, result)
         if isinstance(result, Succeeded):
             return journal.journal_success(step, result, ledger_kind=LedgerEntry.Kind.RECONCILED)
-        if isinstance(result, Waiting) and state.polls >= store.max_reconcile_polls():
+        if isinstance(result, Waiting) and state.polls >= settings.max_reconcile_polls():
             # A provider that stays "pending" would be polled forever, a ledger
             # row and a generation each time: past the bound, an operator decides.
             result = Unknown(f"still pending after {state.polls} polls (MAX_RECONCILE_POLLS)")
@@ -562,7 +562,7 @@ class External(EffectPath):
             step, LedgerEntry.Kind.RECONCILE_UNKNOWN, message=result.message or "", fenced=True
         )
         ending.needs_attention(
-            store.EFFECT_OUTCOME_UNKNOWN,
+            codes.EFFECT_OUTCOME_UNKNOWN,
             f"step {step.seq} ({step.name}): reconcile() cannot tell: {result.message or ''}",
             step=step.seq,
         )
@@ -642,7 +642,7 @@ class External(EffectPath):
             and retrying.retries(self.claim.retry_policy, result.code)
         ):
             self.ending.retry_later(f"step {step.seq} ({step.name}) failed: {result.message}")
-        journal.step_failed(step, result.code or store.ACTION_FAILED, result.message)
+        journal.step_failed(step, result.code or codes.ACTION_FAILED, result.message)
 
 
 def path_for(effect: Effect) -> type[EffectPath]:

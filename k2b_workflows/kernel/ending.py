@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from django.db import DatabaseError
 
-from .. import redaction, store
+from .. import codes, redaction
 from ..actions import Effect, canonical_json
 from ..exceptions import LeaseLost, RunCanceled, Suspend
 from ..models import JournalEntry, LedgerEntry
@@ -326,7 +326,7 @@ class RunEnding:
         """The chains did not verify, and nothing committed. The run needs attention;
         the deferred success, if any, goes with the incident."""
         logger.error("run %s: integrity chain broken: %s", self.run_id, problem)
-        self.needs_attention(store.INTEGRITY_CHAIN_BROKEN, problem, step=None)
+        self.needs_attention(codes.INTEGRITY_CHAIN_BROKEN, problem, step=None)
 
     def end_seal(self, status: str, code: str, output_text: str = "null") -> str:
         """The seal of this run ending (or parking for an operator) in this generation."""
@@ -405,8 +405,8 @@ class RunEnding:
         open_steps = self.journal.open_steps()
         if open_steps:
             # An effect may have happened: never just fail, an operator decides.
-            self.needs_attention(store.WORKFLOW_RETRY_EXHAUSTED, message, step=open_steps[0])
-        self.fail(store.WORKFLOW_RETRY_EXHAUSTED, message)
+            self.needs_attention(codes.WORKFLOW_RETRY_EXHAUSTED, message, step=open_steps[0])
+        self.fail(codes.WORKFLOW_RETRY_EXHAUSTED, message)
 
     def park(
         self,

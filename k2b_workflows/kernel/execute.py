@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from django.db import DatabaseError, transaction
 
-from .. import store, tracing, validation
+from .. import codes, settings, tracing, validation
 from ..actions import Action, Effect, Succeeded, as_action, missing_ref, to_json_value
 from ..exceptions import InvalidInput, LeaseLost, RunCanceled, StepFailed, Suspend, UnknownWorkflow
 from ..models import JournalEntry, WorkflowRun
@@ -91,7 +91,7 @@ class Execution:
     ) -> None:
         self.run_id = run_id
         self.generation = generation
-        self.using = using or store.database()
+        self.using = using or settings.database()
         self.keeper = keeper
         self.canceled = threading.Event()
         self.next_seq = 0
@@ -218,13 +218,13 @@ class Execution:
             # Nothing of the row's start fields may reach a step: not even a retry
             # of its lock, since no later read can make a changed input the original.
             logger.error("run %s: integrity: %s", self.run_id, sealed)
-            self.ending.needs_attention(store.INTEGRITY_CHAIN_BROKEN, sealed, step=None)
+            self.ending.needs_attention(codes.INTEGRITY_CHAIN_BROKEN, sealed, step=None)
         # How often its steps may run again (#47): a failure count set back outside
         # the kernel stops the run before a step sees it.
         reset = seals.attempts_problem(loaded.run)
         if reset is not None:
             logger.error("run %s: integrity: %s", self.run_id, reset)
-            self.ending.needs_attention(store.INTEGRITY_CHAIN_BROKEN, reset, step=None)
+            self.ending.needs_attention(codes.INTEGRITY_CHAIN_BROKEN, reset, step=None)
         broken = evidence.verify_run(loaded.run, loaded.journal, loaded.ledger)
         if broken is not None and self.preloaded is None:
             with transaction.atomic(using=self.using):
@@ -238,7 +238,7 @@ class Execution:
                 self.run = again.run
         if broken is not None:
             logger.error("run %s: integrity chain broken: %s", self.run_id, broken)
-            self.ending.needs_attention(store.INTEGRITY_CHAIN_BROKEN, str(broken), step=None)
+            self.ending.needs_attention(codes.INTEGRITY_CHAIN_BROKEN, str(broken), step=None)
 
     def _run_workflow(self) -> None:
         handle = RunHandle(self)
@@ -262,7 +262,7 @@ class Execution:
         try:
             output = to_json_value(output, "the workflow's return value")
         except InvalidInput as exc:
-            self.ending.fail(store.INVALID_WORKFLOW_OUTPUT, str(exc))
+            self.ending.fail(codes.INVALID_WORKFLOW_OUTPUT, str(exc))
         self.ending.succeed(output)
 
     # -- run.step --------------------------------------------------------------
@@ -295,7 +295,7 @@ class Execution:
             # Step inputs are hashed, never stored: NUL and size are no concern here.
             text = validation.json_text(input, f"input of step {seq} ({name})", stored=False)
         except InvalidInput as exc:
-            self.ending.fail(store.INVALID_STEP_INPUT, str(exc))
+            self.ending.fail(codes.INVALID_STEP_INPUT, str(exc))
         # The value as JSON gives it back, and its hash, from one canonical text: the
         # text of that value is this text (``evidence.hash_value`` would make it again).
         input = json.loads(text)
@@ -362,7 +362,7 @@ class Execution:
         if seq >= self.definition.max_steps:
             self.journal.step_failed(
                 step,
-                store.MAX_STEPS_EXCEEDED,
+                codes.MAX_STEPS_EXCEEDED,
                 f"step {seq} is past max_steps={self.definition.max_steps}",
             )
         effect = action.effect
@@ -417,7 +417,7 @@ class Execution:
             entry, name, input_hash, self.definition.version
         )
         self.ending.needs_attention(
-            store.WORKFLOW_NONDETERMINISTIC, message, step=None, detail=detail
+            codes.WORKFLOW_NONDETERMINISTIC, message, step=None, detail=detail
         )
 
     def check_parked_step(self, seq: int, name: str, input_hash: str) -> None:
@@ -436,12 +436,12 @@ class Execution:
             seq, parked, name, input_hash, self.definition.version
         )
         self.ending.needs_attention(
-            store.WORKFLOW_NONDETERMINISTIC, message, step=None, detail=detail
+            codes.WORKFLOW_NONDETERMINISTIC, message, step=None, detail=detail
         )
 
     def _code_error(self, exc: Exception) -> NoReturn:
         message, detail = divergence.code_error(exc, self.definition.version)
-        self.ending.needs_attention(store.WORKFLOW_CODE_ERROR, message, step=None, detail=detail)
+        self.ending.needs_attention(codes.WORKFLOW_CODE_ERROR, message, step=None, detail=detail)
 
     # -- run.patched (``patches.py``) ---------------------------------------
 

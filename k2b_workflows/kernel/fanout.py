@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .. import store, validation
+from .. import codes, settings, validation
 from ..actions import Action, Effect, Succeeded
 from ..exceptions import InvalidInput, UnknownWorkflow
 from ..models import JournalEntry
@@ -93,14 +93,15 @@ class ChildrenStep:
         if step.seq >= max_steps:  # a children call is a step of the loop budget too
             self.journal.step_failed(
                 step,
-                store.MAX_STEPS_EXCEEDED,
+                codes.MAX_STEPS_EXCEEDED,
                 f"step {step.seq} is past max_steps={max_steps}",
             )
-        if len(inputs) > store.max_children_per_step():
+        if len(inputs) > settings.max_children_per_step():
             self.journal.step_failed(
                 step,
-                store.FAN_OUT_EXCEEDED,
-                f"{len(inputs)} children asked, at most {store.max_children_per_step()} per step",
+                codes.FAN_OUT_EXCEEDED,
+                f"{len(inputs)} children asked,"
+                f" at most {settings.max_children_per_step()} per step",
             )
         written = db.run_in_transaction(lambda: self._write(step, name, wait), self.claim.using)
         if written.tampered is not None:
@@ -164,7 +165,7 @@ def children_step(parent: Parent, name: str, inputs: list[Any], *, wait: bool = 
     try:
         inputs = validation.child_inputs(inputs, f"inputs of children step {seq}")
     except (InvalidInput, TypeError) as exc:
-        parent.ending.fail(store.INVALID_STEP_INPUT, str(exc))
+        parent.ending.fail(codes.INVALID_STEP_INPUT, str(exc))
     input_hash = evidence.hash_value(inputs)
     entry = parent.journal.get(seq)
     if entry is None:

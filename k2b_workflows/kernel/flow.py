@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
 
-from .. import counters, store, validation
+from .. import counters, settings, validation
 from ..exceptions import InvalidInput
 from ..triggers import PRESENCE_LOCK
 from .requeue import requeue_set
@@ -136,7 +136,7 @@ def start_fields(
         fields["concurrency_limit"] = declared.limit
     validation.integer(priority, "priority", minimum=0, maximum=MAX_PRIORITY)
     fields["priority"] = priority
-    fields["priority_credit_ms"] = priority * store.priority_aging_ms()
+    fields["priority_credit_ms"] = priority * settings.priority_aging_ms()
     if run_after is not None:
         if not isinstance(run_after, dt.datetime):
             raise InvalidInput(
@@ -316,7 +316,7 @@ def admit_dispatch(
     ``per`` plus ``RATE_LIMIT_MARGIN_MS`` (what may still pass between the stamp
     and the provider seeing the call).
     """
-    per_ms = limit.per_ms + store.rate_limit_margin_ms()
+    per_ms = limit.per_ms + settings.rate_limit_margin_ms()
     with connections[using].cursor() as cursor:
         cursor.execute(
             _RATE_ADMIT_SQL,

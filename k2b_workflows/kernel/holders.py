@@ -35,7 +35,7 @@ from typing import Any
 
 from django.db import connections
 
-from .. import store
+from .. import settings
 from ..triggers import PRESENCE_LOCK
 
 __all__ = ["IN_CALL", "PRESENCE_LOCK", "TAKE_PRESENCE_SQL", "present", "still_in_call"]
@@ -99,7 +99,7 @@ def still_in_call(using: str, run_id: Any, seq: int, invocation_key: str) -> str
     whoever took the run (a reaper of an older release, the runtime role setting
     the status back to ``queued``), the call is not raced (#47).
     """
-    params = [run_id, seq, invocation_key, run_id, seq, invocation_key, store.worker_fresh_ms()]
+    params = [run_id, seq, invocation_key, run_id, seq, invocation_key, settings.worker_fresh_ms()]
     with connections[using].cursor() as cursor:
         cursor.execute(_STILL_IN_CALL_SQL, params)
         row = cursor.fetchone()

@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
-from .. import redaction, store, validation
+from .. import redaction, settings, validation
 from ..actions import Action, Effect, Succeeded
 from ..exceptions import LeaseLost, RunCanceled, StepFailed
 from ..models import JournalEntry, LedgerEntry, WorkflowRun
@@ -197,7 +197,7 @@ class RunJournal:
             self.using,
             self.run_id,
             self.generation,
-            store.lease_ms(),
+            settings.lease_ms(),
             step,
             reset=self.reset if reset_failures else None,
         )
@@ -360,7 +360,7 @@ class RunJournal:
                         pending.entries,
                         self.last_hash,
                         self.using,
-                        lease_ms=store.lease_ms(),
+                        lease_ms=settings.lease_ms(),
                         reset=self.reset,
                     ),
                     self.using,
@@ -579,7 +579,7 @@ class Batch:
     ) -> None:
         self.journal = journal
         self.fence: evidence.Fence | None = evidence.Fence(
-            journal.generation, store.lease_ms(), step, journal.reset if reset_failures else None
+            journal.generation, settings.lease_ms(), step, journal.reset if reset_failures else None
         )
         head = journal.ledger_head
         self.head = evidence.LedgerHead(head.count, head.head)

@@ -24,7 +24,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.utils.crypto import salted_hmac
 
-from .. import store
+from .. import settings as k2b_settings
 
 _KEY_SALT = "k2b_workflows.evidence"
 
@@ -64,7 +64,7 @@ def evidence_keys() -> tuple[tuple[str, bytes], ...]:
 
 
 def _read_evidence_keys() -> list[tuple[str, bytes]]:
-    secrets = store.evidence_key_secrets()
+    secrets = k2b_settings.evidence_key_secrets()
     if secrets is None:
         secrets = [settings.SECRET_KEY, *getattr(settings, "SECRET_KEY_FALLBACKS", [])]
     if isinstance(secrets, (str, bytes)) or not secrets or not all(secrets):

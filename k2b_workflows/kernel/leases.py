@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import counters, store
+from .. import counters, settings
 from . import clock, db, flow, holders, weather
 from .claim import renew_leases
 
@@ -102,7 +102,7 @@ class LeaseKeeper:
     def action_started(
         self, run_id: uuid.UUID, timeout_s: float | None, external: bool = False
     ) -> None:
-        timeout = timeout_s if timeout_s is not None else store.action_timeout_ms() / 1000
+        timeout = timeout_s if timeout_s is not None else settings.action_timeout_ms() / 1000
         with self._lock:
             if run_id in self._runs:
                 # On the kernel's clock: a test that moves it past the timeout sees
@@ -214,7 +214,7 @@ class LeaseKeeper:
             if self._conn is None or self._conn.closed:
                 self.present.clear()
                 self._proxied = False
-                alias = store.listen_database() if self.worker_id else self.using
+                alias = settings.listen_database() if self.worker_id else self.using
                 self._conn = db.autocommit_connection(alias)
             if self.worker_id and not self.present.is_set() and not self._proxied:
                 # Not granted: held a moment by a takeover that tried it, or by our
@@ -260,7 +260,7 @@ class LeaseKeeper:
         delay = CHECK_INTERVAL_S
         while not self._stop.wait(delay):
             try:
-                renew_every = store.lease_ms() / 3000
+                renew_every = settings.lease_ms() / 3000
                 renew = time.monotonic() - last_renew >= renew_every
                 # Connected before anything needs renewing, and kept: a connection
                 # opened only when a lease is due may not be there to be had.
@@ -309,7 +309,7 @@ class LeaseKeeper:
         if not runs and not tasks:
             return
         conn = self._connection()
-        lease = store.lease_ms()
+        lease = settings.lease_ms()
         if runs and renew:
             keep = {}
             for run_id, held in runs.items():

@@ -8,7 +8,7 @@ crash. Every path of ``execute.py`` asks here.
 
 from __future__ import annotations
 
-from .. import store
+from .. import settings
 from ..actions import Action
 from ..retries import Retry, largest_action_bound
 from ..workflows import WorkflowDefinition
@@ -20,11 +20,11 @@ def policy_for(action: Action, definition: WorkflowDefinition) -> Retry | None:
 
 
 def max_attempts(policy: Retry | None) -> int:
-    return policy.max_attempts if policy is not None else store.max_consecutive_failures()
+    return policy.max_attempts if policy is not None else settings.max_consecutive_failures()
 
 
 def delay_ms(policy: Retry | None, failures: int) -> int:
-    return policy.delay_ms(failures) if policy is not None else store.backoff_ms(failures)
+    return policy.delay_ms(failures) if policy is not None else settings.backoff_ms(failures)
 
 
 def retries(policy: Retry | None, code: str | None) -> bool:

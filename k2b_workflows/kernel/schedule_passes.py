@@ -38,7 +38,7 @@ from typing import Any
 
 from django.db import transaction
 
-from .. import counters, store
+from .. import counters, settings
 from ..actions import to_json_value
 from ..exceptions import (
     DatabaseNotMigrated,
@@ -393,14 +393,14 @@ class _Plan:
         if self.spec.catch_up == CatchUp.ALL:
             due: list[dt.datetime] = []
             tick = first
-            while row.fire_at(tick) <= now and len(due) < store.schedule_max_catch_up():
+            while row.fire_at(tick) <= now and len(due) < settings.schedule_max_catch_up():
                 due.append(tick)
                 tick = self._after(tick)
             self.next_tick = tick
             return due
         latest = self._latest_due(first)
         self.next_tick = self._after(latest)
-        current_missed = now - row.fire_at(latest) > store.schedule_missed_after() or (
+        current_missed = now - row.fire_at(latest) > settings.schedule_missed_after() or (
             row.resumed_at is not None and latest <= row.resumed_at
         )
         fire = [] if current_missed else [latest]
@@ -465,7 +465,7 @@ SELECT count(*) FROM k2b_schedule
 
 def late_count(cursor: Any) -> int:
     """Late schedules, read through ``cursor`` (Django's or a raw psycopg one)."""
-    cursor.execute(LATE_COUNT_SQL, [store.schedule_missed_after_ms()])
+    cursor.execute(LATE_COUNT_SQL, [settings.schedule_missed_after_ms()])
     return int(cursor.fetchone()[0])
 
 
@@ -473,7 +473,7 @@ def late(using: str) -> list[tuple[str, str, dt.datetime, float]]:
     """(schedule id, workflow, when it was due, seconds late) of every late schedule."""
     return [
         (r[0], r[1], r[2], float(r[3]))
-        for r in db.fetchall(using, LATE_SQL, [store.schedule_missed_after_ms()])
+        for r in db.fetchall(using, LATE_SQL, [settings.schedule_missed_after_ms()])
     ]
 
 

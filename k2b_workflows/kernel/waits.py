@@ -20,9 +20,9 @@ import uuid
 from django.db import connections, transaction
 from django.utils import timezone
 
-from .. import store
+from .. import settings
 from ..actions import Dependency
-from ..store import CHANNEL
+from ..settings import CHANNEL
 from . import attempts, clock
 from .requeue import NOW, requeue_set
 
@@ -210,6 +210,6 @@ def purge_stale_rendezvous(using: str, *, force: bool = False, batch: int = 1000
     with connections[using].cursor() as cursor:
         cursor.execute(
             _PURGE_STALE_SQL,
-            [store.wake_retention_hours(), batch],
+            [settings.wake_retention_hours(), batch],
         )
         return cursor.rowcount

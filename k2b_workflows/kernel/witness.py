@@ -35,7 +35,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .. import store
+from .. import settings
 from . import db, evidence, hashing
 from .keys import evidence_keys
 
@@ -52,7 +52,7 @@ _FINAL = {"succeeded", "canceled"}
 
 def _enabled() -> Any:
     """The sink to call, ``logger`` for the logger, or None when nobody listens."""
-    sink = store.witness_sink()
+    sink = settings.witness_sink()
     if sink is not None:
         return sink
     return logger if logger.isEnabledFor(logging.INFO) else None
@@ -67,7 +67,7 @@ def goes_somewhere() -> bool:
     takes INFO, they go nowhere, and nothing said so. ``logging.lastResort``
     takes WARNING and up only, and a ``NullHandler`` drops them: neither counts.
     """
-    if store.witness_sink() is not None:
+    if settings.witness_sink() is not None:
         return True
     if not logger.isEnabledFor(logging.INFO):
         return False

@@ -38,7 +38,8 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from .. import control, scheduling, signals, store, validation
+from .. import control, scheduling, signals, validation
+from .. import settings as k2b_settings
 from ..actions import to_json_value
 from ..exceptions import InvalidInput, RunEndNotSealed
 from ..kernel import seals
@@ -250,7 +251,7 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
             for result in results:
                 signals_api.task_enqueued.send(sender=type(self), task_result=result)
 
-        transaction.on_commit(send, using=store.database())
+        transaction.on_commit(send, using=k2b_settings.database())
 
     # -- results ---------------------------------------------------------------------
 
@@ -263,7 +264,7 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
             raise TaskResultDoesNotExist(
                 f"{result_id!r:.100} is not a task result id (a run's UUID)"
             ) from None
-        using = store.database()
+        using = k2b_settings.database()
         run = (
             WorkflowRun.objects.using(using)
             .filter(pk=run_id, workflow_name__in=list(EFFECT_OF_WORKFLOW))
@@ -362,7 +363,7 @@ class _BulkInputs:
             self.value = validation.stored_json(text)
         except (InvalidInput, TypeError, ValueError):
             return
-        self.room = store.max_value_bytes() + 1 - len(text.encode())
+        self.room = k2b_settings.max_value_bytes() + 1 - len(text.encode())
 
     def encoded(self, args: Any, kwargs: Any) -> Any:
         """The input of a call ``run_input`` has checked, or None: encode it one by one."""
@@ -425,7 +426,7 @@ def _finished(sender: Any, *, run_id: Any, workflow_name: str, status: str, **kw
         result, sender = seen
         signals_api.task_finished.send(sender=sender, task_result=result)
         return
-    run = WorkflowRun.objects.using(store.database()).filter(pk=run_id).only("input").first()
+    run = WorkflowRun.objects.using(k2b_settings.database()).filter(pk=run_id).only("input").first()
     if run is None:
         return
     backend = _backend_named(run.input.get("backend", "default"))

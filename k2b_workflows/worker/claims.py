@@ -20,7 +20,7 @@ from typing import Any
 
 from django.db import DatabaseError, transaction
 
-from .. import store
+from .. import settings
 from ..kernel import ai, claim, db, weather
 from ..kernel.leases import LeaseKeeper
 from ..kernel.load import Preloaded, preload, preload_statement, preloaded
@@ -216,7 +216,7 @@ class Claims:
         ahead; a run whose row a step transaction of ours locks is left to its
         lease (``claim.hand_back`` skips it).
         """
-        lease = store.lease_ms()
+        lease = settings.lease_ms()
         external = self.keeper.external_in_flight()
         with self.lock:
             held = {

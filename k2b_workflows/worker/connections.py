@@ -19,7 +19,7 @@ from typing import Any
 from django.db import connections
 from django.db.backends.signals import connection_created
 
-from .. import store
+from .. import settings
 from ..kernel import weather
 
 _IDLE_TIMEOUT_SQL = "SELECT set_config('idle_in_transaction_session_timeout', %s, false)"
@@ -108,7 +108,7 @@ class ThreadConnections:
         with connection.cursor() as cursor:
             cursor.execute(
                 _IDLE_TIMEOUT_SQL,
-                [str(store.lease_ms())],
+                [str(settings.lease_ms())],
             )
 
     def unwatch(self) -> None:

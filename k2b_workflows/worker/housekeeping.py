@@ -16,7 +16,7 @@ from typing import Any
 
 from django.db import transaction
 
-from .. import store
+from .. import settings
 from ..kernel import ai, claim, flow, schedule_passes, waits
 from ..workflows import registered_versions
 from . import timeouts
@@ -107,7 +107,7 @@ class SchedulePasses:
         now = time.monotonic()
         if not force and now < self.next_check:
             return 0
-        interval = store.schedule_pass_interval_ms() / 1000
+        interval = settings.schedule_pass_interval_ms() / 1000
         self.next_check = now + interval
         versions: dict[str, set[int]] = {}
         for name, version in self.workflows():

@@ -48,7 +48,7 @@ from typing import TextIO
 
 from django.db import DatabaseError, connections
 
-from .. import fleet, metrics, store
+from .. import fleet, metrics, settings
 from ..kernel import claim, weather
 from ..kernel.leases import LeaseKeeper
 from ..kernel.load import Preloaded
@@ -102,7 +102,7 @@ class Worker:
         self.selection = Selection(app_ids, queues)
         self.concurrency = concurrency
         self.burst = burst
-        self.using = using or store.database()
+        self.using = using or settings.database()
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.listen = listen
         self.status_stream = status_stream
@@ -112,7 +112,7 @@ class Worker:
         self.keeper = LeaseKeeper(self.using, worker_id=self.worker_id)
         #: The claim loop waits for the keeper's connection (logged once per wait).
         self._keeper_waiting = False
-        self.prefetch = Prefetch(store.claim_prefetch(), concurrency)
+        self.prefetch = Prefetch(settings.claim_prefetch(), concurrency)
         self._lock = threading.Lock()
         self.claims = Claims(
             using=self.using,
@@ -242,7 +242,7 @@ class Worker:
         """LISTEN from now on. A burst worker starts listening only once it first waits:
         one that finds nothing to do exits without opening that connection."""
         if self.listen and self._listener is None:
-            self._listener = Listener(store.listen_database(), self.app_ids, self.wake)
+            self._listener = Listener(settings.listen_database(), self.app_ids, self.wake)
             self._listener.start()
 
     # -- start-up --------------------------------------------------------------
@@ -279,7 +279,7 @@ class Worker:
         """
         # Runs claimed ahead of the threads were never started: back to the queue now.
         self.claims.release_ready()
-        grace = store.shutdown_grace_ms() / 1000
+        grace = settings.shutdown_grace_ms() / 1000
         deadline = time.monotonic() + grace
         while not self.forced.is_set():
             with self._lock:
@@ -329,7 +329,7 @@ class Worker:
     # -- the loop ------------------------------------------------------------
 
     def _loop(self, pool: ThreadPoolExecutor) -> None:
-        poll = store.poll_interval_ms() / 1000
+        poll = settings.poll_interval_ms() / 1000
         backoff = weather.Backoff()
         while not self.stopping.is_set():
             try:

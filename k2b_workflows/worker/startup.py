@@ -17,7 +17,7 @@ from collections.abc import Callable
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
 
-from .. import store
+from .. import settings as k2b_settings
 from ..exceptions import DatabaseNotMigrated, DatabaseUnavailable
 from ..kernel import db, weather
 
@@ -119,7 +119,7 @@ def say_topology(worker_id: str, using: str, listen: bool) -> None:
     try:
         setup = topology.replication(using)
         problems = topology.pooler_problems(
-            using, store.listen_database() if listen else None, store.lease_ms()
+            using, k2b_settings.listen_database() if listen else None, k2b_settings.lease_ms()
         )
     except Exception as exc:
         logger.warning(

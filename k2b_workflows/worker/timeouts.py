@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import uuid
 
-from .. import codes, store
+from .. import codes, settings
 from ..kernel import db
 
 logger = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ def cancel_overdue(using: str | None = None, run_ids: list[uuid.UUID] | None = N
     each is checked again under its lock. Returns how many were canceled."""
     from ..control import cancel_run
 
-    using = using or store.database()
+    using = using or settings.database()
     canceled = 0
     for run_id in overdue(using) if run_ids is None else run_ids:
         run = cancel_run(

@@ -13,13 +13,13 @@ import logging
 import threading
 from collections.abc import Sequence
 
-from .. import metrics, store
+from .. import metrics, settings
 from ..kernel import db, waits, weather
 
 logger = logging.getLogger(__name__)
 
 
-_LISTEN_SQL = f"LISTEN {store.CHANNEL}"
+_LISTEN_SQL = f"LISTEN {settings.CHANNEL}"
 
 
 class Listener(threading.Thread):

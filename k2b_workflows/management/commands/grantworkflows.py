@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
-from k2b_workflows import roles, store
+from k2b_workflows import roles, settings
 
 
 class Command(BaseCommand):
@@ -29,7 +29,7 @@ class Command(BaseCommand):
     def handle(
         self, *args: Any, role: str, apply: bool, database: str | None, **options: Any
     ) -> None:
-        using = database or store.owner_database()
+        using = database or settings.owner_database()
         try:
             if apply:
                 statements = roles.apply_grants(role, using)

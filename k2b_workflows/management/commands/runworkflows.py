@@ -15,7 +15,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 
-from k2b_workflows import store
+from k2b_workflows import settings
 from k2b_workflows.exceptions import DatabaseNotMigrated, DatabaseUnavailable
 from k2b_workflows.kernel import weather
 from k2b_workflows.management import arguments
@@ -238,7 +238,7 @@ class Command(BaseCommand):
             burst=options.burst,
             health_file=options.health_file,
             metrics_port=options.metrics_port,
-            using=store.database(),
+            using=settings.database(),
         )
         code = supervisor.run()
         if code == 2:
@@ -317,14 +317,14 @@ class Command(BaseCommand):
         that expires meanwhile counts against the run. Better to say so at start.
         """
         try:
-            with connections[store.database()].cursor() as cursor:
+            with connections[settings.database()].cursor() as cursor:
                 cursor.execute(_CONNECTIONS_SQL)
                 max_conn, reserved, in_use, superuser, role_limit, role_in_use = cursor.fetchone()
         except DatabaseError as exc:
             if not weather.is_connection_error(exc):
                 raise
             # Unreachable for now: the worker's start-up waits for it (--wait-for-db).
-            weather.close_quietly(store.database())
+            weather.close_quietly(settings.database())
             return
         needed = (concurrency + EXTRA_CONNECTIONS) * processes
         asked = f"--concurrency {concurrency}"

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
-from k2b_workflows import store
+from k2b_workflows import settings
 from k2b_workflows.kernel import audit, contradictions, flow_audit, witness
 from k2b_workflows.lazy import LazyModule
 from k2b_workflows.management.arguments import integer
@@ -79,7 +79,7 @@ class Command(BaseCommand):
         witness: list[str],
         **options: Any,
     ) -> None:
-        using = database or store.database()
+        using = database or settings.database()
         if using not in connections:
             raise CommandError(
                 f"--database {using!r} is not an alias of DATABASES "

@@ -33,7 +33,7 @@ from django.core.exceptions import PermissionDenied
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
-from k2b_workflows import control, store, validation
+from k2b_workflows import control, settings, validation
 from k2b_workflows.exceptions import (
     DatabaseNotMigrated,
     EvidenceChanged,
@@ -181,7 +181,7 @@ def describe(run: WorkflowRun, *, steps: bool = False) -> dict[str, Any]:
             "since": _when(run.waiting_since),
         }
     if steps:
-        using = run._state.db or store.database()
+        using = run._state.db or settings.database()
         data["steps"] = [
             {
                 "seq": e.seq,
@@ -398,7 +398,7 @@ class Command(BaseCommand):
 
     def _retry(self, *, run_id: str, actor: str, reason: str, **options: Any) -> tuple:
         user = _actor(actor, "k2b_workflows.retry_workflowrun", any_of=VIEW_PERMISSIONS)
-        with transaction.atomic(using=store.database()):
+        with transaction.atomic(using=settings.database()):
             run = control.retry_workflow_run(run_id, actor=user, reason=reason)
             _log_change(user, run, f"Retry now: {reason}")
         return {"run": describe(run)}, f"{run.pk} {run.status}"
@@ -434,7 +434,7 @@ class Command(BaseCommand):
                 "(null if the action returns none)",
             )
         value = None if output is None else _json_option(output, "--output")
-        with transaction.atomic(using=store.database()):
+        with transaction.atomic(using=settings.database()):
             attention_step = _get_run(run_id).attention_step
             run = control.resolve_effect(
                 run_id,
@@ -453,7 +453,7 @@ class Command(BaseCommand):
 
 def _get_run(run_id: str) -> WorkflowRun:
     pk = validation.run_id(run_id)
-    run = WorkflowRun.objects.using(store.database()).filter(pk=pk).first()
+    run = WorkflowRun.objects.using(settings.database()).filter(pk=pk).first()
     if run is None:
         raise WorkflowRun.DoesNotExist(f"no run {pk}")
     return run

@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from k2b_workflows import store
+from k2b_workflows import settings
 from k2b_workflows.exceptions import DatabaseNotMigrated
 from k2b_workflows.kernel import clock, db
 from k2b_workflows.management import arguments
@@ -99,7 +99,7 @@ class Command(BaseCommand):
         limit: int,
         **options: Any,
     ) -> None:
-        runs = WorkflowRun.objects.using(store.database()).all()
+        runs = WorkflowRun.objects.using(settings.database()).all()
         if waiting:
             if statuses and statuses != [RunStatus.WAITING]:
                 raise CommandError("--waiting lists waiting runs only; drop --status")
@@ -114,7 +114,7 @@ class Command(BaseCommand):
         now = clock.now()
         listed = list(runs)
         # A queued run pinned to a version no live worker has would wait silently.
-        live = live_pairs(store.database())
+        live = live_pairs(settings.database())
         notes = [(r, run_code_note(r, live=live)) for r in listed if r.status == RunStatus.QUEUED]
         if waiting:
             headers = [

@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from k2b_workflows import store
+from k2b_workflows import settings
 from k2b_workflows.exceptions import InvalidInput
 from k2b_workflows.kernel import db, schedule_passes
 from k2b_workflows.management import arguments
@@ -60,7 +60,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="print one JSON object")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        using = store.database()
+        using = settings.database()
         try:
             with db.schema_required():
                 rows = list(WorkflowSchedule.objects.using(using).order_by("schedule_id"))

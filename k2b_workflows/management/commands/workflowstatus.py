@@ -18,7 +18,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import DatabaseError
 
-from k2b_workflows import fleet, store
+from k2b_workflows import fleet, settings
 from k2b_workflows.kernel import schedule_passes
 
 
@@ -54,7 +54,7 @@ class Command(BaseCommand):
                     "due": due.isoformat(),
                     "late_s": round(late, 1),
                 }
-                for schedule_id, workflow, due, late in schedule_passes.late(store.database())
+                for schedule_id, workflow, due, late in schedule_passes.late(settings.database())
             ]
         except DatabaseError as exc:
             self.stderr.write(f"cannot read the workflow tables: {exc}".strip())
