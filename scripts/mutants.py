@@ -431,7 +431,7 @@ MUTANTS = (
     Mutant(
         "reconcile-poll-bound",
         "k2b_workflows/kernel/effects.py",
-        "if isinstance(result, Waiting) and state.polls >= store.max_reconcile_polls():",
+        "if isinstance(result, Waiting) and state.polls >= settings.max_reconcile_polls():",
         "if False:",
         ("tests/misuse/test_misuse_runs.py",),
     ),
@@ -714,7 +714,7 @@ MUTANTS = (
         "                    pending.entries,\n"
         "                    prev,\n"
         "                    self.using,\n"
-        "                    lease_ms=store.lease_ms(),\n"
+        "                    lease_ms=settings.lease_ms(),\n"
         "                    reset=journal.reset,\n"
         "                )\n",
         "                pass\n",
@@ -791,8 +791,8 @@ MUTANTS = (
     Mutant(
         "live-means-fresh",
         "k2b_workflows/fleet.py",
-        "        [store.worker_fresh_ms()],\n",
-        "        [store.worker_lost_after_ms()],\n",
+        "        [settings.worker_fresh_ms()],\n",
+        "        [settings.worker_lost_after_ms()],\n",
         (
             "tests/worker/test_fleet.py::"
             "test_a_worker_silent_for_longer_than_fresh_is_not_live_before_it_is_marked_lost",
@@ -843,7 +843,7 @@ MUTANTS = (
     Mutant(
         "workers-page-late",
         "k2b_workflows/admin/workers.py",
-        "        if silent_ms > store.worker_fresh_ms():\n",
+        "        if silent_ms > settings.worker_fresh_ms():\n",
         "        if False:\n",
         (
             "tests/worker/test_fleet.py::"

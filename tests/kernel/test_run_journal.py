@@ -266,7 +266,7 @@ def test_an_external_result_the_run_lost_is_kept_as_late_evidence():
     assert (late.seq, late.generation) == (0, execution.generation)
     assert late.output_hash == evidence.hash_value(output)
     assert "taken over" in late.message
-    assert late.detail == {"output": evidence.redacted_summary(output)}
+    assert late.detail == {"output": evidence.redacted_summary(output), "outcome": "succeeded"}
     assert "4111111111111111" not in str(late.detail)
     assert fresh(run).generation == new_generation
     assert evidence.verify_chains(run.pk, "default") is None

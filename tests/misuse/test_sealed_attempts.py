@@ -12,11 +12,9 @@ may) so that an hour of backoff takes no time.
 
 from __future__ import annotations
 
-import io
 import time
 
 import pytest
-from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection
 
 from k2b_workflows import codes, retry_workflow_run, start_workflow_run
@@ -25,6 +23,7 @@ from k2b_workflows.models import WorkflowRun
 from tests.models import ProviderCall
 from tests.support import runtime_role
 from tests.support.admin import make_user
+from tests.support.misuse import verify
 from tests.support.processes import wait_for
 from tests.support.runtime_role import RUNTIME, as_runtime, refused
 from tests.tasks_app import tasks
@@ -46,15 +45,6 @@ def calls(action: str) -> int:
 
 def row(run_id) -> WorkflowRun:
     return WorkflowRun.objects.get(pk=run_id)
-
-
-def verify() -> str:
-    out = io.StringIO()
-    try:
-        call_command("verifyworkflows", "--database", "default", stdout=out)
-    except CommandError as exc:
-        return f"{out.getvalue()}FAILED {exc}"
-    return out.getvalue()
 
 
 def attack_until_settled(run_id, action: str, statement: str) -> tuple[int, int]:
@@ -97,45 +87,42 @@ CASES = {
 }
 
 
+def attacked(start_worker, case: str, statement: str, settles_as: str):
+    """Start ``case`` on a live worker, attack each wait for its retry with ``statement``
+    until the run settles as ``settles_as``: (the run, its action, refusals, accepted)."""
+    start, action = CASES[case]
+    run_id = start()
+    worker = start_worker("--concurrency", "1")
+    refusals, accepted = attack_until_settled(run_id, action, statement)
+    wait_for(
+        lambda: row(run_id).status == settles_as,
+        timeout=60,
+        message=lambda: f"{row(run_id).status}\n{worker.report()}",
+    )
+    return row(run_id), action, refusals, accepted
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_failure_count_set_back_by_the_runtime_role_is_refused_and_the_bound_holds(
     runtime, start_worker, case
 ):
-    start, action = CASES[case]
-    run_id = start()
-    worker = start_worker("--concurrency", "1")
-    refusals, accepted = attack_until_settled(run_id, action, RESET)
-    wait_for(
-        lambda: row(run_id).status == "failed",
-        timeout=60,
-        message=lambda: f"{row(run_id).status}\n{worker.report()}",
-    )
-    run = row(run_id)
+    run, action, refusals, accepted = attacked(start_worker, case, RESET, "failed")
     assert (run.error_code, calls(action)) == (codes.WORKFLOW_RETRY_EXHAUSTED, 3)
     assert (refusals, accepted) == (2, 0)
-    assert str(run_id) not in verify()
+    assert str(run.pk) not in verify()
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_reset_forged_under_a_number_of_its_own_stops_the_run_at_its_claim(
     runtime, start_worker, case
 ):
-    start, action = CASES[case]
-    run_id = start()
-    worker = start_worker("--concurrency", "1")
-    refusals, accepted = attack_until_settled(run_id, action, FORGED)
-    wait_for(
-        lambda: row(run_id).status == "needs_attention",
-        timeout=60,
-        message=lambda: f"{row(run_id).status}\n{worker.report()}",
-    )
-    run = row(run_id)
+    run, action, refusals, accepted = attacked(start_worker, case, FORGED, "needs_attention")
     assert run.error_code == codes.INTEGRITY_CHAIN_BROKEN
     assert "failure count" in run.error_message
     # The first attempt, and none after the forged reset.
     assert (calls(action), refusals, accepted) == (1, 0, 1)
     report = verify()
-    assert str(run_id) in report and "failure count" in report, report
+    assert str(run.pk) in report and "failure count" in report, report
 
 
 def test_a_failed_run_is_queued_again_only_by_an_operator(runtime, start_worker):

@@ -17,7 +17,7 @@ import logging
 import pytest
 from django.contrib import admin
 from django.core import checks
-from django.core.management import CommandError, call_command
+from django.core.management import call_command
 from django.db import connection
 
 from k2b_workflows import Schedule, schedule_workflow
@@ -26,6 +26,7 @@ from k2b_workflows.models import AiTask, TaskAttempt, WorkflowRun, WorkflowSched
 from k2b_workflows.testing import run_until_idle
 from tests.models import ProviderCall
 from tests.support import runtime_role
+from tests.support.misuse import verify
 from tests.support.runtime_role import RUNTIME, as_runtime
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", RUNTIME])
@@ -50,15 +51,6 @@ def make_due(schedule_id: str) -> WorkflowSchedule:
     row = WorkflowSchedule.objects.get(schedule_id=schedule_id)
     WorkflowSchedule.objects.filter(pk=row.pk).update(seal=schedule_seals.seal(row.sealed_values()))
     return row
-
-
-def verify() -> str:
-    out = io.StringIO()
-    try:
-        call_command("verifyworkflows", "--database", "default", stdout=out)
-    except CommandError as exc:
-        return f"{out.getvalue()}FAILED {exc}"
-    return out.getvalue()
 
 
 def assert_refused(caplog, schedule_id: str) -> None:

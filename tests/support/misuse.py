@@ -1,8 +1,22 @@
-"""Bad input loses nothing: ``Unchanged`` fails a test if any table gained or lost a row."""
+"""Bad input loses nothing (``Unchanged``), and what ``verifyworkflows`` says of an attack."""
 
 from __future__ import annotations
 
+import io
+
 from django.apps import apps
+from django.core.management import CommandError, call_command
+
+
+def verify() -> str:
+    """What ``verifyworkflows`` printed on the test database, and ``FAILED <why>`` when it
+    failed: a test reads which runs it named, and why."""
+    out = io.StringIO()
+    try:
+        call_command("verifyworkflows", "--database", "default", stdout=out)
+    except CommandError as exc:
+        return f"{out.getvalue()}FAILED {exc}"
+    return out.getvalue()
 
 
 def row_counts() -> dict[str, int]:
