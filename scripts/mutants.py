@@ -1097,18 +1097,65 @@ MUTANTS = (
     Mutant(
         "takeover-leaves-a-present-holder",
         "k2b_workflows/kernel/claim.py",
-        "_HELD = f\"(({holders.IN_CALL} OR k.holds_slot) AND {holders.present('k.claimed_by')})\"",
-        '_HELD = "false"',
+        "_HELD = (\n"
+        "    f\"(({holders.IN_CALL} AND {holders.inside('k.claimed_by', 'k.id::text')})\"\n"
+        "    f\" OR (k.holds_slot AND {holders.present('k.claimed_by')}))\"\n"
+        ")\n",
+        '_HELD = "false"\n',
         ("tests/crash/test_live_holders.py",),
     ),
     Mutant(
         "only-a-call-or-a-slot-is-left-to-its-holder",
         "k2b_workflows/kernel/claim.py",
-        '_HELD = f"(({holders.IN_CALL} OR k.holds_slot) AND',
-        '_HELD = f"((true) AND',
+        "    f\"(({holders.IN_CALL} AND {holders.inside('k.claimed_by', 'k.id::text')})\"\n"
+        "    f\" OR (k.holds_slot AND {holders.present('k.claimed_by')}))\"\n",
+        "    f\"((true AND {holders.present('k.claimed_by')})\"\n"
+        "    f\" OR (true AND {holders.present('k.claimed_by')}))\"\n",
         (
             "tests/crash/test_lease_takeovers.py::"
             "test_a_live_worker_whose_keeper_renewed_too_late_loses_the_run_without_a_failure",
+        ),
+    ),
+    Mutant(
+        "the-reap-asks-the-call-lock",
+        "k2b_workflows/kernel/claim.py",
+        "{holders.inside('k.claimed_by', 'k.id::text')}",
+        "{holders.present('k.claimed_by')}",
+        (
+            "tests/crash/test_live_holders.py::"
+            "test_a_dispatch_whose_answer_was_lost_is_reconciled_though_its_worker_lives",
+        ),
+    ),
+    Mutant(
+        "a-reporting-holder-is-inside-only-while-its-call-lock-is-held",
+        "k2b_workflows/kernel/holders.py",
+        'f" THEN NOT pg_catalog.pg_try_advisory_xact_lock({call})"',
+        'f" THEN pg_catalog.pg_try_advisory_xact_lock({call}) OR true"',
+        (
+            "tests/kernel/test_holders.py::test_a_live_worker_out_of_the_call_is_not_waited_for",
+            "tests/crash/test_live_holders.py::"
+            "test_a_dispatch_whose_answer_was_lost_is_reconciled_though_its_worker_lives",
+        ),
+    ),
+    Mutant(
+        "a-call-is-locked-before-it-is-dispatched",
+        "k2b_workflows/kernel/leases.py",
+        "            if self._reporting:\n                try:\n",
+        "            if False:\n                try:\n",
+        (
+            "tests/kernel/test_holders.py::test_a_live_worker_out_of_the_call_is_not_waited_for",
+            "tests/crash/test_live_holders.py::"
+            "test_a_run_set_back_to_queued_is_not_reconciled_while_its_holder_is_inside_the_call",
+        ),
+    ),
+    Mutant(
+        "calls-are-locked-before-the-keeper-reports",
+        "k2b_workflows/kernel/leases.py",
+        "        for run_id in self._calls - self._locked_calls:\n",
+        "        for run_id in ():\n",
+        (
+            "tests/kernel/test_holders.py::"
+            "test_a_keeper_that_reconnects_inside_a_call_locks_it_before_it_reports",
         ),
     ),
     Mutant(

@@ -168,8 +168,13 @@ _FREE = (
 #: ``reconcile()``, which a provider that has not seen the call yet answers
 #: "absent"; a keyed run's action would run a second time beside the first,
 #: two inside a limit-1 key. Left to its holder, the answer commits as if the
-#: lease had never lapsed: the fence checks the generation, not the clock.
-_HELD = f"(({holders.IN_CALL} OR k.holds_slot) AND {holders.present('k.claimed_by')})"
+#: lease had never lapsed: the fence checks the generation, not the clock. A
+#: holder that reports its calls and is out of this one (its answer lost with a
+#: failover) is not waited for (``holders.inside``); a slot waits while it is present.
+_HELD = (
+    f"(({holders.IN_CALL} AND {holders.inside('k.claimed_by', 'k.id::text')})"
+    f" OR (k.holds_slot AND {holders.present('k.claimed_by')}))"
+)
 
 _REAP_SQL = (
     "WITH"
@@ -248,6 +253,7 @@ def reap_expired(using: str, worker_id: str = "", executing: Sequence[Any] = ())
             [
                 worker_id,
                 worker_id,
+                settings.worker_fresh_ms(),
                 settings.worker_fresh_ms(),
                 worker_id,
                 list(executing),

@@ -18,6 +18,7 @@ the claim through ``ending.RunEnding``.
 from __future__ import annotations
 
 import abc
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -374,7 +375,26 @@ class External(EffectPath):
             self.denied(step, denial)
         invocation_key = f"{step.ctx.effect_key}:{state.attempts + 1}"
         step.ctx.invocation_key = invocation_key
+        keeper = self.claim.keeper
+        with keeper.calling(self.run_id) if keeper else contextlib.nullcontext():
+            result = self._dispatch_and_call(step, invocation_key)
+        if isinstance(result, Ambiguous):
+            journal.ledger_event(
+                step, LedgerEntry.Kind.OUTCOME_UNKNOWN, message=result.message or "", fenced=True
+            )
+            return self.reconcile(step, state)
+        if isinstance(result, Succeeded):
+            return journal.journal_success(step, result, ledger_kind=LedgerEntry.Kind.SUCCEEDED)
+        self._failed(step, result, LedgerEntry.Kind.FAILED)
+
+    def _dispatch_and_call(self, step: Step, invocation_key: str) -> Any:
+        """Commit the dispatch, then call ``run()``: the span of the keeper's call lock.
+
+        Returns what ``run()`` returned, or an ``Ambiguous`` for whatever it did
+        instead of answering (raised, returned something invalid)."""
+        journal = self.journal
         pending = journal.pending
+        state = journal.effects[step.seq]
 
         def dispatch() -> None:
             journal.fence(step.seq, reset_failures=pending is not None)
@@ -424,15 +444,7 @@ class External(EffectPath):
             raise
         except Exception as exc:
             result = Ambiguous(f"run() raised after dispatch: {type(exc).__name__}: {exc}")
-
-        if isinstance(result, Ambiguous):
-            journal.ledger_event(
-                step, LedgerEntry.Kind.OUTCOME_UNKNOWN, message=result.message or "", fenced=True
-            )
-            return self.reconcile(step, state)
-        if isinstance(result, Succeeded):
-            return journal.journal_success(step, result, ledger_kind=LedgerEntry.Kind.SUCCEEDED)
-        self._failed(step, result, LedgerEntry.Kind.FAILED)
+        return result
 
     def wait_for_holder(self, step: Step) -> None:
         """Queue the run again for a lease later if the worker that dispatched the open

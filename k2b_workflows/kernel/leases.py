@@ -17,7 +17,11 @@ a takeover leaves a run inside an external call to a holder whose lock is
 held, and a run ended under its action keeps its slot until that holder
 says, on this connection, that the action has left ``run()`` (``leave``).
 So it is opened on ``LISTEN_DATABASE``, the connection that must not go
-through a transaction pooler (a session lock there would outlive us).
+through a transaction pooler (a session lock there would outlive us). It
+also holds a call lock for each run whose external call the worker is
+inside (``calling``), and, once it holds all of those, the reporting lock
+that tells a takeover to trust them: a worker alive but out of the call
+(its answer lost with a failover) is not waited for.
 """
 
 from __future__ import annotations
@@ -79,6 +83,12 @@ class LeaseKeeper:
     _leaving: dict[Any, int] = field(default_factory=dict)
     #: The keeper's connection reaches PostgreSQL through a pooler or a proxy.
     _proxied: bool = False
+    #: The keeper's connection holds the reporting lock (``holders.REPORTING_LOCK``).
+    _reporting: bool = False
+    #: Runs whose external call this worker is inside (``calling``), and those of them
+    #: whose call lock the current connection holds. Guarded by ``_connecting``.
+    _calls: set[Any] = field(default_factory=set)
+    _locked_calls: set[Any] = field(default_factory=set)
     _runs: dict[Any, _Held] = field(default_factory=dict)
     _tasks: dict[Any, _Held] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -203,6 +213,7 @@ class LeaseKeeper:
         self._drop_connection()
 
     def _drop_connection(self) -> None:
+        self._reporting = False
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(Exception):
@@ -214,6 +225,8 @@ class LeaseKeeper:
             if self._conn is None or self._conn.closed:
                 self.present.clear()
                 self._proxied = False
+                self._reporting = False
+                self._locked_calls.clear()
                 alias = settings.listen_database() if self.worker_id else self.using
                 self._conn = db.autocommit_connection(alias)
             if self.worker_id and not self.present.is_set() and not self._proxied:
@@ -232,7 +245,57 @@ class LeaseKeeper:
                     )
                 elif row and row[0]:
                     self.present.set()
+            if self.worker_id and not self._reporting and not self._proxied:
+                self._report_calls(self._conn)
             return self._conn
+
+    def _report_calls(self, conn: Any) -> None:
+        """Take the call lock of every call we are inside, then the reporting lock.
+
+        In that order: a takeover that finds the reporting lock held takes a free
+        call lock for "not in that call". Not granted (a takeover held it a
+        moment), the reporting lock is asked again at the next tick.
+        """
+        for run_id in self._calls - self._locked_calls:
+            conn.execute(holders.LOCK_CALL_SQL, [self.worker_id, run_id])
+            self._locked_calls.add(run_id)
+        row = conn.execute(holders.TAKE_REPORTING_SQL, [self.worker_id]).fetchone()
+        self._reporting = bool(row and row[0])
+
+    @contextlib.contextmanager
+    def calling(self, run_id: uuid.UUID) -> Iterator[None]:
+        """Around an external call of ``run_id``: its dispatch's commit, then ``run()``.
+
+        Entered before the dispatch commits, left once ``run()`` has returned: a
+        takeover that reads the dispatch finds the call lock held for as long as
+        the call may go on (``holders.inside``). A lock that cannot be taken or
+        given back costs the connection, and the reporting lock with it: presence
+        then decides, which waits rather than races.
+        """
+        if not self.worker_id:
+            yield
+            return
+        with self._connecting:
+            self._calls.add(run_id)
+            if self._reporting:
+                try:
+                    self._conn.execute(holders.LOCK_CALL_SQL, [self.worker_id, run_id])
+                    self._locked_calls.add(run_id)
+                except Exception as exc:
+                    logger.warning("lease keeper: call lock not taken: %s", exc)
+                    self._drop_connection()
+        try:
+            yield
+        finally:
+            with self._connecting:
+                self._calls.discard(run_id)
+                if run_id in self._locked_calls:
+                    self._locked_calls.discard(run_id)
+                    try:
+                        self._conn.execute(holders.UNLOCK_CALL_SQL, [self.worker_id, run_id])
+                    except Exception as exc:
+                        logger.warning("lease keeper: call lock not given back: %s", exc)
+                        self._drop_connection()
 
     def leave(self, run_id: uuid.UUID, generation: int) -> None:
         """Our action has left ``run()`` of a run that ended under it: let its slot go.

@@ -28,8 +28,9 @@ from django.db import connection, connections, transaction
 
 from k2b_workflows import EFFECT_CONFIRMED, cancel_workflow_run, resolve_effect, start_workflow_run
 from k2b_workflows.codes import EFFECT_CONTRADICTED
-from k2b_workflows.kernel import claim
+from k2b_workflows.kernel import claim, db, evidence
 from k2b_workflows.kernel.execute import Execution
+from k2b_workflows.kernel.leases import LeaseKeeper
 from k2b_workflows.models import LedgerEntry, WorkflowRun
 from tests.models import ProviderCall
 from tests.support import runtime_role
@@ -38,6 +39,7 @@ from tests.support.kernel import (
     claim_for,
     describe,
     execute_exactly,
+    expire_lease,
     fresh,
     ledger_kinds,
     most_inside,
@@ -217,6 +219,44 @@ def test_a_rewritten_lease_takes_no_keyed_run_from_its_live_holder(start_worker,
     wait(lambda: ended(run), timeout=TIMEOUT, message=worker.report)
     assert fresh(run).status == "succeeded", describe(run)
     assert span_edges(key) == ["start", "end"]
+
+
+def test_a_dispatch_whose_answer_was_lost_is_reconciled_though_its_worker_lives(
+    start_worker, wait
+):
+    """What a failover to an asynchronous standby leaves: the new primary's ledger ends
+    with a dispatch whose answer its worker wrote to the old primary only, and that
+    worker lives on, long out of the call. Waited for while present, the run was
+    left to it by every reap and deferred by every claim, for ever (the worker's own
+    too). Out of the call (its call lock free), it is reconciled at once."""
+    alive = LeaseKeeper("default", worker_id="w-after-failover")
+    assert alive.connect() and alive.present.is_set()
+    try:
+        run = start_workflow_run("holders.charge_by_key", {})
+        generation = claim_for(run, worker_id="w-after-failover")
+        with transaction.atomic():
+            db.lock_run("default", run.pk)
+            evidence.append_ledger(
+                "default",
+                run_id=run.pk,
+                seq=0,
+                kind="dispatched",
+                generation=generation,
+                invocation_key=f"{run.pk}:0:1",
+                detail={"worker": "w-after-failover"},
+            )
+        expire_lease(run)
+        worker = start_worker("--concurrency", "1", env=env())
+        wait(lambda: ended(run), timeout=TIMEOUT, message=worker.report)
+    finally:
+        alive.stop()
+    done = fresh(run)
+    assert done.status == "succeeded", describe(done)
+    # Asked once, heard "absent" (the lost call never reached the provider), and
+    # dispatched again under its key: one charge. Claimed here, then by the worker.
+    assert [c.payload for c in provider("holders.reconcile")] == [{"found": False}]
+    assert len(provider("holders.slow_charge")) == 1
+    assert done.generation <= 3, describe(done)
 
 
 # -- slots ------------------------------------------------------------------------------

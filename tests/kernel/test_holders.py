@@ -4,17 +4,21 @@ A takeover replaying an open dispatch waits while the worker its dispatch entry
 names is present and nothing of that invocation was recorded since: every
 entry after a dispatch (its late result, "outcome unknown", a reconcile's
 answer or poll) is written once ``run()`` has returned. Here the worker's
-presence is its heartbeat row; the presence lock is the process tests' part
+presence is its heartbeat row, or a lease keeper of this process with its
+locks; a worker process is the process tests' part
 (``tests/crash/test_live_holders.py``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import pytest
 from django.db import connection, transaction
 
 from k2b_workflows import start_workflow_run
 from k2b_workflows.kernel import db, evidence, holders
+from k2b_workflows.kernel.leases import LeaseKeeper
 from k2b_workflows.models import WorkflowRun
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -68,3 +72,78 @@ def test_a_worker_gone_or_unnamed_is_not_waited_for():
     assert in_call(run, "k:2") is None
     noted(run, "dispatched", "k:3")  # a dispatch of a release that named no worker
     assert in_call(run, "k:3") is None
+
+
+@pytest.fixture
+def keeper() -> Iterator[LeaseKeeper]:
+    """A worker's lease keeper, connected: it holds the presence and reporting locks."""
+    keeper = LeaseKeeper("default", worker_id="w-keeper")
+    assert keeper.connect() and keeper.present.is_set()
+    try:
+        yield keeper
+    finally:
+        keeper.stop()
+
+
+def test_a_live_worker_out_of_the_call_is_not_waited_for(keeper):
+    """What a failover to an asynchronous standby leaves: the dispatch committed on the
+    new primary, the answer on the old one only, and the worker alive. Present is not
+    inside: waited for, the run was deferred for ever (by its own worker, too)."""
+    run = start_workflow_run("holders.charge", {})
+    beating("w-keeper")
+    noted(run, "dispatched", "k:1", worker="w-keeper")
+    assert in_call(run) is None
+    with keeper.calling(run.pk):
+        assert in_call(run) == "w-keeper"
+        other = start_workflow_run("holders.charge", {})
+        noted(other, "dispatched", "k:1", worker="w-keeper")
+        assert in_call(other) is None  # a call lock is the run's, not the worker's
+    assert in_call(run) is None
+
+
+def test_a_keeper_that_reconnects_inside_a_call_locks_it_before_it_reports(keeper):
+    run = start_workflow_run("holders.charge", {})
+    beating("w-keeper")
+    noted(run, "dispatched", "k:1", worker="w-keeper")
+    with keeper.calling(run.pk):
+        keeper._drop_connection()
+        # Between two connections: no lock at all, the fresh heartbeat keeps it inside.
+        assert in_call(run) == "w-keeper"
+        assert keeper.connect() and keeper._reporting
+        assert in_call(run) == "w-keeper"
+    assert in_call(run) is None
+
+
+def test_a_call_entered_before_the_keeper_reports_is_locked_when_it_does():
+    """A keeper that could not take the reporting lock yet (a takeover held it a moment)
+    locks the calls entered meanwhile before it takes it."""
+    run = start_workflow_run("holders.charge", {})
+    noted(run, "dispatched", "k:1", worker="w-late")
+    keeper = LeaseKeeper("default", worker_id="w-late")
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            held = holders.REPORTING_LOCK.format(worker="%s")
+            cursor.execute(f"SELECT pg_catalog.pg_advisory_xact_lock({held})", ["w-late"])
+            assert keeper.connect() and keeper.present.is_set() and not keeper._reporting
+            with keeper.calling(run.pk):
+                pass
+            calling = keeper.calling(run.pk)
+            calling.__enter__()
+        assert keeper.connect() and keeper._reporting
+        assert in_call(run) == "w-late"
+        calling.__exit__(None, None, None)
+        assert in_call(run) is None
+    finally:
+        keeper.stop()
+
+
+def test_a_worker_that_reports_no_calls_is_inside_while_present():
+    """A worker of an older release holds its presence lock and no call locks: waited
+    for while present, as before (a wait too long, never a race)."""
+    run = start_workflow_run("holders.charge", {})
+    noted(run, "dispatched", "k:1", worker="w-old")
+    with db.autocommit_connection("default") as old:
+        presence = holders.PRESENCE_LOCK.format(worker="%s")
+        old.execute(f"SELECT pg_catalog.pg_advisory_lock({presence})", ["w-old"])
+        assert in_call(run) == "w-old"
+    assert in_call(run) is None
