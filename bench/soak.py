@@ -365,6 +365,24 @@ class Soak:
             f"died {len(self.tally.died)}"
         )
 
+    def wait_for_workers(self, timeout: float = 120.0) -> None:
+        """The load, the chaos and the burners start once every worker has registered.
+
+        Started under the burners, a worker niced below them took longer than the
+        whole quick load to import Django: the task schedules were paused before
+        any worker had fired a tick, and the soak counted their ticks as lost.
+        Starving a worker that is running is what the soak is for.
+        """
+        deadline = time.monotonic() + timeout
+        pids = [worker.pid for worker in self.workers]
+        while (up := load.workers_up(pids)) < len(pids):
+            if time.monotonic() > deadline:
+                say(f"only {up} of {len(pids)} workers registered in {timeout:.0f} s; going on")
+                return
+            self.supervise()
+            pids = [worker.pid for worker in self.workers]
+            time.sleep(0.1)
+
     def main_loop(self) -> float:
         from django.db import connection
 
@@ -373,6 +391,7 @@ class Soak:
         for slot in range(self.args.workers):
             self.start_worker(slot)
         self.start_waker()
+        self.wait_for_workers()
         events = self.schedule()
         self.burners.start()
         t0 = time.monotonic()

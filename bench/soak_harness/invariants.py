@@ -243,7 +243,11 @@ def findings(
     )
     lost += missed_ticks(rows, schedules or {})
     stuck = rows(
-        """SELECT id, workflow_name, status, claimed_by, current_step FROM k2b_run
+        """SELECT id, workflow_name, status, claimed_by, current_step, generation,
+                  consecutive_failures, error_message, queue, concurrency_key, holds_slot,
+                  extract(epoch FROM run_after - k2b_now()) AS due_in_s,
+                  extract(epoch FROM k2b_now() - updated_at) AS untouched_s
+             FROM k2b_run
             WHERE status <> ALL(%s)""",
         [list(SETTLED)],
     )

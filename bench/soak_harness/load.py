@@ -157,6 +157,23 @@ def pause_schedules(attempts: int = 120) -> bool:
     return False
 
 
+def workers_up(pids: list[int]) -> int:
+    """How many of the worker processes ``pids`` have registered (a heartbeat row, alive)."""
+    from django.db import DatabaseError, InterfaceError, connection
+
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(DISTINCT pid) FROM k2b_worker"
+                " WHERE state = 'alive' AND pid = ANY(%s)",
+                [pids],
+            )
+            return cursor.fetchone()[0]
+    except (DatabaseError, InterfaceError):
+        connection.close()
+        return 0
+
+
 def counts() -> Any:
     """Runs by status, or None while the database cannot be read."""
     from collections import Counter
