@@ -221,9 +221,7 @@ def test_a_rewritten_lease_takes_no_keyed_run_from_its_live_holder(start_worker,
     assert span_edges(key) == ["start", "end"]
 
 
-def test_a_dispatch_whose_answer_was_lost_is_reconciled_though_its_worker_lives(
-    start_worker, wait
-):
+def test_a_dispatch_whose_answer_was_lost_is_reconciled_though_its_worker_lives(start_worker, wait):
     """What a failover to an asynchronous standby leaves: the new primary's ledger ends
     with a dispatch whose answer its worker wrote to the old primary only, and that
     worker lives on, long out of the call. Waited for while present, the run was
