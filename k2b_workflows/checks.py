@@ -468,3 +468,113 @@ def check_schedules(
                 )
             )
     return problems
+
+
+@register(Tags.compatibility)
+def check_task_overrides(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: object
+) -> list[CheckMessage]:
+    """``OPTIONS["tasks"]`` patterns that name no task: options that would silently
+    apply to nothing (a typo, a library that moved its tasks), so that its calls run
+    with the effect nobody chose for them."""
+    import importlib
+
+    from django.utils.module_loading import import_string
+
+    problems: list[CheckMessage] = []
+    for alias, config in (getattr(settings, "TASKS", None) or {}).items():
+        if not isinstance(config, dict) or not _is_our_backend(config.get("BACKEND")):
+            continue
+        options = config.get("OPTIONS") or {}
+        patterns = options.get("tasks") or {}
+        if not isinstance(patterns, dict):
+            continue  # the backend refuses it when it is made, with the reason
+        problems += _reconciles_import(alias, options, patterns)
+        for pattern in patterns:
+            label = f"TASKS[{alias!r}]['OPTIONS']['tasks'][{pattern!r}]"
+            if not isinstance(pattern, str):
+                continue
+            if pattern.endswith(".*"):
+                module = pattern[:-2]
+                try:
+                    importlib.import_module(module)
+                except Exception as exc:
+                    problems.append(
+                        Error(
+                            f"{label} names no task: module {module!r} does not import "
+                            f"({type(exc).__name__}: {exc})",
+                            id="k2b_workflows.E041",
+                        )
+                    )
+                continue
+            try:
+                found = import_string(pattern)
+            except Exception as exc:
+                found, why = None, f"it does not import ({type(exc).__name__}: {exc})"
+            else:
+                why = f"it is {type(found).__name__}, not a task"
+            backend = getattr(found, "backend", None) if _is_task(found) else None
+            if backend is None:
+                problems.append(Error(f"{label} names no task: {why}", id="k2b_workflows.E041"))
+            elif backend != alias:
+                problems.append(
+                    Error(
+                        f"{label}: that task is on backend {backend!r}, so these options "
+                        "never apply to it",
+                        hint=f"move the entry to TASKS[{backend!r}]['OPTIONS']['tasks']",
+                        id="k2b_workflows.E041",
+                    )
+                )
+    return problems
+
+
+def _reconciles_import(alias: str, options: dict, patterns: dict) -> list[CheckMessage]:
+    """Every ``reconcile`` settings name imports, as a callable: the backend does not
+    import them (settings name them before their modules can be imported)."""
+    from django.utils.module_loading import import_string
+
+    named = [(f"TASKS[{alias!r}]['OPTIONS']['reconcile']", options.get("reconcile"))]
+    named += [
+        (f"TASKS[{alias!r}]['OPTIONS']['tasks'][{pattern!r}]['reconcile']", values.get("reconcile"))
+        for pattern, values in patterns.items()
+        if isinstance(values, dict)
+    ]
+    problems: list[CheckMessage] = []
+    for label, path in named:
+        if not isinstance(path, str):
+            continue
+        problem: str | None = None
+        try:
+            if not callable(import_string(path)):
+                problem = "is not callable"
+        except Exception as exc:
+            problem = f"does not import ({type(exc).__name__}: {exc})"
+        if problem is not None:
+            problems.append(
+                Error(
+                    f"{label}: {path} {problem}: no worker could ask it, and every call it "
+                    "should settle would wait for an operator",
+                    id="k2b_workflows.E042",
+                )
+            )
+    return problems
+
+
+def _is_our_backend(path: object) -> bool:
+    if not isinstance(path, str):
+        return False
+    try:
+        from django.utils.module_loading import import_string
+
+        from .tasks.backend import WorkflowsBackend
+
+        found = import_string(path)
+    except Exception:
+        return False
+    return isinstance(found, type) and issubclass(found, WorkflowsBackend)
+
+
+def _is_task(value: object) -> bool:
+    from .tasks.compat import base_api
+
+    return isinstance(value, base_api.Task)

@@ -49,6 +49,11 @@ class Retry:
       together do not retry together.
     - ``non_retryable_codes``: codes of ``failed(..., retryable=True)`` that are
       not retried after all: the step fails with that code.
+    - ``on``: the exception classes a raised exception is retried for (a class,
+      or a tuple of classes or of their dotted paths); any other exception
+      fails the step (a task: the call ends FAILED) at once. Empty: every
+      exception, as before. Kept as dotted paths, matched against the raised
+      exception's classes by name: a worker need not import them to judge.
     """
 
     max_attempts: int
@@ -57,6 +62,7 @@ class Retry:
     jitter: bool = True
     non_retryable_codes: tuple[str, ...] | list[str] | frozenset[str] = ()
     multiplier: float = 2.0
+    on: Any = ()
 
     def __post_init__(self) -> None:
         attempts = self.max_attempts
@@ -91,6 +97,7 @@ class Retry:
         if cap is not None:
             object.__setattr__(self, "max_backoff", dt.timedelta(seconds=cap))
         object.__setattr__(self, "non_retryable_codes", tuple(codes))
+        object.__setattr__(self, "on", _exception_paths(self.on))
 
     def delay_ms(self, failures: int) -> int:
         """Delay before retry number ``failures`` (1-based)."""
@@ -111,6 +118,48 @@ class Retry:
     def retries(self, code: str | None) -> bool:
         """Whether a retryable failure with ``code`` is retried under this policy."""
         return code is None or code not in self.non_retryable_codes
+
+    def retries_exception(self, exc: BaseException) -> bool:
+        """Whether a raised ``exc`` is retried under this policy (``on``): its class or
+        one of its bases is named there, or ``on`` names none."""
+        return not self.on or any(class_path(c) in self.on for c in type(exc).__mro__)
+
+
+def class_path(cls: type) -> str:
+    """``module.QualifiedName``: how ``Retry.on`` names a class."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _exception_paths(value: Any) -> tuple[str, ...]:
+    """``Retry.on`` as the dotted paths of exception classes.
+
+    A path is imported once, here, to refuse a typo that would otherwise never
+    match and so silently retry nothing. Builtins may be named bare
+    (``"ConnectionError"``).
+    """
+    items = (value,) if isinstance(value, str | type) else value
+    if not isinstance(items, tuple | list | frozenset | set):
+        raise InvalidInput(
+            f"Retry.on must be an exception class or a tuple of them, not {value!r:.80}"
+        )
+    paths = []
+    for item in items:
+        if isinstance(item, str):
+            item = _import_exception(item)
+        if not (isinstance(item, type) and issubclass(item, BaseException)):
+            raise InvalidInput(f"Retry.on holds {item!r:.80}: exception classes only")
+        paths.append(class_path(item))
+    return tuple(dict.fromkeys(paths))
+
+
+def _import_exception(path: str) -> Any:
+    from django.utils.module_loading import import_string
+
+    dotted = path if "." in path else f"builtins.{path}"
+    try:
+        return import_string(dotted)
+    except ImportError as exc:
+        raise InvalidInput(f"Retry.on names {path!r}, which does not import: {exc}") from None
 
 
 def _as_timedelta(value: dt.timedelta | float) -> dt.timedelta:

@@ -78,6 +78,25 @@ TASKS = {
     "default": {
         "BACKEND": "k2b_workflows.tasks.WorkflowsBackend",
         "QUEUES": ["default", "mail", "reports"],
+        # Options for tasks "one does not own": by path, and for every task of a module.
+        "OPTIONS": {
+            "tasks": {
+                "tests.tasks_app.tasks.charge_reconciled": {
+                    "reconcile": "tests.tasks_app.tasks.was_charged"
+                },
+                "tests.tasks_app.tasks.picky": {
+                    "effect": "pure",
+                    "retry": Retry(
+                        max_attempts=3,
+                        backoff=0.01,
+                        jitter=False,
+                        on=(ConnectionError,),
+                    ),
+                },
+                "tests.tasks_app.library.*": {"effect": "idempotent"},
+                "tests.tasks_app.library.purge": {"effect": "pure"},
+            }
+        },
     },
     # One alias per declaration: on Django 6.0 @task takes no effect= or retry=, and
     # tests/tasks_app/tasks.py puts each task on the alias that declares it.

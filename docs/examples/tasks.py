@@ -87,3 +87,25 @@ def pay_partner(partner_id, amount):
     except InvalidTaskCall:
         return None  # over 500.00: refused, nothing enqueued
 # --8<-- [end:budget]
+
+
+# --8<-- [start:reconcile]
+from k2b_workflows import failed, succeeded  # noqa: E402
+
+
+def find_charge(context: TaskContext, order_id, amount):
+    """Did the call under this key happen? Asked on a worker, with the call's arguments,
+    when a crash left it unknown."""
+    made = gateway.find(idempotency_key=effect_key(context))
+    if made is not None:
+        return succeeded({"order": order_id, "charge": made.id})  # SUCCESSFUL, this value
+    # The gateway deduplicates by the key: calling again is safe, so "not found" may
+    # say "call it again". A lookup that can lag, with no dedup, returns unknown(...).
+    return failed("no charge under this key", retryable=True)
+
+
+@task(takes_context=True, effect="external", reconcile=find_charge)
+def charge_once(context: TaskContext, order_id, amount):
+    made = gateway.charge(amount, idempotency_key=effect_key(context))
+    return {"order": order_id, "charge": made.id}
+# --8<-- [end:reconcile]

@@ -146,10 +146,36 @@ class EffectPath(abc.ABC):
             # A kernel service the hook used (create_child_workflow_runs) refused before
             # any effect: the step fails with that code, journaled like any other failure.
             result = Failed(exc.message, exc.code)
+        except Exception as exc:
+            result = self._not_retried(step, hook, exc)
+            if result is None:
+                raise
         finally:
             if keeper:
                 keeper.action_finished(self.run_id)
         return validate_result(result, allowed, hook)
+
+    def _not_retried(self, step: Step, hook: str, exc: Exception) -> Failed | None:
+        """An exception ``run()`` raised that its policy's ``Retry(on=...)`` does not name:
+        the step fails at once, not retried. None: it goes on as any exception does
+        (a retry, or an unknown outcome after a dispatch).
+
+        Only ``run()`` of an action whose effect cannot have happened unseen: after an
+        external dispatch an exception is an unknown outcome whatever its class. The
+        kernel's own exceptions (a lost lease, a cancel, the database) are never
+        the action's failure.
+        """
+        policy = self.claim.retry_policy
+        if hook != "run" or policy is None or not policy.on or step.action.effect.is_external:
+            return None
+        if isinstance(exc, _KERNEL_ERRORS):
+            return None
+        if weather.is_connection_error(exc) or policy.retries_exception(exc):
+            return None
+        return Failed(
+            f"{type(exc).__name__}: {exc} (not retried: Retry(on=...) does not name it)",
+            codes.ACTION_FAILED,
+        )
 
     def authorize(self, step: Step) -> Failed | None:
         """Ask the action just before its effect. A denial is a ``Failed``; a result that
@@ -655,6 +681,10 @@ class External(EffectPath):
         ):
             self.ending.retry_later(f"step {step.seq} ({step.name}) failed: {result.message}")
         journal.step_failed(step, result.code or codes.ACTION_FAILED, result.message)
+
+
+#: Raised through an action's hook by the kernel itself, never the action's own failure.
+_KERNEL_ERRORS = (LeaseLost, RunCanceled, Suspend, DatabaseError, db.CommitOutcomeUnknown)
 
 
 def path_for(effect: Effect) -> type[EffectPath]:

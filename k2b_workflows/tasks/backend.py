@@ -59,6 +59,7 @@ from .exceptions import InvalidTaskArguments, InvalidTaskCall, TaskRunNotSealed
 from .names import EFFECT_OF_WORKFLOW, MAX_PATH
 from .options import (
     TaskOptions,
+    TaskOverride,
     call_cost,
     check_priority,
     check_within,
@@ -92,6 +93,12 @@ class WorkflowsTask(base_api.Task):
     callable taking the call's arguments (as the task does, without its
     context) and returning one. The two go together (None: the backend's
     ``OPTIONS``).
+    ``reconcile``: an external task's answer to "did this call happen?", asked
+    when a crash, a lost lease or a cut call left it unknown: a module-level
+    function (or its dotted path) taking the call's context (if the task takes
+    one) and arguments, returning ``succeeded(value)``, ``failed(message,
+    retryable=True)`` (it did not happen: call it again), ``failed(...)``
+    (FAILED) or ``unknown(reason)`` (an operator decides).
     """
 
     effect: str | None = None
@@ -103,6 +110,7 @@ class WorkflowsTask(base_api.Task):
     cost: dict[str, int] | Callable[..., dict[str, int]] | None = dataclasses.field(
         default=None, hash=False
     )
+    reconcile: Callable[..., Any] | str | None = None
 
 
 class WorkflowsBackend(backends_api.BaseTaskBackend):
@@ -119,6 +127,8 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
         super().__init__(alias, params)
         #: The options of the tasks that declare none (``TaskOptions.defaults``).
         self.defaults = TaskOptions.defaults(alias, self.options)
+        #: ``OPTIONS["tasks"]``: the options of tasks one does not own, by path or prefix.
+        self.overrides = TaskOverride.all(alias, self.options)
         #: task -> its ``TaskOptions``: read once per task, not once per call.
         self._options: dict[Any, TaskOptions] = {}
 
@@ -158,8 +168,8 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
         except KeyError:
             pass
         except TypeError:  # an unhashable task (an option's value is): read each time
-            return TaskOptions.of(task, self.alias, self.defaults)
-        options = TaskOptions.of(task, self.alias, self.defaults)
+            return TaskOptions.of(task, self.alias, self.defaults, self.overrides)
+        options = TaskOptions.of(task, self.alias, self.defaults, self.overrides)
         if len(self._options) >= MAX_REMEMBERED_TASKS:
             self._options.clear()  # tasks made by using() per call: start over
         self._options[task] = options

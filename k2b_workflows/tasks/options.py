@@ -42,7 +42,8 @@ import dataclasses
 import datetime as dt
 import functools
 import inspect
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -159,6 +160,41 @@ def _cost_spec(value: Any, where: str) -> dict[str, int] | str | None:
     return path
 
 
+def _reconcile(value: Any, where: str) -> str | None:
+    """A task's ``reconcile``: a module-level function, kept as its path (the worker
+    imports it there), or that path (``OPTIONS``, in settings).
+
+    A path is not imported here: settings name it before its module can be
+    imported (it is often the tasks' own module, being imported when the
+    backend is made). ``manage.py check`` imports it (``check_task_overrides``);
+    one that does not import on a worker is an unknown outcome, for an operator.
+    """
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if not _DOTTED.fullmatch(value) or len(value) > MAX_PATH:
+            raise InvalidTaskCall(
+                f"{where}: reconcile {value!r:.100} is not a function's dotted path"
+            )
+        return value
+    if not callable(value):
+        raise InvalidTaskCall(
+            f"{where}: reconcile must be a module-level function or its dotted path, "
+            f"not {value!r:.80}"
+        )
+    path = function_path(value)
+    if not _imports_back(path, value):
+        raise InvalidTaskCall(
+            f"{where}: reconcile {path} does not import back to that function, so no worker "
+            "could call it: define it at module level"
+        )
+    return path
+
+
+#: A dotted path of Python identifiers (``module.function``).
+_DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
+
+
 @functools.lru_cache(maxsize=1024)
 def _names(path: str, value: Any) -> bool:
     """Whether ``path`` imports back to ``value``."""
@@ -182,25 +218,39 @@ def retry_to_json(policy: Retry | None) -> dict[str, Any] | None:
     if policy is None:
         return None
     cap = policy.max_backoff
-    return {
+    value: dict[str, Any] = {
         "max_attempts": policy.max_attempts,
         "backoff_s": _seconds(policy.backoff),
         "max_backoff_s": None if cap is None else _seconds(cap),
         "jitter": policy.jitter,
         "multiplier": policy.multiplier,
     }
+    if policy.on:  # written only when given: the input of every other task is unchanged
+        value["on"] = list(policy.on)
+    return value
 
 
 def retry_from_json(value: dict[str, Any] | None) -> Retry | None:
     if value is None:
         return None
-    return Retry(
+    policy = Retry(
         max_attempts=value["max_attempts"],
         backoff=value["backoff_s"],
         max_backoff=value["max_backoff_s"],
         jitter=value["jitter"],
         multiplier=value["multiplier"],
     )
+    object.__setattr__(policy, "on", _on_from_json(value.get("on", ())))
+    return policy
+
+
+def _on_from_json(paths: Any) -> tuple[str, ...]:
+    """``Retry.on`` as a run's input holds it, kept as the paths it names: the worker
+    matches a raised exception's classes by name and imports none of them (a class
+    whose module is gone from the worker still names what it named)."""
+    if not isinstance(paths, list | tuple) or not all(isinstance(p, str) for p in paths):
+        raise InvalidInput(f"the task's Retry.on must be a list of class paths, not {paths!r:.80}")
+    return tuple(paths)
 
 
 def rate_limit_to_json(limit: RateLimit | None) -> dict[str, Any] | None:
@@ -225,6 +275,12 @@ def concurrency_from_json(limit: Any) -> Concurrency | None:
     if not isinstance(limit, dict):
         raise InvalidInput(f"the task's concurrency must be an object, not {limit!r:.80}")
     return Concurrency(limit.get("limit", 1), limit.get("strategy", Strategy.QUEUE))
+
+
+def _reconcile_from_input(value: Any) -> str | None:
+    if value is None:
+        return None
+    return validation.text(value, "the task's reconcile", max_length=MAX_PATH)
 
 
 def _seconds(value: dt.timedelta | float) -> float:
@@ -298,6 +354,12 @@ class TaskOptions:
     cost: dict[str, int] | str | None = option(
         check=_cost_spec, key="cost", decode=lambda input: input.get("cost"), written=_has_budget
     )
+    reconcile: str | None = option(
+        check=_reconcile,
+        key="reconcile",
+        decode=lambda input: _reconcile_from_input(input.get("reconcile")),
+        written=lambda options: options.reconcile is not None,
+    )
 
     @property
     def workflow_name(self) -> str:
@@ -307,12 +369,13 @@ class TaskOptions:
     @classmethod
     def defaults(cls, alias: str, configured: Mapping[str, Any]) -> dict[str, Any]:
         """The declared options of the tasks of backend ``alias`` that declare none, from its
-        ``OPTIONS``: unknown keys and bad values are ``ImproperlyConfigured``."""
-        unknown = set(configured) - set(DECLARED)
+        ``OPTIONS``: unknown keys and bad values are ``ImproperlyConfigured``.
+        ``OPTIONS["tasks"]`` is read by ``TaskOverride.all``."""
+        unknown = set(configured) - set(DECLARED) - {TASKS_KEY}
         if unknown:
             raise ImproperlyConfigured(
                 f"TASKS[{alias!r}]['OPTIONS'] has unknown keys {sorted(unknown)}: "
-                f"known are {sorted(DECLARED)}"
+                f"known are {sorted([*DECLARED, TASKS_KEY])}"
             )
         where = f"TASKS[{alias!r}]['OPTIONS']"
         try:
@@ -326,15 +389,30 @@ class TaskOptions:
         return values
 
     @classmethod
-    def of(cls, task: Any, alias: str, defaults: Mapping[str, Any]) -> TaskOptions:
+    def of(
+        cls,
+        task: Any,
+        alias: str,
+        defaults: Mapping[str, Any],
+        overrides: Sequence[TaskOverride] = (),
+    ) -> TaskOptions:
         """The options of ``task`` on backend ``alias``: each as the task declares it,
-        else ``defaults`` (``TaskOptions.defaults``). Raises ``InvalidInput``."""
+        else as the most specific of ``overrides`` (``OPTIONS["tasks"]``) that names
+        the task and declares it, else ``defaults`` (``TaskOptions.defaults``).
+        Raises ``InvalidInput``."""
         path = task_path(task)
         where = f"task {path}"
+        matching = [o for o in overrides if o.matches(path)]
         values = {}
         for name, spec in DECLARED.items():
             declared = getattr(task, name, None)
-            values[name] = defaults[name] if declared is None else spec.check(declared, where)  # type: ignore[misc]
+            if declared is not None:
+                values[name] = spec.check(declared, where)  # type: ignore[misc]
+                continue
+            given = next((o for o in matching if name in o.values), None)
+            values[name] = defaults[name] if given is None else given.values[name]
+        if matching:
+            where = f"{where} (with OPTIONS['tasks'] {', '.join(o.pattern for o in matching)})"
         check_together(where, values)
         return cls(
             path=path, backend=alias, queue=task.queue_name, priority=task.priority, **values
@@ -352,6 +430,87 @@ class TaskOptions:
     def from_input(cls, input: Mapping[str, Any], effect: str) -> TaskOptions:
         """The options a run's ``input`` holds, checked (``effect`` is its workflow's)."""
         return cls(effect=effect, **{name: input_option(input, name) for name in IN_INPUT})
+
+
+#: The key of ``OPTIONS`` that gives tasks one does not own their options.
+TASKS_KEY = "tasks"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TaskOverride:
+    """One entry of a backend's ``OPTIONS["tasks"]``: options for the tasks a pattern names.
+
+    For tasks one does not own (a library's bare ``@task()``): ``pattern`` is a
+    task's path (``"app.tasks.charge"``) or a module prefix ending in ``.*``
+    (``"wagtail.images.tasks.*"``, every task under it). ``values`` are the options
+    it declares, checked as ``OPTIONS``' own.
+    """
+
+    pattern: str
+    values: dict[str, Any]
+
+    @property
+    def prefix(self) -> str | None:
+        """The module prefix of a ``.*`` pattern, with its dot; None for a task's path."""
+        return self.pattern[:-1] if self.pattern.endswith(".*") else None
+
+    def matches(self, path: str) -> bool:
+        prefix = self.prefix
+        return path == self.pattern if prefix is None else path.startswith(prefix)
+
+    def specificity(self) -> tuple[int, int]:
+        """A task's own path before any prefix; a longer prefix before a shorter one."""
+        prefix = self.prefix
+        return (1, 0) if prefix is None else (0, len(prefix))
+
+    @classmethod
+    def all(cls, alias: str, configured: Mapping[str, Any]) -> tuple[TaskOverride, ...]:
+        """``OPTIONS["tasks"]`` of backend ``alias``, checked, the most specific first.
+
+        A pattern or a value that cannot be right is ``ImproperlyConfigured`` when the
+        backend is made; a pattern that names no task is the system check's (it
+        imports the task, which a backend must not do while Django loads).
+        """
+        given = configured.get(TASKS_KEY)
+        where = f"TASKS[{alias!r}]['OPTIONS'][{TASKS_KEY!r}]"
+        if given is None:
+            return ()
+        if not isinstance(given, Mapping):
+            raise ImproperlyConfigured(
+                f"{where} must be a dict of task path (or 'module.*') -> options, "
+                f"not {type(given).__name__}"
+            )
+        overrides = []
+        for pattern, values in given.items():
+            here = f"{where}[{pattern!r}]"
+            if not isinstance(pattern, str) or not _PATTERN.fullmatch(pattern):
+                raise ImproperlyConfigured(
+                    f"{where}: {pattern!r:.100} is not a task's dotted path nor a module "
+                    "prefix ending in '.*' (e.g. 'app.tasks.charge', 'wagtail.images.tasks.*')"
+                )
+            if not isinstance(values, Mapping) or not values:
+                raise ImproperlyConfigured(
+                    f"{here} must be a non-empty dict of options, not {values!r:.80}"
+                )
+            unknown = set(values) - set(DECLARED)
+            if unknown:
+                raise ImproperlyConfigured(
+                    f"{here} has unknown keys {sorted(unknown)}: known are {sorted(DECLARED)}"
+                )
+            try:
+                checked = {
+                    name: DECLARED[name].check(value, here)  # type: ignore[misc]
+                    for name, value in values.items()
+                }
+            except InvalidInput as exc:
+                raise ImproperlyConfigured(str(exc)) from None
+            overrides.append(cls(pattern, checked))
+        overrides.sort(key=cls.specificity, reverse=True)
+        return tuple(overrides)
+
+
+#: A task's path, or a module prefix ending in ``.*``: dotted Python identifiers.
+_PATTERN = re.compile(_DOTTED.pattern + r"(\.\*)?|[A-Za-z_]\w*\.\*")
 
 
 def _options() -> dict[str, Option]:
@@ -387,14 +546,20 @@ def check_input(input: Any) -> None:
 
 
 def check_together(where: str, values: Mapping[str, Any]) -> None:
-    """What the declared options may not be together: a budget and a cost go together,
-    on a task with an effect to guard.
+    """What the declared options may not be together: a reconcile is for an external
+    task; a budget and a cost go together, on a task with an effect to guard.
 
     A budget without a cost charges nothing and guards nothing; a cost without
     a budget is charged against no limit. A pure task has no effect to guard
     (and the kernel charges a pure step with its result, after it ran). A fixed
     cost over its budget fails every call: refused with the declaration.
     """
+    if values["reconcile"] is not None and values["effect"] != "external":
+        raise InvalidTaskCall(
+            f"{where}: reconcile applies to an external task (the only one whose outcome a "
+            f"crash leaves unknown), not to a {values['effect']} one: a {values['effect']} "
+            "call is run again instead"
+        )
     budget, cost = values["effect_budget"], values["cost"]
     if not budget and cost is None:
         return

@@ -32,9 +32,20 @@ from typing import Any
 
 from django.core.signals import setting_changed
 from django.utils import timezone
+from django.utils.module_loading import import_string
 
 from .. import codes
-from ..actions import Action, Effect, failed, succeeded_as_stored, to_json_value
+from ..actions import (
+    Action,
+    Effect,
+    Failed,
+    Succeeded,
+    Unknown,
+    failed,
+    succeeded_as_stored,
+    to_json_value,
+    unknown,
+)
 from ..exceptions import InvalidInput, LeaseLost, RunCanceled
 from ..kernel import hooks, seals, starts
 from ..kernel.budgets import CostRefused
@@ -217,10 +228,11 @@ class TaskAction(Action, abstract=True):
             )
             result.errors.append(error)
             remember(ctx.run_id, result, None, sender)
+            policy = type(self).retry
             return failed(
                 scrub_error(f"{type(exc).__name__}: {exc}"),
                 code=codes.TASK_FAILED,
-                retryable=type(self).retry is not None,
+                retryable=policy is not None and policy.retries_exception(exc),
             )
         finally:
             current_step.reset(token)
@@ -236,6 +248,57 @@ class TaskAction(Action, abstract=True):
             # On this thread's own loop, cancelled with the run (kernel/hooks.py).
             value = hooks.run_coroutine(value, ctx.canceled)
         return value
+
+
+class ReconcilingTaskAction(TaskAction, abstract=True):
+    """An external task that declares ``reconcile``: asked, after a crash, a lost lease
+    or a cut call left the call's outcome unknown, whether it happened.
+
+    Its answer is the task's own: ``failed(..., retryable=True)`` means "it did not
+    happen", and the call is made again as a new attempt (under the same
+    ``effect_key``, within its retry bound). So ``redispatch_when_absent``: the
+    task's author, who wrote the lookup, vouches that "absent" is safe to act on
+    (docs/tasks.md). ``waiting`` is no answer a task gives: it is ``unknown``.
+    """
+
+    redispatch_when_absent = True
+
+    def reconcile(self, ctx: Any, input: Any) -> Any:
+        run: WorkflowRun = ctx.run_row
+        path = input["task"]
+        try:
+            task = load_task(path)
+        except TaskUnavailable as exc:
+            return unknown(f"{exc}: its reconcile was not asked")
+        check = import_reconcile(input_option(input, "reconcile"))
+        result = running_result(task, run, input, attempt_number(ctx, run), timezone.now())
+        args = list(input["args"])
+        if task.takes_context:
+            args.insert(0, base_api.TaskContext(task_result=result))
+        token = current_step.set(ctx)
+        try:
+            answer = check(*args, **input["kwargs"])
+            if inspect.iscoroutine(answer):
+                answer = hooks.run_coroutine(answer, ctx.canceled)
+        finally:
+            current_step.reset(token)
+        if isinstance(answer, Succeeded):
+            return succeeded_as_stored(_json_return(answer.output), summary=f"task {path}")
+        if isinstance(answer, Failed | Unknown):
+            return answer
+        return unknown(
+            f"reconcile {input_option(input, 'reconcile')} returned {answer!r:.100}: a task's "
+            "reconcile returns succeeded(value), failed(message, retryable=...) or unknown(reason)"
+        )
+
+
+def import_reconcile(path: str) -> Any:
+    """The reconcile function at ``path``, on the worker. One that does not import is
+    raised: the kernel makes it an unknown outcome, for an operator."""
+    try:
+        return import_string(path)
+    except ImportError as exc:
+        raise RuntimeError(f"reconcile {path} does not import on this worker: {exc}") from exc
 
 
 def _json_return(value: Any) -> Any:
@@ -356,7 +419,8 @@ _actions: dict[tuple[Any, ...], type[TaskAction]] = {}
 def action_for(effect: str, input: Any) -> type[TaskAction]:
     """The step's action: named for the task's path, with its effect, retry and rate limit."""
     path = input["task"]
-    key = (effect, path, repr(input.get("retry")), repr(input.get("rate_limit")))
+    reconcile = input_option(input, "reconcile") if effect == "external" else None
+    key = (effect, path, repr(input.get("retry")), repr(input.get("rate_limit")), reconcile)
     cls = _actions.get(key)
     if cls is None:
         attrs: dict[str, Any] = {
@@ -368,7 +432,8 @@ def action_for(effect: str, input: Any) -> type[TaskAction]:
         rate_limit = input_option(input, "rate_limit")
         if rate_limit is not None:
             attrs["rate_limit"] = rate_limit
-        cls = _actions[key] = type(f"Task_{effect}", (TaskAction,), attrs)
+        base = TaskAction if reconcile is None else ReconcilingTaskAction
+        cls = _actions[key] = type(f"Task_{effect}", (base,), attrs)
     return cls
 
 

@@ -81,6 +81,9 @@ INLINE = {
     ),
     ("docs/security.md", "# settings.py"): "test_the_two_role_settings_pass_the_checks",
     ("docs/tasks.md", "# settings.py"): "test_the_tasks_setting_of_tasks_md_makes_the_backend",
+    ("docs/tasks.md", "# settings.py: tasks you do not own"): (
+        "test_the_tasks_you_do_not_own_of_tasks_md_make_the_backend"
+    ),
     ("docs/security.md", "LOGGING = {"): "test_the_witness_logging_of_security_md_writes_records",
     ("docs/security.md", ONE_LINE_WITNESS): (
         "misuse.test_witness_check.test_the_one_line_setup_of_security_md_silences_the_warning"
@@ -617,3 +620,17 @@ def test_the_tasks_setting_of_tasks_md_makes_the_backend() -> None:
     backend = WorkflowsBackend("default", params)
     assert backend.queues == {"default", "mail"}
     assert backend.default_effect == "external"
+
+
+def test_the_tasks_you_do_not_own_of_tasks_md_make_the_backend() -> None:
+    """The OPTIONS["tasks"] block of docs/tasks.md: the backend takes it, the most
+    specific entry first, each naming the options it gives."""
+    from k2b_workflows.tasks import WorkflowsBackend
+
+    namespace: dict[str, Any] = {}
+    exec(block("docs/tasks.md", "# settings.py: tasks you do not own").code, namespace)
+    backend = WorkflowsBackend("default", namespace["TASKS"]["default"])
+    found = {o.pattern: o.values for o in backend.overrides}
+    assert backend.overrides[0].pattern == "shop.vendor.charge"
+    assert found["wagtail.images.tasks.*"] == {"effect": "idempotent"}
+    assert found["shop.vendor.charge"] == {"reconcile": "shop.reconciles.find_charge"}

@@ -124,6 +124,7 @@ RUN_BY = {
         "test_the_tasks_example_charges_once_and_enqueues_nothing_when_the_order_fails",
         "test_the_tasks_example_invoices_many_and_schedules_one",
         "test_the_tasks_example_pays_out_within_its_budget_and_refuses_more",
+        "test_the_tasks_example_reconcile_finds_the_charge_or_says_call_again",
     ],
 }
 
@@ -1008,6 +1009,30 @@ def test_the_tasks_example_charges_once_and_enqueues_nothing_when_the_order_fail
         except RuntimeError:
             pass
         assert WorkflowRun.objects.count() == before
+
+
+def test_the_tasks_example_reconcile_finds_the_charge_or_says_call_again():
+    """The reconcile of docs/tasks.md, asked as a worker asks it (the crash that makes a
+    worker ask is tests/tasks/test_settle.py's): it finds a charge made under the
+    call's effect key, and says "call it again" for one never made."""
+    from docs.examples import providers
+    from k2b_workflows.actions import Failed, Succeeded
+    from k2b_workflows.tasks.compat import base_api
+
+    context, register = _tasks_example()
+    with context as (tasks,):
+        register()
+        options = tasks.charge_once.get_backend().options_of(tasks.charge_once)
+        assert options.reconcile == "docs.examples.tasks.find_charge"
+        made = tasks.charge_once.enqueue("o-9", 500)
+        run_until_idle()
+        never = tasks.charge_once.enqueue("o-10", 700)  # not run: nothing charged under its key
+        assert len(providers.gateway.charges) == 1
+        found = tasks.find_charge(base_api.TaskContext(task_result=made), "o-9", 500)
+        assert isinstance(found, Succeeded)
+        assert found.output == tasks.charge_once.get_result(made.id).return_value
+        missing = tasks.find_charge(base_api.TaskContext(task_result=never), "o-10", 700)
+        assert isinstance(missing, Failed) and missing.retryable
 
 
 def test_the_tasks_example_invoices_many_and_schedules_one():

@@ -133,3 +133,45 @@ def test_a_crash_counts_against_the_step_policy_bound():
         run_until_idle(app_ids=["tests"])
     assert_run_status(run, "failed", error_code=WORKFLOW_RETRY_EXHAUSTED)
     assert calls("callers.once_only") == 1
+
+
+@pytest.mark.parametrize(
+    ("raised", "attempts", "status"),
+    [
+        ("ConnectionError", 3, "succeeded"),  # named
+        ("ConnectionResetError", 3, "succeeded"),  # a subclass of one named
+        ("TimeoutError", 3, "succeeded"),  # named by its path
+        ("ValueError", 1, "failed"),  # not named: fails at once
+    ],
+)
+def test_retry_on_retries_only_the_exceptions_it_names(raised, attempts, status):
+    run = start_workflow_run("callers.picky", {"ok_at": 3, "raise": raised})
+    run_until_idle(app_ids=["tests"])
+    assert_run_status(run, status)
+    row = WorkflowRun.objects.get(pk=run.pk)
+    assert calls("callers.picky") == attempts
+    if status == "failed":
+        assert row.error_code == "ACTION_FAILED", row.error_message
+        assert "ValueError: flaky provider" in row.error_message
+        assert "Retry(on=...) does not name it" in row.error_message
+
+
+def test_retry_on_is_kept_as_class_paths_and_refuses_what_names_no_exception():
+    policy = Retry(3, on=(ConnectionError, "TimeoutError", "tests.tasks_app.tasks.Declined"))
+    assert policy.on == (
+        "builtins.ConnectionError",
+        "builtins.TimeoutError",
+        "tests.tasks_app.tasks.Declined",
+    )
+    assert Retry(3, on=KeyError).on == ("builtins.KeyError",)
+    assert policy.retries_exception(ConnectionRefusedError()) is True
+    assert policy.retries_exception(KeyError()) is False
+    assert Retry(3).retries_exception(KeyError()) is True  # empty: every exception
+    for bad, said in [
+        ("NoSuchError", "does not import"),
+        ("os.path", "exception classes only"),
+        (int, "exception classes only"),
+        (42, "exception class or a tuple"),
+    ]:
+        with pytest.raises(InvalidInput, match=said):
+            Retry(3, on=bad)

@@ -279,3 +279,51 @@ def cancels(run_id=None):
     if run_id is not None:
         cancel_workflow_run(run_id, "canceled while its end waited")
     return run_id
+
+
+# -- options from settings (OPTIONS["tasks"], tests/settings.py): a reconcile, Retry(on=) --
+
+
+class Declined(Exception):
+    """A provider's final "no": not worth a retry."""
+
+
+@task(takes_context=True)
+def charge_reconciled(context: TaskContext, order, crash=None, answer=None):
+    """EXTERNAL with a reconcile, both from ``OPTIONS["tasks"]``: a crash before or after
+    the provider's call is settled by ``was_charged``, not by an operator."""
+    crash_point({"crash": crash}, "task_reconciled_before")
+    _call("task.charge_reconciled", effect_key(context), {"order": order})
+    crash_point({"crash": crash}, "task_reconciled_after")
+    return {"charged": order}
+
+
+def was_charged(context: TaskContext, order, crash=None, answer=None):
+    """``charge_reconciled``'s reconcile: looks the charge up by its effect key, as a
+    provider's API would; ``answer`` makes it answer otherwise."""
+    from k2b_workflows import failed, succeeded, unknown
+
+    _call("task.was_charged", effect_key(context), {"order": order})
+    if answer == "unknown":
+        return unknown("the provider's lookup is down")
+    if answer == "raise":
+        raise RuntimeError("lookup failed")
+    if answer == "nonsense":
+        return {"charged": order}
+    if answer == "declined":
+        return failed("the provider declined it", retryable=False)
+    charged = ProviderCall.objects.filter(
+        action="task.charge_reconciled", effect_key=effect_key(context)
+    ).first()
+    if charged is None:
+        return failed("no charge under this key", retryable=True)
+    return succeeded({"charged": charged.payload["order"], "found": True})
+
+
+@task()
+def picky(key, raised):
+    """Retried only for what ``OPTIONS["tasks"]`` says (``Retry(on=...)``)."""
+    _call("task.picky", key)
+    if ProviderCall.objects.filter(action="task.picky", effect_key=key).count() < 3:
+        raise {"ConnectionError": ConnectionError, "Declined": Declined}[raised]("no")
+    return "ok"

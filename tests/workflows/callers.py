@@ -78,7 +78,28 @@ class Raises(Action):
         raise RuntimeError("provider down")
 
 
+RAISED = {
+    cls.__name__: cls for cls in (ConnectionError, ConnectionResetError, TimeoutError, ValueError)
+}
+
+
+class Picky(Action):
+    """Raises ``input["raise"]`` (a builtin exception's name) until its ``ok_at``-th call:
+    retried only for the classes its policy names (``Retry(on=...)``)."""
+
+    name = "callers.picky"
+    effect = Effect.IDEMPOTENT
+    retry = Retry(max_attempts=4, backoff=0.001, jitter=False, on=(ConnectionError, "TimeoutError"))
+
+    def run(self, ctx, input):
+        ProviderCall.objects.create(action=self.name, effect_key=ctx.effect_key)
+        if calls(self.name) < input["ok_at"]:
+            raise RAISED[input["raise"]]("flaky provider")
+        return succeeded({"calls": calls(self.name)})
+
+
 one_step("callers.flaky", FlakyUntil)
+one_step("callers.picky", Picky)
 one_step("callers.patient", PatientFlaky)
 one_step("callers.one_shot", OneShot)
 one_step("callers.once_only", OnceOnly)
