@@ -1140,8 +1140,8 @@ MUTANTS = (
     Mutant(
         "a-call-is-locked-before-it-is-dispatched",
         "k2b_workflows/kernel/leases.py",
-        "            if self._reporting:\n                try:\n",
-        "            if False:\n                try:\n",
+        "            if self._reporting:\n                unlocks = self._unlocking\n",
+        "            if False:\n                unlocks = self._unlocking\n",
         (
             "tests/kernel/test_holders.py::test_a_live_worker_out_of_the_call_is_not_waited_for",
             "tests/crash/test_live_holders.py::"
@@ -1537,6 +1537,50 @@ MUTANTS = (
         (
             "tests/worker/test_queue_pause.py::"
             "test_a_resume_wakes_an_idle_worker_of_another_app_at_once",
+        ),
+    ),
+    Mutant(
+        "late-end-as-written-refused-by-its-fence",
+        "k2b_workflows/kernel/ending.py",
+        "            # By the fence (not ours any more), or by the check of the chains.\n"
+        "            self.refuse_unless_ours(pending)\n",
+        "",
+        (
+            "tests/kernel/test_canceled_ends.py::"
+            "test_the_late_end_of_a_canceled_run_is_refused_once_and_says_what_became_of_the_result",
+            "tests/tasks/test_canceled_calls.py::"
+            "test_a_pure_task_canceled_under_its_call_ends_nothing_and_the_worker_goes_on",
+        ),
+    ),
+    Mutant(
+        "late-end-as-read-refused-by-its-fence",
+        "k2b_workflows/kernel/ending.py",
+        "            self.refuse_unless_ours(pending)\n"
+        '            logger.info("run %s: batched end refused (%s)", self.run_id, exc)\n',
+        '            logger.info("run %s: batched end refused (%s)", self.run_id, exc)\n',
+        (
+            "tests/kernel/test_canceled_ends.py::"
+            "test_an_end_that_reads_its_chains_first_is_refused_by_its_fence_once",
+        ),
+    ),
+    Mutant(
+        "late-end-asks-on-the-abort-signal",
+        "k2b_workflows/kernel/ending.py",
+        "                if self.claim.canceled.is_set():\n",
+        "                if False:\n",
+        (
+            "tests/kernel/test_canceled_ends.py::"
+            "test_the_abort_signal_refuses_the_end_of_a_canceled_run_before_anything_is_sent",
+        ),
+    ),
+    Mutant(
+        "batched-writes-refused-by-their-fence",
+        "k2b_workflows/kernel/journal.py",
+        "            if lost is not None:\n                raise lost from None\n",
+        "",
+        (
+            "tests/kernel/test_canceled_ends.py::"
+            "test_a_batched_write_of_a_canceled_run_is_refused_by_its_fence_once",
         ),
     ),
 )

@@ -60,6 +60,7 @@ __all__ = [
     "TAKE_PRESENCE_SQL",
     "TAKE_REPORTING_SQL",
     "UNLOCK_CALL_SQL",
+    "calls_sql",
     "inside",
     "present",
     "still_in_call",
@@ -100,6 +101,17 @@ LOCK_CALL_SQL = "SELECT pg_catalog.pg_advisory_lock({})".format(
 UNLOCK_CALL_SQL = "SELECT pg_catalog.pg_advisory_unlock({})".format(
     CALL_LOCK.format(worker="%s", run="%s::uuid::text")
 )
+
+
+def calls_sql(lock: bool, unlocks: int) -> str:
+    """One statement that takes a call lock (``lock``) and gives ``unlocks`` back: the
+    keeper gives a finished call's lock back with its next call's, one round trip a
+    call rather than two (or at its next tick, if no call comes first). Parameters:
+    the worker and the run of each, the lock's first."""
+    one = CALL_LOCK.format(worker="%s", run="%s::uuid::text")
+    parts = [f"pg_catalog.pg_advisory_lock({one})"] if lock else []
+    parts += [f"pg_catalog.pg_advisory_unlock({one})"] * unlocks
+    return "SELECT " + ", ".join(parts)
 
 
 def present(worker: str, fresh_ms: str = "%s") -> str:

@@ -89,6 +89,9 @@ class LeaseKeeper:
     #: whose call lock the current connection holds. Guarded by ``_connecting``.
     _calls: set[Any] = field(default_factory=set)
     _locked_calls: set[Any] = field(default_factory=set)
+    #: Calls left whose lock is still held: given back with the next call's lock, or at
+    #: the next tick. Held a moment too long, a lock makes a takeover wait, never race.
+    _unlocking: list[Any] = field(default_factory=list)
     _runs: dict[Any, _Held] = field(default_factory=dict)
     _tasks: dict[Any, _Held] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -227,6 +230,7 @@ class LeaseKeeper:
                 self._proxied = False
                 self._reporting = False
                 self._locked_calls.clear()
+                self._unlocking.clear()
                 alias = settings.listen_database() if self.worker_id else self.using
                 self._conn = db.autocommit_connection(alias)
             if self.worker_id and not self.present.is_set() and not self._proxied:
@@ -278,9 +282,14 @@ class LeaseKeeper:
         with self._connecting:
             self._calls.add(run_id)
             if self._reporting:
+                unlocks = self._unlocking
+                params = [self.worker_id, run_id]
+                for done in unlocks:
+                    params += [self.worker_id, done]
                 try:
-                    self._conn.execute(holders.LOCK_CALL_SQL, [self.worker_id, run_id])
+                    self._conn.execute(holders.calls_sql(True, len(unlocks)), params)
                     self._locked_calls.add(run_id)
+                    unlocks.clear()
                 except Exception as exc:
                     logger.warning("lease keeper: call lock not taken: %s", exc)
                     self._drop_connection()
@@ -291,11 +300,23 @@ class LeaseKeeper:
                 self._calls.discard(run_id)
                 if run_id in self._locked_calls:
                     self._locked_calls.discard(run_id)
-                    try:
-                        self._conn.execute(holders.UNLOCK_CALL_SQL, [self.worker_id, run_id])
-                    except Exception as exc:
-                        logger.warning("lease keeper: call lock not given back: %s", exc)
-                        self._drop_connection()
+                    self._unlocking.append(run_id)
+
+    def _give_back_calls(self) -> None:
+        """The locks of calls left since the last call began: at a tick, in one statement."""
+        with self._connecting:
+            unlocks = self._unlocking
+            if not unlocks or self._conn is None:
+                return
+            params: list[Any] = []
+            for done in unlocks:
+                params += [self.worker_id, done]
+            try:
+                self._conn.execute(holders.calls_sql(False, len(unlocks)), params)
+                unlocks.clear()
+            except Exception as exc:
+                logger.warning("lease keeper: call locks not given back: %s", exc)
+                self._drop_connection()
 
     def leave(self, run_id: uuid.UUID, generation: int) -> None:
         """Our action has left ``run()`` of a run that ended under it: let its slot go.
@@ -353,6 +374,7 @@ class LeaseKeeper:
 
     def tick(self, *, renew: bool) -> None:
         now = clock.monotonic()
+        self._give_back_calls()
         with self._lock:
             runs = dict(self._runs)
             tasks = dict(self._tasks)

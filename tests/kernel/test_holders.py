@@ -98,7 +98,25 @@ def test_a_live_worker_out_of_the_call_is_not_waited_for(keeper):
         other = start_workflow_run("holders.charge", {})
         noted(other, "dispatched", "k:1", worker="w-keeper")
         assert in_call(other) is None  # a call lock is the run's, not the worker's
+    # Given back with the next call's lock or at the keeper's next tick: a moment late,
+    # which makes a takeover wait, never race.
+    assert in_call(run) == "w-keeper"
+    keeper.tick(renew=False)
     assert in_call(run) is None
+
+
+def test_a_keepers_next_call_gives_the_last_ones_lock_back_in_the_same_statement(keeper):
+    first, second = (start_workflow_run("holders.charge", {}) for _ in range(2))
+    for run in (first, second):
+        noted(run, "dispatched", "k:1", worker="w-keeper")
+    with keeper.calling(first.pk):
+        pass
+    with keeper.calling(second.pk):
+        assert in_call(first) is None
+        assert in_call(second) == "w-keeper"
+    with keeper.calling(first.pk):  # the same run again while its lock is given back
+        assert in_call(first) == "w-keeper"
+        assert in_call(second) is None
 
 
 def test_a_keeper_that_reconnects_inside_a_call_locks_it_before_it_reports(keeper):
@@ -111,6 +129,7 @@ def test_a_keeper_that_reconnects_inside_a_call_locks_it_before_it_reports(keepe
         assert in_call(run) == "w-keeper"
         assert keeper.connect() and keeper._reporting
         assert in_call(run) == "w-keeper"
+    keeper.tick(renew=False)
     assert in_call(run) is None
 
 
@@ -132,6 +151,7 @@ def test_a_call_entered_before_the_keeper_reports_is_locked_when_it_does():
         assert keeper.connect() and keeper._reporting
         assert in_call(run) == "w-late"
         calling.__exit__(None, None, None)
+        keeper.tick(renew=False)
         assert in_call(run) is None
     finally:
         keeper.stop()

@@ -281,7 +281,7 @@ def _commits_of_each_run(ids: list[str]) -> set[tuple[int, int]]:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("task_name", "own_commits", "budget"),
-    [("add", (1, 0), 1.8), ("idempotent_noop", (1, 0), 1.8), ("external_noop", (1, 1), 2.8)],
+    [("add", (1, 0), 1.8), ("idempotent_noop", (1, 0), 1.8), ("external_noop", (1, 1), 3.8)],
 )
 def test_commits_per_task_after_enqueue(start_worker, task_name, own_commits, budget):
     """Counted, not timed. Each run's own writes: its success rides on its end, one
@@ -290,10 +290,13 @@ def test_commits_per_task_after_enqueue(start_worker, task_name, own_commits, bu
     tasks) and the worker's polls, ``xact_commit`` of the database around a ``--burst``
     worker, less an idle one's: measured 1.22-1.36 per pure or idempotent task and
     2.3-2.54 per external one on a loaded 2-core machine, where claims take few runs
-    each; bounded here at 1.8 and 2.8 (the load's share of claims, up to about
-    half a commit a task, stays under them), so that a query or a write per task
-    more (a signal that reads the run back, an attempt row per success) fails. The targets,
-    1.2 and 2.2, are measured by bench/compare.py on a quiet machine."""
+    each; an external call also takes its call lock on the keeper's connection
+    (``holders.CALL_LOCK``: one read-only statement, no WAL, its release riding on
+    the next call's), 3.08 measured. Bounded here at 1.8 and 3.8 (the load's share
+    of claims, up to about half a commit a task, stays under them), so that a
+    write per task more (a signal that reads the run back, an attempt row per
+    success) fails. The targets, 1.2 and 3.2, are measured by bench/compare.py on
+    a quiet machine."""
     from k2b_workflows.tasks import enqueue_many
 
     idle = _drain_commits(start_worker)
