@@ -259,7 +259,15 @@ _installed = False
 _install_lock = threading.Lock()
 
 
+#: django.tasks' loggers (Django's, the backport's): they log each task's end, a
+#: failed one with its exception and traceback, which may hold what its error was
+#: scrubbed of where it was stored.
+TASK_LOGGERS = ("django.tasks", "django_tasks")
+
+
 def _ours(name: str) -> bool:
+    if any(name == root or name.startswith(f"{root}.") for root in TASK_LOGGERS):
+        return True
     return (name == "k2b_workflows" or name.startswith("k2b_workflows.")) and (
         name not in UNSCRUBBED_LOGGERS
     )

@@ -433,8 +433,8 @@ def _finished(sender: Any, *, run_id: Any, workflow_name: str, status: str, **kw
         return
     seen = finished_result(run_id, status)
     if seen is not None:
-        result, sender = seen
-        signals_api.task_finished.send(sender=sender, task_result=result)
+        result, sender, error = seen
+        _send_finished(sender, result, error)
         return
     run = WorkflowRun.objects.using(k2b_settings.database()).filter(pk=run_id).only("input").first()
     if run is None:
@@ -444,6 +444,29 @@ def _finished(sender: Any, *, run_id: Any, workflow_name: str, status: str, **kw
         return
     result = backend.get_result(str(run_id))
     signals_api.task_finished.send(sender=type(backend), task_result=result)
+
+
+def _send_finished(sender: type, result: Any, error: BaseException | None) -> None:
+    """``task_finished``, sent while the task's own exception is the one being handled.
+
+    Django logs a failed task with ``logger.exception`` (for error monitoring):
+    it reads the exception being handled. The end commits inside the kernel's
+    handling of its own ``StepFailed``, so without this the log showed the
+    kernel's frames instead of the task's, once per failed task.
+    """
+    if error is None:
+        signals_api.task_finished.send(sender=sender, task_result=result)
+        return
+    # Raised here only to be the one handled: its traceback and the exception it
+    # was raised from (if any) are put back as the task left them, so that neither
+    # this frame nor the kernel's exception shows in the log.
+    tb, context, suppress = error.__traceback__, error.__context__, error.__suppress_context__
+    try:
+        raise error
+    except BaseException:
+        error.__traceback__, error.__context__ = tb, context
+        error.__suppress_context__ = suppress
+        signals_api.task_finished.send(sender=sender, task_result=result)
 
 
 signals.run_finished.connect(_finished, dispatch_uid="k2b_workflows.tasks.finished")

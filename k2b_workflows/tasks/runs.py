@@ -50,7 +50,7 @@ from ..exceptions import InvalidInput, LeaseLost, RunCanceled
 from ..kernel import hooks, seals, starts
 from ..kernel.budgets import CostRefused
 from ..kernel.hashing import canonical
-from ..models import RunStatus, TaskAttempt, WorkflowRun
+from ..models import LedgerEntry, RunStatus, TaskAttempt, WorkflowRun
 from ..redaction import scrub_error
 from ..workflows import RunHandle, workflow
 from .compat import InvalidTask as InvalidTask
@@ -90,9 +90,10 @@ def remember(run_id: Any, result: Any, value: Any, sender: type) -> None:
     last_attempts[run_id] = (result, value, sender)
 
 
-def finished_result(run_id: Any, status: str) -> tuple[Any, type] | None:
-    """The finished task's result from what its last attempt here saw, and the sender of
-    its signals (the class of the task's backend); None: nothing seen."""
+def finished_result(run_id: Any, status: str) -> tuple[Any, type, BaseException | None] | None:
+    """The finished task's result from what its last attempt here saw, the sender of
+    its signals (the class of the task's backend), and the exception that failed it
+    (None: it succeeded, or failed otherwise); None: nothing seen."""
     seen = last_attempts.pop(run_id, None)
     if seen is None:
         return None
@@ -105,7 +106,8 @@ def finished_result(run_id: Any, status: str) -> tuple[Any, type] | None:
     object.__setattr__(result, "finished_at", timezone.now())
     if succeeded:
         object.__setattr__(result, "_return_value", value)
-    return result, sender
+    error = value if not succeeded and isinstance(value, BaseException) else None
+    return result, sender, error
 
 
 class TaskUnavailable(Exception):
@@ -227,7 +229,10 @@ class TaskAction(Action, abstract=True):
                 traceback=_record(ctx, attempt, run.claimed_by, started, exc, exc),
             )
             result.errors.append(error)
-            remember(ctx.run_id, result, None, sender)
+            # Kept for the "finished" log line (``backend._finished``), its frames'
+            # locals let go: remembered runs are many, a traceback's line numbers small.
+            traceback.clear_frames(exc.__traceback__)
+            remember(ctx.run_id, result, exc, sender)
             policy = type(self).retry
             return failed(
                 scrub_error(f"{type(exc).__name__}: {exc}"),
@@ -554,6 +559,29 @@ def attempt_workers(rows: list[TaskAttempt], lost: list[str], before: int) -> li
     return ids + [by_attempt[n] for n in sorted(by_attempt)]
 
 
+def dispatch_workers(run: WorkflowRun) -> list[str]:
+    """The worker of each call of an external task's function: its dispatches, in order.
+
+    Each call is dispatched before it is made, whether it then failed, crashed,
+    was cut, or succeeded; a call made again after an operator's "effect
+    absent" or a reconcile's "absent" is one more. So ``TaskResult.attempts``
+    counts the calls of the function, not the rows its failures left. A run
+    claimed and about to call again (no dispatch of this claim yet) counts its
+    worker too.
+    """
+    rows = list(
+        LedgerEntry.objects.using(run._state.db or "default")
+        .filter(run_id=run.pk, kind=LedgerEntry.Kind.DISPATCHED)
+        .order_by("id")
+        .values_list("generation", "detail")
+    )
+    workers = [str((detail or {}).get("worker") or "") for _, detail in rows]
+    mine = any(generation == run.generation for generation, _ in rows)
+    if run.status == RunStatus.RUNNING and run.claimed_by and not mine:
+        workers.append(run.claimed_by)
+    return workers
+
+
 def _lost(run: WorkflowRun) -> list[str]:
     """The workers whose lease on ``run`` expired while its task ran: attempts of a
     pure or idempotent task (an external one's crash is not run again: its
@@ -579,10 +607,13 @@ def result_of(task: Any, run: WorkflowRun, rows: list[TaskAttempt], started: Any
     succeeded or while it runs, the attempt that holds it."""
     input = run.input
     rows = sealed_attempts(run.pk, rows)
-    worker_ids = attempt_workers(rows, _lost(run), 0)
     current = run.status in (RunStatus.RUNNING, RunStatus.SUCCEEDED, RunStatus.NEEDS_ATTENTION)
-    if current and run.claimed_by:
-        worker_ids.append(run.claimed_by)
+    if EFFECT_OF_WORKFLOW.get(run.workflow_name) == "external":
+        worker_ids = dispatch_workers(run)
+    else:
+        worker_ids = attempt_workers(rows, _lost(run), 0)
+        if current and run.claimed_by:
+            worker_ids.append(run.claimed_by)
     starts = [row.started_at for row in rows]
     if current and started is not None:
         starts.append(started)

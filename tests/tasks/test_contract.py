@@ -418,3 +418,28 @@ def test_tasks_enqueued_on_a_paused_queue_are_accepted_and_run_once_it_is_resume
     resume_queue("mail")
     run_until_idle(timeout=60)
     assert {t.mail.get_result(r.id).status for r in (one, *many)} == {SUCCESSFUL}
+
+
+def test_a_failed_task_is_logged_once_with_its_own_exception_not_the_kernels(caplog):
+    """Django logs a failed task with ``logger.exception``: the exception it reads is the
+    task's, with the task's frames, scrubbed as every stored error is (#51)."""
+    import logging
+
+    with caplog.at_level(logging.INFO):
+        result = t.boom.enqueue("password=hunter2 went wrong")
+        run_until_idle()
+    finished = [
+        r
+        for r in caplog.records
+        if r.name.split(".")[0] in ("django", "django_tasks")
+        and "state=FAILED" in r.getMessage()
+    ]
+    assert len(finished) == 1, [r.getMessage() for r in finished]
+    record = finished[0]
+    assert result.id in record.getMessage()
+    assert record.exc_info is not None and record.exc_info[0] is ValueError
+    text = logging.Formatter().format(record)
+    assert "tests/tasks_app/tasks.py" in text  # the task's own frame
+    assert "k2b_workflows/kernel" not in text and "StepFailed" not in text
+    assert "_send_finished" not in text
+    assert "hunter2" not in text

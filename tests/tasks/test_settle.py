@@ -78,6 +78,7 @@ def test_an_external_task_killed_after_its_charge_is_settled_by_its_reconcile(st
     settled = t.charge_reconciled.get_result(result.id)
     assert settled.status == SUCCESSFUL
     assert settled.return_value == {"charged": "o-1", "found": True}
+    assert settled.attempts == 1  # one call of the function, settled without another
     assert "reconciled" in ledger(result.id)
 
 
@@ -93,7 +94,13 @@ def test_a_call_its_reconcile_finds_absent_is_made_again_once(start_worker, wait
     charges = calls("task.charge_reconciled")
     assert len(charges) == 1
     assert charges[0].effect_key == calls("task.was_charged")[0].effect_key
-    assert t.charge_reconciled.get_result(result.id).return_value == {"charged": "o-2"}
+    settled = t.charge_reconciled.get_result(result.id)
+    assert settled.return_value == {"charged": "o-2"}
+    # Two calls of the function (the first cut before the provider): both counted,
+    # each named by its worker, the killed one first.
+    assert settled.attempts == 2
+    assert settled.worker_ids[0] != settled.worker_ids[1]
+    assert all(settled.worker_ids)
 
 
 @pytest.mark.crash
