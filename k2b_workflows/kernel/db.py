@@ -177,6 +177,23 @@ def lease_lost(using: str, run_id: uuid.UUID, generation: int) -> Exception:
     with connections[using].cursor() as cursor:
         cursor.execute(_RUN_STATE_SQL, [run_id])
         row = cursor.fetchone()
+    return _lost(run_id, generation, row)
+
+
+def not_ours(using: str, run_id: uuid.UUID, generation: int) -> Exception | None:
+    """The fence's error (``RunCanceled``, ``LeaseLost``) if ``generation`` no longer
+    holds ``run_id``, else None: a read, for a writer that learned only that its
+    write was refused (``BatchRefused``) or that something changed (the lease
+    keeper's abort signal), and must not write on for a run that is not its own."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(_RUN_STATE_SQL, [run_id])
+        row = cursor.fetchone()
+    if row is not None and row[0] == "running" and row[1] == generation:
+        return None
+    return _lost(run_id, generation, row)
+
+
+def _lost(run_id: uuid.UUID, generation: int, row: tuple | None) -> Exception:
     if row and row[0] == "canceled":
         return RunCanceled(f"run {run_id} was canceled")
     return LeaseLost(

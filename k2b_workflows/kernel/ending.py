@@ -112,26 +112,69 @@ class RunEnding:
 
     def succeed(self, output: Any) -> None:
         """End the run with ``output``: verified, fenced and sealed, in as few round trips
-        as the run allows. Returns once the run's end was written (or refused)."""
+        as the run allows. Returns once the run's end was written (or refused).
+
+        A run canceled (or taken over) while its last step ran is not this claim's
+        to end: the end is refused by the fence, the step's result kept as late
+        evidence where the kernel keeps one (``RunJournal.pending_lost``), and the
+        error raised says so in one line (``late_end``)."""
         pending = self.journal.pending
-        with contextlib.suppress(Suspend):
-            if pending is None or pending.ledger_kind is None or self._batches_end():
-                # Returns only when batched writes were refused: nothing was written.
-                self._finish(output, pending)
-            run_output = canonical_json(output)
-            self.transition(
-                SUCCEED_SQL,
-                [
-                    run_output,
-                    self.end_seal("succeeded", "", run_output),
-                    self.run_id,
-                    self.generation,
-                ],
-                Outcome.SUCCEEDED,
-                terminal=True,
-                verify=True,
-                told={"error_code": ""},
-            )
+        try:
+            with contextlib.suppress(Suspend):
+                if self.claim.canceled.is_set():
+                    # The lease keeper saw the run end or change hands under the step (or
+                    # the step's timeout pass): ask before sending an end it may not write.
+                    self.refuse_unless_ours(pending)
+                if pending is None or pending.ledger_kind is None or self._batches_end():
+                    # Returns only when batched writes were refused: nothing was written.
+                    self._finish(output, pending)
+                run_output = canonical_json(output)
+                self.transition(
+                    SUCCEED_SQL,
+                    [
+                        run_output,
+                        self.end_seal("succeeded", "", run_output),
+                        self.run_id,
+                        self.generation,
+                    ],
+                    Outcome.SUCCEEDED,
+                    terminal=True,
+                    verify=True,
+                    told={"error_code": ""},
+                )
+        except (LeaseLost, RunCanceled) as exc:
+            raise self.late_end(exc, pending) from exc
+
+    def refuse_unless_ours(self, pending: Pending | None) -> None:
+        """Raise the fence's error (``RunCanceled``, ``LeaseLost``) when this claim no
+        longer holds the run, ``pending`` kept as late evidence where the kernel keeps
+        one; return when it still does.
+
+        For a writer that learned only that its batched end was refused
+        (``db.BatchRefused``: the fence, or a chain moved by someone else) or that
+        the keeper raised the abort signal: an end of a run that is not its own is
+        not tried again, one way after another, for the database to refuse each time.
+        """
+        lost = db.not_ours(self.using, self.run_id, self.generation)
+        if lost is not None:
+            self.journal.pending_lost(pending)
+            raise lost
+
+    def late_end(
+        self, exc: LeaseLost | RunCanceled, pending: Pending | None
+    ) -> LeaseLost | RunCanceled:
+        """``exc`` saying what became of the result this claim could not end the run with:
+        the worker logs it as the one line of this claim's end (``Execution.execute``)."""
+        if pending is None:
+            what = "its end is not written"
+        elif pending.ledger_kind:
+            what = "its result is recorded as late evidence, not as the run's end"
+        else:
+            what = "its result is dropped, not written as the run's end"
+        if not isinstance(exc, RunCanceled):
+            return LeaseLost(f"{exc}: {what}")
+        when = "while its step ran" if pending is not None else "before this worker ended it"
+        return RunCanceled(f"run {self.run_id} was canceled {when}: {what}")
 
     def _batches_end(self) -> bool:
         """Whether the run's end may go as batched statements (``end_as_written``, or
@@ -181,6 +224,8 @@ class RunEnding:
             else:
                 rows = db.commit_batch(self.using, batch.statements)
         except db.BatchRefused as exc:
+            # By the fence (not ours any more), or by the check of the chains.
+            self.refuse_unless_ours(pending)
             logger.info("run %s: end as written refused (%s)", self.run_id, exc)
             return False
         if evidence.written_row(rows[0]) is None:  # nothing ended: an empty transaction
@@ -244,6 +289,7 @@ class RunEnding:
                     finished(rows[0])
                     batch.committed(rows)
         except db.BatchRefused as exc:
+            self.refuse_unless_ours(pending)
             logger.info("run %s: batched end refused (%s)", self.run_id, exc)
             return False
         except (LeaseLost, RunCanceled):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import threading
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
@@ -71,6 +72,9 @@ class Claim(Protocol):
     release_pending: bool
     #: Where a pure end may commit with the next runs' ends (``together.py``), or None.
     together: EndsTogether | None
+    #: The abort signal: set by the lease keeper when the run ended or changed hands
+    #: under the claim (or its step's timeout passed), read before the run's end.
+    canceled: threading.Event
 
 
 @dataclass
@@ -569,9 +573,10 @@ class Batch:
     and its chains as this execution believes fails, and the transaction with it.
     The first also fences the run, holding its row lock for the rest. Nothing is
     applied to the journal (ledger head, hashes, events) before the commit.
-    ``commit()`` False: nothing was written (not ours any more, a chain moved by
-    someone else; a conflict is retried by ``db.commit_batch``); the caller runs
-    the same writes one statement at a time, which knows why and says so.
+    ``commit()`` False: nothing was written (a chain moved by someone else; a
+    conflict is retried by ``db.commit_batch``); the caller runs the same writes
+    one statement at a time, which knows why and says so. A run that is not ours
+    any more (canceled, ended, taken over) is the fence's error instead.
     """
 
     def __init__(
@@ -632,11 +637,18 @@ class Batch:
             )
 
     def commit(self) -> bool:
-        """Send it all with BEGIN and COMMIT; False when a guard refused it."""
+        """Send it all with BEGIN and COMMIT; False when a guard refused it, the fence's
+        error (``RunCanceled``, ``LeaseLost``) when that guard was the fence."""
+        journal = self.journal
         try:
-            rows = db.commit_batch(self.journal.using, self.statements)
+            rows = db.commit_batch(journal.using, self.statements)
         except db.BatchRefused as exc:
-            logger.info("run %s: batched writes refused (%s)", self.journal.run_id, exc)
+            # Refused by the fence (the run canceled, ended or taken over meanwhile): the
+            # fence's error, not the same writes again for the database to refuse.
+            lost = db.not_ours(journal.using, journal.run_id, journal.generation)
+            if lost is not None:
+                raise lost from None
+            logger.info("run %s: batched writes refused (%s)", journal.run_id, exc)
             return False
         self.committed(rows)
         return True

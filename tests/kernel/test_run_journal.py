@@ -424,11 +424,13 @@ def test_a_batch_on_a_stale_ledger_head_writes_nothing_and_one_on_a_fresh_head_c
 
 
 def test_a_batch_after_a_takeover_writes_nothing():
+    """Refused by its fence: the fence's error, not the writes again one at a time (#51)."""
     run, execution = _started()
     step = new_step(execution, 0, UnitExternal, invocation=1)
     batch = _batch_with_dispatch(execution, step)
     take_over(run)
-    assert batch.commit() is False
+    with pytest.raises(LeaseLost):
+        batch.commit()
     assert _ledger(run) == [] and execution.journal.ledger_head.count == 0
 
 
