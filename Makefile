@@ -64,10 +64,16 @@ $(STAMP): pyproject.toml $(wildcard k2b_workflows/__init__.py)
 # The package is not on PyPI yet: this wheel (or a VCS URL) is how a site installs it
 # (docs/getting-started.md). tests/docs/test_wheel.py builds one, checks that it holds
 # every file of the package and installs it into a bare venv.
-dist: venv
+# The wheel needs build and twine, not the development environment (selenium,
+# mkdocs, mypy...): a venv of its own with those two.
+DIST_VENV ?= .venv-dist
+$(DIST_VENV)/bin/python:
+	$(PYTHON) -m venv $(DIST_VENV)
+dist: $(DIST_VENV)/bin/python
+	@$(DIST_VENV)/bin/python -m pip install -q --disable-pip-version-check build twine
 	rm -rf build dist
-	$(PY) -m build --outdir dist .
-	$(PY) -m twine check --strict dist/*
+	$(DIST_VENV)/bin/python -m build --outdir dist .
+	$(DIST_VENV)/bin/python -m twine check --strict dist/*
 
 db: venv
 	@$(WITH_DB) echo "DATABASE_URL=$$DATABASE_URL"
@@ -159,4 +165,4 @@ clean:
 		-name __pycache__ -type d -exec rm -rf {} +
 
 distclean: db-stop clean
-	rm -rf $(VENV) .pgdata .tox
+	rm -rf $(VENV) $(DIST_VENV) .pgdata .tox

@@ -201,7 +201,7 @@ def _expire_lease(using: str, run_id: uuid.UUID, generation: int) -> None:
 
 
 @contextlib.contextmanager
-def crash_after_effect(action: type, *, times: int = 1) -> Iterator[list[Any]]:
+def crash_after_effect(action: Any, *, times: int = 1) -> Iterator[list[Any]]:
     """Make the next ``times`` calls of ``action.run()`` crash right after their effect.
 
     Inside the block, ``run()`` runs for real and then raises ``SimulatedCrash``
@@ -212,28 +212,43 @@ def crash_after_effect(action: type, *, times: int = 1) -> Iterator[list[Any]]:
     an IDEMPOTENT one runs again with the same ``effect_key``; a TRANSACTIONAL
     one was rolled back with its journal entry. Yields the list of the results
     ``run()`` returned before each crash.
+
+    ``action`` may also be a django.tasks task (what ``@task`` made): its calls
+    crash once the function has returned (or raised), as if the worker died
+    before it could record the answer; an external task is then reconciled
+    (its ``reconcile``, or an incident), a pure or idempotent one runs again.
     """
-    original = action.__dict__.get("run")
+    path = getattr(action, "module_path", None)
+    if path is not None and not isinstance(action, type):
+        from .tasks import runs as task_runs
+
+        owner: Any = task_runs.TaskAction
+    else:
+        owner = action
+    original = owner.__dict__.get("run")
     if original is None:
-        raise TypeError(f"{action.__name__} does not define run()")
+        raise TypeError(f"{getattr(action, '__name__', action)!r} does not define run()")
     remaining = [times]
     lost: list[Any] = []
+    name = path or action.__name__
 
     def run(self: Any, ctx: Any, input: Any) -> Any:
         result = original(self, ctx, input)
         if inspect.iscoroutine(result):  # an async def run(): its effect happens here
             result = hooks.run_coroutine(result, ctx.canceled)
+        if path is not None and input.get("task") != path:
+            return result  # another task's call
         if remaining[0] > 0:
             remaining[0] -= 1
             lost.append(result)
-            raise SimulatedCrash(f"{action.__name__}.run() crashed after its effect")
+            raise SimulatedCrash(f"{name}: run() crashed after its effect")
         return result
 
-    action.run = run  # type: ignore[attr-defined]
+    owner.run = run
     try:
         yield lost
     finally:
-        action.run = original  # type: ignore[attr-defined]
+        owner.run = original
 
 
 @contextlib.contextmanager

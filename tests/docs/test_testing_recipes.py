@@ -156,3 +156,41 @@ def test_crash_after_effect_restores_the_action_and_crashes_only_as_often_as_ask
     assert_run_status(first, "succeeded")
     assert_run_status(second, "succeeded")
     assert Payment.objects.count() == 2
+
+
+# --8<-- [start:tasks]
+from docs.examples.providers import gateway  # noqa: E402  (your provider's test double)
+from docs.examples.tasks import charge_once, render_invoice  # noqa: E402
+
+try:
+    from django.tasks import TaskResultStatus
+except ImportError:  # Django 5.2 with the django-tasks backport
+    from django_tasks import TaskResultStatus
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_runs_to_its_result():
+    result = render_invoice.enqueue("o-1", [{"amount": 1_200}, {"amount": 300}])
+
+    run_until_idle()  # what a worker would do, in this process, until nothing is due
+
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == {"order": "o-1", "total": 1_500}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_charge_cut_by_a_crash_is_settled_by_its_reconcile():
+    gateway.reset()
+    with crash_after_effect(charge_once) as lost_results:
+        result = charge_once.enqueue("o-2", 2_900)
+        run_until_idle()
+
+    assert len(lost_results) == 1  # charged, then the worker "died" before recording it
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL  # find_charge() found it
+    assert len(gateway.charges) == 1
+    assert result.attempts == 1  # the function was called once
+
+
+# --8<-- [end:tasks]

@@ -33,6 +33,7 @@ PACKAGE = Path(k2b_workflows.__file__).resolve().parent
 LEFT_BY_TOOLS = (
     ".git",
     ".venv",
+    ".venv-dist",
     ".tox",
     ".pgdata",
     "build",

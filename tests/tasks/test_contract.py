@@ -431,8 +431,7 @@ def test_a_failed_task_is_logged_once_with_its_own_exception_not_the_kernels(cap
     finished = [
         r
         for r in caplog.records
-        if r.name.split(".")[0] in ("django", "django_tasks")
-        and "state=FAILED" in r.getMessage()
+        if r.name.split(".")[0] in ("django", "django_tasks") and "state=FAILED" in r.getMessage()
     ]
     assert len(finished) == 1, [r.getMessage() for r in finished]
     record = finished[0]
