@@ -159,18 +159,35 @@ def test_crash_after_effect_restores_the_action_and_crashes_only_as_often_as_ask
 
 
 # --8<-- [start:tasks]
-from docs.examples.providers import gateway  # noqa: E402  (your provider's test double)
-from docs.examples.tasks import charge_once, render_invoice  # noqa: E402
+from docs.examples.providers import gateway  # noqa: E402  (a provider's test double)
+from k2b_workflows import failed, succeeded  # noqa: E402
+from k2b_workflows.tasks import effect_key  # noqa: E402
 
 try:
-    from django.tasks import TaskResultStatus
+    from django.tasks import TaskResultStatus, task
 except ImportError:  # Django 5.2 with the django-tasks backport
-    from django_tasks import TaskResultStatus
+    from django_tasks import TaskResultStatus, task
+
+
+# Your tasks, at module level (here, in the test module itself).
+@task(effect="pure")
+def total(order_id, lines):
+    return {"order": order_id, "total": sum(line["amount"] for line in lines)}
+
+
+def find_charge(context, order_id, amount):
+    made = gateway.find(idempotency_key=effect_key(context))
+    return succeeded({"charge": made.id}) if made else failed("not found", retryable=True)
+
+
+@task(takes_context=True, effect="external", reconcile=find_charge)
+def charge_once(context, order_id, amount):
+    return {"charge": gateway.charge(amount, idempotency_key=effect_key(context)).id}
 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_task_runs_to_its_result():
-    result = render_invoice.enqueue("o-1", [{"amount": 1_200}, {"amount": 300}])
+    result = total.enqueue("o-1", [{"amount": 1_200}, {"amount": 300}])
 
     run_until_idle()  # what a worker would do, in this process, until nothing is due
 
