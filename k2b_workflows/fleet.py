@@ -253,11 +253,13 @@ def queue_counts(cursor: Any) -> tuple[dict[str, int], int, float | None, int]:
     return counts, int(due), None if oldest is None else float(oldest), int(live)
 
 
+#: By task too: the runs of one task workflow are the calls of many tasks, and an
+#: operator asks which tasks wait (#51).
 _QUEUED_BY_WORKFLOW_SQL = """
-SELECT workflow_name, workflow_version, app_id, count(*),
+SELECT workflow_name, workflow_version, app_id, task_path, count(*),
       EXTRACT(EPOCH FROM k2b_now() - min(created_at))
  FROM k2b_run WHERE status = 'queued'
-GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
+GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4
 """
 
 
@@ -265,7 +267,8 @@ def status(using: str | None = None) -> dict[str, Any]:
     """What an on-call engineer asks first: counts, the oldest queued run, incidents, workers.
 
     ``unserved`` lists the (workflow, version) pairs with queued runs that no
-    live worker can claim: those runs will wait forever.
+    live worker can claim: those runs will wait forever. A task workflow's are
+    listed per task (``task``: its path; "" for a workflow's runs).
     """
     using = using or settings.database()
     with connections[using].cursor() as cursor:
@@ -283,10 +286,11 @@ def status(using: str | None = None) -> dict[str, Any]:
             "workflow": name,
             "version": version,
             "app_id": app_id,
+            "task": task_path,
             "queued": n,
             "oldest_age_s": round(float(age), 3),
         }
-        for name, version, app_id, n, age in queued
+        for name, version, app_id, task_path, n, age in queued
         if (name, version, app_id) not in servable
     ]
     from .models import RunStatus

@@ -21,6 +21,7 @@ import pgtrigger.apps
 from django.db import models
 from django.utils import timezone
 
+from . import naming
 from .actions import Effect
 from .triggers import (
     GuardedFSM,
@@ -316,6 +317,11 @@ class WorkflowRun(models.Model):
             # The Queues page (#49): a queue's runs per status, each count stopped at a
             # cap, and what it finished in the last minutes, without reading the rest.
             models.Index(fields=["queue", "status", "finished_at"], name="k2b_run_queue_status"),
+            # The runs list's filter by task (#51): the task paths present, one index
+            # descent each, and one task's calls. Partial: a workflow run has no entry.
+            models.Index(
+                fields=["task_path"], condition=~models.Q(task_path=""), name="k2b_run_task_path"
+            ),
             # The overview's throughput and error codes, and retention's oldest first:
             # index-only over the window, whatever the size of the table.
             models.Index(
@@ -443,7 +449,12 @@ class WorkflowRun(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.workflow_name} {self.id}"
+        return f"{self.display_name} {self.id}"
+
+    @property
+    def display_name(self) -> str:
+        """What the run is called on every screen: its task's path for a task call (#51)."""
+        return naming.display_name(self.workflow_name, self.task_path)
 
     @property
     def is_root(self) -> bool:

@@ -104,14 +104,20 @@ def view_parameters(names: list[str]) -> dict[str, Any]:
     return {"names": names, "cap": COUNT_CAP, "recent_ms": int(RECENT.total_seconds() * 1000)}
 
 
+def queue_names(using: str | None = None, limit: int = MAX_QUEUES) -> list[str]:
+    """The queues runs are in (up to ``limit``), by name: the runs list's filter (#51)."""
+    with connections[using or settings.database()].cursor() as cursor:
+        cursor.execute(_QUEUES_SQL, [limit])
+        return [row[0] for row in cursor.fetchall()]
+
+
 def read(using: str | None = None) -> list[QueueView]:
     """Every queue runs are in (up to ``MAX_QUEUES``) and every paused one, by name."""
     using = using or settings.database()
     with db.schema_required():
         paused = pauses.paused(using)
+        names = sorted(set(queue_names(using)) | set(paused))
         with connections[using].cursor() as cursor:
-            cursor.execute(_QUEUES_SQL, [MAX_QUEUES])
-            names = sorted({row[0] for row in cursor.fetchall()} | set(paused))
             cursor.execute(_VIEW_SQL, view_parameters(names))
             rows = cursor.fetchall()
     return [_view(row, paused) for row in rows]

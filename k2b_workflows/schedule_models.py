@@ -18,7 +18,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, models, transaction
 from django.utils import timezone
 
-from . import schedules, settings
+from . import naming, schedules, settings
 from .exceptions import InvalidSchedule
 from .schedules import Schedule
 
@@ -246,6 +246,11 @@ class WorkflowSchedule(models.Model):
         self._loaded = {
             name: getattr(self, name) for name in (*self.SPEC_FIELDS, "paused", "enabled")
         }
+
+    @property
+    def display_name(self) -> str:
+        """What the schedule starts, as a run of it is called: a task's path for a task (#51)."""
+        return naming.display_name(self.workflow_name, naming.input_task_path(self.input))
 
     def _stored(self, using: str) -> dict[str, Any] | None:
         """The row as stored (the sealed fields and the seal), locked until the save commits."""

@@ -251,7 +251,15 @@ def run_page_context(run: WorkflowRun) -> dict[str, Any]:
     children = list(
         WorkflowRun.objects.filter(parent=run)
         .order_by("parent_step", "child_index")
-        .only("id", "workflow_name", "status", "parent_step", "child_index", "error_code")[:50]
+        .only(
+            "id",
+            "workflow_name",
+            "task_path",
+            "status",
+            "parent_step",
+            "child_index",
+            "error_code",
+        )[:50]
     )
     counts = count_child_workflow_runs(run.id)
     return {

@@ -21,7 +21,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
-from .. import settings
+from .. import naming, settings
 from ..kernel import clock, seals
 from ..kernel.evidence import hash_value
 from ..lazy import LazyModule
@@ -29,6 +29,7 @@ from ..models import Incident, LedgerEntry, RunStatus, TaskAttempt, WorkerRecord
 from ..redaction import redact_text
 from ..tasks import names as task_names
 from .common import ReadOnlyMixin, field_names, pretty_json, short_hash, status_badge
+from .filters import QueueFilter, TaskFilter, WorkflowFilter
 from .workers import worker_state_badge
 
 if TYPE_CHECKING:
@@ -66,8 +67,7 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
     list_display: tuple[str, ...] = (
         "short_id",
         "status_badge",
-        "workflow_name",
-        "task_column",
+        "name_column",
         "app_id",
         "step_column",
         "generation_column",
@@ -75,15 +75,20 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
         "age",
     )
     list_display_links: tuple[str, ...] | None = ("short_id",)
-    list_filter: ClassVar[tuple[str, ...]] = (
+    list_filter: ClassVar[tuple[Any, ...]] = (
         "status",
         "app_id",
-        "workflow_name",
+        ("workflow_name", WorkflowFilter),
+        TaskFilter,
+        QueueFilter,
         "error_code",
         "created_at",
     )
-    search_fields = ("=idempotency_key", "workflow_name")
-    search_help_text = "Run id (full), idempotency key (exact) or workflow name."
+    # A substring of a task's path finds its calls (#51). Not through an index: the
+    # list's order (newest first) reads the table whatever is searched, as the
+    # workflow name's search did; the filter by task is the indexed way to one task.
+    search_fields = ("=idempotency_key", "workflow_name", "task_path")
+    search_help_text = "Run id (full), idempotency key (exact), workflow name or task path."
     date_hierarchy = None
     list_per_page = 50
     show_full_result_count = False
@@ -289,9 +294,15 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
 
     # django.tasks task runs (#37) -----------------------------------------------------------
 
-    @admin.display(description="task")
-    def task_column(self, run: WorkflowRun) -> str:
-        return run.task_path
+    @admin.display(description="workflow or task", ordering="workflow_name")
+    def name_column(self, run: WorkflowRun) -> str:
+        """A task call by its task's path, with its effect and queue under it (#51)."""
+        effect = naming.EFFECT_OF_WORKFLOW.get(run.workflow_name)
+        if effect is None:
+            return run.display_name
+        return format_html(
+            '{}<div class="k2b-sub">task, {} · queue {}</div>', run.display_name, effect, run.queue
+        )
 
     @admin.display(description="task")
     def task_path(self, run: WorkflowRun) -> str:
@@ -447,7 +458,7 @@ class IncidentAdmin(WorkflowRunAdmin):
     # Few, dense columns: the queue must fit next to the filters on a laptop.
     list_display = ("incident", "step", "answers", "evidence_hashes", "resolve_link")
     list_display_links = None
-    list_filter = ("app_id", "workflow_name")
+    list_filter = ("app_id", ("workflow_name", WorkflowFilter), TaskFilter)
     actions = ["cancel_runs"]
     change_list_template = "admin/k2b_workflows/incident/change_list.html"
     ordering = ("updated_at", "created_at")
@@ -526,7 +537,7 @@ class IncidentAdmin(WorkflowRunAdmin):
             '<div class="k2b-sub" title="{}">{} ago</div>',
             admin_views.run_url(run),
             str(run.pk)[:8],
-            run.workflow_name,
+            naming.described_name(run.workflow_name, run.task_path),
             run.updated_at.isoformat(),
             timesince(run.updated_at),
         )

@@ -36,6 +36,7 @@ from ..lazy import LazyModule
 from ..models import WorkflowRun, WorkflowSchedule, WorkflowScheduleSkip
 from ..schedules import Schedule, zone
 from ..workflows import get_workflow
+from .filters import WorkflowFilter
 
 if TYPE_CHECKING:
     from .. import scheduling
@@ -130,15 +131,16 @@ class WorkflowScheduleAdmin(admin.ModelAdmin):
     form = ScheduleForm
     list_display = (
         "schedule_id",
-        "workflow_name",
+        "name_column",
         "spec",
         "state_badge",
         "last_tick_shown",
         "next_fire",
     )
-    list_filter = ("paused", "enabled", "source", "workflow_name")
-    search_fields = ("schedule_id", "workflow_name")
-    search_help_text = "Schedule id or workflow."
+    list_filter = ("paused", "enabled", "source", ("workflow_name", WorkflowFilter))
+    # A task's schedule names its task in its input: the call its ticks enqueue (#51).
+    search_fields = ("schedule_id", "workflow_name", "input__task")
+    search_help_text = "Schedule id, workflow or task path."
     actions = ["pause_schedules", "resume_schedules", "run_schedules_now"]
     readonly_fields = (
         "state_badge",
@@ -155,6 +157,10 @@ class WorkflowScheduleAdmin(admin.ModelAdmin):
         js = ["k2b_workflows/schedule_preview.js"]
 
     # The list -------------------------------------------------------------------------------
+
+    @admin.display(description="workflow or task", ordering="workflow_name")
+    def name_column(self, row: WorkflowSchedule) -> str:
+        return row.display_name
 
     @admin.display(description="spec")
     def spec(self, row: WorkflowSchedule) -> str:

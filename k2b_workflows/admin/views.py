@@ -28,7 +28,7 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from .. import settings
+from .. import naming, settings
 from ..control import (
     EFFECT_CONFIRMED,
     RESOLVABLE_CODES,
@@ -169,7 +169,8 @@ def resolve_incident_view(
 
     # Only the step in doubt: a run may have thousands of entries on other steps.
     ledger = list(LedgerEntry.objects.filter(run=run, seq=run.attention_step).order_by("id"))
-    title = f"Resolve step {run.attention_step} of {run.workflow_name}"
+    name = naming.described_name(run.workflow_name, run.task_path)
+    title = f"Resolve step {run.attention_step} of {name}"
     context = _admin_context(
         model_admin,
         request,

@@ -118,7 +118,9 @@ class EffectPath(abc.ABC):
                 self.using, key, limit, self.run_id, step.seq, generation
             )
             if until is not None:
-                flow.defer(self.using, self.run_id, generation, until, key)
+                flow.defer(
+                    self.using, self.run_id, generation, until, key, step.action.action_name()
+                )
             return reserved, until
 
         reserved, until = db.run_in_transaction(admit, self.using)

@@ -40,10 +40,12 @@ _DOUBT = {"outcome_unknown", "reconcile_unknown", "late_result"}
 
 
 def _extra(execution: Execution, step: int | None, effect_key: str = "", **more: Any) -> dict:
+    # ``workflow``: a task call's task path (#51); its workflow (``k2b.task.<effect>``)
+    # is the same for every task, and a log search by task found nothing.
     run = getattr(execution, "run", None)
     return {
         "run_id": str(execution.run_id),
-        "workflow": run.workflow_name if run is not None else "",
+        "workflow": run.display_name if run is not None else "",
         "step": step,
         "generation": execution.generation,
         "effect_key": effect_key or (f"{execution.run_id}:{step}" if step is not None else ""),

@@ -354,13 +354,20 @@ def stamp_dispatch(using: str, dispatch_id: int) -> None:
         cursor.execute(_RATE_STAMP_SQL, [dispatch_id])
 
 
-def defer(using: str, run_id: uuid.UUID, generation: int, until: dt.datetime, key: str) -> bool:
-    """Queue our run again for ``until`` (a full rate limit): no failure, slot and priority kept."""
+def defer(
+    using: str, run_id: uuid.UUID, generation: int, until: dt.datetime, key: str, action: str
+) -> bool:
+    """Queue our run again for ``until`` (a full rate limit): no failure, slot and priority kept.
+
+    ``action``: the step's action name, the metric's label. Not read off ``key``: a
+    task's action is named ``task:<path>``, so the text before the key's first
+    colon was "task" for every task (#51).
+    """
     with connections[using].cursor() as cursor:
         cursor.execute(_DEFER_SQL, [until, key, run_id, generation])
         deferred = cursor.rowcount == 1
     if deferred:
-        counters.count_rate_deferral(key.split(":", 1)[0])
+        counters.count_rate_deferral(action)
     return deferred
 
 

@@ -118,7 +118,7 @@ UPDATE k2b_schedule SET enabled = false, disabled_reason = %s, seal = COALESCE(%
 #: runs passes for them (all ``--no-schedules``, none has the workflow) or they lag.
 LATE_SQL = """
 SELECT schedule_id, workflow_name, next_fire_at,
-       EXTRACT(EPOCH FROM (k2b_now() - next_fire_at))
+       EXTRACT(EPOCH FROM (k2b_now() - next_fire_at)), COALESCE(input->>'task', '')
   FROM k2b_schedule
  WHERE enabled AND NOT paused AND next_fire_at < k2b_now() - %s * interval '1 millisecond'
  ORDER BY next_fire_at
@@ -469,10 +469,11 @@ def late_count(cursor: Any) -> int:
     return int(cursor.fetchone()[0])
 
 
-def late(using: str) -> list[tuple[str, str, dt.datetime, float]]:
-    """(schedule id, workflow, when it was due, seconds late) of every late schedule."""
+def late(using: str) -> list[tuple[str, str, dt.datetime, float, str]]:
+    """(schedule id, workflow, when it was due, seconds late, task path) of every late
+    schedule; the task path of a task's schedule ("" otherwise) is what it is known by."""
     return [
-        (r[0], r[1], r[2], float(r[3]))
+        (r[0], r[1], r[2], float(r[3]), r[4])
         for r in db.fetchall(using, LATE_SQL, [settings.schedule_missed_after_ms()])
     ]
 

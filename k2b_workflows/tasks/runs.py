@@ -644,7 +644,7 @@ def task_at(path: str, input: Any) -> Any:
     except TaskUnavailable:
         stand_in: Any = object.__new__(_stand_in_class())
         values = {
-            "func": missing_task,
+            "func": missing_task_at(path),
             "priority": input_option(input, "priority"),
             "backend": input_option(input, "backend"),
             "queue_name": input_option(input, "queue"),
@@ -664,3 +664,16 @@ def _stand_in_class() -> type:
 def missing_task(*args: Any, **kwargs: Any) -> Any:
     """Stands for a task whose module no longer imports here."""
     raise RuntimeError("this task's code is not available in this process")
+
+
+def missing_task_at(path: str) -> Any:
+    """``missing_task`` named as the task enqueued at ``path``: Django names a task
+    by its function's module and name (``module_path``, the ``path=`` of its log
+    lines), which named this module's stand-in instead of the task (#51)."""
+
+    def stand_in(*args: Any, **kwargs: Any) -> Any:
+        return missing_task(*args, **kwargs)
+
+    module, _, name = path.rpartition(".")
+    stand_in.__module__, stand_in.__name__, stand_in.__qualname__ = module, name, name
+    return stand_in

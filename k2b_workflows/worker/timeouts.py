@@ -61,5 +61,5 @@ def cancel_overdue(using: str | None = None, run_ids: list[uuid.UUID] | None = N
         )
         if run.status == "canceled" and run.error_code == codes.WORKFLOW_TIMEOUT:
             canceled += 1
-            logger.warning("run %s: timed out (%s); canceled", run_id, run.workflow_name)
+            logger.warning("run %s: timed out (%s); canceled", run_id, run.display_name)
     return canceled

@@ -136,7 +136,7 @@ class Command(BaseCommand):
             if problem is not None:
                 broken += 1
                 self.stdout.write(
-                    f"BROKEN schedule {row.schedule_id} ({row.workflow_name}): {problem}"
+                    f"BROKEN schedule {row.schedule_id} ({row.display_name}): {problem}"
                 )
         return checked, broken
 
@@ -181,7 +181,7 @@ class Command(BaseCommand):
                 if problem is not None:
                     broken += 1
                     self.stdout.write(
-                        f"BROKEN {run.pk} {run.workflow_name} ({run.status}): {problem}"
+                        f"BROKEN {run.pk} {run.display_name} ({run.status}): {problem}"
                     )
             checked += len(page)
             after = page[-1].pk

@@ -33,7 +33,7 @@ from django.core.exceptions import PermissionDenied
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
-from k2b_workflows import control, settings, validation
+from k2b_workflows import control, naming, settings, validation
 from k2b_workflows.exceptions import (
     DatabaseNotMigrated,
     EvidenceChanged,
@@ -150,11 +150,21 @@ def _when(value: Any) -> str | None:
     return None if value is None else value.isoformat()
 
 
+def _name_line(run: WorkflowRun) -> str:
+    """What ``show`` says the run is: a task call by its task's path and queue (#51)."""
+    if run.display_name != run.workflow_name:
+        described = naming.described_name(run.workflow_name, run.task_path)
+        return f"task      {described} (queue {run.queue}, app {run.app_id})"
+    return f"workflow  {run.workflow_name} v{run.workflow_version} (app {run.app_id})"
+
+
 def describe(run: WorkflowRun, *, steps: bool = False) -> dict[str, Any]:
     """A run as ``--json`` prints it: its state, never its input (as the admin, redacted output)."""
     data: dict[str, Any] = {
         "id": str(run.pk),
         "workflow": run.workflow_name,
+        "task": run.task_path,
+        "queue": run.queue,
         "version": run.workflow_version,
         "app_id": run.app_id,
         "status": run.status,
@@ -361,7 +371,7 @@ class Command(BaseCommand):
         data = describe(run, steps=True)
         lines = [
             f"run       {data['id']}",
-            f"workflow  {run.workflow_name} v{run.workflow_version} (app {run.app_id})",
+            _name_line(run),
             f"status    {run.status}" + (f" {run.error_code}" if run.error_code else ""),
             f"gen       {run.generation}  failures {run.consecutive_failures}",
         ]

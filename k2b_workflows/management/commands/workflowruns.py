@@ -132,7 +132,7 @@ class Command(BaseCommand):
                 [
                     str(r.id),
                     r.app_id,
-                    r.workflow_name,
+                    r.display_name,
                     "-" if r.wait_step is None else str(r.wait_step),
                     r.wait_kind,
                     r.wait_key,
@@ -159,7 +159,7 @@ class Command(BaseCommand):
                 [
                     str(r.id),
                     r.app_id,
-                    r.workflow_name,
+                    r.display_name,
                     str(r.workflow_version),
                     r.status,
                     str(r.generation),
@@ -181,5 +181,5 @@ class Command(BaseCommand):
         for run, note in notes:
             if note:
                 self.stdout.write(
-                    f"run {run.id} ({run.workflow_name} v{run.workflow_version}): {note}"
+                    f"run {run.id} ({run.display_name} v{run.workflow_version}): {note}"
                 )

@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from k2b_workflows import settings
+from k2b_workflows import naming, settings
 from k2b_workflows.exceptions import InvalidInput
 from k2b_workflows.kernel import db, schedule_passes
 from k2b_workflows.management import arguments
@@ -75,6 +75,7 @@ class Command(BaseCommand):
                         {
                             "schedule_id": r.schedule_id,
                             "workflow": r.workflow_name,
+                            "task": naming.input_task_path(r.input),
                             "version": r.workflow_version,
                             "spec": describe(r),
                             "state": state(r),
@@ -95,7 +96,7 @@ class Command(BaseCommand):
         table = [
             [
                 r.schedule_id,
-                r.workflow_name + (f" v{r.workflow_version}" if r.workflow_version else ""),
+                r.display_name + (f" v{r.workflow_version}" if r.workflow_version else ""),
                 describe(r),
                 state(r) + (" LATE" if r.schedule_id in late else ""),
                 _when(r.last_tick),

@@ -18,7 +18,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import DatabaseError
 
-from k2b_workflows import fleet, settings
+from k2b_workflows import fleet, naming, settings
 from k2b_workflows.kernel import schedule_passes
 
 
@@ -30,6 +30,11 @@ def _age(seconds: float | None) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.1f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def _name(entry: dict[str, Any]) -> str:
+    """A report entry's workflow as people know it: a task's path for a task (#51)."""
+    return naming.described_name(entry["workflow"], entry["task"])
 
 
 class Command(BaseCommand):
@@ -51,10 +56,13 @@ class Command(BaseCommand):
                 {
                     "schedule_id": schedule_id,
                     "workflow": workflow,
+                    "task": task_path,
                     "due": due.isoformat(),
                     "late_s": round(late, 1),
                 }
-                for schedule_id, workflow, due, late in schedule_passes.late(settings.database())
+                for schedule_id, workflow, due, late, task_path in schedule_passes.late(
+                    settings.database()
+                )
             ]
         except DatabaseError as exc:
             self.stderr.write(f"cannot read the workflow tables: {exc}".strip())
@@ -89,11 +97,11 @@ class Command(BaseCommand):
             )
         for late in report["late_schedules"]:
             self.stderr.write(
-                f"LATE SCHEDULE {late['schedule_id']} ({late['workflow']}): its tick of "
+                f"LATE SCHEDULE {late['schedule_id']} ({_name(late)}): its tick of "
                 f"{late['due']} has not fired for {_age(late['late_s'])}"
             )
         for u in report["unserved"]:
             self.stderr.write(
-                f"NO LIVE WORKER for {u['workflow']} v{u['version']} (app {u['app_id']}): "
+                f"NO LIVE WORKER for {_name(u)} v{u['version']} (app {u['app_id']}): "
                 f"{u['queued']} queued run(s), oldest created {_age(u['oldest_age_s'])} ago"
             )
