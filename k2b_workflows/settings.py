@@ -136,7 +136,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "SHUTDOWN_GRACE_MS",
         20_000,
-        "after SIGTERM, how long steps in flight may finish before their runs are handed back",
+        (
+            "after SIGTERM, how long steps in flight may finish before their runs are handed "
+            "back; an external call in flight is waited for until it returns, however long "
+            "(only a second SIGTERM or a SIGKILL cuts it)"
+        ),
     ),
     Setting(
         "MAX_VALUE_BYTES",

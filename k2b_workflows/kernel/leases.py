@@ -149,6 +149,15 @@ class LeaseKeeper:
         with self._lock:
             return {run_id for run_id, held in self._runs.items() if held.external}
 
+    def calls_in_flight(self) -> set[Any]:
+        """Runs whose external call this worker is inside (``calling``): from before its
+        dispatch commits until ``run()`` has returned. A stopping worker waits for them.
+
+        A copy taken without ``_connecting``, which a reconnection holds for as long
+        as the connection takes: a worker told to stop must not wait for it to look.
+        """
+        return self._calls.copy() | self.external_in_flight()
+
     def track_task(self, task_id: Any, generation: int, event: threading.Event) -> None:
         with self._lock:
             self._tasks[task_id] = _Held(generation, event)

@@ -14,7 +14,7 @@ import logging
 import threading
 import uuid
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -209,12 +209,15 @@ class Claims:
             return
         self.stats["released"] += released
 
-    def hand_back_claimed(self) -> None:
-        """Hand back every run still claimed when the shutdown grace ran out.
+    def hand_back_claimed(self, keep: Collection[uuid.UUID] = ()) -> None:
+        """Hand back every run still claimed when the shutdown grace ran out, but ``keep``.
 
-        A run whose EXTERNAL ``run()`` is in flight becomes claimable one lease
-        ahead; a run whose row a step transaction of ours locks is left to its
-        lease (``claim.hand_back`` skips it).
+        ``keep``: runs whose external call the worker goes on waiting for (only a
+        second signal cuts a call). A run whose EXTERNAL ``run()`` is in flight
+        becomes claimable one lease ahead; a run whose row a step transaction of
+        ours locks is left to its lease (``claim.hand_back`` skips it). A run
+        handed back is no longer ours: it leaves ``claimed``, and a later hand-back
+        does not count it again.
         """
         lease = settings.lease_ms()
         external = self.keeper.external_in_flight()
@@ -222,6 +225,7 @@ class Claims:
             held = {
                 run_id: (generation, lease if run_id in external else 0)
                 for run_id, generation in {**self.claimed, **self.to_hand_back}.items()
+                if run_id not in keep
             }
         if not held:
             return
@@ -240,6 +244,8 @@ class Claims:
         with self.lock:
             for run_id in handed:
                 self.to_hand_back.pop(run_id, None)
+                if self.claimed.get(run_id) == held[run_id][0]:
+                    del self.claimed[run_id]
         self.stats["handed_back"] += len(handed)
         logger.info(
             "worker %s: handed back %d run(s) (%d after one lease: external effect in flight;"

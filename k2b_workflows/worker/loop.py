@@ -27,7 +27,8 @@ Threads:
 
 No database error ends the process (``kernel/weather.py``): every thread
 closes its broken connection, logs one line, backs off with jitter and
-reconnects. The process exits on SIGTERM/SIGINT (handing its runs back), or
+reconnects. The process exits on SIGTERM/SIGINT (once its external calls in
+flight have returned, handing its other runs back), or
 at start-up on a configuration error (an unmigrated database, a bad URL:
 ``startup.py``).
 """
@@ -217,7 +218,8 @@ class Worker:
             self._loop(pool)
         finally:
             # Graceful: executions stop after their current step and release their runs;
-            # what is still running when the grace period ends is handed back.
+            # external calls in flight are waited for, and what else is still running
+            # when the grace period ends is handed back.
             self.stopping.set()
             self._shut_down(pool)
             listener = self._listener
@@ -263,7 +265,16 @@ class Worker:
     # -- shutting down ---------------------------------------------------------
 
     def _shut_down(self, pool: ThreadPoolExecutor) -> None:
-        """Let steps in flight finish for up to the grace period, then hand their runs back.
+        """Let steps in flight finish, then hand back the runs still claimed.
+
+        A step inside an external call (``LeaseKeeper.calling``: from its dispatch's
+        commit until ``run()`` returns) is waited for until it returns, however long
+        that takes: a deploy never cuts a call by itself. Cut, the call's outcome
+        would be unknown to the next worker, an incident for an operator unless the
+        action reconciles, though the provider may never have been called. Every
+        other step (pure, idempotent, transactional: nothing in doubt if it is cut)
+        gets up to ``SHUTDOWN_GRACE_MS``. Only a second SIGTERM/SIGINT (``forced``)
+        or a SIGKILL cuts a call.
 
         Handing back (queued, no failure counted) lets another worker continue a
         run now instead of after its lease expires. Two cases are not handed back
@@ -272,22 +283,15 @@ class Worker:
         - a run whose row is locked by one of our step transactions (a
           TRANSACTIONAL step): it is skipped, and taken over when its lease expires
           (the server rolls the transaction back when this process exits);
-        - a run whose EXTERNAL ``run()`` is in flight: it is handed back with
-          ``run_after`` one lease ahead, so the provider call this process made has
-          the same time to land as after a crash before anyone reconciles it, and
-          the late result this thread may still write is fenced out as evidence.
+        - a run whose EXTERNAL ``run()`` is in flight (after a second signal): it is
+          handed back with ``run_after`` one lease ahead, so the provider call this
+          process made has the same time to land as after a crash before anyone
+          reconciles it, and the late result this thread may still write is fenced
+          out as evidence.
         """
         # Runs claimed ahead of the threads were never started: back to the queue now.
         self.claims.release_ready()
-        grace = settings.shutdown_grace_ms() / 1000
-        deadline = time.monotonic() + grace
-        while not self.forced.is_set():
-            with self._lock:
-                pending = set(self.claims.inflight)
-            left = deadline - time.monotonic()
-            if not pending or left <= 0:
-                break
-            wait_futures(pending, timeout=min(left, 0.2), return_when=FIRST_COMPLETED)
+        self._wait_for_steps(time.monotonic() + settings.shutdown_grace_ms() / 1000)
         with self._lock:
             still = set(self.claims.inflight)
         if still:
@@ -312,6 +316,58 @@ class Worker:
         self.connections.close_all(pool)
         pool.shutdown(wait=True)
 
+    def _wait_for_steps(self, deadline: float) -> None:
+        """Wait for every step in flight until ``deadline``, and past it for each run
+        inside an external call until its step has ended; return early on ``forced``.
+
+        At the deadline the runs outside a call are handed back (their threads'
+        writes fenced from then on): another worker continues them while this one
+        waits. A run whose call returned is still waited for until its thread has
+        written the result and released it: handed back before, the result would be
+        fenced out, and the call's outcome lost after all. The lease keeper renews
+        those runs meanwhile, nothing new is claimed (``stopping``), and the health
+        file stays fresh: a liveness probe must not kill a worker that waits for a
+        call (its SIGKILL would cut it).
+        """
+        calls = self.keeper.calls_in_flight()
+        if calls:
+            logger.info(
+                "worker %s: stopping; waiting for %d external call(s) in flight to return"
+                " (no time limit; a second SIGTERM hands them back as unknown outcomes),"
+                " other steps for up to %.1f s",
+                self.worker_id,
+                len(calls),
+                max(deadline - time.monotonic(), 0.0),
+            )
+        waited: set[uuid.UUID] = set()
+        said = -1
+        while not self.forced.is_set():
+            with self._lock:
+                pending = set(self.claims.inflight)
+                claimed = set(self.claims.claimed)
+            if not pending:
+                return
+            if self.health:
+                self.health.touch()
+            left = deadline - time.monotonic()
+            if left > 0:
+                wait_futures(pending, timeout=min(left, 0.2), return_when=FIRST_COMPLETED)
+                continue
+            waited = (waited | self.keeper.calls_in_flight()) & claimed
+            if not waited:
+                return
+            if said < 0:
+                self.claims.hand_back_claimed(keep=waited)
+            if len(waited) != said:
+                said = len(waited)
+                logger.warning(
+                    "worker %s: grace period over; waiting for %d external call(s) in flight"
+                    " to return; a second SIGTERM hands them back as unknown outcomes",
+                    self.worker_id,
+                    said,
+                )
+            wait_futures(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+
     def _show_status(self, final: bool = False) -> None:
         busy = self.claims.in_flight()
         self.status.show(self.status_stream, self.stats, busy, final=final)
@@ -319,7 +375,9 @@ class Worker:
     def stop(self, *, force: bool = False) -> None:
         """Stop claiming; running executions finish their current step and release the run.
 
-        ``force``: do not wait for steps in flight; hand their runs back now.
+        Steps inside an external call are waited for until the call returns, others
+        for up to ``SHUTDOWN_GRACE_MS`` (``_shut_down``). ``force`` (a second
+        signal): wait for nothing, not even a call; hand every run back now.
         """
         self.stopping.set()
         if force:

@@ -14,9 +14,11 @@ survive are:
   and exits 2, as a single ``runworkflows`` does; a child whose
   ``--wait-for-db`` ran out exits ``EXIT_UNAVAILABLE`` and the group exits 1;
 - **SIGTERM/SIGINT** reach the supervisor: it sends SIGTERM to every child,
-  each stops after its current steps and hands its runs back (a second
-  signal is forwarded too: each child hands back at once), and the supervisor
-  exits when every child has ended. Each child is in a process group of its
+  each stops after its current steps (an external call in flight is waited
+  for until it returns, however long) and hands its runs back (a second
+  signal is forwarded too, as one more SIGTERM: each child hands back at
+  once, cutting its calls), and the supervisor exits when every child has
+  ended. Each child is in a process group of its
   own, so a terminal's Ctrl-C reaches it once, through the supervisor, and
   is not counted twice;
 - **the supervisor is SIGKILLed**: nobody forwards anything, so each child
@@ -24,10 +26,11 @@ survive are:
   Linux); where that is not available, a thread of the child notices that
   its parent pid changed and sends it the same SIGTERM, and a child whose
   parent died before it could ask exits at once. Exactly one SIGTERM either
-  way, so each child stops as after an operator's one SIGTERM: steps in
-  flight finish within the grace period (two, from both sources, forced an
-  exit mid-step and left every EXTERNAL step in flight in doubt). No child
-  outlives the group by more than the grace period.
+  way, so each child stops as after an operator's one SIGTERM: its external
+  calls in flight return, other steps finish within the grace period (two,
+  from both sources, forced an exit mid-step and left every EXTERNAL step in
+  flight in doubt). No child outlives the group by more than the grace
+  period or its longest external call in flight.
 
 The supervisor forks after ``django.setup()``, with no database connection
 open and no thread started (a fork copies only the forking thread; a lock

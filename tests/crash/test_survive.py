@@ -378,7 +378,9 @@ def long_lease(**more: int) -> dict[str, str]:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_sigterm_hands_claimed_runs_back_at_once_and_another_worker_continues(start_worker):
+def test_sigterm_hands_claimed_runs_back_after_the_grace_and_another_worker_continues(
+    start_worker,
+):
     from k2b_workflows import start_workflow_run
     from tests.models import ProviderCall
     from tests.support.kernel import fresh
@@ -394,6 +396,16 @@ def test_sigterm_hands_claimed_runs_back_at_once_and_another_worker_continues(st
         message=lambda: f"both steps to start:\n{first.report()}",
     )
     claimed = {run.pk: fresh(run).generation for run in (slow, charge)}
+    first.signal(signal.SIGTERM)
+    # After the grace the PURE step's run is handed back; the worker goes on waiting
+    # for the charge's call, which only a second signal cuts (#51).
+    wait_for(
+        lambda: fresh(slow).status == "queued" or first.proc.poll() is not None,
+        timeout=TIMEOUT,
+        message=lambda: f"the pure step's run to be handed back:\n{first.report()}",
+    )
+    assert first.proc.poll() is None, f"the call was not waited for:\n{first.output()}"
+    assert fresh(charge).status == "running"
     first.signal(signal.SIGTERM)
     assert first.wait(timeout=TIMEOUT) == 0, first.output()
 

@@ -220,15 +220,14 @@ def test_sigkill_of_the_supervisor_lets_each_child_finish_its_external_step_as_a
     """Each child heard of its parent's death once: the kernel's parent-death signal
     and the child's own watcher both sent SIGTERM, and the second forced an exit
     mid-step, leaving each EXTERNAL charge in doubt (#38). One SIGTERM waits
-    for a step in flight within the grace period."""
+    for an external call in flight until it returns, past the grace period (#51)."""
     runs = [
         start_workflow_run(
-            "test.charge_blind", {"amount": i, "pause": "external_after_effect", "pause_s": 4}
+            "test.charge_blind", {"amount": i, "pause": "external_after_effect", "pause_s": 5}
         )
         for i in range(2)
     ]
-    no_prefetch = {"K2B_TEST_SETTINGS": json.dumps({"CLAIM_PREFETCH": 0})}
-    supervisor = start_group("--processes", "2", "--concurrency", "1", env=no_prefetch)
+    supervisor = start_group("--processes", "2", "--concurrency", "1", env=SHORT_GRACE)
     pids = group(wait, supervisor)
     registered(wait, pids, supervisor)
     wait(
@@ -263,6 +262,49 @@ def test_sigkill_of_the_supervisor_lets_each_child_finish_its_external_step_as_a
     assert not Incident.objects.exists(), output
     assert ProviderCall.objects.count() == 2
     assert in_flight, "a charge ended before the supervisor was killed: nothing was tested"
+
+
+def test_a_second_sigterm_of_the_supervisor_reaches_each_child_and_cuts_its_call(start_group, wait):
+    """The first signal is forwarded once: each child waits for its external call past
+    the grace period. The second is forwarded as a second SIGTERM: each child hands its
+    run back at once, one lease ahead, its call's outcome unknown (#51)."""
+    runs = [
+        start_workflow_run(
+            "test.charge_blind", {"amount": i, "pause": "external_after_effect", "pause_s": 600}
+        )
+        for i in range(2)
+    ]
+    supervisor = start_group("--processes", "2", "--concurrency", "1", env=SHORT_GRACE)
+    pids = group(wait, supervisor)
+    registered(wait, pids, supervisor)
+    wait(
+        lambda: set(ProviderCall.objects.values_list("pid", flat=True)) == pids,
+        timeout=TIMEOUT,
+        message=lambda: f"a charge in flight in each of {pids}:\n{supervisor.report()}",
+    )
+
+    supervisor.signal(signal.SIGTERM)
+    wait(
+        lambda: (
+            supervisor.output().count("grace period over; waiting for 1 external call") == 2
+            or supervisor.proc.poll() is not None
+        ),
+        timeout=TIMEOUT,
+        message=lambda: f"both children to wait for their calls:\n{supervisor.report()}",
+    )
+    assert supervisor.proc.poll() is None, supervisor.output()
+    assert all(running(pid) for pid in pids), supervisor.output()
+
+    supervisor.signal(signal.SIGTERM)
+    assert supervisor.wait(timeout=TIMEOUT) == 0, supervisor.output()
+    assert not [pid for pid in pids if running(pid)], "the supervisor exited before a child"
+    for run in runs:
+        run = fresh(run)
+        assert (run.status, run.consecutive_failures) == ("queued", 0), supervisor.output()
+        # Claimable one lease ahead, as after a crash: the call may still land.
+        assert (run.run_after - run.updated_at).total_seconds() >= 1.9
+        kinds = LedgerEntry.objects.filter(run=run).values_list("kind", flat=True)
+        assert list(kinds) == ["dispatched"]
 
 
 def test_sigterm_of_the_supervisor_hands_every_run_back_and_exits_zero_after_its_children(

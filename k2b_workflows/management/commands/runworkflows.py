@@ -65,9 +65,11 @@ class Command(BaseCommand):
     # app's own checks (compatibility) and the models' still stop a broken start.
     requires_system_checks = [Tags.compatibility, Tags.models]
     help = (
-        "Claim and execute workflow runs. SIGTERM/SIGINT stop gracefully (steps in flight"
-        " finish within SHUTDOWN_GRACE_MS, then their runs are handed back); a second one"
-        " hands back and exits at once."
+        "Claim and execute workflow runs. SIGTERM/SIGINT stop gracefully: nothing new is"
+        " claimed, every external call in flight is waited for until it returns (give the"
+        " supervisor a stop timeout longer than the longest call), other steps finish"
+        " within SHUTDOWN_GRACE_MS, then their runs are handed back. A second one hands"
+        " back and exits at once, leaving a call in flight an unknown outcome."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -288,10 +290,16 @@ class Command(BaseCommand):
             stops += 1
             name = signal.Signals(signum).name
             if stops > 1:
-                self.stderr.write(f"received {name} again: handing runs back, exiting now")
+                self.stderr.write(
+                    f"received {name} again: handing runs back, exiting now"
+                    " (an external call in flight is left an unknown outcome)"
+                )
                 worker.stop(force=True)
                 return
-            self.stderr.write(f"received {name}: stopping after current steps")
+            self.stderr.write(
+                f"received {name}: stopping after current steps"
+                " (external calls in flight are waited for; a second signal cuts them)"
+            )
             worker.stop()
 
         with stop_signals(on_signal):
