@@ -148,6 +148,30 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "idle-probe-ours-only",
+        "k2b_workflows/kernel/claim.py",
+        "    terms = list(_DUE_TERMS[1:] + _HOUSEKEEPING_TERMS)",
+        "    terms = list(_DUE_TERMS + _HOUSEKEEPING_TERMS)",
+        (
+            "tests/worker/test_idle.py::"
+            "test_a_due_run_that_another_worker_takes_does_not_make_every_pass_a_full_one",
+        ),
+    ),
+    Mutant(
+        "idle-probe-claimable",
+        "k2b_workflows/kernel/claim.py",
+        '    if workflows:\n        app_filter = queue_filter = ""',
+        '    if False:\n        app_filter = queue_filter = ""',
+        ("tests/worker/test_idle.py::test_the_probe_finds_a_run_enqueued_without_a_notification",),
+    ),
+    Mutant(
+        "idle-probe-paused",
+        "k2b_workflows/kernel/claim.py",
+        "        AND {flow.NOT_PAUSED} AND {flow.QUEUE_ORDER} <= k2b_now() AND run_after",
+        "        AND {flow.QUEUE_ORDER} <= k2b_now() AND run_after",
+        ("tests/worker/test_idle.py::test_a_paused_queues_due_run_leaves_the_worker_probing",),
+    ),
+    Mutant(
         "bulk-start-row-check",
         "k2b_workflows/kernel/starts.py",
         "    if _dumped(row(template.pk, template.input), connection) != "

@@ -289,22 +289,61 @@ def promote_due_waits(using: str) -> int:
 
 
 #: Milliseconds until the next run becomes claimable (or a wait or a lease ends).
-_NEXT_DUE_SQL = f"""
-SELECT EXTRACT(EPOCH FROM (LEAST(
-    (SELECT k2b_now() FROM k2b_run
+#: What comes due without anyone being told: each term the database's time at
+#: which something becomes due (now, if it is due already), or NULL.
+_DUE_TERMS = (
+    f"""(SELECT k2b_now() FROM k2b_run
       WHERE status = 'queued' AND {flow.CLAIMABLE} AND {flow.NOT_PAUSED}
-        AND {flow.QUEUE_ORDER} <= k2b_now() AND run_after <= k2b_now() LIMIT 1),
-    (SELECT min({flow.QUEUE_ORDER}) FROM k2b_run
+        AND {flow.QUEUE_ORDER} <= k2b_now() AND run_after <= k2b_now() LIMIT 1)""",
+    f"""(SELECT min({flow.QUEUE_ORDER}) FROM k2b_run
       WHERE status = 'queued' AND {flow.CLAIMABLE} AND {flow.NOT_PAUSED}
-        AND {flow.QUEUE_ORDER} > k2b_now() AND priority_credit_ms = 0),
-    (SELECT min(run_after) FROM k2b_run
+        AND {flow.QUEUE_ORDER} > k2b_now() AND priority_credit_ms = 0)""",
+    f"""(SELECT min(run_after) FROM k2b_run
       WHERE status = 'queued' AND priority_credit_ms > 0 AND {flow.CLAIMABLE}
-        AND {flow.NOT_PAUSED} AND run_after > k2b_now()),
-    (SELECT min(run_after) FROM k2b_run WHERE {flow.DELAYED_KEYED}),
-    (SELECT min(wait_deadline) FROM k2b_run WHERE status = 'waiting'),
-    (SELECT min(lease_expires_at) FROM k2b_run WHERE status = 'running')
-) - k2b_now())) * 1000
-"""
+        AND {flow.NOT_PAUSED} AND run_after > k2b_now())""",
+    f"(SELECT min(run_after) FROM k2b_run WHERE {flow.DELAYED_KEYED})",
+    "(SELECT min(wait_deadline) FROM k2b_run WHERE status = 'waiting')",
+    "(SELECT min(lease_expires_at) FROM k2b_run WHERE status = 'running')",
+)
+
+#: What only the housekeeping acts on: a run's timeout, and the slot of an ended
+#: run whose holder stopped renewing it (``flow.SWEEP_CTE``); an AI task queued
+#: for a provider, when this process has one.
+_HOUSEKEEPING_TERMS = (
+    "(SELECT min(timeout_at) FROM k2b_run WHERE timeout_at IS NOT NULL"
+    " AND status IN ('queued', 'running', 'waiting'))",
+    "(SELECT min(COALESCE(lease_expires_at, k2b_now())) FROM k2b_run"
+    " WHERE holds_slot AND status IN ('succeeded', 'failed', 'canceled'))",
+)
+_AI_QUEUED_TERM = (
+    "(SELECT k2b_now() FROM k2b_ai_task WHERE status = 'queued' AND provider = ANY(%s) LIMIT 1)"
+)
+#: A run this worker would claim now: the claim's own conditions (``_CLAIM_SQL``),
+#: so that a run only another worker takes (another queue, app or version) does
+#: not make every pass a full one.
+_OURS_NOW_TERM = f"""(SELECT k2b_now() FROM k2b_run
+      WHERE status = 'queued' AND {flow.CLAIMABLE}
+        AND {flow.NOT_PAUSED} AND {flow.QUEUE_ORDER} <= k2b_now() AND run_after <= k2b_now()
+        AND (workflow_name, workflow_version) IN (SELECT * FROM unnest(%s::text[], %s::int[]))
+        {{app_filter}}{{queue_filter}} LIMIT 1)"""
+
+
+def _due_in_ms_sql(terms: Sequence[str]) -> str:
+    return (
+        "SELECT EXTRACT(EPOCH FROM (LEAST(\n    "
+        + ",\n    ".join(terms)
+        + "\n) - k2b_now())) * 1000"
+    )
+
+
+_NEXT_DUE_SQL = _due_in_ms_sql(_DUE_TERMS)
+
+
+def _due_in_ms(using: str, sql: str, params: Sequence[Any] = ()) -> float | None:
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, params)
+        value = cursor.fetchone()[0]
+    return None if value is None else max(0.0, float(value))
 
 
 def next_due_in_ms(using: str) -> float | None:
@@ -318,10 +357,51 @@ def next_due_in_ms(using: str) -> float | None:
     workers. A paused queue's runs are not counted: its due runs would wake the
     loop at once, for ever; its resume notifies the workers (#49).
     """
-    with connections[using].cursor() as cursor:
-        cursor.execute(_NEXT_DUE_SQL)
-        value = cursor.fetchone()[0]
-    return None if value is None else max(0.0, float(value))
+    return _due_in_ms(using, _NEXT_DUE_SQL)
+
+
+def idle_probe_ms(
+    using: str,
+    *,
+    workflows: Sequence[tuple[str, int]],
+    app_ids: Sequence[str] | None = None,
+    queues: Sequence[str] | None = None,
+    providers: Sequence[str] = (),
+) -> float | None:
+    """``next_due_in_ms`` and what the housekeeping acts on, in one statement (#52).
+
+    An idle worker's pass: 0 when a claim or the housekeeping has something to
+    do now, else the milliseconds until it will (None: nothing pending). Every
+    term reads one partial index and stops at its first row, so an idle fleet
+    costs one read-only statement per worker and poll, no transaction and no
+    WAL, where a full pass (claim, AI claim, housekeeping) costs a dozen
+    statements and two transactions.
+
+    A run due now counts only if this worker would claim it (``workflows``,
+    ``app_ids`` and ``queues`` as ``claim_statement`` takes them): a worker of
+    queue ``mail`` beside a due run of queue ``default`` made a full pass every
+    5 ms, a hundred a second (#52). Runs still to come count whoever claims
+    them: the probe then wakes once, when one comes due. ``providers``: the AI
+    providers of this process, whose queued tasks are claimable work too. An AI
+    task whose worker died, and stale rendezvous rows, wait for the loop's full
+    round.
+    """
+    terms = list(_DUE_TERMS[1:] + _HOUSEKEEPING_TERMS)
+    params: list[Any] = []
+    if workflows:
+        app_filter = queue_filter = ""
+        params += [[name for name, _ in workflows], [version for _, version in workflows]]
+        if app_ids:
+            app_filter = " AND app_id = ANY(%s)"
+            params.append(list(app_ids))
+        if queues:
+            queue_filter = " AND queue = ANY(%s)"
+            params.append(list(queues))
+        terms.insert(0, _OURS_NOW_TERM.format(app_filter=app_filter, queue_filter=queue_filter))
+    if providers:
+        terms.append(_AI_QUEUED_TERM)
+        params.append(list(providers))
+    return _due_in_ms(using, _due_in_ms_sql(terms), params)
 
 
 _RENEW_SQL = """

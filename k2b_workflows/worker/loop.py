@@ -36,6 +36,7 @@ at start-up on a configuration error (an unmigrated database, a bad URL:
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -50,7 +51,7 @@ from typing import TextIO
 from django.db import DatabaseError, connections
 
 from .. import fleet, metrics, settings
-from ..kernel import claim, weather
+from ..kernel import ai, claim, weather
 from ..kernel.leases import LeaseKeeper
 from ..kernel.load import Preloaded
 from . import startup
@@ -70,6 +71,9 @@ logger = logging.getLogger(__name__)
 #: The start and stop lines go to the package's logger by name: docs/operations.md
 #: shows them as ``k2b_workflows: worker ...``, and supervisors' log filters match it.
 lifecycle = logging.getLogger("k2b_workflows")
+
+#: Seconds an idle loop goes on probing (``Worker._probe``) before a full pass again.
+IDLE_FULL_ROUND_S = 10.0
 
 
 class Worker:
@@ -163,6 +167,12 @@ class Worker:
         self.abandoned = 0
         #: The LISTEN thread, once started (``_start_listener``).
         self._listener: Listener | None = None
+        #: The last full pass found nothing to claim or do: the next pass probes (#52).
+        self._idle = False
+        #: ``time.monotonic()`` of the last full pass.
+        self._last_full = 0.0
+        #: The last wait ended on ``wake`` (a notification, a run's end): pass in full.
+        self._woken = False
 
     @property
     def app_ids(self) -> list[str] | None:
@@ -404,14 +414,25 @@ class Worker:
         if self.connections.orphans_possible:
             self.claims.hand_back_orphans()
             self.connections.orphans_possible = False
+        if self._idle and not self._woken and not self.burst:
+            due = self._probe()
+            if due is not None:
+                if self.schedule_passes.fire():
+                    self._idle = False
+                    return False
+                self._sleep(poll, due)
+                return False
+        self._last_full = time.monotonic()
         # Claim first: housekeeping (a transaction of five statements) then overlaps
         # the first steps, and a run it makes claimable is claimed at once (wake).
         started = self._fill(pool)
-        if self.housekeeping.run(poll) + self.schedule_passes.fire():
+        found = self.housekeeping.run(poll) + self.schedule_passes.fire()
+        if found:
             self.wake.set()
         if self.health:
             self.health.touch()
         self._show_status()
+        self._idle = not (started or found)
         if started:
             return False
         busy = self.claims.in_flight()
@@ -422,19 +443,52 @@ class Worker:
             and not self.selection.pending(self.using, admitted_until)
         ):
             return True
-        timeout = poll
+        due = None
         if busy < self.concurrency:
             # With every thread busy nothing can be claimed before one ends
             # (which sets ``wake``): skip the query, one commit per run saved.
             due = claim.next_due_in_ms(self.using)
-            if due is not None:
-                timeout = min(timeout, max(due / 1000, 0.005))
+        self._sleep(poll, due)
+        return False
+
+    def _probe(self) -> float | None:
+        """An idle pass: one statement, no transaction (#52). Returns how long to sleep
+        (ms, or inf for a poll), or None when the pass must be a full one.
+
+        A full pass (claim, AI claim, housekeeping) is a dozen statements and two
+        transactions, and after a pass that found nothing it would most often find
+        nothing again. So the next passes only ask whether a claim or the
+        housekeeping has anything to do now (``claim.idle_probe_ms``), until it
+        has, a notification wakes the loop, or ``IDLE_FULL_ROUND_S`` passed since
+        the last full pass (for what the probe does not read: a dead worker's AI
+        task, stale rendezvous rows).
+        """
+        if time.monotonic() - self._last_full >= IDLE_FULL_ROUND_S:
+            return None
+        due = claim.idle_probe_ms(
+            self.using,
+            workflows=self.selection.workflows(),
+            app_ids=self.app_ids,
+            queues=self.selection.queues,
+            providers=list(ai.providers()),
+        )
+        self.stats["idle_probes"] += 1
+        if self.health:
+            self.health.touch()
+        if due is not None and due <= 0:
+            return None
+        return math.inf if due is None else due
+
+    def _sleep(self, poll: float, due_ms: float | None) -> None:
+        """Wait for a notification, the next due run or deadline, a schedule tick or a poll."""
+        timeout = poll
+        if due_ms is not None:
+            timeout = min(timeout, max(due_ms / 1000, 0.005))
         if self.schedule_passes.enabled:
             next_check = self.schedule_passes.next_check
             timeout = min(timeout, max(next_check - time.monotonic(), 0.005))
         self._start_listener()
-        self.wake.wait(timeout)
-        return False
+        self._woken = self.wake.wait(timeout)
 
     def _weather(self, where: str, exc: Exception, backoff: weather.Backoff) -> None:
         """A failed pass of the loop: close the connection, log one line, back off, carry on.
