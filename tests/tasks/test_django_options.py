@@ -254,3 +254,16 @@ def test_options_declare_them_for_a_backends_tasks():
         max_attempts=4, backoff=2.0, max_backoff=2.0, jitter=False, multiplier=1
     )
     assert options.to_input()["timeout"] == 30.0
+
+
+@pytest.mark.parametrize("name", sorted(timed.TIMED))
+def test_django_60s_options_tasks_declare_the_same_as_task(name):
+    """On Django 6.0 a bare @task gets these options from OPTIONS["tasks"]
+    (tests/settings.py): the run's input is the one @task(...) writes."""
+    declared = getattr(timed, name)
+    backend = declared.get_backend()
+    bare = type(
+        "T", (), {"func": declared.func, "queue_name": "default", "priority": 0}
+    )()  # declares nothing of its own
+    from_settings = TaskOptions.of(bare, backend.alias, backend.defaults, backend.overrides)
+    assert from_settings.to_input() == backend.options_of(declared).to_input()
