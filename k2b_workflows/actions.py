@@ -122,6 +122,9 @@ class Failed(Result):
     message: str = ""
     code: str | None = None
     retryable: bool = False
+    #: A retryable failure's own delay before its retry, instead of its policy's (a
+    #: task's ``backoff`` computes it from the exception); None: the policy's.
+    delay_ms: int | None = None
     kind: ClassVar[str] = "failed"
 
 
@@ -239,7 +242,14 @@ def validate_result(result: Any, allowed: tuple[type[Result], ...], hook: str) -
             if result.code is not None:
                 validation.text(result.code, f"{hook}() failed() code", max_length=100)
             message = validation.storable_message(result.message)
-            return Failed(message, result.code, result.retryable)
+            delay = result.delay_ms
+            if delay is not None and (
+                isinstance(delay, bool) or not isinstance(delay, int) or delay < 0
+            ):
+                raise InvalidInput(
+                    f"{hook}() failed(): delay_ms must be an int >= 0, not {delay!r}"
+                )
+            return Failed(message, result.code, result.retryable, delay)
         if isinstance(result, Waiting):
             dependency = result.dependency
             validation.text(dependency.kind, f"{hook}() waiting() kind", max_length=200)

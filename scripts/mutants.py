@@ -1607,6 +1607,81 @@ MUTANTS = (
             "test_a_batched_write_of_a_canceled_run_is_refused_by_its_fence_once",
         ),
     ),
+    # Django's proposed task options (#49).
+    Mutant(
+        "task-max-attempts-bound",
+        "k2b_workflows/tasks/options.py",
+        "            max_attempts=attempts, backoff=backoff, max_backoff=backoff,",
+        "            max_attempts=attempts + 1, backoff=backoff, max_backoff=backoff,",
+        ("tests/tasks/test_django_options.py::test_max_attempts_bounds_the_calls_exactly",),
+    ),
+    Mutant(
+        "task-retry-or-max-attempts",
+        "k2b_workflows/tasks/options.py",
+        '    if values["retry"] is not None and (attempts is not None or backoff is not None):',
+        "    if False:",
+        (
+            "tests/tasks/test_django_options.py::"
+            "test_bad_declarations_are_refused_naming_the_option_and_the_task",
+        ),
+    ),
+    Mutant(
+        "task-backoff-none-stops",
+        "k2b_workflows/tasks/runs.py",
+        "        if delay is None:\n",
+        "        if False:\n",
+        ("tests/tasks/test_django_options.py::test_a_backoff_that_returns_none_stops_the_retries",),
+    ),
+    Mutant(
+        "task-backoff-delay",
+        "k2b_workflows/kernel/ending.py",
+        "        delay = retrying.delay_ms(policy, failures) if delay_ms is None else delay_ms\n",
+        "        delay = retrying.delay_ms(policy, failures)\n",
+        (
+            "tests/tasks/test_django_options.py::"
+            "test_a_backoff_function_is_asked_with_the_exception_and_the_result",
+        ),
+    ),
+    Mutant(
+        "failed-delay-kept",
+        "k2b_workflows/actions.py",
+        "            return Failed(message, result.code, result.retryable, delay)",
+        "            return Failed(message, result.code, result.retryable)",
+        (
+            "tests/tasks/test_django_options.py::"
+            "test_a_backoff_function_is_asked_with_the_exception_and_the_result",
+        ),
+    ),
+    Mutant(
+        "task-timeout-late-answer",
+        "k2b_workflows/tasks/runs.py",
+        "        if limit is not None and clock.monotonic() - started > limit:\n"
+        '            raise TaskTimeout(input["task"], limit, clock.monotonic() - started)\n',
+        "",
+        (
+            "tests/tasks/test_django_options.py::"
+            "test_a_pure_call_past_its_timeout_fails_with_task_timeout_and_is_retried",
+            "tests/tasks/test_django_options.py::"
+            "test_an_external_call_past_its_timeout_is_an_unknown_outcome_never_called_again",
+        ),
+    ),
+    Mutant(
+        "task-timeout-async",
+        "k2b_workflows/tasks/runs.py",
+        "                value = hooks.run_coroutine(value, ctx.canceled, limit)",
+        "                value = hooks.run_coroutine(value, ctx.canceled)",
+        ("tests/tasks/test_django_options.py::test_an_async_call_is_cancelled_at_its_timeout",),
+    ),
+    Mutant(
+        "task-timeout-external-unknown",
+        "k2b_workflows/tasks/runs.py",
+        "            if isinstance(exc, TaskTimeout) and type(self).effect.is_external:",
+        "            if False:",
+        (
+            "tests/tasks/test_django_options.py::"
+            "test_an_external_call_past_its_timeout_is_an_unknown_outcome_never_called_again",
+        ),
+    ),
 )
 
 

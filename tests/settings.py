@@ -73,6 +73,7 @@ SILENCED_SYSTEM_CHECKS = ["k2b_workflows.W003"]
 
 # django.tasks on the kernel (#37): tests/tasks_app/ holds the tasks.
 from k2b_workflows import Concurrency, Retry  # noqa: E402
+from tests.tasks_app.timed_options import TIMED  # noqa: E402
 
 TASKS = {
     "default": {
@@ -95,6 +96,8 @@ TASKS = {
                 },
                 "tests.tasks_app.library.*": {"effect": "idempotent"},
                 "tests.tasks_app.library.purge": {"effect": "pure"},
+                # Django's proposed options, for Django 6.0's bare @task (#49).
+                **{f"tests.tasks_app.timed.{name}": options for name, options in TIMED.items()},
             }
         },
     },

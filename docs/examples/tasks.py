@@ -109,3 +109,25 @@ def charge_once(context: TaskContext, order_id, amount):
     made = gateway.charge(amount, idempotency_key=effect_key(context))
     return {"order": order_id, "charge": made.id}
 # --8<-- [end:reconcile]
+
+
+# --8<-- [start:attempts]
+FEEDS = {"https://example.com/feed": ["first post"]}
+
+
+def slower_each_time(exception, task_result):
+    if isinstance(exception, PermissionError):
+        return None  # no more attempts
+    return 2**task_result.attempts  # seconds before the next one
+
+
+@task(effect="pure", max_attempts=5, backoff=slower_each_time, timeout=30)
+def fetch_feed(url):
+    if url.startswith("http://"):
+        raise PermissionError(f"{url}: plain HTTP is refused")
+    if url not in FEEDS:
+        raise ConnectionError(f"{url} did not answer")
+    return FEEDS[url]
+
+
+# --8<-- [end:attempts]

@@ -220,7 +220,9 @@ class EffectPath(abc.ABC):
         if isinstance(result, Waiting):
             self.ending.park(step.seq, step.name, result.dependency)
         if result.retryable and retrying.retries(self.claim.retry_policy, result.code):
-            self.ending.retry_later(f"step {step.seq} ({step.name}) failed: {result.message}")
+            self.ending.retry_later(
+                f"step {step.seq} ({step.name}) failed: {result.message}", result.delay_ms
+            )
         self.journal.step_failed(step, result.code or codes.ACTION_FAILED, result.message)
 
 
@@ -681,7 +683,9 @@ class External(EffectPath):
             and may_retry
             and retrying.retries(self.claim.retry_policy, result.code)
         ):
-            self.ending.retry_later(f"step {step.seq} ({step.name}) failed: {result.message}")
+            self.ending.retry_later(
+                f"step {step.seq} ({step.name}) failed: {result.message}", result.delay_ms
+            )
         journal.step_failed(step, result.code or codes.ACTION_FAILED, result.message)
 
 

@@ -429,14 +429,16 @@ class RunEnding:
             reason=f"{code}: {message}",
         )
 
-    def retry_later(self, reason: str) -> NoReturn:
-        """A retryable failure: count it, back off, or give up past the limit."""
+    def retry_later(self, reason: str, delay_ms: int | None = None) -> NoReturn:
+        """A retryable failure: count it, back off, or give up past the limit.
+
+        ``delay_ms``: the failure's own delay (``Failed.delay_ms``), else the policy's."""
         reason = redaction.scrub_error(reason)  # stored and logged: no credentials, bounded
         failures = self.claim.run.consecutive_failures + 1
         policy = self.claim.retry_policy
         if failures >= retrying.max_attempts(policy):
             self.exhausted(failures, reason)
-        delay = retrying.delay_ms(policy, failures)
+        delay = retrying.delay_ms(policy, failures) if delay_ms is None else delay_ms
         logger.info("run %s: retry %s in %s ms: %s", self.run_id, failures, delay, reason)
         self.transition(
             RETRY_LATER_SQL,

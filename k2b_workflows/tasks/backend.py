@@ -56,6 +56,7 @@ from .compat import (
     tasks_api,
 )
 from .exceptions import InvalidTaskArguments, InvalidTaskCall, TaskRunNotSealed
+from .exceptions import TaskTimeout as TaskTimeout
 from .names import EFFECT_OF_WORKFLOW, MAX_PATH
 from .options import (
     TaskOptions,
@@ -99,6 +100,15 @@ class WorkflowsTask(base_api.Task):
     one) and arguments, returning ``succeeded(value)``, ``failed(message,
     retryable=True)`` (it did not happen: call it again), ``failed(...)``
     (FAILED) or ``unknown(reason)`` (an operator decides).
+
+    Django's proposed options (django/new-features #142 and #144), which
+    ``using()`` cannot change: ``max_attempts``, how many times a call may run
+    in all (1: never retried); ``backoff``, seconds between attempts, or a
+    function ``backoff(exception, task_result) -> seconds | None`` (None: no
+    more attempts); ``timeout``, seconds a call may run, past which it fails
+    with ``TaskTimeout`` (pure, idempotent: retried under its attempts) or its
+    outcome is unknown (external). ``retry=Retry(...)`` says the same in one
+    declaration: not both.
     """
 
     effect: str | None = None
@@ -111,6 +121,9 @@ class WorkflowsTask(base_api.Task):
         default=None, hash=False
     )
     reconcile: Callable[..., Any] | str | None = None
+    max_attempts: int | None = None
+    backoff: float | Callable[..., Any] | str | None = None
+    timeout: float | None = None
 
 
 class WorkflowsBackend(backends_api.BaseTaskBackend):

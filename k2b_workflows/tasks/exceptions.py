@@ -44,3 +44,22 @@ class TaskRunNotSealed(TaskResultMismatch):  # type: ignore[misc,valid-type]
         )
         self.run_id = run_id
         self.reason = reason
+
+
+class TaskTimeout(TimeoutError):
+    """A call of a task declared with ``timeout=`` that ran past it: the attempt's error
+    (``TaskResult.errors``), as Django's proposal names it. A ``TimeoutError``, so
+    ``Retry(on=TimeoutError)`` and a ``backoff`` that looks at the exception see it.
+
+    A pure or idempotent call fails with it and is retried under its attempts. An
+    external call that ran past its timeout may have had its effect: its outcome is
+    unknown (its ``reconcile``, else an operator), never retried blindly. A
+    synchronous function cannot be stopped from outside: one still running at its
+    timeout goes on until it returns, and what it returns then is not used.
+    """
+
+    def __init__(self, path: str, timeout: float, elapsed: float | None = None) -> None:
+        ran = "" if elapsed is None else f" (ran {elapsed:.3g} s)"
+        super().__init__(f"task {path} ran past its timeout of {timeout:g} s{ran}")
+        self.path = path
+        self.timeout = timeout

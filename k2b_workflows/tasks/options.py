@@ -50,6 +50,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from .. import validation
+from ..actions import MAX_ACTION_TIMEOUT_S
 from ..exceptions import InvalidInput
 from ..kernel.budgets import validate_cost
 from ..limits import Concurrency, RateLimit, Strategy, check_rate_limit
@@ -76,9 +77,14 @@ class Option:
     written: Callable[[TaskOptions], bool] | None = None
 
 
-def option(**kwargs: Any) -> Any:
-    """A field of ``TaskOptions`` with its ``Option``."""
-    return dataclasses.field(metadata={"option": Option(**kwargs)})
+def option(*, optional: bool = False, **kwargs: Any) -> Any:
+    """A field of ``TaskOptions`` with its ``Option``. ``optional``: the field is None
+    when the options are read back from a run's input that does not hold it as
+    declared (it holds what it became: ``max_attempts`` is within ``retry``)."""
+    metadata = {"option": Option(**kwargs)}
+    if optional:
+        return dataclasses.field(default=None, metadata=metadata)
+    return dataclasses.field(metadata=metadata)
 
 
 def task_path(task: Any) -> str:
@@ -211,6 +217,93 @@ def _imports_back(path: str, value: Any) -> bool:
         return _names.__wrapped__(path, value)
 
 
+#: The largest ``max_attempts``: ``Retry``'s own bound.
+MAX_ATTEMPTS = 1_000_000
+#: The longest constant ``backoff``: a year, as ``Retry.backoff``.
+MAX_BACKOFF_S = 366 * 86_400
+
+
+def _max_attempts(value: Any, where: str) -> int | None:
+    """Django's ``max_attempts``: how many times a call may run in all, the first
+    included (1: never retried)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ATTEMPTS:
+        raise InvalidTaskCall(
+            f"{where}: max_attempts must be an int from 1 to {MAX_ATTEMPTS} (the attempts "
+            f"in all, the first included), not {value!r:.80}"
+        )
+    return value
+
+
+def _backoff(value: Any, where: str) -> float | str | Callable[..., Any] | None:
+    """Django's ``backoff``: seconds between attempts (a number: the same each time), or
+    a function ``backoff(exception, task_result) -> seconds | None`` (None: retry no
+    more), kept as its dotted path when it imports back, else as itself (a lambda:
+    the worker reads it from the task, which it imports anyway)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise InvalidTaskCall(f"{where}: backoff must be seconds or a function, not {value!r}")
+    if isinstance(value, int | float):
+        if not 0 <= value <= MAX_BACKOFF_S:
+            raise InvalidTaskCall(
+                f"{where}: backoff must be seconds from 0 to {MAX_BACKOFF_S} (a year), "
+                f"not {value!r}"
+            )
+        return float(value)
+    if isinstance(value, str):
+        if not _DOTTED.fullmatch(value) or len(value) > MAX_PATH:
+            raise InvalidTaskCall(
+                f"{where}: backoff {value!r:.100} is not a function's dotted path"
+            )
+        return value
+    if not callable(value) or inspect.isclass(value):
+        raise InvalidTaskCall(
+            f"{where}: backoff must be seconds or a function (exception, task_result) -> "
+            f"seconds or None, not {value!r:.80}"
+        )
+    path = function_path(value)
+    return path if _imports_back(path, value) else value
+
+
+def _timeout(value: Any, where: str) -> float | None:
+    """Django's ``timeout``: seconds a call may run (the kernel's ``Action.timeout``)."""
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 < value <= MAX_ACTION_TIMEOUT_S
+    ):
+        raise InvalidTaskCall(
+            f"{where}: timeout must be seconds above 0 and at most {MAX_ACTION_TIMEOUT_S}, "
+            f"not {value!r:.80}"
+        )
+    return float(value)
+
+
+def attempts_policy(values: Mapping[str, Any]) -> Retry | None:
+    """The ``Retry`` a task runs under: its ``retry``, or its ``max_attempts`` and
+    ``backoff`` as one (``check_together`` refused both).
+
+    ``max_attempts`` is ``Retry.max_attempts``, so the bound is the kernel's own,
+    sealed with the run's input and counted by its sealed failure count (#47). A
+    number ``backoff`` is a constant delay (no doubling, no jitter); without one,
+    or with a function (asked for each delay on the worker), ``Retry``'s defaults.
+    """
+    attempts = values["max_attempts"]
+    if attempts is None or attempts == 1:
+        policy: Retry | None = values["retry"]
+        return policy
+    backoff = values["backoff"]
+    if isinstance(backoff, float):
+        return Retry(
+            max_attempts=attempts, backoff=backoff, max_backoff=backoff, jitter=False, multiplier=1
+        )
+    return Retry(max_attempts=attempts)
+
+
 # -- how they are written to the run's input and read back -----------------------------
 
 
@@ -287,6 +380,29 @@ def _seconds(value: dt.timedelta | float) -> float:
     return value.total_seconds() if isinstance(value, dt.timedelta) else float(value)
 
 
+#: The run input's ``backoff`` of a function that does not import back by its path (a
+#: lambda): the worker asks the task it imports for its ``backoff``.
+BACKOFF_ON_TASK = "task"
+
+
+def _backoff_to_input(value: Any) -> str:
+    """A backoff function as the run's input holds it: its dotted path, or ``BACKOFF_ON_TASK``."""
+    return value if isinstance(value, str) else BACKOFF_ON_TASK
+
+
+def _backoff_from_input(value: Any) -> str | None:
+    if value is None:
+        return None
+    return validation.text(value, "the task's backoff", max_length=MAX_PATH)
+
+
+def _timeout_from_input(value: Any) -> float | None:
+    try:
+        return _timeout(value, "the task's input")
+    except InvalidTaskCall as exc:
+        raise InvalidInput(str(exc)) from None
+
+
 def _has_budget(options: TaskOptions) -> bool:
     """A budget's part of the input is written only for a task with one, so that the
     input (sealed, shown, stored per call) of every other task is unchanged."""
@@ -360,6 +476,27 @@ class TaskOptions:
         decode=lambda input: _reconcile_from_input(input.get("reconcile")),
         written=lambda options: options.reconcile is not None,
     )
+    # Django's proposed options (django/new-features #142, #144). ``max_attempts`` and a
+    # number ``backoff`` are held by ``retry`` (``attempts_policy``); a backoff function
+    # by its path; ``timeout`` is the step's ``Action.timeout``.
+    max_attempts: int | None = option(optional=True, check=_max_attempts)
+    backoff: float | str | Callable[..., Any] | None = option(
+        optional=True,
+        check=_backoff,
+        key="backoff",
+        encode=_backoff_to_input,
+        decode=lambda input: _backoff_from_input(input.get("backoff")),
+        written=lambda options: (
+            options.backoff is not None and not isinstance(options.backoff, float)
+        ),
+    )
+    timeout: float | None = option(
+        optional=True,
+        check=_timeout,
+        key="timeout",
+        decode=lambda input: _timeout_from_input(input.get("timeout")),
+        written=lambda options: options.timeout is not None,
+    )
 
     @property
     def workflow_name(self) -> str:
@@ -414,6 +551,7 @@ class TaskOptions:
         if matching:
             where = f"{where} (with OPTIONS['tasks'] {', '.join(o.pattern for o in matching)})"
         check_together(where, values)
+        values["retry"] = attempts_policy(values)
         return cls(
             path=path, backend=alias, queue=task.queue_name, priority=task.priority, **values
         )
@@ -547,7 +685,8 @@ def check_input(input: Any) -> None:
 
 def check_together(where: str, values: Mapping[str, Any]) -> None:
     """What the declared options may not be together: a reconcile is for an external
-    task; a budget and a cost go together, on a task with an effect to guard.
+    task; ``retry`` or ``max_attempts``/``backoff``, not both; a backoff needs
+    attempts to space; a budget and a cost go together, on a task with an effect to guard.
 
     A budget without a cost charges nothing and guards nothing; a cost without
     a budget is charged against no limit. A pure task has no effect to guard
@@ -560,6 +699,7 @@ def check_together(where: str, values: Mapping[str, Any]) -> None:
             f"crash leaves unknown), not to a {values['effect']} one: a {values['effect']} "
             "call is run again instead"
         )
+    _check_attempts(where, values)
     budget, cost = values["effect_budget"], values["cost"]
     if not budget and cost is None:
         return
@@ -584,6 +724,30 @@ def check_together(where: str, values: Mapping[str, Any]) -> None:
         except InvalidInput as exc:
             raise InvalidTaskCall(f"{where}: {exc}") from None
         check_within(where, fixed, budget)
+
+
+def _check_attempts(where: str, values: Mapping[str, Any]) -> None:
+    """Django's ``max_attempts``/``backoff`` or this package's ``retry``: one of them.
+
+    Both would be two answers to "how often, how patiently": which one wins is a
+    rule nobody reading the declaration would guess, so neither does. The same
+    holds across sources: a task's ``max_attempts`` on a backend whose ``OPTIONS``
+    declare a ``retry`` is refused naming both.
+    """
+    attempts, backoff = values["max_attempts"], values["backoff"]
+    if values["retry"] is not None and (attempts is not None or backoff is not None):
+        given = " and ".join(
+            name for name in ("max_attempts", "backoff") if values[name] is not None
+        )
+        raise InvalidTaskCall(
+            f"{where}: retry=Retry(...) and {given} both say how the task is retried: "
+            "declare one of them (Retry(max_attempts=..., backoff=...) says the same)"
+        )
+    if backoff is not None and (attempts is None or attempts == 1):
+        raise InvalidTaskCall(
+            f"{where}: backoff spaces retries, and max_attempts={attempts} allows none: "
+            "give max_attempts=2 or more, or leave backoff out"
+        )
 
 
 def check_within(where: str, cost: dict[str, int], budget: dict[str, int]) -> None:

@@ -47,7 +47,7 @@ from ..actions import (
     unknown,
 )
 from ..exceptions import InvalidInput, LeaseLost, RunCanceled
-from ..kernel import hooks, seals, starts
+from ..kernel import clock, hooks, seals, starts
 from ..kernel.budgets import CostRefused
 from ..kernel.hashing import canonical
 from ..models import LedgerEntry, RunStatus, TaskAttempt, WorkflowRun
@@ -60,8 +60,9 @@ from .compat import backends_api as backends_api
 from .compat import base_api, signals_api
 from .compat import exceptions_api as exceptions_api
 from .compat import tasks_api as tasks_api
+from .exceptions import TaskTimeout
 from .names import EFFECT_OF_WORKFLOW, PRIORITY_OFFSET, TASK_APP_ID, WORKFLOW_NAMES
-from .options import call_cost, check_input, input_option
+from .options import BACKOFF_ON_TASK, MAX_BACKOFF_S, call_cost, check_input, input_option
 
 # The names of ``compat`` imported ``as`` themselves are those ``k2b_workflows.taskruns``
 # had: its old path gives this module for a release (``moved.MOVED``).
@@ -186,6 +187,11 @@ def run_columns(input: Any) -> dict[str, Any]:
 class TaskAction(Action, abstract=True):
     """Calls the task's function; one concrete subclass per effect, path and policy."""
 
+    #: The task's declared ``timeout`` (seconds): past it, its call failed with
+    #: ``TaskTimeout``. None: none declared (the kernel's ``ACTION_TIMEOUT_MS`` still
+    #: bounds how long its lease is renewed).
+    task_timeout: float | None = None
+
     def cost(self, input: Any) -> dict[str, int]:
         """The call's charge to its run's ``effect_budget``, from its sealed input.
 
@@ -233,26 +239,64 @@ class TaskAction(Action, abstract=True):
             # locals let go: remembered runs are many, a traceback's line numbers small.
             traceback.clear_frames(exc.__traceback__)
             remember(ctx.run_id, result, exc, sender)
-            policy = type(self).retry
-            return failed(
-                scrub_error(f"{type(exc).__name__}: {exc}"),
-                code=codes.TASK_FAILED,
-                retryable=policy is not None and policy.retries_exception(exc),
-            )
+            if isinstance(exc, TaskTimeout) and type(self).effect.is_external:
+                # Its effect may have happened while it ran on: an unknown outcome (the
+                # kernel's, after an exception past the dispatch): its reconcile, else
+                # an operator. Never called again blindly.
+                raise
+            return self._failed(ctx, task, result, input, exc)
         finally:
             current_step.reset(token)
         remember(ctx.run_id, result, value, sender)
         return succeeded_as_stored(value, summary=f"task {path}")
 
     def _call(self, ctx: Any, task: Any, result: Any, input: Any) -> Any:
+        """The task's function, within its ``timeout`` if it declares one.
+
+        A coroutine is cancelled at its timeout (``CancelledError`` at its next
+        ``await``). A plain function cannot be stopped from outside its thread:
+        it runs on, and once it returns (or raises) past its timeout, what it
+        returned is not used: the attempt failed with ``TaskTimeout``. Meanwhile
+        the kernel treats it as any action past its ``Action.timeout``: the
+        worker stops renewing the run's lease at the timeout, so that a call
+        that never returns does not hold its run for ever (docs/tasks.md).
+        """
         args = list(input["args"])
         if task.takes_context:
             args.insert(0, base_api.TaskContext(task_result=result))
-        value = task.func(*args, **input["kwargs"])
-        if inspect.iscoroutine(value):
-            # On this thread's own loop, cancelled with the run (kernel/hooks.py).
-            value = hooks.run_coroutine(value, ctx.canceled)
+        limit = type(self).task_timeout
+        started = clock.monotonic()
+        try:
+            value = task.func(*args, **input["kwargs"])
+            if inspect.iscoroutine(value):
+                # On this thread's own loop, cancelled with the run (kernel/hooks.py).
+                value = hooks.run_coroutine(value, ctx.canceled, limit)
+        except hooks.HookTimedOut:
+            raise TaskTimeout(input["task"], limit or 0.0) from None
+        except (LeaseLost, RunCanceled):
+            raise
+        except BaseException as exc:
+            if limit is not None and clock.monotonic() - started > limit:
+                raise TaskTimeout(input["task"], limit, clock.monotonic() - started) from exc
+            raise
+        if limit is not None and clock.monotonic() - started > limit:
+            raise TaskTimeout(input["task"], limit, clock.monotonic() - started)
         return value
+
+    def _failed(self, ctx: Any, task: Any, result: Any, input: Any, exc: BaseException) -> Failed:
+        """The failed call's answer: retried under the task's policy (``Retry(on=...)``),
+        after its ``backoff`` function's delay, or not at all if that says None."""
+        message = scrub_error(f"{type(exc).__name__}: {exc}")
+        policy = type(self).retry
+        if policy is None or not policy.retries_exception(exc):
+            return Failed(message, codes.TASK_FAILED, False)
+        path = input_option(input, "backoff")
+        if path is None or ctx.run_row.consecutive_failures + 1 >= policy.max_attempts:
+            return Failed(message, codes.TASK_FAILED, True)  # no backoff to ask, or no retry left
+        delay, why = ask_backoff(task, path, exc, result)
+        if delay is None:
+            return Failed(f"{message} ({why}: not retried)", codes.TASK_FAILED, False)
+        return Failed(message, codes.TASK_FAILED, True, delay)
 
 
 class ReconcilingTaskAction(TaskAction, abstract=True):
@@ -295,6 +339,38 @@ class ReconcilingTaskAction(TaskAction, abstract=True):
             f"reconcile {input_option(input, 'reconcile')} returned {answer!r:.100}: a task's "
             "reconcile returns succeeded(value), failed(message, retryable=...) or unknown(reason)"
         )
+
+
+def ask_backoff(task: Any, path: str, exc: BaseException, result: Any) -> tuple[int | None, str]:
+    """The delay in milliseconds before the next attempt, as the task's ``backoff``
+    function says it (``backoff(exception, task_result)``), or None and why not.
+
+    ``path`` is the run input's: the function's dotted path, or ``BACKOFF_ON_TASK``
+    (a lambda: the task's own, read from its backend's options on this worker).
+    None, a value that is not seconds, or an exception it raises: no retry. A
+    backoff that fails is a bug to see, not a reason to retry at some other pace.
+    """
+    try:
+        if path == BACKOFF_ON_TASK:
+            backoff = task.get_backend().options_of(task).backoff
+        else:
+            backoff = import_string(path)
+        seconds = backoff(exc, result)
+    except Exception as exc:
+        logger.exception("task %s: its backoff raised", task.module_path)
+        return None, f"its backoff raised {type(exc).__name__}: {exc}"
+    if seconds is None:
+        return None, "its backoff returned None"
+    if isinstance(seconds, dt.timedelta):
+        seconds = seconds.total_seconds()
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not 0 <= seconds <= MAX_BACKOFF_S
+    ):
+        logger.error("task %s: its backoff returned %r, not seconds", task.module_path, seconds)
+        return None, f"its backoff returned {seconds!r:.80}, not seconds from 0 to a year"
+    return int(seconds * 1000), ""
 
 
 def import_reconcile(path: str) -> Any:
@@ -425,13 +501,24 @@ def action_for(effect: str, input: Any) -> type[TaskAction]:
     """The step's action: named for the task's path, with its effect, retry and rate limit."""
     path = input["task"]
     reconcile = input_option(input, "reconcile") if effect == "external" else None
-    key = (effect, path, repr(input.get("retry")), repr(input.get("rate_limit")), reconcile)
+    timeout = input_option(input, "timeout")
+    key = (
+        effect,
+        path,
+        repr(input.get("retry")),
+        repr(input.get("rate_limit")),
+        reconcile,
+        timeout,
+    )
     cls = _actions.get(key)
     if cls is None:
         attrs: dict[str, Any] = {
             "name": f"task:{path}",
             "effect": EFFECTS[effect],
             "retry": input_option(input, "retry"),
+            # The kernel's step timeout: the lease is renewed up to it, no further.
+            "timeout": timeout,
+            "task_timeout": timeout,
             "__module__": __name__,
         }
         rate_limit = input_option(input, "rate_limit")

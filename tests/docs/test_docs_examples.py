@@ -125,6 +125,7 @@ RUN_BY = {
         "test_the_tasks_example_invoices_many_and_schedules_one",
         "test_the_tasks_example_pays_out_within_its_budget_and_refuses_more",
         "test_the_tasks_example_reconcile_finds_the_charge_or_says_call_again",
+        "test_the_tasks_example_backoff_spaces_attempts_and_stops_at_a_refusal",
     ],
 }
 
@@ -1033,6 +1034,28 @@ def test_the_tasks_example_reconcile_finds_the_charge_or_says_call_again():
         assert found.output == tasks.charge_once.get_result(made.id).return_value
         missing = tasks.find_charge(base_api.TaskContext(task_result=never), "o-10", 700)
         assert isinstance(missing, Failed) and missing.retryable
+
+
+def test_the_tasks_example_backoff_spaces_attempts_and_stops_at_a_refusal():
+    """docs/tasks.md's attempts, backoff and timeout: a feed that does not answer is
+    tried five times, 2, 4, 8 and 16 s apart; a refused one once; a good one returns."""
+    import datetime as dt
+
+    from k2b_workflows.testing import controlled_clock
+
+    context, register = _tasks_example()
+    with context as (tasks,), controlled_clock() as clock:
+        register()
+        down = tasks.fetch_feed.enqueue("https://example.com/gone")
+        run_until_idle()
+        assert dt.timedelta(seconds=29) <= clock.offset < dt.timedelta(seconds=35)
+        refused = tasks.fetch_feed.enqueue("http://example.com/feed")
+        good = tasks.fetch_feed.enqueue("https://example.com/feed")
+        run_until_idle()
+        down, refused, good = (tasks.fetch_feed.get_result(r.id) for r in (down, refused, good))
+        assert (len(down.errors), down.status) == (5, "FAILED")
+        assert (len(refused.errors), refused.status) == (1, "FAILED")
+        assert good.return_value == ["first post"]
 
 
 def test_the_tasks_example_invoices_many_and_schedules_one():

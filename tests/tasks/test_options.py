@@ -11,8 +11,13 @@ from k2b_workflows.tasks import WorkflowsTask
 from k2b_workflows.tasks.compat import base_api
 from k2b_workflows.tasks.options import DECLARED, TaskOptions, input_option
 from tests.tasks_app import tasks as t
+from tests.tasks_app import timed
 
 TASKS = [
+    timed.bounded,
+    timed.stops,
+    timed.asked,
+    timed.slow_external,
     t.add,
     t.mail,
     t.record,
