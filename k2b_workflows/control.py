@@ -19,10 +19,10 @@ from django.apps import apps
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
 
-from . import codes, settings, tracing, validation
+from . import codes, naming, settings, tracing, validation
 from .actions import to_json_value
-from .exceptions import InvalidInput, StepFailed
-from .kernel import children, db, interventions, pauses, starts, waits
+from .exceptions import InvalidInput, StepFailed, UnknownWorkflow
+from .kernel import children, db, interventions, pauses, seals, starts, waits
 from .kernel.budgets import BudgetExceeded
 from .kernel.context import KernelStepContext
 from .kernel.interventions import (
@@ -52,6 +52,8 @@ __all__ = [
     "notify_workflow_worker",
     "pause_queue",
     "paused_queues",
+    "reenqueue_refusal",
+    "reenqueue_workflow_run",
     "resolve_effect",
     "resume_queue",
     "retry_refusal",
@@ -340,6 +342,57 @@ def retry_workflow_run(run_id: uuid.UUID | str, *, actor: Any, reason: str = "")
         raise InvalidInput("the retry reason must be a string")
     reason = validation.storable_message(reason)
     return interventions.retry(settings.database(), run_id, actor=actor, reason=reason)
+
+
+def reenqueue_refusal(run: WorkflowRun) -> str | None:
+    """Why ``reenqueue_workflow_run`` refuses ``run``, or None."""
+    if run.parent_id is not None:
+        return "a child run is started by its parent: re-enqueue its root"
+    problem = seals.start_problem(run)
+    if problem is not None:
+        # Not laundered into a new run with a fresh seal by an operator's click.
+        return f"its input is not the one it was started with: {problem}"
+    try:
+        get_workflow(run.workflow_name)
+    except UnknownWorkflow:
+        return f"no workflow {run.workflow_name!r} is registered in this process"
+    return None
+
+
+def reenqueue_workflow_run(run_id: uuid.UUID | str, *, actor: Any) -> WorkflowRun:
+    """An operator's "re-enqueue": a new run with the same input, beside ``run_id`` (#49).
+
+    For a task call, a new call of the same task with the same arguments and the
+    options it was enqueued with (its run's input holds both); for a workflow
+    run, a new run of its workflow's newest version, on the same queue, with
+    the same priority, concurrency key and principal. The original is not
+    touched, whatever its state. Refused (``InvalidInput``, saying why) for a
+    child run, and for a run whose start seal does not verify: the runtime role
+    can write a run's input, and a re-enqueue would seal what it wrote. Needs
+    ``k2b_workflows.retry_workflowrun``, as running a failed run again does.
+    """
+    if actor is None or not actor.has_perm("k2b_workflows.retry_workflowrun"):
+        raise PermissionDenied(
+            "re-enqueueing a run needs the permission k2b_workflows.retry_workflowrun"
+        )
+    run_id = validation.run_id(run_id)
+    try:
+        run = WorkflowRun.objects.using(settings.database()).get(pk=run_id)
+    except WorkflowRun.DoesNotExist:
+        raise InvalidInput(f"no workflow run {run_id}") from None
+    why = reenqueue_refusal(run)
+    if why is not None:
+        raise InvalidInput(f"run {run_id} cannot be re-enqueued: {why}")
+    if naming.is_task_workflow(run.workflow_name):
+        return start_task_run(run.workflow_name, run.input, run_after=None)
+    return start_workflow_run(
+        run.workflow_name,
+        run.input,
+        principal=run.principal,
+        concurrency_key=run.concurrency_key,
+        priority=run.priority,
+        queue=run.queue,
+    )
 
 
 #: What an operator needs to pause or resume a queue, when the actor is a Django user.

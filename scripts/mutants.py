@@ -172,6 +172,23 @@ MUTANTS = (
         ("tests/worker/test_idle.py::test_a_paused_queues_due_run_leaves_the_worker_probing",),
     ),
     Mutant(
+        "reenqueue-start-seal",
+        "k2b_workflows/control.py",
+        "    problem = seals.start_problem(run)\n    if problem is not None:",
+        "    problem = seals.start_problem(run)\n    if False:",
+        ("tests/admin/test_reenqueue.py::test_a_run_whose_input_was_rewritten_is_not_re_enqueued",),
+    ),
+    Mutant(
+        "admin-selection-cap",
+        "k2b_workflows/admin/views.py",
+        "    if selected > MAX_SELECTED:",
+        "    if False:",
+        (
+            "tests/admin/test_reenqueue.py::"
+            "test_a_selection_past_the_cap_is_refused_whole_and_says_how_many",
+        ),
+    ),
+    Mutant(
         "bulk-start-row-check",
         "k2b_workflows/kernel/starts.py",
         "    if _dumped(row(template.pk, template.input), connection) != "

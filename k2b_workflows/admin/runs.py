@@ -92,7 +92,7 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
     date_hierarchy = None
     list_per_page = 50
     show_full_result_count = False
-    actions = ["cancel_runs", "retry_runs"]
+    actions = ["cancel_runs", "retry_runs", "reenqueue_runs"]
     change_form_template = "admin/k2b_workflows/workflowrun/change_form.html"
     change_list_template = "admin/k2b_workflows/workflowrun/change_list.html"
     fieldsets = (
@@ -382,6 +382,12 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
     def retry_runs(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
         return admin_views.confirm_operation(
             self, request, queryset, "retry", action_name="retry_runs"
+        )
+
+    @admin.action(description="Re-enqueue selected runs as new runs…", permissions=["retry"])
+    def reenqueue_runs(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        return admin_views.confirm_operation(
+            self, request, queryset, "reenqueue", action_name="reenqueue_runs"
         )
 
     # Views ---------------------------------------------------------------------------------

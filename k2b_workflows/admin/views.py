@@ -33,6 +33,8 @@ from ..control import (
     EFFECT_CONFIRMED,
     RESOLVABLE_CODES,
     cancel_workflow_run,
+    reenqueue_refusal,
+    reenqueue_workflow_run,
     resolve_effect,
     retry_refusal,
     retry_workflow_run,
@@ -260,6 +262,11 @@ def _can_retry(run: WorkflowRun) -> str:
     return retry_refusal(run)
 
 
+#: The most runs one operation acts on: a filtered selection ("select all 40,213")
+#: is refused past it, with the count, rather than acted on for minutes in one request.
+MAX_SELECTED = 1000
+
+
 @dataclass(frozen=True)
 class Operation:
     """An operator's action on runs: who may do it, to which runs, and what it means."""
@@ -291,12 +298,25 @@ OPERATIONS = {
         "and replay their journal on the code running now. Deploy the fix or the patch "
         "(or restore the evidence) first: the same code stops at the same place.",
     ),
+    "reenqueue": Operation(
+        title="Re-enqueue runs",
+        verb="Re-enqueue",
+        check=reenqueue_refusal,
+        permission="k2b_workflows.retry_workflowrun",
+        explain="Each run is started again as a new run beside it, with the same input: a "
+        "task call as a new call of its task with the same arguments and options, a workflow "
+        "run on its workflow's newest version. The selected runs are not changed, whatever "
+        "their state: re-enqueueing a run that is still queued or running makes two.",
+    ),
 }
 
 
 def _apply(operation: str, request: HttpRequest, run: WorkflowRun, reason: str) -> None:
     if operation == "cancel":
         cancel_workflow_run(run.pk, f"{reason} (by {request.user.get_username()})")
+    elif operation == "reenqueue":
+        new = reenqueue_workflow_run(run.pk, actor=request.user)
+        messages.info(request, f"Run {run.pk} re-enqueued as run {new.pk}.")
     else:
         retry_workflow_run(run.pk, actor=request.user, reason=reason)
 
@@ -318,6 +338,14 @@ def confirm_operation(
     # Acting on runs one may not see would be acting blind: view permission too.
     if not request.user.has_perm(spec.permission) or not can_view_runs(request):
         raise PermissionDenied
+    selected = queryset.count()
+    if selected > MAX_SELECTED:
+        messages.error(
+            request,
+            f"{spec.verb}: {selected:,} runs are selected, and one operation acts on at most"
+            f" {MAX_SELECTED:,}. Nothing was done: narrow the selection with the filters.",
+        )
+        return None
     runs = list(queryset.order_by("created_at"))
     eligible = [run for run in runs if not spec.check(run)]
     skipped = [(run, spec.check(run)) for run in runs if spec.check(run)]
