@@ -189,6 +189,15 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "failures-sealed-attempts",
+        "k2b_workflows/failures.py",
+        "        kept = task_runs.sealed_attempts(run_id, rows)",
+        "        kept = rows",
+        (
+            "tests/admin/test_failures.py::test_an_attempt_row_the_runtime_role_inserted_is_not_counted",
+        ),
+    ),
+    Mutant(
         "bulk-start-row-check",
         "k2b_workflows/kernel/starts.py",
         "    if _dumped(row(template.pk, template.input), connection) != "

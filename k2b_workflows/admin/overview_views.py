@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import datetime as dt
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
 
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
+from .. import failures
 from . import overview
 from .views import can_view_runs
 
@@ -142,3 +145,44 @@ def overview_view(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse
         "legend": legend(),
     }
     return TemplateResponse(request, "admin/k2b_workflows/overview.html", context)
+
+
+def failures_view(model_admin: ModelAdmin, request: HttpRequest) -> HttpResponse:
+    """The Failures page: failed runs grouped by exception class or code and hour (#49)."""
+    if not can_view_runs(request):
+        raise PermissionDenied
+    try:
+        hours = int(request.GET.get("hours", failures.DEFAULT_HOURS))
+    except ValueError:
+        hours = failures.DEFAULT_HOURS
+    hours = max(1, min(hours, failures.MAX_HOURS))
+    read = failures.read(hours)
+    changelist = reverse("admin:k2b_workflows_workflowrun_changelist")
+    rows = []
+    for group in read.groups:
+        query = {
+            "status__exact": "failed",
+            "workflow_name": group.workflow_name,
+            "finished_at__gte": group.hour.isoformat(),
+            "finished_at__lt": (group.hour + dt.timedelta(hours=1)).isoformat(),
+        }
+        if group.task_path:
+            query["task_path"] = group.task_path
+        if group.is_exception:
+            query["task_attempts__exception_class_path"] = group.kind
+        else:
+            query["error_code"] = group.kind
+        rows.append({"group": group, "url": f"{changelist}?{urlencode(query)}"})
+    context: dict[str, Any] = {
+        **model_admin.admin_site.each_context(request),
+        "opts": model_admin.opts,
+        "app_label": model_admin.opts.app_label,
+        "media": model_admin.media,
+        "title": "Failures",
+        "rows": rows,
+        "hours": hours,
+        "choices": [1, 6, 24, 72, failures.MAX_HOURS],
+        "read": read,
+        "scan_cap": f"{failures.SCAN_CAP:,}",
+    }
+    return TemplateResponse(request, "admin/k2b_workflows/failures.html", context)

@@ -361,6 +361,19 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
             return super().get_search_results(request, queryset, search_term)
         return queryset.filter(Q(pk=run_id) | Q(idempotency_key=term)), False
 
+    #: The lookups the Failures page's links filter by, beyond the list's own filters.
+    FAILURE_LOOKUPS = frozenset(
+        {
+            "finished_at__gte",
+            "finished_at__lt",
+            "task_path",
+            "task_attempts__exception_class_path",
+        }
+    )
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
+        return lookup in self.FAILURE_LOOKUPS or super().lookup_allowed(lookup, value, request)
+
     # Permissions and actions ---------------------------------------------------------------
 
     def has_cancel_permission(self, request: HttpRequest) -> bool:
@@ -415,6 +428,11 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
                 "overview/",
                 wrap(lambda request: admin_overview.overview_view(self, request)),
                 name=f"{self.opts.app_label}_overview",
+            ),
+            path(
+                "failures/",
+                wrap(lambda request: admin_overview.failures_view(self, request)),
+                name=f"{self.opts.app_label}_failures",
             ),
             *(
                 path(
