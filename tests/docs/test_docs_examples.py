@@ -125,6 +125,7 @@ RUN_BY = {
         "test_the_tasks_example_invoices_many_and_schedules_one",
         "test_the_tasks_example_pays_out_within_its_budget_and_refuses_more",
         "test_the_tasks_example_reconcile_finds_the_charge_or_says_call_again",
+        "test_the_tasks_example_reports_how_far_it_got",
     ],
 }
 
@@ -1033,6 +1034,16 @@ def test_the_tasks_example_reconcile_finds_the_charge_or_says_call_again():
         assert found.output == tasks.charge_once.get_result(made.id).return_value
         missing = tasks.find_charge(base_api.TaskContext(task_result=never), "o-10", 700)
         assert isinstance(missing, Failed) and missing.retryable
+
+
+def test_the_tasks_example_reports_how_far_it_got():
+    context, register = _tasks_example()
+    with context as (tasks,):
+        register()
+        result = tasks.reindex.enqueue([11, 12, 13])
+        assert tasks.how_far(result.id) is None
+        run_until_idle()
+        assert tasks.how_far(result.id) == "3/3 document 13"
 
 
 def test_the_tasks_example_invoices_many_and_schedules_one():

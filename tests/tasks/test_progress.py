@@ -203,6 +203,14 @@ def test_a_thread_the_step_started_may_report():
     assert progress.fraction is None and progress.note == "from a thread"
 
 
+def test_a_dry_run_checks_the_values_and_writes_nothing():
+    from k2b_workflows import dry_run
+
+    report = dry_run("progress.threaded", {})
+    assert not report.failed, report
+    assert not RunProgress.objects.exists()
+
+
 def test_progress_is_kept_after_the_run_and_purged_with_it():
     import datetime as dt
 
