@@ -56,9 +56,6 @@ ON CONFLICT (run_id) DO UPDATE
  WHERE p.generation <= EXCLUDED.generation
 """
 
-#: A write that waits on a lock (another writer of the row) gives up rather than hold the writer.
-_TIMEOUTS_SQL = "SET statement_timeout = 5000"
-
 
 @dataclass
 class Value:
@@ -187,10 +184,13 @@ class Writer:
         try:
             conn = self._conns.get(value.using)
             if conn is None:
-                conn = self._conns[value.using] = db.autocommit_connection(
-                    value.using, follow_clock=False
-                )
-                conn.execute(_TIMEOUTS_SQL)
+                # Nothing of the session is relied on (no setting, no prepared
+                # statement): through a transaction pooler the next write may reach
+                # another server connection. A write that waits on a lock costs a
+                # step's end at most ``FINAL_WAIT_S``.
+                conn = db.autocommit_connection(value.using, follow_clock=False)
+                conn.prepare_threshold = None
+                self._conns[value.using] = conn
             self.writes += 1
             conn.execute(_UPSERT_SQL, value.parameters())
         except Exception as exc:
