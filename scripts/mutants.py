@@ -1600,7 +1600,7 @@ MUTANTS = (
         "",
         (
             "tests/tasks/test_progress.py::"
-            "test_two_thousand_calls_in_a_loop_write_a_few_times_and_keep_the_last_value",
+            "test_the_last_value_is_written_at_the_steps_end_not_when_the_interval_passes",
         ),
     ),
     Mutant(

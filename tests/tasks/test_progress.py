@@ -187,6 +187,17 @@ def test_two_thousand_calls_in_a_loop_write_a_few_times_and_keep_the_last_value(
     assert shown(result) == (2000, 2000, "item 2000")
 
 
+def test_the_last_value_is_written_at_the_steps_end_not_when_the_interval_passes(monkeypatch):
+    """With an interval longer than the test, only the step's end can have written the
+    last value by the time the run has ended. The items are a few milliseconds apart:
+    the first write (at once) is long done when the last value is set."""
+    monkeypatch.setattr(writer, "MIN_INTERVAL_S", 600.0)
+    result = reporting.tight_loop.enqueue(100, 0.005)
+    run_until_idle()
+    assert WorkflowRun.objects.get(pk=result.id).status == "succeeded"
+    assert shown(result) == (100, 100, "item 100")
+
+
 def test_an_async_task_reports_its_progress():
     result = reporting.areports.enqueue(50)
     run_until_idle()
