@@ -45,6 +45,8 @@ FINAL_WAIT_S = 2.0
 IDLE_CLOSE_S = 1.0
 #: A value whose write failed this many times is dropped (logged).
 MAX_TRIES = 3
+#: The last write of a run never written: long enough ago, whatever the clock's origin.
+_NEVER = float("-inf")
 
 #: One row per run; a stale generation never overwrites a newer one's.
 _UPSERT_SQL = """
@@ -152,7 +154,7 @@ class Writer:
                 due = [
                     key
                     for key in self._pending
-                    if key in self._urgent or now >= self._last.get(key, 0.0) + MIN_INTERVAL_S
+                    if key in self._urgent or now >= self._last.get(key, _NEVER) + MIN_INTERVAL_S
                 ]
                 if due:
                     self._urgent.difference_update(due)
@@ -164,7 +166,7 @@ class Writer:
                     return None
                 timeout: float | None = None
                 if self._pending:
-                    first = min(self._last.get(k, 0.0) for k in self._pending)
+                    first = min(self._last.get(k, _NEVER) for k in self._pending)
                     timeout = max(first + MIN_INTERVAL_S - now, 0.001)
                 elif self._conns:
                     if now - idle_since >= IDLE_CLOSE_S:
