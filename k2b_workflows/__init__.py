@@ -53,6 +53,9 @@ _LAZY = {
     "create_child_workflow_runs": "control",
     "notify_workflow_worker": "control",
     "pause_queue": "control",
+    "Progress": "progress",
+    "progress_of": "progress",
+    "set_progress": "progress",
     "paused_queues": "control",
     "resolve_effect": "control",
     "resume_queue": "control",
@@ -89,6 +92,7 @@ if TYPE_CHECKING:
     )
     from .dryrun import DryRunReport, dry_run
     from .kernel.ai import ai_provider
+    from .progress import Progress, progress_of, set_progress
     from .results import await_workflow_run, wait_for_workflow_run
     from .scheduling import schedule_workflow
 
@@ -117,6 +121,7 @@ __all__ = [
     "InvalidSchedule",
     "LeaseLost",
     "NotRetryable",
+    "Progress",
     "RateLimit",
     "ResolutionRefused",
     "Retry",
@@ -140,10 +145,12 @@ __all__ = [
     "notify_workflow_worker",
     "pause_queue",
     "paused_queues",
+    "progress_of",
     "resolve_effect",
     "resume_queue",
     "retry_workflow_run",
     "schedule_workflow",
+    "set_progress",
     "start_workflow_run",
     "succeeded",
     "unknown",

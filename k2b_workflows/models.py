@@ -683,5 +683,6 @@ from .budget_models import BudgetAccount, BudgetCharge  # noqa: E402, F401
 from .fleet_models import WorkerRecord  # noqa: E402, F401
 from .flow_models import RateDispatch  # noqa: E402, F401
 from .overview_models import OverviewMinute  # noqa: E402, F401
+from .progress_models import RunProgress  # noqa: E402, F401
 from .queue_models import QueuePause  # noqa: E402, F401
 from .schedule_models import WorkflowSchedule, WorkflowScheduleSkip  # noqa: E402, F401

@@ -44,6 +44,7 @@ _DELETES = (
     ("AI tasks", "DELETE FROM k2b_ai_task WHERE run_id = ANY(%s)"),
     ("dedup records", "DELETE FROM k2b_dedup WHERE run_id = ANY(%s)"),
     ("task attempts", "DELETE FROM k2b_task_attempt WHERE run_id = ANY(%s)"),
+    ("progress", "DELETE FROM k2b_progress WHERE run_id = ANY(%s)"),
     ("journal entries", "DELETE FROM k2b_journal WHERE run_id = ANY(%s)"),
     ("ledger entries", "DELETE FROM k2b_ledger WHERE run_id = ANY(%s)"),
     ("runs", "DELETE FROM k2b_run WHERE id = ANY(%s)"),

@@ -27,7 +27,9 @@ _FORBIDDEN = ("UPDATE", "DELETE", "TRUNCATE")
 #: The admin's overview drops its per-minute counts older than two days
 #: (``admin/overview.py``). None holds evidence. And schedules an operator deletes
 #: in the admin, with their skipped-tick records (their runs stay), and the row of
-#: a paused queue, which its resume deletes (#49). Nothing else.
+#: a paused queue, which its resume deletes (#49). Nothing else. A run's progress
+#: (``k2b_progress``, #49) is display: the runtime role writes it, as every table
+#: not named here (SELECT, INSERT, UPDATE), and never deletes it: retention does.
 RUNTIME_DELETES = (
     "k2b_overview_minute",
     "k2b_queue_pause",

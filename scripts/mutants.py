@@ -1708,6 +1708,40 @@ MUTANTS = (
             "test_an_external_call_past_its_timeout_is_an_unknown_outcome_never_called_again",
         ),
     ),
+    Mutant(
+        "progress-throttled",
+        "k2b_workflows/kernel/progress.py",
+        "MIN_INTERVAL_S = 0.25\n",
+        "MIN_INTERVAL_S = 0.0\n",
+        (
+            "tests/tasks/test_progress.py::"
+            "test_two_thousand_calls_in_a_loop_write_a_few_times_and_keep_the_last_value",
+        ),
+    ),
+    Mutant(
+        "progress-last-value-written-at-the-steps-end",
+        "k2b_workflows/kernel/progress.py",
+        "        if writer.has_pending(self.key):\n            writer.flush(self.key)\n",
+        "",
+        (
+            "tests/tasks/test_progress.py::"
+            "test_the_last_value_is_written_at_the_steps_end_not_when_the_interval_passes",
+        ),
+    ),
+    Mutant(
+        "progress-in-a-transaction-of-its-own",
+        "k2b_workflows/progress.py",
+        "    writer.record(ctx, done, total, note, clock.now())\n",
+        "    RunProgress.objects.using(ctx.using).update_or_create(\n"
+        "        run_id=ctx.run_id,\n"
+        "        defaults={'generation': ctx.generation, 'done': done, 'total': total,\n"
+        "                  'note': note, 'updated_at': clock.now()},\n"
+        "    )\n",
+        (
+            "tests/tasks/test_progress.py::"
+            "test_a_transactional_step_that_rolls_back_keeps_its_progress",
+        ),
+    ),
 )
 
 

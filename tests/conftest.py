@@ -231,3 +231,13 @@ def _close_result_listener() -> Iterator[None]:
     from k2b_workflows.results import listener
 
     listener.stop()
+
+
+@pytest.fixture(autouse=True)
+def _stop_progress_writer() -> Iterator[None]:
+    """A test whose steps reported progress leaves nothing pending and no writer
+    connection open on its database (the writer closes its own only once idle)."""
+    yield
+    from k2b_workflows.kernel import progress
+
+    progress.writer.stop()

@@ -14,6 +14,7 @@ from k2b_workflows import (
     create_child_workflow_runs, count_child_workflow_runs,
     resolve_effect, EFFECT_CONFIRMED, EFFECT_ABSENT, retry_workflow_run,
     pause_queue, resume_queue, paused_queues,                    # queues
+    set_progress, progress_of, Progress,                         # progress
     dry_run, DryRunReport, ai_provider,
     Schedule, schedule_workflow,                                 # schedules
     wait_for_workflow_run, await_workflow_run,                   # results and async

@@ -4,7 +4,7 @@ from datetime import timedelta
 
 from django.db import transaction
 
-from k2b_workflows import Retry, Schedule
+from k2b_workflows import Retry, Schedule, progress_of, set_progress
 from k2b_workflows.tasks import InvalidTaskCall, effect_key, enqueue_many, schedule_task
 
 from .providers import gateway
@@ -131,3 +131,19 @@ def fetch_feed(url):
 
 
 # --8<-- [end:attempts]
+
+
+# --8<-- [start:progress]
+@task(takes_context=True, effect="pure")
+def reindex(context: TaskContext, document_ids):
+    for done, document_id in enumerate(document_ids, start=1):
+        ...  # index one document
+        # As often as you like: a few writes a second reach the database, the last always.
+        set_progress(context, done, len(document_ids), note=f"document {document_id}")
+    return len(document_ids)
+
+
+def how_far(result_id):
+    progress = progress_of(result_id)  # None until the task first reports
+    return None if progress is None else f"{progress.done}/{progress.total} {progress.note}"
+# --8<-- [end:progress]

@@ -26,6 +26,7 @@ from ..kernel import clock, seals
 from ..kernel.evidence import hash_value
 from ..lazy import LazyModule
 from ..models import Incident, LedgerEntry, RunStatus, TaskAttempt, WorkerRecord, WorkflowRun
+from ..progress import progress_of
 from ..redaction import redact_text
 from ..tasks import names as task_names
 from .common import ReadOnlyMixin, field_names, pretty_json, short_hash, status_badge
@@ -102,6 +103,7 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
                 "fields": (
                     "id",
                     "status_badge",
+                    "progress_bar",
                     "integrity",
                     "held_by",
                     "workflow_name",
@@ -176,6 +178,35 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
     @admin.display(description="status", ordering="status")
     def status_badge(self, run: WorkflowRun) -> str:
         return status_badge(run.status)
+
+    @admin.display(description="progress")
+    def progress_bar(self, run: WorkflowRun) -> str:
+        """What its step last reported (``set_progress``): a bar, done/total, the note and
+        when; kept after the run ended. Display only."""
+        progress = progress_of(run)
+        if progress is None:
+            return "-"
+        total = progress.total
+        shown = str(progress.done) if total is None else f"{progress.done} / {total}"
+        fraction = progress.fraction
+        if fraction is not None:
+            bar = format_html(
+                '<progress class="k2b-progress" value="{}" max="{}"></progress> ',
+                progress.done if total else 1,  # 0 of 0 is done
+                total or 1,
+            )
+            shown = f"{shown} ({fraction:.0%})"
+        else:  # no total: an indeterminate bar
+            bar = format_html('<progress class="k2b-progress"></progress> ')
+        return format_html(
+            '{}<span class="k2b-progress-text">{}</span>{} <span class="k2b-progress-at">'
+            "updated {} ago ({})</span>",
+            bar,
+            shown,
+            format_html(" &middot; {}", redact_text(progress.note)) if progress.note else "",
+            timesince(progress.updated_at, clock.now()),
+            progress.updated_at.isoformat(timespec="seconds"),
+        )
 
     @admin.display(description="step", ordering="current_step")
     def step_column(self, run: WorkflowRun) -> Any:

@@ -58,6 +58,7 @@ from . import (
     fanout,
     flow,
     patches,
+    progress,
     retrying,
     seals,
     timers,
@@ -380,7 +381,9 @@ class Execution:
         if action.rate_limit is not None:
             path.admit(step, action.rate_limit)
         self.steps_executed += 1
-        return path.run(step)
+        # Its hooks may report progress; its last value is written before its end commits.
+        with progress.Running(ctx):
+            return path.run(step)
 
     def _path(self, effect: Effect) -> effects.EffectPath:
         """The path of a new step of ``effect``'s class, one per class and claim."""

@@ -126,6 +126,7 @@ RUN_BY = {
         "test_the_tasks_example_pays_out_within_its_budget_and_refuses_more",
         "test_the_tasks_example_reconcile_finds_the_charge_or_says_call_again",
         "test_the_tasks_example_backoff_spaces_attempts_and_stops_at_a_refusal",
+        "test_the_tasks_example_reports_how_far_it_got",
     ],
 }
 
@@ -1056,6 +1057,16 @@ def test_the_tasks_example_backoff_spaces_attempts_and_stops_at_a_refusal():
         assert (len(down.errors), down.status) == (5, "FAILED")
         assert (len(refused.errors), refused.status) == (1, "FAILED")
         assert good.return_value == ["first post"]
+
+
+def test_the_tasks_example_reports_how_far_it_got():
+    context, register = _tasks_example()
+    with context as (tasks,):
+        register()
+        result = tasks.reindex.enqueue([11, 12, 13])
+        assert tasks.how_far(result.id) is None
+        run_until_idle()
+        assert tasks.how_far(result.id) == "3/3 document 13"
 
 
 def test_the_tasks_example_invoices_many_and_schedules_one():

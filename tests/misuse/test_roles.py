@@ -94,6 +94,24 @@ def test_the_runtime_role_pauses_and_resumes_a_queue_and_its_claims_read_the_pau
     assert WorkflowRun.objects.get(pk=held.pk).status == "succeeded"
 
 
+def test_the_runtime_role_writes_progress_and_can_delete_none(runtime):
+    """Progress is display (#49): the worker writes it as the runtime role, which may not
+    delete it (retention does, as the owner); it holds no key to the run rows."""
+    from k2b_workflows import progress_of
+    from k2b_workflows.kernel import progress as progress_writer
+    from tests.tasks_app import reporting
+
+    try:
+        result = reporting.reports_then_fails.enqueue(3, 10)
+        run_until_idle(using=RUNTIME)
+    finally:
+        progress_writer.writer.stop()  # its connection is the runtime role's
+    progress = progress_of(result)
+    assert progress is not None and (progress.done, progress.total) == (3, 10)
+    _refused("DELETE FROM k2b_progress")
+    _refused("TRUNCATE k2b_progress")
+
+
 def test_the_runtime_role_reads_the_clock_where_functions_are_not_public(runtime):
     # A hardened database revokes PUBLIC's default EXECUTE on functions:
     # every kernel statement reads k2b_now(), so the grants must name it.

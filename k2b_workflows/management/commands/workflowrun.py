@@ -46,6 +46,7 @@ from k2b_workflows.exceptions import (
 from k2b_workflows.kernel import db
 from k2b_workflows.management import arguments
 from k2b_workflows.models import JournalEntry, LedgerEntry, WorkflowRun
+from k2b_workflows.progress import progress_of
 from k2b_workflows.redaction import redact, redact_text
 
 if TYPE_CHECKING:
@@ -158,6 +159,16 @@ def _name_line(run: WorkflowRun) -> str:
     return f"workflow  {run.workflow_name} v{run.workflow_version} (app {run.app_id})"
 
 
+def _progress_line(progress: dict[str, Any]) -> str:
+    """``progress 40 / 100 (40%) · the note (at ...)``: what ``set_progress`` last said."""
+    done, total = progress["done"], progress["total"]
+    shown = f"{done}" if total is None else f"{done} / {total}"
+    if total is not None:
+        shown += f" ({done / total:.0%})" if total else " (100%)"
+    note = f" · {progress['note']}" if progress["note"] else ""
+    return f"progress  {shown}{note} (at {progress['updated_at']})"
+
+
 def describe(run: WorkflowRun, *, steps: bool = False) -> dict[str, Any]:
     """A run as ``--json`` prints it: its state, never its input (as the admin, redacted output)."""
     data: dict[str, Any] = {
@@ -205,6 +216,15 @@ def describe(run: WorkflowRun, *, steps: bool = False) -> dict[str, Any]:
         ]
         ledger = LedgerEntry.objects.using(using).filter(run_id=run.pk).order_by("-id").first()
         data["ledger_head"] = None if ledger is None else {"id": ledger.pk, "kind": ledger.kind}
+        progress = progress_of(run)
+        data["progress"] = None
+        if progress is not None:
+            data["progress"] = {
+                "done": progress.done,
+                "total": progress.total,
+                "note": redact_text(progress.note),
+                "updated_at": _when(progress.updated_at),
+            }
     return data
 
 
@@ -382,6 +402,8 @@ class Command(BaseCommand):
             lines.append(f"waits on  {on['kind']} {on['key']} (deadline {on['deadline'] or '-'})")
         if run.attention_step is not None:
             lines.append(f"attention step {run.attention_step}")
+        if data["progress"] is not None:
+            lines.append(_progress_line(data["progress"]))
         for step in data["steps"]:
             lines.append(
                 f"  step {step['seq']:>3}  {step['action']}  {step['effect']}  {step['state']}"
