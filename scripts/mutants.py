@@ -1583,6 +1583,36 @@ MUTANTS = (
             "test_a_batched_write_of_a_canceled_run_is_refused_by_its_fence_once",
         ),
     ),
+    Mutant(
+        "fork-refuses-effects-that-may-have-happened",
+        "k2b_workflows/kernel/forks.py",
+        "        if refused:\n            raise ForkRefused(run_id, refused)\n",
+        "",
+        (
+            "tests/kernel/test_fork.py::"
+            "test_an_external_step_after_the_fork_point_refuses_the_fork",
+            "tests/kernel/test_fork.py::test_a_children_step_whose_children_paid_refuses_the_fork",
+            "tests/kernel/test_fork.py::test_a_fork_of_an_external_task_call_that_ran_is_refused",
+        ),
+    ),
+    Mutant(
+        "fork-keeps-the-originals-idempotent-keys",
+        "k2b_workflows/kernel/execute.py",
+        "            ctx.effect_key = forks.key_for("
+        "self.inherited_keys, seq, name, ctx.effect_key)\n",
+        "            pass\n",
+        (
+            "tests/kernel/test_fork.py::"
+            "test_an_idempotent_step_runs_again_with_the_originals_effect_key",
+        ),
+    ),
+    Mutant(
+        "fork-copies-a-failure-as-a-failure",
+        "k2b_workflows/kernel/forks.py",
+        '                    "state": entry.state,\n',
+        '                    "state": JournalEntry.State.SUCCEEDED,\n',
+        ("tests/kernel/test_fork.py::test_a_failure_before_the_fork_point_stays_a_failure",),
+    ),
 )
 
 

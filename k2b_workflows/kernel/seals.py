@@ -86,6 +86,10 @@ def _start_text_of(
             getattr(run, "priority_credit_ms", 0),
             getattr(run, "task_path", ""),
         ]
+    forked_from = getattr(run, "forked_from_id", None)
+    if forked_from is not None:
+        # Only a fork's seal covers it: every other run's seal text is as before.
+        fields.append(["forked_from", str(forked_from)])
     return hashing.canonical(fields)
 
 
