@@ -412,6 +412,13 @@ def fork_workflow_run(
         )
 
 
+def fork_plan(run_id: uuid.UUID | str, from_step: int | str) -> forks.Plan:
+    """What ``fork_workflow_run(run_id, from_step=...)`` would repeat, read without writing:
+    what the admin shows an operator before they fork. Raises as the fork does."""
+    with db.schema_required():
+        return forks.plan(settings.database(), validation.run_id(run_id), from_step)
+
+
 #: What an operator needs to pause or resume a queue, when the actor is a Django user.
 PAUSE_PERMISSION = "k2b_workflows.pause_queue"
 

@@ -169,6 +169,29 @@ class ReasonForm(forms.Form):
         return reason
 
 
+class ForkForm(ReasonForm):
+    """Why a run is forked, and which effects the operator allows to run again."""
+
+    reason = forms.CharField(
+        max_length=2000,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        help_text="Recorded in the fork's ledger and the original's, with your name.",
+    )
+    repeat_effects = forms.TypedMultipleChoiceField(
+        choices=(),
+        coerce=int,
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        label="Run again",
+        help_text="Checked: the step runs again in the fork, a new call under a new key. "
+        "An external step that may have happened must be checked, or the fork is refused.",
+    )
+
+    def __init__(self, *args: Any, steps: list[tuple[int, str]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["repeat_effects"].choices = steps
+
+
 class DryRunForm(forms.Form):
     """A workflow name and its input: what a dry run needs."""
 

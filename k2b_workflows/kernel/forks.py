@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
@@ -80,6 +81,51 @@ SELECT t.step, array_agg(DISTINCT t.id::text ORDER BY t.id::text)
 """
 
 
+@dataclass
+class Plan:
+    """What a fork of a run from a step would do, read from the run's evidence."""
+
+    run: WorkflowRun
+    journal: list[JournalEntry]
+    ledger: list[LedgerEntry]
+    #: The fork point: the first step the fork runs rather than replays.
+    seq: int
+    #: The steps at or after it whose external effect may have happened (``at_risk``).
+    at_risk: list[dict[str, Any]]
+
+    def idempotent_steps(self) -> list[JournalEntry]:
+        """The IDEMPOTENT steps at or after the fork point: they keep their effect keys
+        unless named in ``repeat_effects``."""
+        return [e for e in self.journal[self.seq :] if e.effect == Effect.IDEMPOTENT.value]
+
+
+def plan(using: str, run_id: uuid.UUID, from_step: int | str) -> Plan:
+    """Read ``run_id`` and what a fork of it from ``from_step`` would repeat; writes nothing.
+
+    Raises ``WorkflowRun.DoesNotExist`` or ``InvalidInput`` (a run that may
+    still act, a step that is not one of the run's, broken evidence). Inside
+    ``fork``, under the run's row lock; the admin's form reads it without one
+    to show the operator, and the fork itself reads it again.
+    """
+    original = WorkflowRun.objects.using(using).filter(pk=run_id).first()
+    if original is None:
+        raise WorkflowRun.DoesNotExist(f"no run {run_id}")
+    if original.status not in FORKABLE_STATUSES:
+        raise InvalidInput(
+            f"run {run_id} is {original.status}: only a run that ended (succeeded, failed"
+            " or canceled) is forked; cancel it first if it should not go on"
+        )
+    journal = list(JournalEntry.objects.using(using).filter(run_id=run_id).order_by("seq"))
+    ledger = list(LedgerEntry.objects.using(using).filter(run_id=run_id).order_by("id"))
+    broken = seals.start_problem(original) or evidence.verify_run(original, journal, ledger)
+    if broken is not None:
+        raise InvalidInput(f"run {run_id}: its evidence does not verify ({broken}): not forked")
+    if [e.seq for e in journal] != list(range(len(journal))):
+        raise InvalidInput(f"run {run_id}: its journal has gaps: not forked")
+    seq = fork_point(original, journal, from_step)
+    return Plan(original, journal, ledger, seq, at_risk(using, run_id, seq, journal, ledger))
+
+
 def fork(
     using: str,
     run_id: uuid.UUID,
@@ -95,36 +141,22 @@ def fork(
 
     Under the original's row lock, so that nothing is appended to it while its
     chains are read, checked and copied. Raises ``WorkflowRun.DoesNotExist``,
-    ``InvalidInput`` (a run that may still act, a step that is not one of the
-    run's, broken evidence) or ``ForkRefused``; nothing is written then.
+    ``InvalidInput`` (see ``plan``) or ``ForkRefused``; nothing is written then.
     """
     from ..workflows import get_workflow
 
     with transaction.atomic(using=using):
         if db.lock_run(using, run_id) is None:
             raise WorkflowRun.DoesNotExist(f"no run {run_id}")
-        original = WorkflowRun.objects.using(using).get(pk=run_id)
-        if original.status not in FORKABLE_STATUSES:
-            raise InvalidInput(
-                f"run {run_id} is {original.status}: only a run that ended (succeeded, failed"
-                " or canceled) is forked; cancel it first if it should not go on"
-            )
-        journal = list(JournalEntry.objects.using(using).filter(run_id=run_id).order_by("seq"))
-        ledger = list(LedgerEntry.objects.using(using).filter(run_id=run_id).order_by("id"))
-        broken = seals.start_problem(original) or evidence.verify_run(original, journal, ledger)
-        if broken is not None:
-            raise InvalidInput(f"run {run_id}: its evidence does not verify ({broken}): not forked")
-        if [e.seq for e in journal] != list(range(len(journal))):
-            raise InvalidInput(f"run {run_id}: its journal has gaps: not forked")
-        seq = fork_point(original, journal, from_step)
+        planned = plan(using, run_id, from_step)
+        original, journal, seq = planned.run, planned.journal, planned.seq
         repeat = repeat_steps(run_id, seq, len(journal), repeat_effects)
-        risky = at_risk(using, run_id, seq, journal, ledger)
-        refused = [step for step in risky if step["seq"] not in repeat]
+        refused = [step for step in planned.at_risk if step["seq"] not in repeat]
         # The guard: an effect that may have happened runs again only when named.
         if refused:
             raise ForkRefused(run_id, refused)
         definition = get_workflow(original.workflow_name, version)
-        keys = kept_keys(original, journal, ledger, seq, repeat)
+        keys = kept_keys(original, journal, planned.ledger, seq, repeat)
         fork_run = starts.start(
             using,
             definition,
@@ -157,7 +189,7 @@ def fork(
                 },
             )
             prev = evidence.append_journal(copied, prev, using).entry_hash
-        repeated = [step for step in risky if step["seq"] in repeat]
+        repeated = [step for step in planned.at_risk if step["seq"] in repeat]
         evidence.append_ledger(
             using,
             run_id=fork_run.pk,
