@@ -103,9 +103,7 @@ def test_a_step_that_is_not_one_of_the_run_sends_back_to_its_page(forker):
     assert any("not a step" in m for m in messages_of(forker.get(response.url)))
 
 
-def test_fork_from_failure_over_a_selection_confirms_then_forks_only_the_safe_ones(
-    forker, broken
-):
+def test_fork_from_failure_over_a_selection_confirms_then_forks_only_the_safe_ones(forker, broken):
     safe = ended({"to": "a@example.com"})
     paid = ended({"to": "b@example.com", "pay": True, "behaviour": "decline"})
     url = reverse("admin:k2b_workflows_workflowrun_changelist")
