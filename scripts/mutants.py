@@ -1607,6 +1607,20 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "fork-only-a-run-that-ended",
+        "k2b_workflows/kernel/forks.py",
+        "    if original.status not in FORKABLE_STATUSES:\n",
+        "    if False:\n",
+        ("tests/kernel/test_fork.py::test_a_run_that_may_still_act_is_not_forked",),
+    ),
+    Mutant(
+        "fork-link-sealed",
+        "k2b_workflows/kernel/seals.py",
+        "    if forked_from is not None:\n",
+        "    if False:\n",
+        ("tests/kernel/test_fork.py::test_a_fork_is_linked_both_ways_and_verifies_as_any_run",),
+    ),
+    Mutant(
         "fork-copies-a-failure-as-a-failure",
         "k2b_workflows/kernel/forks.py",
         '                    "state": entry.state,\n',

@@ -310,3 +310,44 @@ def test_a_user_needs_the_fork_permission():
         fork(original, 1, actor=user_with("retry_workflowrun", name="retrier"))
     forked = fork(original, 1, actor=user_with("fork_workflowrun"))
     assert forked_entry(forked).actor_id is not None
+
+
+# -- more of the peers' bugs, and what a fork writes ----------------------------------------
+
+
+def test_children_of_a_step_at_the_fork_point_are_created_once_for_the_fork(broken):
+    original = ended("forks.parent", {})
+    broken["on"] = False
+    forked = finish(fork(original, 0))
+    assert forked.status == "succeeded"
+    assert forked.children.count() == 2 and original.children.count() == 2
+    assert len(calls("forks.note")) == 4  # the original's two children, then the fork's two
+
+
+def test_a_fork_that_fails_half_way_writes_nothing(monkeypatch):
+    from k2b_workflows.kernel import forks
+
+    original = ended("forks.line", {"to": "a@example.com"})
+    runs, entries = WorkflowRun.objects.count(), LedgerEntry.objects.count()
+    appended = forks.evidence.append_ledger
+
+    def second_fails(using, **fields):
+        if fields["run_id"] == original.pk:
+            raise RuntimeError("the database went away")
+        return appended(using, **fields)
+
+    monkeypatch.setattr(forks.evidence, "append_ledger", second_fails)
+    with pytest.raises(RuntimeError):
+        fork(original, 1)
+    assert (WorkflowRun.objects.count(), LedgerEntry.objects.count()) == (runs, entries)
+    assert JournalEntry.objects.filter(run__forked_from=original).count() == 0
+
+
+def test_a_kept_key_is_only_for_the_same_action_at_the_same_step():
+    from k2b_workflows.kernel.forks import key_for
+
+    kept = {1: ("orig:1", "forks.send"), 2: ("orig:2", "")}
+    assert key_for(kept, 1, "forks.send", "own:1") == "orig:1"
+    assert key_for(kept, 1, "forks.other", "own:1") == "own:1"  # the new code put another call
+    assert key_for(kept, 2, "forks.other", "own:2") == "orig:2"  # the original's action unknown
+    assert key_for(kept, 3, "forks.send", "own:3") == "own:3"  # the original never got there
