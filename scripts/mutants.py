@@ -1604,6 +1604,8 @@ MUTANTS = (
         (
             "tests/kernel/test_fork.py::"
             "test_an_idempotent_step_runs_again_with_the_originals_effect_key",
+            "tests/crash/test_fork_crash.py::"
+            "test_sigkill_in_a_forks_idempotent_step_repeats_it_under_the_originals_key",
         ),
     ),
     Mutant(
