@@ -1620,7 +1620,11 @@ MUTANTS = (
         "k2b_workflows/kernel/seals.py",
         "    if forked_from is not None:\n",
         "    if False:\n",
-        ("tests/kernel/test_fork.py::test_a_fork_is_linked_both_ways_and_verifies_as_any_run",),
+        (
+            "tests/kernel/test_fork.py::test_a_fork_is_linked_both_ways_and_verifies_as_any_run",
+            "tests/misuse/test_sealed_rows.py::"
+            "test_a_fork_link_rewritten_by_the_runtime_role_is_refused_at_its_claim",
+        ),
     ),
     Mutant(
         "fork-copies-a-failure-as-a-failure",
