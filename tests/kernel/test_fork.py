@@ -351,3 +351,27 @@ def test_a_kept_key_is_only_for_the_same_action_at_the_same_step():
     assert key_for(kept, 1, "forks.other", "own:1") == "own:1"  # the new code put another call
     assert key_for(kept, 2, "forks.other", "own:2") == "orig:2"  # the original's action unknown
     assert key_for(kept, 3, "forks.send", "own:3") == "own:3"  # the original never got there
+
+
+def test_a_fork_runs_on_the_newest_version_or_the_one_asked():
+    from k2b_workflows import UnknownWorkflow
+
+    parked = start_workflow_run("ver.checkout", {"key": "never"}, version=1)
+    run_until_idle(app_ids=["versions"])
+    original = cancel_workflow_run(parked.pk, "the customer left")
+    assert fork(original, 1).workflow_version == 2  # today's code
+    assert fork(original, 1, version=1).workflow_version == 1
+    with pytest.raises(UnknownWorkflow):
+        fork(original, 1, version=9)
+    assert original.forks.count() == 2
+
+
+def test_a_forked_task_call_reads_back_as_a_task_result():
+    from tests.tasks_app import tasks as t
+
+    result = t.add.enqueue(2, 3)
+    run_until_idle()
+    forked = fork(WorkflowRun.objects.get(pk=result.id), 0)
+    run_until_idle()
+    again = t.add.get_result(str(forked.pk))
+    assert (again.return_value, again.args) == (5, [2, 3])
