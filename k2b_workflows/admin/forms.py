@@ -7,7 +7,7 @@ output or an empty evidence text is a form error, and the run stays as it is.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.core.exceptions import ValidationError
@@ -189,7 +189,7 @@ class ForkForm(ReasonForm):
 
     def __init__(self, *args: Any, steps: list[tuple[int, str]], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["repeat_effects"].choices = steps
+        cast("forms.TypedMultipleChoiceField", self.fields["repeat_effects"]).choices = steps
 
 
 class DryRunForm(forms.Form):

@@ -482,8 +482,10 @@ class Command(BaseCommand):
                 raise Failure(
                     REFUSED, "refused", f"{arguments.printable(exc)} (--repeat-effect {steps})"
                 ) from None
-            forked = run.ledger.get(kind=LedgerEntry.Kind.FORKED).detail["from_step"]
-            _log_change(user, original, f"Forked from step {forked} as {run.pk}: {reason}")
+            detail = run.ledger.get(kind=LedgerEntry.Kind.FORKED).detail or {}
+            _log_change(
+                user, original, f"Forked from step {detail.get('from_step')} as {run.pk}: {reason}"
+            )
         return {"run": describe(run)}, f"{run.pk} {run.status}"
 
     def _wake(self, *, app_id: str, kind: str, key: str, **options: Any) -> tuple:
