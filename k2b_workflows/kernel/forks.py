@@ -45,6 +45,7 @@ from ..actions import Effect
 from ..exceptions import ForkRefused, InvalidInput
 from ..models import JournalEntry, LedgerEntry, RunStatus, WorkflowRun
 from . import clock, db, evidence, instances, seals, starts
+from .journal import CLOSING_KINDS
 
 #: A run that can no longer act: its fork is the only run going on from its steps.
 FORKABLE_STATUSES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELED)
@@ -53,18 +54,6 @@ FAILURE = "failure"
 
 #: The effect classes whose dispatch may have happened: never repeated unasked.
 _EXTERNAL = frozenset(e.value for e in Effect if e.is_external)
-#: Ledger kinds after which a step's effect has a known outcome.
-_SETTLED = frozenset(
-    {
-        LedgerEntry.Kind.SUCCEEDED,
-        LedgerEntry.Kind.FAILED,
-        LedgerEntry.Kind.RECONCILED,
-        LedgerEntry.Kind.RESOLVED_CONFIRMED,
-        LedgerEntry.Kind.RESOLVED_ABSENT,
-        LedgerEntry.Kind.REJECTED,
-    }
-)
-
 #: The child runs (at any depth) of the original's children steps at or after the
 #: fork point that dispatched an external effect, by the parent's step. Walks the
 #: tree through ``k2b_run_child_once`` (parent, parent_step, child_index).
@@ -281,7 +270,7 @@ def at_risk(
                 "effect": entry.effect,
                 "state": "unknown",
             }
-        elif entry.seq in steps and entry.kind in _SETTLED:
+        elif entry.seq in steps and entry.kind in CLOSING_KINDS:
             steps[entry.seq]["state"] = "dispatched"
     for journaled in journal[seq:]:
         if journaled.effect in _EXTERNAL and journaled.state == JournalEntry.State.SUCCEEDED:

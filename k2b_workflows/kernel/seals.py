@@ -215,7 +215,7 @@ def start_problem(run: WorkflowRun, keys: dict[str, bytes] | None = None) -> str
         return None
     return (
         f"the run's start fields (input, principal, version, idempotency key, tree, queue,"
-        f" priority, task path) {why} (changed after the run was started)"
+        f" priority, task path, fork link) {why} (changed after the run was started)"
     )
 
 
