@@ -132,3 +132,12 @@ def test_fork_from_failure_has_a_hard_cap(forker, monkeypatch):
     )
     assert any("at most 2" in m for m in messages_of(response))
     assert not WorkflowRun.objects.filter(forked_from__isnull=False).exists()
+
+
+def test_a_fork_and_its_original_link_to_each_other_on_their_pages(forker):
+    from k2b_workflows import fork_workflow_run
+
+    run = ended({"to": "a@example.com"})
+    forked = fork_workflow_run(run.pk, from_step=2, actor="ops", reason="fixed")
+    assert f'href="{run_url(run)}"' in forker.get(run_url(forked)).content.decode()
+    assert f'href="{run_url(forked)}"' in forker.get(run_url(run)).content.decode()
