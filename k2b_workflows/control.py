@@ -13,6 +13,7 @@ does is visible (or wakes a worker) unless that transaction commits.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, cast
 
 from django.apps import apps
@@ -22,7 +23,7 @@ from django.db import transaction
 from . import codes, naming, settings, tracing, validation
 from .actions import to_json_value
 from .exceptions import InvalidInput, StepFailed, UnknownWorkflow
-from .kernel import children, db, interventions, pauses, seals, starts, waits
+from .kernel import children, db, forks, interventions, pauses, seals, starts, waits
 from .kernel.budgets import BudgetExceeded
 from .kernel.context import KernelStepContext
 from .kernel.interventions import (
@@ -49,6 +50,7 @@ __all__ = [
     "cancel_workflow_run",
     "count_child_workflow_runs",
     "create_child_workflow_runs",
+    "fork_workflow_run",
     "notify_workflow_worker",
     "pause_queue",
     "paused_queues",
@@ -393,6 +395,81 @@ def reenqueue_workflow_run(run_id: uuid.UUID | str, *, actor: Any) -> WorkflowRu
         priority=run.priority,
         queue=run.queue,
     )
+
+
+#: What an operator needs to fork a run, when the actor is a Django user.
+FORK_PERMISSION = "k2b_workflows.fork_workflowrun"
+
+
+def fork_workflow_run(
+    run_id: uuid.UUID | str,
+    *,
+    from_step: int | str,
+    actor: Any,
+    reason: str,
+    repeat_effects: Iterable[int] = (),
+    version: int | None = None,
+) -> WorkflowRun:
+    """A new run that keeps ``run_id``'s journal before ``from_step`` and runs on from there.
+
+    ``from_step``: a step's ``seq`` in the run's journal (or the step a run that
+    did not succeed stopped at), or ``"failure"``: the step at which a failed
+    run failed. The steps before it replay their recorded results, failures
+    included, children steps with their recorded children (none created
+    again); the rest run on today's code (the newest version registered here,
+    or ``version``). The new run's ``forked_from`` is ``run_id``; the
+    original's ``forks`` lists it. A fork of a task call is a new call with the
+    same arguments.
+
+    Only a run that ended (succeeded, failed, canceled) is forked: one that
+    may still act would act beside its fork. Raises ``ForkRefused``, listing
+    the steps, when a step at or after ``from_step`` dispatched an EXTERNAL,
+    IRREVERSIBLE or SNAPSHOT_RESTORE effect (or a child run of a children step
+    did), unless ``repeat_effects`` names them; then they run again and the
+    fork's ledger records ``actor`` and ``reason``. IDEMPOTENT steps run again
+    with the original's effect keys, unless named in ``repeat_effects`` (then
+    with new ones). ``actor``: a Django user holding
+    ``k2b_workflows.fork_workflowrun``, or a non-empty name (code's own fork).
+    Raises ``InvalidInput`` for bad arguments and ``WorkflowRun.DoesNotExist``
+    for an unknown run, before anything is written.
+    """
+    run_id = validation.run_id(run_id)
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidInput("fork_workflow_run() needs a reason: why the run goes on from a step")
+    reason = validation.long_text(reason.strip(), "the fork reason")
+    if isinstance(repeat_effects, (str, bytes)) or not isinstance(repeat_effects, Iterable):
+        raise InvalidInput(f"repeat_effects must be a list of steps, not {repeat_effects!r}")
+    repeat = list(repeat_effects)
+    validation.integer(version, "version", minimum=1, maximum=validation.MAX_INT, optional=True)
+    if isinstance(actor, str):
+        if not actor.strip():
+            raise InvalidInput("fork_workflow_run() needs an actor: who forks the run")
+        name, actor_id = validation.text(actor.strip(), "actor", max_length=150), None
+    elif actor is None:
+        raise InvalidInput("fork_workflow_run() needs an actor: who forks the run")
+    elif not getattr(actor, "is_active", False) or not actor.has_perm(FORK_PERMISSION):
+        raise PermissionDenied(f"forking a run needs the permission {FORK_PERMISSION}")
+    else:
+        name, actor_id = str(actor.get_username()), actor.pk
+    using = settings.database()
+    with db.schema_required():
+        return forks.fork(
+            using,
+            run_id,
+            from_step=from_step,
+            actor=name,
+            actor_id=actor_id,
+            reason=reason,
+            repeat_effects=repeat,
+            version=version,
+        )
+
+
+def fork_plan(run_id: uuid.UUID | str, from_step: int | str) -> forks.Plan:
+    """What ``fork_workflow_run(run_id, from_step=...)`` would repeat, read without writing:
+    what the admin shows an operator before they fork. Raises as the fork does."""
+    with db.schema_required():
+        return forks.plan(settings.database(), validation.run_id(run_id), from_step)
 
 
 #: What an operator needs to pause or resume a queue, when the actor is a Django user.

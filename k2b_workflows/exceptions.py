@@ -110,6 +110,28 @@ class NotRetryable(WorkflowError):
     """An operator asked to retry a run that is not failed."""
 
 
+class ForkRefused(WorkflowError):
+    """A fork would run again steps whose external effect may have happened.
+
+    ``steps``: each such step as a dict (``seq``, ``action``, ``effect``,
+    ``state``: "dispatched", "confirmed" or "unknown"; ``children``: the child
+    runs whose effects they are, for a children step). Name them in
+    ``repeat_effects`` to fork anyway: the fork's ledger records who allowed it
+    and why.
+    """
+
+    def __init__(self, run_id: object, steps: list[dict]) -> None:
+        listed = ", ".join(
+            f"step {s['seq']} ({s['action']}, {s['effect']}, {s['state']})" for s in steps
+        )
+        super().__init__(
+            f"run {run_id}: forking would run again {listed}; name these steps in"
+            " repeat_effects to repeat their effects"
+        )
+        self.run_id = run_id
+        self.steps = steps
+
+
 class DatabaseNotMigrated(WorkflowError):
     """The app's tables are missing or older than its code: ``manage.py migrate`` was not run."""
 

@@ -160,6 +160,19 @@ class WorkflowRun(models.Model):
     root = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="descendants"
     )
+    #: The run this one was forked from (``fork_workflow_run``): it kept that run's
+    #: journal before the fork point and ran on from there. Its forks are
+    #: ``run.forks``. Covered by the start seal when set. No index of its own: the
+    #: partial ``k2b_run_forks`` serves the reverse lookup, and most runs are no fork.
+    forked_from = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="forks",
+        db_index=False,
+        editable=False,
+    )
 
     # What a waiting run waits for; kept after a wake so a second park on the
     # same key knows which signals it has already seen.
@@ -226,6 +239,7 @@ class WorkflowRun(models.Model):
             ("resolve_effect", "Can resolve an ambiguous effect"),
             ("cancel_workflowrun", "Can cancel a workflow run"),
             ("retry_workflowrun", "Can retry a failed workflow run"),
+            ("fork_workflowrun", "Can fork a workflow run from a step"),
             # A dry run executes actions' plan(), cost(), authorize() and PURE run()
             # in the web process: more than viewing.
             ("dry_run_workflow", "Can dry-run a workflow from the admin"),
@@ -321,6 +335,13 @@ class WorkflowRun(models.Model):
             # descent each, and one task's calls. Partial: a workflow run has no entry.
             models.Index(
                 fields=["task_path"], condition=~models.Q(task_path=""), name="k2b_run_task_path"
+            ),
+            # A run's forks (its page lists them). Partial: a run that is no fork has
+            # no entry, so neither an enqueue nor a status change pays for it.
+            models.Index(
+                fields=["forked_from"],
+                condition=models.Q(forked_from__isnull=False),
+                name="k2b_run_forks",
             ),
             # The overview's throughput and error codes, and retention's oldest first:
             # index-only over the window, whatever the size of the table.
@@ -529,6 +550,10 @@ class LedgerEntry(models.Model):
         REJECTED = "rejected"
         CANCELED = "canceled"
         RETRIED = "retried"
+        #: A fork: on the new run, who forked it from which step and why, the effects
+        #: they allowed to run again and the effect keys it keeps; on the original,
+        #: the fork's id.
+        FORKED = "forked"
 
     # No index of its own: k2b_ledger_step (run, seq) serves every lookup by run.
     run = models.ForeignKey(

@@ -1742,6 +1742,56 @@ MUTANTS = (
             "test_a_transactional_step_that_rolls_back_keeps_its_progress",
         ),
     ),
+    Mutant(
+        "fork-refuses-effects-that-may-have-happened",
+        "k2b_workflows/kernel/forks.py",
+        "        if refused:\n            raise ForkRefused(run_id, refused)\n",
+        "",
+        (
+            "tests/kernel/test_fork.py::"
+            "test_an_external_step_after_the_fork_point_refuses_the_fork",
+            "tests/kernel/test_fork.py::test_a_children_step_whose_children_paid_refuses_the_fork",
+            "tests/kernel/test_fork.py::test_a_fork_of_an_external_task_call_that_ran_is_refused",
+        ),
+    ),
+    Mutant(
+        "fork-keeps-the-originals-idempotent-keys",
+        "k2b_workflows/kernel/execute.py",
+        "            ctx.effect_key = forks.key_for("
+        "self.inherited_keys, seq, name, ctx.effect_key)\n",
+        "            pass\n",
+        (
+            "tests/kernel/test_fork.py::"
+            "test_an_idempotent_step_runs_again_with_the_originals_effect_key",
+            "tests/crash/test_fork_crash.py::"
+            "test_sigkill_in_a_forks_idempotent_step_repeats_it_under_the_originals_key",
+        ),
+    ),
+    Mutant(
+        "fork-only-a-run-that-ended",
+        "k2b_workflows/kernel/forks.py",
+        "    if original.status not in FORKABLE_STATUSES:\n",
+        "    if False:\n",
+        ("tests/kernel/test_fork.py::test_a_run_that_may_still_act_is_not_forked",),
+    ),
+    Mutant(
+        "fork-link-sealed",
+        "k2b_workflows/kernel/seals.py",
+        "    if forked_from is not None:\n",
+        "    if False:\n",
+        (
+            "tests/kernel/test_fork.py::test_a_fork_is_linked_both_ways_and_verifies_as_any_run",
+            "tests/misuse/test_sealed_rows.py::"
+            "test_a_fork_link_rewritten_by_the_runtime_role_is_refused_at_its_claim",
+        ),
+    ),
+    Mutant(
+        "fork-copies-a-failure-as-a-failure",
+        "k2b_workflows/kernel/forks.py",
+        '                    "state": entry.state,\n',
+        '                    "state": JournalEntry.State.SUCCEEDED,\n',
+        ("tests/kernel/test_fork.py::test_a_failure_before_the_fork_point_stays_a_failure",),
+    ),
 )
 
 

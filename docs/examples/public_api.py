@@ -13,6 +13,7 @@ from k2b_workflows import (
     wake_workflow_runs_waiting_on, notify_workflow_worker,
     create_child_workflow_runs, count_child_workflow_runs,
     resolve_effect, EFFECT_CONFIRMED, EFFECT_ABSENT, retry_workflow_run,
+    fork_workflow_run, ForkRefused,                              # fork from a step
     pause_queue, resume_queue, paused_queues,                    # queues
     set_progress, progress_of, Progress,                         # progress
     dry_run, DryRunReport, ai_provider,

@@ -7,7 +7,7 @@ output or an empty evidence text is a form error, and the run stays as it is.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.core.exceptions import ValidationError
@@ -167,6 +167,29 @@ class ReasonForm(forms.Form):
         if not reason:
             raise ValidationError("A reason is required.", code="required")
         return reason
+
+
+class ForkForm(ReasonForm):
+    """Why a run is forked, and which effects the operator allows to run again."""
+
+    reason = forms.CharField(
+        max_length=2000,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        help_text="Recorded in the fork's ledger and the original's, with your name.",
+    )
+    repeat_effects = forms.TypedMultipleChoiceField(
+        choices=(),
+        coerce=int,
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        label="Run again",
+        help_text="Checked: the step runs again in the fork, a new call under a new key. "
+        "An external step that may have happened must be checked, or the fork is refused.",
+    )
+
+    def __init__(self, *args: Any, steps: list[tuple[int, str]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        cast("forms.TypedMultipleChoiceField", self.fields["repeat_effects"]).choices = steps
 
 
 class DryRunForm(forms.Form):

@@ -22,7 +22,7 @@ from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
 from .. import naming, settings
-from ..kernel import clock, seals
+from ..kernel import clock, forks, seals
 from ..kernel.evidence import hash_value
 from ..lazy import LazyModule
 from ..models import Incident, LedgerEntry, RunStatus, TaskAttempt, WorkerRecord, WorkflowRun
@@ -93,7 +93,7 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
     date_hierarchy = None
     list_per_page = 50
     show_full_result_count = False
-    actions = ["cancel_runs", "retry_runs", "reenqueue_runs"]
+    actions = ["cancel_runs", "retry_runs", "reenqueue_runs", "fork_runs"]
     change_form_template = "admin/k2b_workflows/workflowrun/change_form.html"
     change_list_template = "admin/k2b_workflows/workflowrun/change_list.html"
     fieldsets = (
@@ -114,6 +114,8 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
                     "principal_hash",
                     "parent_link",
                     "root_link",
+                    "forked_from_link",
+                    "forks_links",
                 )
             },
         ),
@@ -302,6 +304,26 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
             return "this run"
         return format_html('<a href="{}">{}</a>', admin_views.run_url(run.root_id), run.root_id)
 
+    @admin.display(description="forked from")
+    def forked_from_link(self, run: WorkflowRun) -> str:
+        if run.forked_from_id is None:
+            return "—"
+        return format_html(
+            '<a href="{}">{}</a>', admin_views.run_url(run.forked_from_id), run.forked_from_id
+        )
+
+    @admin.display(description="forks")
+    def forks_links(self, run: WorkflowRun) -> str:
+        """The runs forked from this one, newest first (a few: the ledger names them all)."""
+        forks = list(
+            WorkflowRun.objects.filter(forked_from=run).order_by("-created_at").only("id")[:10]
+        )
+        if not forks:
+            return "—"
+        return format_html_join(
+            ", ", '<a href="{}">{}</a>', ((admin_views.run_url(f.pk), f.pk) for f in forks)
+        )
+
     def get_fieldsets(self, request: HttpRequest, obj: WorkflowRun | None = None) -> Any:
         # The wait fields keep a run's last wait after it moved on: "Waiting for"
         # while it waits, "Last waited for" after (a succeeded run said it was
@@ -413,6 +435,9 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
     def has_retry_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("k2b_workflows.retry_workflowrun")
 
+    def has_fork_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(admin_views.FORK_PERMISSION)
+
     def has_resolve_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(admin_views.RESOLVE_PERMISSION)
 
@@ -432,6 +457,12 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
     def reenqueue_runs(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
         return admin_views.confirm_operation(
             self, request, queryset, "reenqueue", action_name="reenqueue_runs"
+        )
+
+    @admin.action(description="Fork selected failed runs from their failure…", permissions=["fork"])
+    def fork_runs(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        return admin_views.confirm_operation(
+            self, request, queryset, "fork", action_name="fork_runs"
         )
 
     # Views ---------------------------------------------------------------------------------
@@ -454,6 +485,11 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
                 "concurrency-key/",
                 wrap(lambda request: admin_views.concurrency_key_view(self, request)),
                 name=f"{prefix}_concurrency_key",
+            ),
+            path(
+                "<path:object_id>/fork/",
+                wrap(lambda request, object_id: admin_views.fork_view(self, request, object_id)),
+                name=f"{prefix}_fork",
             ),
             path(
                 "overview/",
@@ -502,6 +538,8 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
                 can_cancel=run.status not in ("succeeded", "failed", "canceled")
                 and self.has_cancel_permission(request),
                 can_retry=not admin_views._can_retry(run) and self.has_retry_permission(request),
+                can_fork=run.status in forks.FORKABLE_STATUSES
+                and self.has_fork_permission(request),
             )
         return super().change_view(request, object_id, form_url, extra)
 

@@ -1,4 +1,4 @@
-"""The operators' admin views: resolving an incident, cancel and retry, dry runs.
+"""The operators' admin views: resolving an incident, cancel, retry and fork, dry runs.
 
 Each view changes nothing until a confirmation page has been submitted, calls
 only the public control functions (which check permissions again and append
@@ -33,6 +33,8 @@ from ..control import (
     EFFECT_CONFIRMED,
     RESOLVABLE_CODES,
     cancel_workflow_run,
+    fork_plan,
+    fork_workflow_run,
     reenqueue_refusal,
     reenqueue_workflow_run,
     resolve_effect,
@@ -42,6 +44,7 @@ from ..control import (
 from ..dryrun import dry_run
 from ..exceptions import (
     EvidenceChanged,
+    ForkRefused,
     InvalidInput,
     NotRetryable,
     ResolutionRefused,
@@ -51,13 +54,14 @@ from ..kernel import flow
 from ..models import TERMINAL_STATUSES, LedgerEntry, RunStatus, WorkflowRun
 from ..redaction import redact
 from .display import concurrency_key_url, incident_answers, incident_dispatch
-from .forms import DECISION_CHOICES, DryRunForm, ReasonForm, ResolutionForm
+from .forms import DECISION_CHOICES, DryRunForm, ForkForm, ReasonForm, ResolutionForm
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin
     from django.db.backends.base.base import BaseDatabaseWrapper
 
 RESOLVE_PERMISSION = "k2b_workflows.resolve_effect"
+FORK_PERMISSION = "k2b_workflows.fork_workflowrun"
 DECISION_LABELS: dict[str, str] = {
     LedgerEntry.Kind.RESOLVED_CONFIRMED: "effect confirmed",
     LedgerEntry.Kind.RESOLVED_ABSENT: "effect absent",
@@ -267,6 +271,26 @@ def _can_retry(run: WorkflowRun) -> str:
 MAX_SELECTED = 1000
 
 
+def _can_fork_from_failure(run: WorkflowRun) -> str:
+    """Why "fork from failure" skips ``run``: not failed, or an effect it would repeat
+    (an operator forks such a run from its own page, naming the effect)."""
+    if run.status != RunStatus.FAILED:
+        return f"{run.status}, not failed"
+    try:
+        planned = fork_plan(run.pk, "failure")
+    except InvalidInput as exc:
+        return str(exc)
+    if planned.at_risk:
+        steps = ", ".join(f"step {s['seq']} ({s['action']})" for s in planned.at_risk)
+        return f"would run again {steps}, whose effect may have happened: fork it from its page"
+    return ""
+
+
+#: At most this many runs are forked by one "fork from failure": each fork reads its
+#: original's evidence, and a larger selection is a deploy's job, not a click's.
+FORK_SELECTION_CAP = 100
+
+
 @dataclass(frozen=True)
 class Operation:
     """An operator's action on runs: who may do it, to which runs, and what it means."""
@@ -308,6 +332,16 @@ OPERATIONS = {
         "run on its workflow's newest version. The selected runs are not changed, whatever "
         "their state: re-enqueueing a run that is still queued or running makes two.",
     ),
+    "fork": Operation(
+        title="Fork runs from their failure",
+        verb="Fork from failure",
+        check=_can_fork_from_failure,
+        permission=FORK_PERMISSION,
+        explain="Each failed run gets a fork: a new run that keeps the results of the steps "
+        "before the one that failed and runs that step and the rest on the code running now. "
+        "The failed runs stay as they are, linked to their forks. A run whose later steps "
+        "had an external effect is left out: fork it from its own page. Deploy the fix first.",
+    ),
 }
 
 
@@ -317,6 +351,8 @@ def _apply(operation: str, request: HttpRequest, run: WorkflowRun, reason: str) 
     elif operation == "reenqueue":
         new = reenqueue_workflow_run(run.pk, actor=request.user)
         messages.info(request, f"Run {run.pk} re-enqueued as run {new.pk}.")
+    elif operation == "fork":
+        fork_workflow_run(run.pk, from_step="failure", actor=request.user, reason=reason)
     else:
         retry_workflow_run(run.pk, actor=request.user, reason=reason)
 
@@ -346,16 +382,24 @@ def confirm_operation(
             f" {MAX_SELECTED:,}. Nothing was done: narrow the selection with the filters.",
         )
         return None
+    if operation == "fork" and queryset.count() > FORK_SELECTION_CAP:
+        messages.error(
+            request,
+            f"Fork from failure takes at most {FORK_SELECTION_CAP} runs at a time: "
+            "filter the list further. Nothing was forked.",
+        )
+        return None
     runs = list(queryset.order_by("created_at"))
-    eligible = [run for run in runs if not spec.check(run)]
-    skipped = [(run, spec.check(run)) for run in runs if spec.check(run)]
+    checked = [(run, spec.check(run)) for run in runs]  # once: a fork's check reads evidence
+    eligible = [run for run, why in checked if not why]
+    skipped = [(run, why) for run, why in checked if why]
     form = ReasonForm(request.POST if request.POST.get("post") == "yes" else None)
     if form.is_bound and form.is_valid() and eligible:
         done = 0
         for run in eligible:
             try:
                 _apply(operation, request, run, form.cleaned_data["reason"])
-            except (NotRetryable, InvalidInput) as exc:
+            except (NotRetryable, InvalidInput, ForkRefused) as exc:
                 messages.error(request, f"Run {run.pk}: {exc}")
                 continue
             model_admin.log_change(request, run, f"{spec.verb}: {form.cleaned_data['reason']}")
@@ -392,6 +436,82 @@ def run_operation_view(
         raise Http404
     response = confirm_operation(model_admin, request, queryset, operation)
     return response or HttpResponseRedirect(run_url(object_id))
+
+
+# Fork -------------------------------------------------------------------------------------
+
+
+def _default_fork_step(run: WorkflowRun) -> str:
+    return "failure" if run.status == RunStatus.FAILED else "0"
+
+
+def _fork_step(value: str) -> int | str:
+    """The ``step`` of the fork page's URL: a seq or "failure"; anything else is refused
+    by the plan, which names the run's steps."""
+    return int(value) if value.lstrip("-").isdigit() else value
+
+
+def fork_view(model_admin: ModelAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
+    """ "Fork from this step": the effects the fork would repeat first, then the form.
+
+    Shown for ``?step=N`` (or ``failure``); the fork itself plans again under the
+    run's lock, so an effect recorded since the page was drawn still refuses it.
+    """
+    if not request.user.has_perm(FORK_PERMISSION) or not can_view_runs(request):
+        raise PermissionDenied
+    run = get_object_or_404(WorkflowRun, pk=run_id_or_404(object_id))
+    source = request.POST if request.method == "POST" else request.GET
+    step = _fork_step(str(source.get("step", _default_fork_step(run)))[:20])
+    try:
+        planned = fork_plan(run.pk, step)
+    except InvalidInput as exc:
+        messages.error(request, f"Not forked: {exc}")
+        return HttpResponseRedirect(run_url(run))
+    choices = [
+        (s["seq"], f"step {s['seq']}: {s['action']} ({s['effect']}, {s['state']})")
+        for s in planned.at_risk
+    ] + [
+        (e.seq, f"step {e.seq}: {e.action_name} (idempotent: a new key)")
+        for e in planned.idempotent_steps()
+        if e.seq not in {s["seq"] for s in planned.at_risk}
+    ]
+    form = ForkForm(request.POST if request.method == "POST" else None, steps=choices)
+    if form.is_bound and form.is_valid():
+        data = form.cleaned_data
+        try:
+            forked = fork_workflow_run(
+                run.pk,
+                from_step=planned.seq,
+                actor=request.user,
+                reason=data["reason"],
+                repeat_effects=data["repeat_effects"],
+            )
+        except (ForkRefused, InvalidInput) as exc:
+            form.add_error(None, str(exc))
+        else:
+            model_admin.log_change(
+                request, run, f"Forked from step {planned.seq} as {forked.pk}: {data['reason']}"
+            )
+            messages.success(
+                request,
+                f"Run {run.pk} forked from step {planned.seq}: this is the fork, {forked.status}.",
+            )
+            return HttpResponseRedirect(run_url(forked))
+    name = naming.described_name(run.workflow_name, run.task_path)
+    context = _admin_context(
+        model_admin,
+        request,
+        title=f"Fork {name} from step {planned.seq}",
+        subtitle=str(run.pk),
+        run=run,
+        original=run,
+        plan=planned,
+        kept=planned.journal[: planned.seq],
+        step_value=step,
+        form=form,
+        run_url=run_url(run),
+    )
+    return TemplateResponse(request, "admin/k2b_workflows/fork.html", context)
 
 
 # Dry run ----------------------------------------------------------------------------------

@@ -57,6 +57,7 @@ from . import (
     evidence,
     fanout,
     flow,
+    forks,
     patches,
     progress,
     retrying,
@@ -125,6 +126,8 @@ class Execution:
         self.ending: RunEnding
         #: The path of each effect class, made at the first step of that class.
         self._paths: dict[type[effects.EffectPath], effects.EffectPath] = {}
+        #: A fork's IDEMPOTENT steps' effect keys kept from its original (``forks.py``).
+        self.inherited_keys: dict[int, tuple[str, str]] = {}
 
     # -- entry point ---------------------------------------------------------
 
@@ -151,6 +154,8 @@ class Execution:
         self.principal = validation.copy_json(run.principal)
         self.journal = RunJournal(self, loaded)
         self.ending = RunEnding(self, self.journal)
+        if run.forked_from_id is not None:
+            self.inherited_keys = forks.inherited_keys(loaded.ledger)
         events.run_claimed(self)
         if self.keeper:
             self.keeper.track(self.run_id, self.generation, self.canceled)
@@ -354,6 +359,10 @@ class Execution:
         backup_ref: str | None,
     ) -> Any:
         ctx = KernelStepContext(self, seq)
+        if self.inherited_keys and action.effect == Effect.IDEMPOTENT:
+            # A fork's step runs again under the key its original used: the provider
+            # answers with what it did rather than doing it twice.
+            ctx.effect_key = forks.key_for(self.inherited_keys, seq, name, ctx.effect_key)
         started = clock.now()
         step = Step(seq, action, name, input, input_hash, started, ctx)
         self.retry_policy = retrying.policy_for(action, self.definition)

@@ -86,6 +86,10 @@ def _start_text_of(
             getattr(run, "priority_credit_ms", 0),
             getattr(run, "task_path", ""),
         ]
+    forked_from = getattr(run, "forked_from_id", None)
+    if forked_from is not None:
+        # Only a fork's seal covers it: every other run's seal text is as before.
+        fields.append(["forked_from", str(forked_from)])
     return hashing.canonical(fields)
 
 
@@ -211,7 +215,7 @@ def start_problem(run: WorkflowRun, keys: dict[str, bytes] | None = None) -> str
         return None
     return (
         f"the run's start fields (input, principal, version, idempotency key, tree, queue,"
-        f" priority, task path) {why} (changed after the run was started)"
+        f" priority, task path, fork link) {why} (changed after the run was started)"
     )
 
 

@@ -113,9 +113,11 @@ def start(
     queue: str | None = None,
     task_path: str = "",
     concurrency: Concurrency | None = None,
+    forked_from: uuid.UUID | None = None,
 ) -> WorkflowRun:
     """Queue a run of ``definition`` (its root's budget account with it); the same
-    ``idempotency_key`` returns the run it started before.
+    ``idempotency_key`` returns the run it started before. ``forked_from``: the
+    run a fork goes on from (``forks.py``), sealed with the start fields.
 
     A workflow in ``INPUT_COLUMNS`` (a django.tasks task's) takes its queue,
     priority, task path, concurrency and effect budget from its input, whoever
@@ -148,6 +150,8 @@ def start(
     columns["scheduled_for"] = scheduled_for
     columns["queue"] = definition.queue if queue is None else queue
     columns["task_path"] = task_path
+    if forked_from is not None:
+        columns["forked_from_id"] = forked_from
     declared = concurrency if concurrency is not None else definition.concurrency
     args = (using, definition, input, idempotency_key, principal, parent_id, now, columns, declared)
     if concurrency_key is None:

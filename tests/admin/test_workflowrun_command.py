@@ -377,3 +377,54 @@ def test_exit_codes_reach_the_shell():
         timeout=120,
     )
     assert usage.returncode == 2 and "invalid choice" in usage.stderr
+
+
+# -- fork ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def failed_line():
+    from tests.workflows import forks
+
+    forks.BROKEN["on"] = True
+    run = start_workflow_run("forks.line", {"to": "a@example.com", "pay": True})
+    run_to_end()
+    assert fresh(run).status == "failed"
+    yield run
+    forks.BROKEN["on"] = True
+
+
+def test_fork_goes_on_from_a_step_and_is_logged_as_the_admin_logs_it(failed_line):
+    user_with("view_workflowrun", "fork_workflowrun", name="fran")
+    out = workflowrun(
+        "fork", str(failed_line.pk), "--from-step", "failure", "--actor", "fran", "--reason", "fix"
+    )
+    assert out["ok"] and out["run"]["forked_from"] == str(failed_line.pk)
+    assert out["run"]["status"] == "queued"
+    entry = LogEntry.objects.get(object_id=str(failed_line.pk))
+    assert entry.get_change_message() == f"Forked from step 3 as {out['run']['id']}: fix"
+
+
+def test_fork_over_an_external_effect_is_refused_until_it_is_named(failed_line):
+    user_with("view_workflowrun", "fork_workflowrun", name="fran")
+    args = ["fork", str(failed_line.pk), "--from-step", "1", "--actor", "fran", "--reason", "r"]
+    code, error = refused(*args)
+    assert (code, error["error"]) == (REFUSED, "refused")
+    assert "--repeat-effect 2" in error["message"]
+    assert not failed_line.forks.exists()
+    assert workflowrun(*args, "--repeat-effect", "2")["ok"]
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        (["--from-step", "7", "--actor", "fran", "--reason", "r"], BAD_INPUT),
+        (["--from-step", "1", "--actor", "nobody", "--reason", "r"], NOT_FOUND),
+        (["--from-step", "1", "--actor", "vic", "--reason", "r"], PERMISSION_DENIED),
+    ],
+)
+def test_fork_refusals_have_their_exit_codes_and_change_nothing(failed_line, args, code):
+    user_with("view_workflowrun", "fork_workflowrun", name="fran")
+    user_with("view_workflowrun", name="vic")
+    assert refused("fork", str(failed_line.pk), *args)[0] == code
+    assert not failed_line.forks.exists()

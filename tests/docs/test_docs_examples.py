@@ -92,6 +92,7 @@ RUN_BY = {
     "waits_polling": ["test_a_pending_payout_is_polled_until_the_bank_answers"],
     "fan_out": ["test_the_checkout_ships_each_item_in_a_child_run"],
     "budgets": ["test_the_report_budget_allows_100_emails_and_refuses_the_101st"],
+    "forks": ["test_a_failed_import_forked_after_the_fix_fetches_nothing_again"],
     "ai_tasks": ["test_the_ai_task_asks_the_provider_once_and_the_step_gets_its_answer"],
     "dry_runs": ["test_the_dry_run_example_prints_the_plan_of_the_checkout"],
     "changing_code_actions": ["test_versions_run_side_by_side_each_run_on_its_own"],
@@ -532,6 +533,22 @@ def test_the_report_budget_allows_100_emails_and_refuses_the_101st():
         assert_run_status(run, "failed", error_code="EFFECT_BUDGET_EXCEEDED")
         assert len(mailer.sent) == 100  # the 101st step failed before its effect
         assert BudgetCharge.objects.filter(run=run, unit="emails").count() == 100
+
+
+def test_a_failed_import_forked_after_the_fix_fetches_nothing_again():
+    with examples("forks") as (forks,):
+        run = start_workflow_run("imports.load", {"url": "https://example.com/a.csv"})
+        run_until_idle()
+        assert_run_status(run, "failed", error_code="PARSE_ERROR")
+
+        forks.PARSER["fixed"] = True
+        fork = forks.fork_after_the_fix(run.pk, "ops@example.com")
+        run_until_idle()
+
+        assert_run_status(fork, "succeeded")
+        assert refreshed(fork).output == {"parsed": 1}
+        assert len(forks.FETCHED) == 1  # kept as recorded: not fetched again
+        assert fork.forked_from_id == run.pk
 
 
 def test_the_ai_task_asks_the_provider_once_and_the_step_gets_its_answer():

@@ -469,3 +469,24 @@ def test_a_task_enqueued_as_written_still_runs_on_its_queue(runtime):
     run_until_idle()
     assert WorkflowRun.objects.get(pk=result.id).status == "succeeded"
     assert ProviderCall.objects.filter(action="task.mail").count() == 1
+
+
+@pytest.mark.parametrize("edit", ["forked_from_id = NULL", "forked_from_id = id"])
+def test_a_fork_link_rewritten_by_the_runtime_role_is_refused_at_its_claim(runtime, edit):
+    """A fork's link to its original is sealed with its start (#50): it decides which
+    effect keys the fork's idempotent steps reuse, and the runs it is listed under."""
+    from k2b_workflows import fork_workflow_run, start_workflow_run
+    from tests.workflows import forks
+
+    original = start_workflow_run("forks.line", {"to": "a@example.com"})
+    run_until_idle(app_ids=["forks"])
+    fork = fork_workflow_run(original.pk, from_step=1, actor="ops", reason="resend")
+    as_runtime(f"UPDATE k2b_run SET {edit} WHERE id = %s", [fork.pk])
+    forks.BROKEN["on"] = False
+    try:
+        run_until_idle(app_ids=["forks"])
+    finally:
+        forks.BROKEN["on"] = True
+    run = WorkflowRun.objects.get(pk=fork.pk)
+    assert (run.status, run.error_code) == ("needs_attention", "INTEGRITY_CHAIN_BROKEN")
+    assert ProviderCall.objects.filter(action="forks.send").count() == 1  # the original's only

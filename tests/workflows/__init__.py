@@ -359,6 +359,7 @@ from . import (  # noqa: E402
     fanout,  # noqa: F401
     fence,  # noqa: F401
     flow,  # noqa: F401
+    forks,  # noqa: F401
     holders,  # noqa: F401
     integrity,  # noqa: F401
     kernel,  # noqa: F401

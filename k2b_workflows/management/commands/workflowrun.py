@@ -1,9 +1,9 @@
-"""``manage.py workflowrun start|show|cancel|retry|wake|resolve``: one run, from a shell.
+"""``manage.py workflowrun start|show|cancel|retry|fork|wake|resolve``: one run, from a shell.
 
 What this guards against: a second, laxer way to change a run. Every verb
 calls the same control function the admin and user code call
 (``start_workflow_run``, ``resolve_effect``, ...), so the validation, the
-run-row lock, the ledger entry and the errors are theirs. ``retry`` and
+run-row lock, the ledger entry and the errors are theirs. ``retry``, ``fork`` and
 ``resolve`` act for a named Django user (``--actor``), who needs the
 permission the admin asks for; the change is written to the admin's log
 (``LogEntry``) with the message the admin writes, so the history of a run
@@ -14,7 +14,8 @@ Exit codes, for scripts (``--json`` prints the error as JSON on stdout too):
 ====  =====================================================================
 0     done (``cancel`` of a run that had already ended is done, too)
 1     refused: the run is not in a state for this (``NotRetryable``,
-      ``ResolutionRefused``, ``EvidenceChanged``, ``IdempotencyConflict``)
+      ``ResolutionRefused``, ``EvidenceChanged``, ``IdempotencyConflict``,
+      ``ForkRefused``)
 2     bad input: usage, malformed JSON, a value the API refuses
 3     not found: no such run, workflow or user
 4     permission denied: the actor lacks the permission, or is inactive
@@ -37,6 +38,7 @@ from k2b_workflows import control, naming, settings, validation
 from k2b_workflows.exceptions import (
     DatabaseNotMigrated,
     EvidenceChanged,
+    ForkRefused,
     IdempotencyConflict,
     InvalidInput,
     NotRetryable,
@@ -74,7 +76,10 @@ def _failure(exc: BaseException) -> Failure:
     message = arguments.printable(exc)
     if isinstance(exc, Failure):
         return exc
-    if isinstance(exc, (EvidenceChanged, ResolutionRefused, NotRetryable, IdempotencyConflict)):
+    if isinstance(
+        exc,
+        (EvidenceChanged, ResolutionRefused, NotRetryable, IdempotencyConflict, ForkRefused),
+    ):
         return Failure(REFUSED, "refused", message)
     if isinstance(exc, (UnknownWorkflow, WorkflowRun.DoesNotExist)):
         return Failure(NOT_FOUND, "not_found", message)
@@ -187,6 +192,7 @@ def describe(run: WorkflowRun, *, steps: bool = False) -> dict[str, Any]:
         "attention_step": run.attention_step,
         "parent": None if run.parent_id is None else str(run.parent_id),
         "root": None if run.root_id is None else str(run.root_id),
+        "forked_from": None if run.forked_from_id is None else str(run.forked_from_id),
         "idempotency_key": redact_text(run.idempotency_key),
         "created_at": _when(run.created_at),
         "updated_at": _when(run.updated_at),
@@ -230,7 +236,7 @@ def describe(run: WorkflowRun, *, steps: bool = False) -> dict[str, Any]:
 
 class Command(BaseCommand):
     help = (
-        "Start, show, cancel, retry, wake or resolve a workflow run, with the checks of the "
+        "Start, show, cancel, retry, fork, wake or resolve a workflow run, with the checks of the "
         "Python API. Exit codes: 0 done, 1 refused by the run's state, 2 bad input, 3 not "
         "found, 4 permission denied, 5 database not migrated."
     )
@@ -307,6 +313,40 @@ class Command(BaseCommand):
             help="the operator: needs k2b_workflows.retry_workflowrun",
         )
         retry.add_argument("--reason", required=True, help="kept in the ledger with the actor")
+
+        fork = verb(
+            "fork", "a new run that goes on from a step of an ended run (fork_workflow_run)"
+        )
+        run_id(fork)
+        fork.add_argument(
+            "--from-step",
+            required=True,
+            metavar="SEQ|failure",
+            help="the step to run from: its seq in the run's journal, or failure",
+        )
+        fork.add_argument(
+            "--actor",
+            metavar="USERNAME",
+            required=True,
+            help="the operator: needs k2b_workflows.fork_workflowrun",
+        )
+        fork.add_argument("--reason", required=True, help="kept in the ledger with the actor")
+        fork.add_argument(
+            "--repeat-effect",
+            dest="repeat_effects",
+            metavar="SEQ",
+            type=arguments.integer(0, 2**31 - 1),
+            action="append",
+            default=[],
+            help="a step whose effect may have happened, to run again (repeatable)",
+        )
+        fork.add_argument(
+            "--version",
+            dest="workflow_version",
+            type=arguments.integer(1, 2**31 - 1),
+            default=None,
+            help="run on this registered version (default: the newest)",
+        )
 
         wake = verb("wake", "wake the runs waiting on (app, kind, key)")
         wake.add_argument("--app", dest="app_id", required=True)
@@ -433,6 +473,41 @@ class Command(BaseCommand):
         with transaction.atomic(using=settings.database()):
             run = control.retry_workflow_run(run_id, actor=user, reason=reason)
             _log_change(user, run, f"Retry now: {reason}")
+        return {"run": describe(run)}, f"{run.pk} {run.status}"
+
+    def _fork(
+        self,
+        *,
+        run_id: str,
+        from_step: str,
+        actor: str,
+        reason: str,
+        repeat_effects: list[int],
+        workflow_version: int | None,
+        **options: Any,
+    ) -> tuple:
+        user = _actor(actor, "k2b_workflows.fork_workflowrun", any_of=VIEW_PERMISSIONS)
+        step: int | str = int(from_step) if from_step.isdigit() else from_step
+        with transaction.atomic(using=settings.database()):
+            original = _get_run(run_id)
+            try:
+                run = control.fork_workflow_run(
+                    original.pk,
+                    from_step=step,
+                    actor=user,
+                    reason=reason,
+                    repeat_effects=repeat_effects,
+                    version=workflow_version,
+                )
+            except ForkRefused as exc:
+                steps = ", ".join(str(s["seq"]) for s in exc.steps)
+                raise Failure(
+                    REFUSED, "refused", f"{arguments.printable(exc)} (--repeat-effect {steps})"
+                ) from None
+            detail = run.ledger.get(kind=LedgerEntry.Kind.FORKED).detail or {}
+            _log_change(
+                user, original, f"Forked from step {detail.get('from_step')} as {run.pk}: {reason}"
+            )
         return {"run": describe(run)}, f"{run.pk} {run.status}"
 
     def _wake(self, *, app_id: str, kind: str, key: str, **options: Any) -> tuple:
