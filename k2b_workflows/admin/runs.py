@@ -14,7 +14,8 @@ import uuid
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.contrib import admin
-from django.db.models import F, Model, Prefetch, Q, QuerySet
+from django.db.models import F, JSONField, Model, Prefetch, Q, QuerySet
+from django.db.models.expressions import RawSQL
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
@@ -33,7 +34,7 @@ from .filters import QueueFilter, TaskFilter, WorkflowFilter
 from .workers import worker_state_badge
 
 if TYPE_CHECKING:
-    from .. import versions
+    from .. import incidents, versions
     from ..kernel import audit
     from ..tasks import runs as task_runs
     from . import display as admin_display
@@ -45,9 +46,21 @@ else:
     admin_overview = LazyModule("k2b_workflows.admin.overview_views")
     admin_views = LazyModule("k2b_workflows.admin.views")
     versions = LazyModule("k2b_workflows.versions")
+    incidents = LazyModule("k2b_workflows.incidents")
     audit = LazyModule("k2b_workflows.kernel.audit")
     # Only task runs' pages: it imports django.tasks, which a project may not have (#37).
     task_runs = LazyModule("k2b_workflows.tasks.runs")
+
+
+#: The incident queue's arguments column: a run's input when it is stored in at most
+#: this many bytes. ``pg_column_size`` reads the stored value's header, not the value:
+#: a list of runs with 10 MB inputs fetches none of them.
+INPUT_SHOWN_BYTES = 4096
+_BOUNDED_INPUT = RawSQL(
+    'CASE WHEN pg_column_size("k2b_run"."input") <= %s THEN "k2b_run"."input" END',
+    [INPUT_SHOWN_BYTES],
+    output_field=JSONField(),
+)
 
 
 def is_task_run(run: WorkflowRun) -> bool:
@@ -441,6 +454,10 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
                 incident=guide,
                 divergence=admin_display.incident_divergence(run),
                 code_traceback=admin_display.incident_traceback(run),
+                incident_story=incidents.story_of(run) if guide is not None else [],
+                call_arguments=pretty_json(admin_display.call_arguments(run))
+                if guide is not None
+                else "",
                 can_resolve=guide is not None
                 and "resolve" in guide.actions
                 and self.has_resolve_permission(request),
@@ -456,7 +473,7 @@ class IncidentAdmin(WorkflowRunAdmin):
     """The queue of runs that need an operator's decision, oldest first."""
 
     # Few, dense columns: the queue must fit next to the filters on a laptop.
-    list_display = ("incident", "step", "answers", "evidence_hashes", "resolve_link")
+    list_display = ("incident", "step", "arguments", "answers", "evidence_hashes", "resolve_link")
     list_display_links = None
     list_filter = ("app_id", ("workflow_name", WorkflowFilter), TaskFilter)
     actions = ["cancel_runs"]
@@ -476,6 +493,9 @@ class IncidentAdmin(WorkflowRunAdmin):
             super()
             .get_queryset(request)
             .filter(status=RunStatus.NEEDS_ATTENTION)
+            # The arguments column: the input only where it is small, its size read
+            # from the stored value's header; a large one is never fetched for a list.
+            .annotate(call_input=_BOUNDED_INPUT)
             .prefetch_related(
                 # Only the entries of the step in doubt: a run that polled for a week
                 # has thousands on other steps.
@@ -500,6 +520,15 @@ class IncidentAdmin(WorkflowRunAdmin):
             dispatch.action_name,
             dispatch.get_effect_display(),
         )
+
+    @admin.display(description="called with")
+    def arguments(self, run: Incident) -> str:
+        """The call's arguments (a workflow run's input), redacted as every input is."""
+        if run.call_input is None:
+            return format_html(
+                '<span class="k2b-sub">{}</span>', "too large for a list: see the run"
+            )
+        return pretty_json(admin_display.call_arguments(run, run.call_input))
 
     @admin.display(description="answers so far")
     def answers(self, run: Incident) -> str:

@@ -45,10 +45,18 @@ from ..exceptions import (
     ResolutionRefused,
     UnknownWorkflow,
 )
+from ..incidents import story_of
 from ..kernel import flow
 from ..models import TERMINAL_STATUSES, LedgerEntry, RunStatus, WorkflowRun
 from ..redaction import redact
-from .display import concurrency_key_url, incident_answers, incident_dispatch
+from .common import pretty_json
+from .display import (
+    call_arguments,
+    concurrency_key_url,
+    effect_key_shown,
+    incident_answers,
+    incident_dispatch,
+)
 from .forms import DECISION_CHOICES, DryRunForm, ReasonForm, ResolutionForm
 
 if TYPE_CHECKING:
@@ -185,6 +193,9 @@ def resolve_incident_view(
         else "",
         dispatch=incident_dispatch(run, ledger),
         answers=incident_answers(run, ledger),
+        effect_key=effect_key_shown(run),
+        call_arguments=pretty_json(call_arguments(run)),
+        incident_story=story_of(run),
         run_url=run_url(run),
         queue_url=reverse("admin:k2b_workflows_incident_changelist"),
     )

@@ -93,6 +93,14 @@ def charge(context: TaskContext, order, crash=None):
     return {"charged": order}
 
 
+@declared("external")
+def charge_keyless(order, crash=None):
+    """EXTERNAL and keyless: it takes no context, so no effect key ever reaches the provider."""
+    _call("task.charge_keyless", "", {"order": order})
+    crash_point({"crash": crash}, "task_external")
+    return {"charged": order}
+
+
 @task(takes_context=True)
 def charge_default(context: TaskContext, order):
     """No effect declared: the backend's OPTIONS["effect"], else external."""

@@ -33,7 +33,7 @@ from django.core.exceptions import PermissionDenied
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
-from k2b_workflows import control, naming, settings, validation
+from k2b_workflows import control, incidents, naming, settings, validation
 from k2b_workflows.exceptions import (
     DatabaseNotMigrated,
     EvidenceChanged,
@@ -45,7 +45,7 @@ from k2b_workflows.exceptions import (
 )
 from k2b_workflows.kernel import db
 from k2b_workflows.management import arguments
-from k2b_workflows.models import JournalEntry, LedgerEntry, WorkflowRun
+from k2b_workflows.models import JournalEntry, LedgerEntry, RunStatus, WorkflowRun
 from k2b_workflows.redaction import redact, redact_text
 
 if TYPE_CHECKING:
@@ -382,6 +382,13 @@ class Command(BaseCommand):
             lines.append(f"waits on  {on['kind']} {on['key']} (deadline {on['deadline'] or '-'})")
         if run.attention_step is not None:
             lines.append(f"attention step {run.attention_step}")
+        if run.status == RunStatus.NEEDS_ATTENTION:
+            # The admin's incident box says the same, from the same rows.
+            story = incidents.story_of(run)
+            data["what_happened"] = story
+            if story:
+                lines.append("what happened:")
+                lines.extend(f"  {sentence}" for sentence in story)
         for step in data["steps"]:
             lines.append(
                 f"  step {step['seq']:>3}  {step['action']}  {step['effect']}  {step['state']}"
