@@ -39,12 +39,14 @@ if TYPE_CHECKING:
     from ..tasks import runs as task_runs
     from . import display as admin_display
     from . import overview_views as admin_overview
+    from . import settle as admin_settle
     from . import views as admin_views
 else:
     # Only requests use these: a worker process imports this module and never them.
     admin_display = LazyModule("k2b_workflows.admin.display")
     admin_overview = LazyModule("k2b_workflows.admin.overview_views")
     admin_views = LazyModule("k2b_workflows.admin.views")
+    admin_settle = LazyModule("k2b_workflows.admin.settle")
     versions = LazyModule("k2b_workflows.versions")
     incidents = LazyModule("k2b_workflows.incidents")
     audit = LazyModule("k2b_workflows.kernel.audit")
@@ -105,7 +107,7 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
     date_hierarchy = None
     list_per_page = 50
     show_full_result_count = False
-    actions = ["cancel_runs", "retry_runs"]
+    actions = ["cancel_runs", "retry_runs", "settle_incidents"]
     change_form_template = "admin/k2b_workflows/workflowrun/change_form.html"
     change_list_template = "admin/k2b_workflows/workflowrun/change_list.html"
     fieldsets = (
@@ -391,6 +393,12 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
             self, request, queryset, "cancel", action_name="cancel_runs"
         )
 
+    @admin.action(description="Settle selected incidents (one decision)…", permissions=["resolve"])
+    def settle_incidents(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        return admin_settle.settle_incidents(
+            self, request, queryset, action_name="settle_incidents"
+        )
+
     @admin.action(description="Retry selected failed runs now…", permissions=["retry"])
     def retry_runs(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
         return admin_views.confirm_operation(
@@ -476,7 +484,7 @@ class IncidentAdmin(WorkflowRunAdmin):
     list_display = ("incident", "step", "arguments", "answers", "evidence_hashes", "resolve_link")
     list_display_links = None
     list_filter = ("app_id", ("workflow_name", WorkflowFilter), TaskFilter)
-    actions = ["cancel_runs"]
+    actions = ["settle_incidents", "cancel_runs"]
     change_list_template = "admin/k2b_workflows/incident/change_list.html"
     ordering = ("updated_at", "created_at")
 
