@@ -342,6 +342,19 @@ def retry_workflow_run(run_id: uuid.UUID | str, *, actor: Any, reason: str = "")
     return interventions.retry(settings.database(), run_id, actor=actor, reason=reason)
 
 
+def retry_words(run: WorkflowRun) -> str:
+    """What a retry did to ``run``, in the words the admin and ``workflowrun retry`` both say."""
+    if run.task_path:
+        return (
+            f"Task call {run.pk} ({run.task_path}) is {run.status}: one more attempt of the "
+            "same call, its attempts counted on."
+        )
+    return (
+        f"Run {run.pk} ({run.workflow_name}) is {run.status}: it replays its journal on the "
+        "code running now."
+    )
+
+
 #: What an operator needs to pause or resume a queue, when the actor is a Django user.
 PAUSE_PERMISSION = "k2b_workflows.pause_queue"
 

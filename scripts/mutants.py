@@ -1650,6 +1650,23 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "task-retry-one-more-call-per-retry",
+        "k2b_workflows/tasks/runs.py",
+        "            if failures >= granted:\n",
+        "            if failures > granted:\n",
+        (
+            "tests/tasks/test_retry_failed.py::"
+            "test_a_call_that_fails_again_is_failed_again_and_can_be_retried_again",
+        ),
+    ),
+    Mutant(
+        "task-retry-attempts-go-on",
+        "k2b_workflows/tasks/runs.py",
+        "    return earlier + run.consecutive_failures + 1\n",
+        "    return run.consecutive_failures + 1\n",
+        ("tests/tasks/test_retry_failed.py::test_the_retried_call_sees_its_attempt_number_go_on",),
+    ),
+    Mutant(
         "incident-story-takeover-only-of-a-lost-lease",
         "k2b_workflows/incidents.py",
         "    if holder_id and holder_id in lost_by:\n",

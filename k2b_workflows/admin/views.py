@@ -35,6 +35,7 @@ from ..control import (
     cancel_workflow_run,
     resolve_effect,
     retry_refusal,
+    retry_words,
     retry_workflow_run,
 )
 from ..dryrun import dry_run
@@ -300,7 +301,9 @@ OPERATIONS = {
         "is the code or the stored evidence (nondeterministic replay, an exception in the "
         "workflow code, a broken chain), are queued again with their failure count reset "
         "and replay their journal on the code running now. Deploy the fix or the patch "
-        "(or restore the evidence) first: the same code stops at the same place.",
+        "(or restore the evidence) first: the same code stops at the same place. A task "
+        "call that failed is called once more: one more attempt of the same call, its "
+        "attempts counted on.",
     ),
 }
 
@@ -309,7 +312,9 @@ def _apply(operation: str, request: HttpRequest, run: WorkflowRun, reason: str) 
     if operation == "cancel":
         cancel_workflow_run(run.pk, f"{reason} (by {request.user.get_username()})")
     else:
-        retry_workflow_run(run.pk, actor=request.user, reason=reason)
+        retried = retry_workflow_run(run.pk, actor=request.user, reason=reason)
+        # The words ``workflowrun retry`` prints for the same retry.
+        messages.success(request, retry_words(retried))
 
 
 def confirm_operation(

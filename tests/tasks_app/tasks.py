@@ -115,6 +115,35 @@ def pure_crash(n, crash=None):
     return n * 2
 
 
+@declared("external")
+def charge_fails_first(order):
+    """Raises on its first call and charges on any later one: a provider's 503, or a bug
+    fixed by a deploy, before an operator retries the failed call."""
+    first = not ProviderCall.objects.filter(action="task.charge_fails_first").exists()
+    _call("task.charge_fails_first", str(order))
+    if first:
+        raise RuntimeError("the provider answered 503")
+    return {"charged": order}
+
+
+@declared("pure", takes_context=True)
+def fails_its_first_attempt(context: TaskContext):
+    """Raises on attempt 1 and returns the attempt it is on any later one."""
+    _call("task.fails_its_first_attempt", payload={"attempt": context.attempt})
+    if context.attempt == 1:
+        raise RuntimeError("first attempt")
+    return context.attempt
+
+
+@declared("external", takes_context=True)
+def external_fails_its_first_attempt(context: TaskContext):
+    """As ``fails_its_first_attempt``, an external call: each attempt is a dispatch."""
+    _call("task.external_fails_its_first_attempt", payload={"attempt": context.attempt})
+    if context.attempt == 1:
+        raise RuntimeError("first attempt")
+    return context.attempt
+
+
 @declared("pure")
 def boom(message):
     _call("task.boom")

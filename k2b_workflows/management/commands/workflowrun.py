@@ -418,7 +418,8 @@ class Command(BaseCommand):
         with transaction.atomic(using=settings.database()):
             run = control.retry_workflow_run(run_id, actor=user, reason=reason)
             _log_change(user, run, f"Retry now: {reason}")
-        return {"run": describe(run)}, f"{run.pk} {run.status}"
+        # The admin's words for the same retry.
+        return {"run": describe(run)}, control.retry_words(run)
 
     def _wake(self, *, app_id: str, kind: str, key: str, **options: Any) -> tuple:
         woken = control.wake_workflow_runs_waiting_on(app_id=app_id, kind=kind, key=key)
