@@ -1631,12 +1631,18 @@ MUTANTS = (
     ),
     Mutant(
         "incident-queue-reads-small-inputs-only",
-        "k2b_workflows/admin/runs.py",
-        """    'CASE WHEN pg_column_size("k2b_run"."input") <= %s THEN "k2b_run"."input" END',\n""",
-        """    'CASE WHEN %s > 0 THEN "k2b_run"."input" END',\n""",
+        "k2b_workflows/admin/display.py",
+        """'CASE WHEN pg_column_size("k2b_run"."input") > %s THEN NULL'\n""",
+        """'CASE WHEN %s < 0 THEN NULL'\n""",
         (
             "tests/admin/test_admin_hardening.py::"
             "test_journal_ledger_and_incident_lists_never_read_the_runs_json_bodies",
+        ),
+        also=(
+            (
+                """' WHEN octet_length("k2b_run"."input"::text) > %s THEN NULL'\n""",
+                """' WHEN %s < 0 THEN NULL'\n""",
+            ),
         ),
     ),
     Mutant(

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db.models import JSONField
+from django.db.models.expressions import RawSQL
 from django.urls import reverse
 
 from .. import codes, settings
@@ -434,6 +436,28 @@ def incident_traceback(run: WorkflowRun) -> str:
 
 
 # Incidents: the call's arguments and its effect key, as far as the code used one ---------
+
+
+#: The lists' arguments column (the incident queue, the settle page): a run's input
+#: only when it is stored in at most ``INPUT_SHOWN_BYTES`` and is at most
+#: ``INPUT_SHOWN_CHARS`` as text. ``pg_column_size`` reads the stored value's header,
+#: not the value, so a list of runs with 10 MB inputs reads none of them; a CASE tests
+#: in order, so only a value stored small is measured as text (a compressed one may be
+#: far larger).
+INPUT_SHOWN_BYTES = 4096
+INPUT_SHOWN_CHARS = 16384
+BOUNDED_INPUT_SQL = (
+    'CASE WHEN pg_column_size("k2b_run"."input") > %s THEN NULL'
+    ' WHEN octet_length("k2b_run"."input"::text) > %s THEN NULL'
+    ' ELSE "k2b_run"."input" END'
+)
+
+
+def bounded_input() -> RawSQL:
+    """The run's input as ``call_input`` where it is small, else NULL (see above)."""
+    return RawSQL(
+        BOUNDED_INPUT_SQL, [INPUT_SHOWN_BYTES, INPUT_SHOWN_CHARS], output_field=JSONField()
+    )
 
 
 def call_arguments(run: WorkflowRun, input: Any = None) -> Any:

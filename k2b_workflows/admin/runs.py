@@ -14,8 +14,7 @@ import uuid
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.contrib import admin
-from django.db.models import F, JSONField, Model, Prefetch, Q, QuerySet
-from django.db.models.expressions import RawSQL
+from django.db.models import F, Model, Prefetch, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
@@ -52,17 +51,6 @@ else:
     audit = LazyModule("k2b_workflows.kernel.audit")
     # Only task runs' pages: it imports django.tasks, which a project may not have (#37).
     task_runs = LazyModule("k2b_workflows.tasks.runs")
-
-
-#: The incident queue's arguments column: a run's input when it is stored in at most
-#: this many bytes. ``pg_column_size`` reads the stored value's header, not the value:
-#: a list of runs with 10 MB inputs fetches none of them.
-INPUT_SHOWN_BYTES = 4096
-_BOUNDED_INPUT = RawSQL(
-    'CASE WHEN pg_column_size("k2b_run"."input") <= %s THEN "k2b_run"."input" END',
-    [INPUT_SHOWN_BYTES],
-    output_field=JSONField(),
-)
 
 
 def is_task_run(run: WorkflowRun) -> bool:
@@ -503,7 +491,7 @@ class IncidentAdmin(WorkflowRunAdmin):
             .filter(status=RunStatus.NEEDS_ATTENTION)
             # The arguments column: the input only where it is small, its size read
             # from the stored value's header; a large one is never fetched for a list.
-            .annotate(call_input=_BOUNDED_INPUT)
+            .annotate(call_input=admin_display.bounded_input())
             .prefetch_related(
                 # Only the entries of the step in doubt: a run that polled for a week
                 # has thousands on other steps.

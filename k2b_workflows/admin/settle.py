@@ -33,7 +33,7 @@ from ..control import EFFECT_CONFIRMED, RESOLVABLE_CODES, resolve_effect
 from ..exceptions import EvidenceChanged, InvalidInput, ResolutionRefused
 from ..models import LedgerEntry, RunStatus, WorkflowRun
 from .common import pretty_json
-from .display import call_arguments
+from .display import bounded_input, call_arguments
 from .forms import DECISION_CHOICES, SettleForm
 from .views import RESOLVE_PERMISSION, _admin_context, can_view_runs, resolution_message
 
@@ -129,7 +129,9 @@ def settle_incidents(
     if not request.user.has_perm(RESOLVE_PERMISSION) or not can_view_runs(request):
         raise PermissionDenied
     selected = queryset.count()
-    runs = list(queryset.order_by("updated_at", "created_at")[: MAX_SETTLE + 1])
+    # The arguments shown: only inputs stored small, as the incident queue reads them.
+    bounded = queryset.annotate(call_input=bounded_input())
+    runs = list(bounded.order_by("updated_at", "created_at")[: MAX_SETTLE + 1])
     eligible = [run for run in runs if not settle_refusal(run)]
     skipped = [(run, settle_refusal(run)) for run in runs if settle_refusal(run)]
     stage = request.POST.get("post", "")
@@ -167,7 +169,7 @@ def settle_incidents(
         errors=errors,
         cap=MAX_SETTLE,
         selected=selected,
-        eligible=[(run, pretty_json(call_arguments(run)), shown.get(run.pk)) for run in eligible],
+        eligible=[(run, _arguments(run), shown.get(run.pk)) for run in eligible],
         skipped=skipped,
         decision_label=dict(DECISION_CHOICES).get(form.cleaned_data.get("decision", ""))
         if confirming
@@ -177,6 +179,14 @@ def settle_incidents(
         cancel_url=reverse("admin:k2b_workflows_incident_changelist"),
     )
     return TemplateResponse(request, "admin/k2b_workflows/settle_incidents.html", context)
+
+
+def _arguments(run: WorkflowRun) -> str:
+    """The call's arguments, redacted; a large input is on the run's page only."""
+    value = getattr(run, "call_input", None)
+    if value is None:
+        return "too large for a list: see the run"
+    return pretty_json(call_arguments(run, value))
 
 
 def _settle(

@@ -243,3 +243,13 @@ def test_an_operator_without_the_resolve_permission_settles_nothing(incidents):
     assert response.status_code in (200, 302, 403)
     assert 'name="evidence"' not in response.content.decode()
     assert not any(settled(run) for run in incidents)
+
+
+def test_the_list_shows_each_calls_arguments_but_never_a_large_input(root):
+    small = make_incident()
+    big = start_workflow_run("test.charge_blind", {"behaviour": "ambiguous", "blob": "x" * 10**6})
+    run_until_idle()
+    html = root.post(INCIDENTS, selection([small, big])).content.decode()
+    assert sorted(listed(html)) == sorted([str(small.pk), str(big.pk)])
+    assert "ambiguous" in html
+    assert "too large for a list: see the run" in html and "x" * 1000 not in html
