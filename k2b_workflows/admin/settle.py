@@ -20,6 +20,7 @@ and evidence) resolves nothing.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -79,7 +80,7 @@ def seen_now(run: WorkflowRun) -> Seen:
 
 
 def seen_tokens(
-    tokens: list[str], runs: list[WorkflowRun], selected: set[str]
+    tokens: list[str], runs: Sequence[WorkflowRun], selected: set[str]
 ) -> dict[uuid.UUID, Seen]:
     """The step and evidence version the page showed for each of ``runs``.
 
@@ -192,7 +193,7 @@ def _arguments(run: WorkflowRun) -> str:
 def _settle(
     model_admin: ModelAdmin,
     request: HttpRequest,
-    runs: list[WorkflowRun],
+    runs: Sequence[WorkflowRun],
     seen: dict[uuid.UUID, Seen],
     data: dict[str, Any],
 ) -> None:
