@@ -472,6 +472,19 @@ def fork_plan(run_id: uuid.UUID | str, from_step: int | str) -> forks.Plan:
         return forks.plan(settings.database(), validation.run_id(run_id), from_step)
 
 
+def retry_words(run: WorkflowRun) -> str:
+    """What a retry did to ``run``, in the words the admin and ``workflowrun retry`` both say."""
+    if run.task_path:
+        return (
+            f"Task call {run.pk} ({run.task_path}) is {run.status}: one more attempt of the "
+            "same call, its attempts counted on."
+        )
+    return (
+        f"Run {run.pk} ({run.workflow_name}) is {run.status}: it replays its journal on the "
+        "code running now."
+    )
+
+
 #: What an operator needs to pause or resume a queue, when the actor is a Django user.
 PAUSE_PERMISSION = "k2b_workflows.pause_queue"
 

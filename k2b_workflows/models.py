@@ -9,7 +9,7 @@ transitions of the run lifecycle.
 from __future__ import annotations
 
 import uuid
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pgtrigger
 
@@ -694,6 +694,8 @@ class Incident(WorkflowRun):
     #: The ledger entries of the step in doubt, prefetched by the incident queue's
     #: admin (``to_attr``): an annotation only, no field.
     entries: list[LedgerEntry]
+    #: The run's input if it is small, else None: an annotation of the queue's admin.
+    call_input: Any
 
     class Meta:
         proxy = True

@@ -1792,6 +1792,105 @@ MUTANTS = (
         '                    "state": JournalEntry.State.SUCCEEDED,\n',
         ("tests/kernel/test_fork.py::test_a_failure_before_the_fork_point_stays_a_failure",),
     ),
+    Mutant(
+        "settle-skips-runs-not-waiting",
+        "k2b_workflows/admin/settle.py",
+        "    eligible = [run for run in runs if not settle_refusal(run)]\n",
+        "    eligible = list(runs)\n",
+        (
+            "tests/admin/test_settle_incidents.py::"
+            "test_a_run_not_waiting_for_a_decision_is_skipped_with_why",
+        ),
+    ),
+    Mutant(
+        "settle-capped",
+        "k2b_workflows/admin/settle.py",
+        "    if selected > MAX_SETTLE:\n",
+        "    if False:\n",
+        ("tests/admin/test_settle_incidents.py::test_a_selection_above_the_cap_resolves_nothing",),
+    ),
+    Mutant(
+        "settle-each-run-on-the-evidence-shown",
+        "k2b_workflows/admin/settle.py",
+        "                seen_ledger_id=shown.ledger_id,\n",
+        "                seen_ledger_id=None,\n",
+        (
+            "tests/admin/test_settle_incidents.py::"
+            "test_a_run_whose_evidence_changed_after_the_confirmation_is_refused_alone",
+        ),
+    ),
+    Mutant(
+        "settle-needs-a-token-for-each-run",
+        "k2b_workflows/admin/settle.py",
+        "    if missing:\n",
+        "    if False:\n",
+        (
+            "tests/admin/test_settle_incidents.py::test_a_malformed_confirmation_resolves_nothing_and_says_why",
+        ),
+    ),
+    Mutant(
+        "keyless-task-shows-no-effect-key",
+        "k2b_workflows/templates/admin/k2b_workflows/resolve.html",
+        "{% if effect_key.used is False %}",
+        "{% if False %}",
+        (
+            "tests/admin/test_incident_display.py::"
+            "test_a_keyless_tasks_form_shows_its_arguments_and_no_effect_key",
+        ),
+    ),
+    Mutant(
+        "incident-queue-reads-small-inputs-only",
+        "k2b_workflows/admin/display.py",
+        """'CASE WHEN pg_column_size("k2b_run"."input") > %s THEN NULL'\n""",
+        """'CASE WHEN %s < 0 THEN NULL'\n""",
+        (
+            "tests/admin/test_admin_hardening.py::"
+            "test_journal_ledger_and_incident_lists_never_read_the_runs_json_bodies",
+        ),
+        also=(
+            (
+                """' WHEN octet_length("k2b_run"."input"::text) > %s THEN NULL'\n""",
+                """' WHEN %s < 0 THEN NULL'\n""",
+            ),
+        ),
+    ),
+    Mutant(
+        "incident-story-a-worker-that-beat-again-did-not-die",
+        "k2b_workflows/incidents.py",
+        "    if taken_at is not None and holder.heartbeat_at > taken_at:\n",
+        "    if False:\n",
+        (
+            "tests/crash/test_incident_story.py::"
+            "test_a_worker_killed_inside_an_external_call_is_named_and_said_to_have_died",
+        ),
+    ),
+    Mutant(
+        "task-retry-one-more-call-per-retry",
+        "k2b_workflows/tasks/runs.py",
+        "            if failures >= granted:\n",
+        "            if failures > granted:\n",
+        (
+            "tests/tasks/test_retry_failed.py::"
+            "test_a_call_that_fails_again_is_failed_again_and_can_be_retried_again",
+        ),
+    ),
+    Mutant(
+        "task-retry-attempts-go-on",
+        "k2b_workflows/tasks/runs.py",
+        "    return earlier + run.consecutive_failures + 1\n",
+        "    return run.consecutive_failures + 1\n",
+        ("tests/tasks/test_retry_failed.py::test_the_retried_call_sees_its_attempt_number_go_on",),
+    ),
+    Mutant(
+        "incident-story-takeover-only-of-a-lost-lease",
+        "k2b_workflows/incidents.py",
+        "    if holder_id and holder_id in lost_by:\n",
+        "    if holder_id:\n",
+        (
+            "tests/crash/test_incident_story.py::"
+            "test_a_worker_killed_inside_an_external_call_is_named_and_said_to_have_died",
+        ),
+    ),
 )
 
 

@@ -6,10 +6,13 @@ the timeline arithmetic can be read (and tested) on its own.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db.models import JSONField
+from django.db.models.expressions import RawSQL
 from django.urls import reverse
 
 from .. import codes, settings
@@ -430,3 +433,91 @@ def incident_traceback(run: WorkflowRun) -> str:
     if run.error_code != codes.WORKFLOW_CODE_ERROR:
         return ""
     return str(detail.get("traceback", ""))
+
+
+# Incidents: the call's arguments and its effect key, as far as the code used one ---------
+
+
+#: The lists' arguments column (the incident queue, the settle page): a run's input
+#: only when it is stored in at most ``INPUT_SHOWN_BYTES`` and is at most
+#: ``INPUT_SHOWN_CHARS`` as text. ``pg_column_size`` reads the stored value's header,
+#: not the value, so a list of runs with 10 MB inputs reads none of them; a CASE tests
+#: in order, so only a value stored small is measured as text (a compressed one may be
+#: far larger).
+INPUT_SHOWN_BYTES = 4096
+INPUT_SHOWN_CHARS = 16384
+BOUNDED_INPUT_SQL = (
+    'CASE WHEN pg_column_size("k2b_run"."input") > %s THEN NULL'
+    ' WHEN octet_length("k2b_run"."input"::text) > %s THEN NULL'
+    ' ELSE "k2b_run"."input" END'
+)
+
+
+def bounded_input() -> RawSQL:
+    """The run's input as ``call_input`` where it is small, else NULL (see above)."""
+    return RawSQL(
+        BOUNDED_INPUT_SQL, [INPUT_SHOWN_BYTES, INPUT_SHOWN_CHARS], output_field=JSONField()
+    )
+
+
+def call_arguments(run: WorkflowRun, input: Any = None) -> Any:
+    """What the call was made with: a task call's arguments, a workflow run's input.
+
+    ``input``: the run's input when it was read apart (the incident queue reads
+    it bounded); else ``run.input``. Shown through ``pretty_json``, so redacted
+    as every run's input is.
+    """
+    if input is None:
+        input = run.input
+    if run.task_path and isinstance(input, dict):
+        return {"args": input.get("args", []), "kwargs": input.get("kwargs", {})}
+    return input
+
+
+@dataclass(frozen=True)
+class EffectKeyShown:
+    """Whether the provider can have been given the effect key, and what to say of it.
+
+    ``used``: True for a workflow action (its step context carries the key it
+    passes), False for a task that takes no context (it cannot read
+    ``effect_key(context)``), None when the rows and the code at hand cannot tell.
+    """
+
+    used: bool | None
+    note: str
+
+
+def effect_key_shown(run: WorkflowRun) -> EffectKeyShown:
+    """Whether the incident's effect key is one the provider may know the effect by."""
+    if not run.task_path:
+        return EffectKeyShown(True, "what the provider knows this effect by")
+    takes_context = _task_takes_context(run.task_path)
+    if takes_context is False:
+        return EffectKeyShown(
+            False,
+            "none: this task takes no context, so it cannot have passed effect_key(context) "
+            "to the provider; the provider knows this call by its arguments only",
+        )
+    if takes_context is None:
+        return EffectKeyShown(
+            None,
+            "unknown whether the provider saw it: the task's code is not loaded in this process",
+        )
+    return EffectKeyShown(
+        None,
+        "what effect_key(context) returned to the task, if it passed it to the provider "
+        "(the rows do not record whether it did)",
+    )
+
+
+def _task_takes_context(path: str) -> bool | None:
+    """Whether the task at ``path`` takes a context, from the modules already imported.
+
+    Never imports: the path comes from a row, and an admin page must not run a
+    module's import-time code because a row names it. None: not loaded here.
+    """
+    module_name, _, attr = path.rpartition(".")
+    task = getattr(sys.modules.get(module_name), attr, None)
+    if task is None or getattr(task, "module_path", None) != path:
+        return None
+    return bool(getattr(task, "takes_context", False))

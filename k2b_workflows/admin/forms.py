@@ -153,6 +153,41 @@ class ResolutionForm(forms.Form):
         return data
 
 
+class SettleForm(forms.Form):
+    """One decision for several incidents at once: one outcome, one evidence text.
+
+    As ``ResolutionForm``, less the hidden step and evidence version: the page
+    that confirms it carries one of each per run (``settle.seen_tokens``).
+    """
+
+    decision = forms.ChoiceField(choices=DECISION_CHOICES, widget=forms.RadioSelect)
+    evidence = ResolutionForm.base_fields["evidence"]
+    output = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 4, "cols": 60, "class": "vLargeTextField"}),
+        label="Output (JSON)",
+        help_text='For "effect confirmed": the result every selected step continues with, '
+        'e.g. {"charged": true}. Ignored for "effect absent".',
+    )
+
+    clean_evidence = ResolutionForm.clean_evidence
+
+    def clean(self) -> dict[str, Any]:
+        super().clean()
+        data = self.cleaned_data
+        data["output_value"] = None
+        if data.get("decision") == EFFECT_CONFIRMED:
+            text = (data.get("output") or "").strip()
+            if not text:
+                self.add_error("output", "A confirmed effect needs the steps' output as JSON.")
+            else:
+                try:
+                    data["output_value"] = _parse_json(text, "The output")
+                except ValidationError as exc:
+                    self.add_error("output", exc)
+        return data
+
+
 class ReasonForm(forms.Form):
     """The reason an operator gives for cancelling or retrying runs (kept in the ledger)."""
 

@@ -34,18 +34,21 @@ from .filters import QueueFilter, TaskFilter, WorkflowFilter
 from .workers import worker_state_badge
 
 if TYPE_CHECKING:
-    from .. import versions
+    from .. import incidents, versions
     from ..kernel import audit
     from ..tasks import runs as task_runs
     from . import display as admin_display
     from . import overview_views as admin_overview
+    from . import settle as admin_settle
     from . import views as admin_views
 else:
     # Only requests use these: a worker process imports this module and never them.
     admin_display = LazyModule("k2b_workflows.admin.display")
     admin_overview = LazyModule("k2b_workflows.admin.overview_views")
     admin_views = LazyModule("k2b_workflows.admin.views")
+    admin_settle = LazyModule("k2b_workflows.admin.settle")
     versions = LazyModule("k2b_workflows.versions")
+    incidents = LazyModule("k2b_workflows.incidents")
     audit = LazyModule("k2b_workflows.kernel.audit")
     # Only task runs' pages: it imports django.tasks, which a project may not have (#37).
     task_runs = LazyModule("k2b_workflows.tasks.runs")
@@ -93,7 +96,7 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
     date_hierarchy = None
     list_per_page = 50
     show_full_result_count = False
-    actions = ["cancel_runs", "retry_runs", "reenqueue_runs", "fork_runs"]
+    actions = ["cancel_runs", "retry_runs", "reenqueue_runs", "fork_runs", "settle_incidents"]
     change_form_template = "admin/k2b_workflows/workflowrun/change_form.html"
     change_list_template = "admin/k2b_workflows/workflowrun/change_list.html"
     fieldsets = (
@@ -447,6 +450,12 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
             self, request, queryset, "cancel", action_name="cancel_runs"
         )
 
+    @admin.action(description="Settle selected incidents (one decision)…", permissions=["resolve"])
+    def settle_incidents(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        return admin_settle.settle_incidents(
+            self, request, queryset, action_name="settle_incidents"
+        )
+
     @admin.action(description="Retry selected failed runs now…", permissions=["retry"])
     def retry_runs(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
         return admin_views.confirm_operation(
@@ -532,6 +541,10 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
                 incident=guide,
                 divergence=admin_display.incident_divergence(run),
                 code_traceback=admin_display.incident_traceback(run),
+                incident_story=incidents.story_of(run) if guide is not None else [],
+                call_arguments=pretty_json(admin_display.call_arguments(run))
+                if guide is not None
+                else "",
                 can_resolve=guide is not None
                 and "resolve" in guide.actions
                 and self.has_resolve_permission(request),
@@ -549,10 +562,10 @@ class IncidentAdmin(WorkflowRunAdmin):
     """The queue of runs that need an operator's decision, oldest first."""
 
     # Few, dense columns: the queue must fit next to the filters on a laptop.
-    list_display = ("incident", "step", "answers", "evidence_hashes", "resolve_link")
+    list_display = ("incident", "step", "arguments", "answers", "evidence_hashes", "resolve_link")
     list_display_links = None
     list_filter = ("app_id", ("workflow_name", WorkflowFilter), TaskFilter)
-    actions = ["cancel_runs"]
+    actions = ["settle_incidents", "cancel_runs"]
     change_list_template = "admin/k2b_workflows/incident/change_list.html"
     ordering = ("updated_at", "created_at")
 
@@ -569,6 +582,9 @@ class IncidentAdmin(WorkflowRunAdmin):
             super()
             .get_queryset(request)
             .filter(status=RunStatus.NEEDS_ATTENTION)
+            # The arguments column: the input only where it is small, its size read
+            # from the stored value's header; a large one is never fetched for a list.
+            .annotate(call_input=admin_display.bounded_input())
             .prefetch_related(
                 # Only the entries of the step in doubt: a run that polled for a week
                 # has thousands on other steps.
@@ -593,6 +609,15 @@ class IncidentAdmin(WorkflowRunAdmin):
             dispatch.action_name,
             dispatch.get_effect_display(),
         )
+
+    @admin.display(description="called with")
+    def arguments(self, run: Incident) -> str:
+        """The call's arguments (a workflow run's input), redacted as every input is."""
+        if run.call_input is None:
+            return format_html(
+                '<span class="k2b-sub">{}</span>', "too large for a list: see the run"
+            )
+        return pretty_json(admin_display.call_arguments(run, run.call_input))
 
     @admin.display(description="answers so far")
     def answers(self, run: Incident) -> str:

@@ -39,6 +39,7 @@ from ..control import (
     reenqueue_workflow_run,
     resolve_effect,
     retry_refusal,
+    retry_words,
     retry_workflow_run,
 )
 from ..dryrun import dry_run
@@ -50,10 +51,18 @@ from ..exceptions import (
     ResolutionRefused,
     UnknownWorkflow,
 )
+from ..incidents import story_of
 from ..kernel import flow
 from ..models import TERMINAL_STATUSES, LedgerEntry, RunStatus, WorkflowRun
 from ..redaction import redact
-from .display import concurrency_key_url, incident_answers, incident_dispatch
+from .common import pretty_json
+from .display import (
+    call_arguments,
+    concurrency_key_url,
+    effect_key_shown,
+    incident_answers,
+    incident_dispatch,
+)
 from .forms import DECISION_CHOICES, DryRunForm, ForkForm, ReasonForm, ResolutionForm
 
 if TYPE_CHECKING:
@@ -191,6 +200,9 @@ def resolve_incident_view(
         else "",
         dispatch=incident_dispatch(run, ledger),
         answers=incident_answers(run, ledger),
+        effect_key=effect_key_shown(run),
+        call_arguments=pretty_json(call_arguments(run)),
+        incident_story=story_of(run),
         run_url=run_url(run),
         queue_url=reverse("admin:k2b_workflows_incident_changelist"),
     )
@@ -320,7 +332,9 @@ OPERATIONS = {
         "is the code or the stored evidence (nondeterministic replay, an exception in the "
         "workflow code, a broken chain), are queued again with their failure count reset "
         "and replay their journal on the code running now. Deploy the fix or the patch "
-        "(or restore the evidence) first: the same code stops at the same place.",
+        "(or restore the evidence) first: the same code stops at the same place. A task "
+        "call that failed is called once more: one more attempt of the same call, its "
+        "attempts counted on.",
     ),
     "reenqueue": Operation(
         title="Re-enqueue runs",
@@ -354,7 +368,9 @@ def _apply(operation: str, request: HttpRequest, run: WorkflowRun, reason: str) 
     elif operation == "fork":
         fork_workflow_run(run.pk, from_step="failure", actor=request.user, reason=reason)
     else:
-        retry_workflow_run(run.pk, actor=request.user, reason=reason)
+        retried = retry_workflow_run(run.pk, actor=request.user, reason=reason)
+        # The words ``workflowrun retry`` prints for the same retry.
+        messages.success(request, retry_words(retried))
 
 
 def confirm_operation(

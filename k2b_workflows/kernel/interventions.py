@@ -43,6 +43,15 @@ RETRYABLE_INCIDENT_CODES = (
     codes.INTEGRITY_CHAIN_BROKEN,
 )
 
+#: Failed runs an operator may retry: a run whose retries ran out (its failures were
+#: never journaled, so it replays to the step and calls it again), and a django.tasks
+#: call that failed by raising (#51): its failure is journaled, and its task's workflow
+#: calls the function once more at the next step for each retry naming that failure
+#: (``FAILED_STEP``, read by ``tasks/runs.py``): one more attempt of the same call.
+RETRYABLE_FAILURE_CODES = (codes.WORKFLOW_RETRY_EXHAUSTED, codes.TASK_FAILED)
+#: The key of a ``RETRIED`` entry's detail that grants a task call one more attempt.
+FAILED_STEP = "failed_step"
+
 #: An operator puts a run back in line: due now, its failures forgotten under a new
 #: sealed number (``attempts.py``: nothing else may queue a failed run again), its
 #: incident and end cleared (a queued run has no end seal to match).
@@ -261,12 +270,21 @@ def retry_refusal(run: WorkflowRun) -> str:
         return f"needs attention with {run.error_code or 'no code'}: decide on the effect instead"
     if run.status != RunStatus.FAILED:
         return f"{run.status}, not failed"
-    if run.error_code != codes.WORKFLOW_RETRY_EXHAUSTED:
+    if run.error_code not in RETRYABLE_FAILURE_CODES:
         return (
             f"failed with {run.error_code}, a journaled outcome that a retry would replay;"
-            " only runs that exhausted their retries can be retried"
+            " only runs that exhausted their retries, and task calls that failed, can be"
+            " retried"
         )
     return ""
+
+
+def retry_detail(run: WorkflowRun) -> dict[str, int] | None:
+    """What a retry's ledger entry records beside its reason: for a task call that
+    failed by raising, the step whose failure the retry answers (``FAILED_STEP``)."""
+    if run.error_code == codes.TASK_FAILED:
+        return {FAILED_STEP: max(run.journal_length - 1, 0)}
+    return None
 
 
 def retry(using: str, run_id: uuid.UUID, *, actor: Any, reason: str) -> WorkflowRun:
@@ -289,6 +307,7 @@ def retry(using: str, run_id: uuid.UUID, *, actor: Any, reason: str) -> Workflow
             actor=actor.get_username(),
             actor_id=actor.pk,
             generation=run.generation,
+            detail=retry_detail(run),
         )
         _requeue(using, run)
     if tracing.ENABLED:

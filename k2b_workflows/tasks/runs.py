@@ -31,10 +31,11 @@ import traceback
 from typing import Any
 
 from django.core.signals import setting_changed
+from django.db import connections
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from .. import codes
+from .. import codes, settings
 from ..actions import (
     Action,
     Effect,
@@ -46,8 +47,8 @@ from ..actions import (
     to_json_value,
     unknown,
 )
-from ..exceptions import InvalidInput, LeaseLost, RunCanceled
-from ..kernel import clock, hooks, seals, starts
+from ..exceptions import InvalidInput, LeaseLost, RunCanceled, StepFailed
+from ..kernel import clock, hooks, interventions, seals, starts
 from ..kernel.budgets import CostRefused
 from ..kernel.hashing import canonical
 from ..models import LedgerEntry, RunStatus, TaskAttempt, WorkflowRun
@@ -489,9 +490,28 @@ def attempt_number(ctx: Any, run: WorkflowRun) -> int:
     before this claim, plus this one.
     """
     key = getattr(ctx, "invocation_key", None)
+    earlier = _earlier_attempts(ctx, run)
     if key:
-        return int(key.rsplit(":", 1)[1])
-    return run.consecutive_failures + 1
+        return earlier + int(key.rsplit(":", 1)[1])
+    return earlier + run.consecutive_failures + 1
+
+
+def _earlier_attempts(ctx: Any, run: WorkflowRun) -> int:
+    """The calls made at the steps before this one: after an operator retried a failed
+    call (``_call``), its attempts go on from there. Step 0 (every call no operator
+    retried) asks nothing."""
+    if not getattr(ctx, "step", 0):
+        return 0
+    using = run._state.db or settings.database()
+    if getattr(ctx, "invocation_key", None):
+        return (
+            LedgerEntry.objects.using(using)
+            .filter(run_id=run.pk, kind=LedgerEntry.Kind.DISPATCHED, seq__lt=ctx.step)
+            .count()
+        )
+    # Each failed call left a row; this step's own failures are its consecutive ones.
+    rows = len(sealed_attempts(run.pk, list(attempts_of(run))))
+    return max(rows - run.consecutive_failures, 0)
 
 
 _actions: dict[tuple[Any, ...], type[TaskAction]] = {}
@@ -529,16 +549,55 @@ def action_for(effect: str, input: Any) -> type[TaskAction]:
     return cls
 
 
+#: Retries an operator granted a task call that failed by raising: ``RETRIED`` entries
+#: naming the failed step (``interventions.FAILED_STEP``), written under the run's lock
+#: only while the run was FAILED, so a replay always counts as many as its first run did
+#: at each failure.
+_GRANTED_SQL = f"""
+SELECT count(*) FROM k2b_ledger
+ WHERE run_id = %s AND kind = 'retried' AND detail ->> '{interventions.FAILED_STEP}' IS NOT NULL
+"""
+
+
+def granted_retries(run_id: Any) -> int:
+    with connections[settings.database()].cursor() as cursor:
+        cursor.execute(_GRANTED_SQL, [run_id])
+        (count,) = cursor.fetchone()
+    return int(count)
+
+
+def _call(run: RunHandle, effect: str, input: Any) -> Any:
+    """The task's one step; after an operator's retry of a call that failed, the same
+    step again at the next position: one more attempt of the same call (#51).
+
+    A failed call's failure is journaled, so a replay raises it again; each retry
+    the operator granted lets the replay go past one such failure. Read only
+    after a failure: a call that succeeds costs no query.
+    """
+    action = action_for(effect, input)
+    granted: int | None = None
+    failures = 0
+    while True:
+        try:
+            return run.step(action, input)
+        except StepFailed:
+            if granted is None:
+                granted = granted_retries(run.id)
+            if failures >= granted:
+                raise
+            failures += 1
+
+
 def _pure(run: RunHandle, input: Any) -> Any:
-    return run.step(action_for("pure", input), input)
+    return _call(run, "pure", input)
 
 
 def _idempotent(run: RunHandle, input: Any) -> Any:
-    return run.step(action_for("idempotent", input), input)
+    return _call(run, "idempotent", input)
 
 
 def _external(run: RunHandle, input: Any) -> Any:
-    return run.step(action_for("external", input), input)
+    return _call(run, "external", input)
 
 
 def register() -> None:

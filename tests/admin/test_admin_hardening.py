@@ -21,6 +21,7 @@ from k2b_workflows import (
     resolve_effect,
     start_workflow_run,
 )
+from k2b_workflows.admin.display import INPUT_SHOWN_BYTES, INPUT_SHOWN_CHARS
 from k2b_workflows.models import JournalEntry, LedgerEntry, WorkflowRun
 from k2b_workflows.testing import run_until_idle
 from tests.support.admin import (
@@ -242,18 +243,38 @@ def test_runs_list_never_reads_inputs_outputs_or_principals(operator):
             assert f'"k2b_run"."{column}"' not in sql, sql[:300]
 
 
+#: The incident queue's one read of an input: bounded by its stored size, then its length.
+BOUNDED_INPUT_SQL = (
+    f'CASE WHEN pg_column_size("k2b_run"."input") > {INPUT_SHOWN_BYTES} THEN NULL'
+    f' WHEN octet_length("k2b_run"."input"::text) > {INPUT_SHOWN_CHARS} THEN NULL'
+    ' ELSE "k2b_run"."input" END'
+)
+
+
 def test_journal_ledger_and_incident_lists_never_read_the_runs_json_bodies(operator):
+    """The incident queue shows a call's arguments (#51), but only an input stored in a
+    few kilobytes: the bound is asked of the stored value's header, never the value."""
     start_workflow_run("test.pure", {"blob": "x" * 1_000_000, "a": 1, "b": 2})
     run_until_idle()
     make_incident()
+    big = start_workflow_run(
+        "test.charge_blind", {"behaviour": "ambiguous", "blob": "x" * 1_000_000}
+    )
+    run_until_idle()
     client = client_for(make_user("root", superuser=True))
     for name in ("journalentry", "ledgerentry", "incident", "workflowrun"):
         with CaptureQueriesContext(connection) as queries:
             response = client.get(reverse(f"admin:k2b_workflows_{name}_changelist"))
         assert response.status_code == 200
         for sql in (q["sql"] for q in queries):
+            sql = sql.replace(BOUNDED_INPUT_SQL, "")
             for column in ("input", "output", "principal"):
                 assert f'"k2b_run"."{column}"' not in sql, (name, sql[:300])
+        if name == "incident":
+            html = response.content.decode()
+            assert "ambiguous" in html  # the small incident's arguments
+            assert "too large for a list" in html and "x" * 1000 not in html
+            assert str(big.pk)[:8] in html
 
 
 # -- permissions (#11) -----------------------------------------------------------------

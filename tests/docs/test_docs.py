@@ -81,6 +81,12 @@ INLINE = {
     ),
     ("docs/security.md", "# settings.py"): "test_the_two_role_settings_pass_the_checks",
     ("docs/tasks.md", "# settings.py"): "test_the_tasks_setting_of_tasks_md_makes_the_backend",
+    ("docs/library-tasks.md", "# settings.py: Wagtail's tasks"): (
+        "test_the_wagtail_settings_of_library_tasks_md_make_the_backend"
+    ),
+    ("docs/library-tasks.md", "# settings.py: one of Wagtail's tasks kept external"): (
+        "test_the_wagtail_settings_of_library_tasks_md_make_the_backend"
+    ),
     ("docs/tasks.md", "# settings.py: tasks you do not own"): (
         "test_the_tasks_you_do_not_own_of_tasks_md_make_the_backend"
     ),
@@ -634,3 +640,29 @@ def test_the_tasks_you_do_not_own_of_tasks_md_make_the_backend() -> None:
     assert backend.overrides[0].pattern == "shop.vendor.charge"
     assert found["wagtail.images.tasks.*"] == {"effect": "idempotent"}
     assert found["shop.vendor.charge"] == {"reconcile": "shop.reconciles.find_charge"}
+
+
+def test_the_wagtail_settings_of_library_tasks_md_make_the_backend() -> None:
+    """Both TASKS blocks of docs/library-tasks.md: every Wagtail task idempotent by its
+    prefix, and a task's own entry winning over the prefix it is under."""
+    from k2b_workflows.tasks import WorkflowsBackend
+
+    namespace: dict[str, Any] = {}
+    exec(block("docs/library-tasks.md", "# settings.py: Wagtail's tasks").code, namespace)
+    backend = WorkflowsBackend("default", namespace["TASKS"]["default"])
+    found = {o.pattern: o.values for o in backend.overrides}
+    assert found == {
+        "wagtail.*": {"effect": "idempotent"},
+        "modelsearch.tasks.*": {"effect": "idempotent"},
+    }
+    assert backend.default_effect == "external"
+
+    namespace = {}
+    exec(
+        block("docs/library-tasks.md", "# settings.py: one of Wagtail's tasks kept external").code,
+        namespace,
+    )
+    backend = WorkflowsBackend("default", namespace["TASKS"]["default"])
+    first = backend.overrides[0]
+    assert first.pattern == "wagtail.tasks.delete_file_from_storage_task"
+    assert first.values == {"effect": "external"}

@@ -93,6 +93,14 @@ def charge(context: TaskContext, order, crash=None):
     return {"charged": order}
 
 
+@declared("external")
+def charge_keyless(order, crash=None):
+    """EXTERNAL and keyless: it takes no context, so no effect key ever reaches the provider."""
+    _call("task.charge_keyless", "", {"order": order})
+    crash_point({"crash": crash}, "task_external")
+    return {"charged": order}
+
+
 @task(takes_context=True)
 def charge_default(context: TaskContext, order):
     """No effect declared: the backend's OPTIONS["effect"], else external."""
@@ -105,6 +113,35 @@ def pure_crash(n, crash=None):
     _call("task.pure_crash", payload={"n": n})
     crash_point({"crash": crash}, "task_pure")
     return n * 2
+
+
+@declared("external")
+def charge_fails_first(order):
+    """Raises on its first call and charges on any later one: a provider's 503, or a bug
+    fixed by a deploy, before an operator retries the failed call."""
+    first = not ProviderCall.objects.filter(action="task.charge_fails_first").exists()
+    _call("task.charge_fails_first", str(order))
+    if first:
+        raise RuntimeError("the provider answered 503")
+    return {"charged": order}
+
+
+@declared("pure", takes_context=True)
+def fails_its_first_attempt(context: TaskContext):
+    """Raises on attempt 1 and returns the attempt it is on any later one."""
+    _call("task.fails_its_first_attempt", payload={"attempt": context.attempt})
+    if context.attempt == 1:
+        raise RuntimeError("first attempt")
+    return context.attempt
+
+
+@declared("external", takes_context=True)
+def external_fails_its_first_attempt(context: TaskContext):
+    """As ``fails_its_first_attempt``, an external call: each attempt is a dispatch."""
+    _call("task.external_fails_its_first_attempt", payload={"attempt": context.attempt})
+    if context.attempt == 1:
+        raise RuntimeError("first attempt")
+    return context.attempt
 
 
 @declared("pure")

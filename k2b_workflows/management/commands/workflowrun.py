@@ -34,7 +34,7 @@ from django.core.exceptions import PermissionDenied
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
-from k2b_workflows import control, naming, settings, validation
+from k2b_workflows import control, incidents, naming, settings, validation
 from k2b_workflows.exceptions import (
     DatabaseNotMigrated,
     EvidenceChanged,
@@ -47,7 +47,7 @@ from k2b_workflows.exceptions import (
 )
 from k2b_workflows.kernel import db
 from k2b_workflows.management import arguments
-from k2b_workflows.models import JournalEntry, LedgerEntry, WorkflowRun
+from k2b_workflows.models import JournalEntry, LedgerEntry, RunStatus, WorkflowRun
 from k2b_workflows.progress import progress_of
 from k2b_workflows.redaction import redact, redact_text
 
@@ -444,6 +444,13 @@ class Command(BaseCommand):
             lines.append(f"attention step {run.attention_step}")
         if data["progress"] is not None:
             lines.append(_progress_line(data["progress"]))
+        if run.status == RunStatus.NEEDS_ATTENTION:
+            # The admin's incident box says the same, from the same rows.
+            story = incidents.story_of(run)
+            data["what_happened"] = story
+            if story:
+                lines.append("what happened:")
+                lines.extend(f"  {sentence}" for sentence in story)
         for step in data["steps"]:
             lines.append(
                 f"  step {step['seq']:>3}  {step['action']}  {step['effect']}  {step['state']}"
@@ -473,7 +480,8 @@ class Command(BaseCommand):
         with transaction.atomic(using=settings.database()):
             run = control.retry_workflow_run(run_id, actor=user, reason=reason)
             _log_change(user, run, f"Retry now: {reason}")
-        return {"run": describe(run)}, f"{run.pk} {run.status}"
+        # The admin's words for the same retry.
+        return {"run": describe(run)}, control.retry_words(run)
 
     def _fork(
         self,
