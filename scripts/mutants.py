@@ -198,6 +198,16 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "task-effect-key-of-the-call",
+        "k2b_workflows/tasks/backend.py",
+        '    if ctx is not None and str(ctx.run_id) == result.id and not getattr(ctx, "step", 0):',
+        "    if ctx is not None and str(ctx.run_id) == result.id:",
+        (
+            "tests/tasks/test_retry_failed.py::"
+            "test_a_retried_idempotent_call_sends_the_provider_the_key_of_its_first_call",
+        ),
+    ),
+    Mutant(
         "bulk-start-row-check",
         "k2b_workflows/kernel/starts.py",
         "    if _dumped(row(template.pk, template.input), connection) != "

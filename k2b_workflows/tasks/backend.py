@@ -329,8 +329,10 @@ def effect_key(context: Any) -> str:
             "effect_key() takes the TaskContext of a task declared with takes_context=True"
         )
     ctx = current_step.get()
-    if ctx is not None and str(ctx.run_id) == result.id:
+    if ctx is not None and str(ctx.run_id) == result.id and not getattr(ctx, "step", 0):
         return str(ctx.effect_key)
+    # The call's one key. A step past the first is the same call again, after an
+    # operator retried it (#51): its key is the first step's, not its own.
     return f"{result.id}:0"
 
 

@@ -105,3 +105,18 @@ def test_the_admin_and_the_command_retry_a_failed_task_and_say_so_in_the_same_wo
     assert words in said_by_admin
     assert out.getvalue().strip() == control.retry_words(WorkflowRun.objects.get(pk=by_command.id))
     assert "one more attempt of the same call" in words
+
+
+def test_a_retried_idempotent_call_sends_the_provider_the_key_of_its_first_call():
+    """One call, one effect key, whoever retries it: the provider that took the failed
+    call's request answers the retry with what it did, rather than doing it again."""
+    result = failed_call(t.keyed_fails_first, "o-7")
+    control.retry_workflow_run(result.id, actor=make_user("root", superuser=True), reason="go")
+    run_until_idle()
+    assert t.keyed_fails_first.get_result(result.id).status == TaskResultStatus.SUCCESSFUL
+    keys = list(
+        ProviderCall.objects.filter(action="task.keyed_fails_first")
+        .order_by("id")
+        .values_list("effect_key", flat=True)
+    )
+    assert keys == [f"{result.id}:0", f"{result.id}:0"]

@@ -126,6 +126,16 @@ def charge_fails_first(order):
     return {"charged": order}
 
 
+@declared("idempotent", takes_context=True)
+def keyed_fails_first(context: TaskContext, order):
+    """IDEMPOTENT: sends its effect key to the provider, then raises on its first call."""
+    first = not ProviderCall.objects.filter(action="task.keyed_fails_first").exists()
+    _call("task.keyed_fails_first", effect_key(context), {"order": order})
+    if first:
+        raise RuntimeError("the provider timed out after taking the request")
+    return {"charged": order}
+
+
 @declared("pure", takes_context=True)
 def fails_its_first_attempt(context: TaskContext):
     """Raises on attempt 1 and returns the attempt it is on any later one."""
