@@ -22,7 +22,7 @@ from django.db import transaction
 from . import codes, settings, tracing, validation
 from .actions import to_json_value
 from .exceptions import InvalidInput, StepFailed
-from .kernel import children, db, interventions, pauses, starts, waits
+from .kernel import children, db, interventions, pauses, starts, uniques, waits
 from .kernel.budgets import BudgetExceeded
 from .kernel.context import KernelStepContext
 from .kernel.interventions import (
@@ -34,6 +34,7 @@ from .kernel.interventions import (
     retry_refusal,
 )
 from .models import QueuePause, WorkflowRun
+from .unique import Unique, check_unique, workflow_key_values
 from .workflows import RunHandle, get_workflow
 
 if TYPE_CHECKING:
@@ -75,6 +76,7 @@ def start_workflow_run(
     schedule_id: str | None = None,
     scheduled_for: Any = None,
     queue: str | None = None,
+    unique: Unique | None = None,
 ) -> WorkflowRun:
     """Queue a run of workflow ``name``. The same ``idempotency_key`` returns the same run.
 
@@ -86,7 +88,9 @@ def start_workflow_run(
     ``schedule_id`` and ``scheduled_for`` are set by schedule passes
     (``kernel/schedule_passes.py``) and the admin's "run now". ``queue``: the
     queue it is claimed from (default: the workflow's, "default" unless
-    ``@workflow(queue=...)`` says otherwise; #49).
+    ``@workflow(queue=...)`` says otherwise; #49). ``unique``: a ``Unique`` (default:
+    the workflow's ``@workflow(unique=...)``): a start whose key a run holds inserts
+    nothing and returns that run (``keys`` name fields of the input; #49).
 
     Raises ``UnknownWorkflow`` or ``InvalidInput`` before creating anything,
     ``IdempotencyConflict`` when the key names a run started with another input,
@@ -104,6 +108,11 @@ def start_workflow_run(
     parent_id = None if parent is None else validation.run_id(parent, "parent")
     if queue is not None:
         validation.queue_name(queue)
+    unique = check_unique(unique, "start_workflow_run()") or definition.unique
+    claim = None
+    if unique is not None:
+        key = unique.key("workflow", definition.name, workflow_key_values(unique, input, name))
+        claim = uniques.Claim(unique, key)
     with db.schema_required():
         return starts.start(
             settings.database(),
@@ -118,20 +127,25 @@ def start_workflow_run(
             schedule_id=schedule_id,
             scheduled_for=scheduled_for,
             queue=queue,
+            unique=claim,
         )
 
 
-def start_task_run(name: str, input: Any, *, run_after: Any) -> WorkflowRun:
+def start_task_run(
+    name: str, input: Any, *, run_after: Any, unique: uniques.Claim | None = None
+) -> WorkflowRun:
     """Queue the run of one django.tasks task call (``k2b_workflows.tasks``, #37).
 
     ``input`` is the run's input, a JSON object the backend built and checked;
     the run's queue (``runworkflows --queue``), priority, task path and
     concurrency are read from it (``starts.INPUT_COLUMNS``). In the caller's
-    transaction.
+    transaction. ``unique``: the call's unique key (``kernel/uniques.py``).
     """
     definition = get_workflow(name)
     with db.schema_required():
-        return starts.start(settings.database(), definition, input, run_after=run_after)
+        return starts.start(
+            settings.database(), definition, input, run_after=run_after, unique=unique
+        )
 
 
 def start_workflow_runs(
