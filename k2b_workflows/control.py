@@ -160,7 +160,8 @@ def start_workflow_runs(
     ``start_workflow_run``. A task's runs take their queue, priority, task path
     and concurrency from their inputs (``starts.INPUT_COLUMNS``). ``checked``:
     the inputs are ``to_json_value``'s results already (the caller validated
-    them), not encoded again.
+    them), not encoded again. A workflow declaring ``unique`` is started one run at a
+    time, in one transaction: each start meets the keys of the runs before it.
     """
     validation.text(name, "the workflow name", max_length=200)
     definition = get_workflow(name)
@@ -171,6 +172,22 @@ def start_workflow_runs(
             if value is None:
                 raise InvalidInput(f"input {index} must not be None (use {{}} for no input)")
             values.append(to_json_value(value, f"input {index}"))
+    unique = definition.unique
+    if unique is not None:
+        # Each start meets the keys of those before it (a COPY cannot skip a row).
+        claims = [
+            uniques.Claim(
+                unique, unique.key("workflow", name, workflow_key_values(unique, v, name))
+            )
+            for v in values
+        ]
+        using = settings.database()
+        with db.schema_required(), transaction.atomic(using=using):
+            runs = [
+                starts.start(using, definition, v, run_after=run_after, unique=claim)
+                for v, claim in zip(values, claims, strict=True)
+            ]
+        return [starts.QueuedRun(run.pk, run.created_at) for run in runs]
     with db.schema_required():
         return starts.start_many(settings.database(), definition, values, run_after=run_after)
 

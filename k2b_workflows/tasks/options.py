@@ -385,8 +385,11 @@ class TaskOptions:
     cost: dict[str, int] | str | None = option(
         check=_cost_spec, key="cost", decode=lambda input: input.get("cost"), written=_has_budget
     )
-    #: Not in the run's input: the start reads it (the run's ``unique_key``), no worker.
-    unique: Unique | None = option(check=_unique)
+    #: Not in the run's input: the start reads it (the run's ``unique_key``), no worker
+    #: (``from_input`` leaves it None).
+    unique: Unique | None = dataclasses.field(
+        default=None, metadata={"option": Option(check=_unique)}
+    )
     reconcile: str | None = option(
         check=_reconcile,
         key="reconcile",

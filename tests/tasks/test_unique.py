@@ -21,6 +21,7 @@ from k2b_workflows import (
     start_workflow_run,
     workflow,
 )
+from k2b_workflows.control import start_workflow_runs
 from k2b_workflows.kernel import clock, seals
 from k2b_workflows.models import WorkflowRun
 from k2b_workflows.tasks import InvalidTaskCall, enqueue_many
@@ -336,6 +337,14 @@ def test_start_workflow_run_takes_unique_and_an_idempotency_key_keeps_its_meanin
     again = start_workflow_run("tests.unique.plain", {"a": 2}, idempotency_key="k", unique=once)
     assert again.pk == keyed.pk
     assert WorkflowRun.objects.filter(workflow_name="tests.unique.plain").count() == 2
+
+
+def test_a_bulk_start_of_a_workflow_declaring_unique_meets_each_key_once():
+    runs = start_workflow_runs(
+        "tests.unique.per_site", [{"site_id": 1}, {"site_id": 1, "n": 2}, {"site_id": 2}]
+    )
+    assert runs[0].pk == runs[1].pk != runs[2].pk
+    assert WorkflowRun.objects.filter(workflow_name="tests.unique.per_site").count() == 2
 
 
 def test_a_workflows_key_names_fields_of_its_input():
