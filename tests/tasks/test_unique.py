@@ -256,7 +256,7 @@ def _race(first_commits: bool) -> tuple[str, str]:
     assert inserted.wait(30)
     two = threading.Thread(target=second)
     two.start()
-    _wait_for_a_blocked_insert()
+    _wait_for_a_blocked_insert_or_the_end_of(two)
     release.set()
     one.join(30)
     two.join(30)
@@ -264,20 +264,23 @@ def _race(first_commits: bool) -> tuple[str, str]:
     return ids["first"], ids["second"]
 
 
-def _wait_for_a_blocked_insert() -> None:
-    """Until the second call's insert waits on the first's transaction (a lock wait)."""
+def _wait_for_a_blocked_insert_or_the_end_of(second: threading.Thread) -> None:
+    """Until the second call's insert waits on the first's transaction (a lock wait),
+    or the second call ended without waiting (a look-first design does not wait)."""
     sql = (
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
         " AND wait_event_type = 'Lock' AND query LIKE '%%INSERT INTO%%k2b_run%%'"
     )
-    deadline = threading.Event()
+    pause = threading.Event()
     for _ in range(600):
         with connections["default"].cursor() as cursor:
             cursor.execute(sql)
             if cursor.fetchone()[0]:
                 return
-        deadline.wait(0.05)
-    raise AssertionError("the second insert never waited for the first transaction")
+        if not second.is_alive():
+            return
+        pause.wait(0.05)
+    raise AssertionError("the second call neither waited for the first nor ended")
 
 
 def test_two_calls_in_concurrent_transactions_give_one_run():
