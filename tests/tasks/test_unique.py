@@ -27,7 +27,7 @@ from k2b_workflows.models import WorkflowRun
 from k2b_workflows.tasks import InvalidTaskCall, enqueue_many
 from k2b_workflows.tasks.compat import signals_api
 from k2b_workflows.testing import run_until_idle
-from tests.support.admin import user_with
+from tests.support.admin import run_url, user_with
 from tests.tasks_app import unique as u
 from tests.tasks_app.tasks import EXTRA_ARGUMENTS, task
 
@@ -210,6 +210,13 @@ def test_a_holder_whose_seal_is_broken_is_not_resealed():
     with pytest.raises(InvalidInput, match="does not match its seal"):
         u.replaced.enqueue(7, note="new")
     assert seals.start_problem(WorkflowRun.objects.get(pk=first.id)) is not None
+
+
+def test_the_run_page_shows_the_key_and_where_it_is_held(admin_client):
+    result = u.kept.enqueue(7)
+    page = admin_client.get(run_url(WorkflowRun.objects.get(pk=result.id))).content.decode()
+    key = WorkflowRun.objects.get(pk=result.id).unique_key
+    assert f"{key[:16]}… (held while ready, running, successful)" in page
 
 
 # -- races ------------------------------------------------------------------------------
