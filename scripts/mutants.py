@@ -1596,7 +1596,7 @@ MUTANTS = (
     Mutant(
         "unique-period-fresh-holder-kept",
         "k2b_workflows/kernel/uniques.py",
-        "    if period is not None and enqueued <= now - period:",
+        "    if period is not None and found.created_at <= now - period:",
         "    if period is not None:",
         ("tests/tasks/test_unique.py::test_a_run_enqueued_a_period_ago_or_more_lets_its_key_go",),
     ),

@@ -186,7 +186,9 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
         (its period passed, or an operator's retry after it no longer held it)."""
         if not run.unique_key:
             return "-"
-        held = next((s for s, code in STATE_SETS.items() if code == run.unique_states), set())
+        held: frozenset[str] = next(
+            (s for s, code in STATE_SETS.items() if code == run.unique_states), frozenset()
+        )
         states = ", ".join(state for state in STATES if state in held)
         return f"{run.unique_key[:16]}… (held while {states})"
 

@@ -160,7 +160,7 @@ def start(
     if unique is not None:
         # What the call would give a READY holder: its own priority and run_after.
         unique.offer = (columns["priority"], call_run_after)
-    if concurrency_key is None and unique is None:
+    if concurrency_key is None:
         return _start(*args, effect_budget, unique)
     with transaction.atomic(using=using):
         return _start(*args, effect_budget, unique)

@@ -33,6 +33,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from django.db import transaction
+
 from .. import settings
 from ..exceptions import InvalidInput
 from ..models import WorkflowRun
@@ -50,7 +52,7 @@ HELD_SQL = """unique_key IS NOT NULL AND (
     OR (unique_states IN (4, 5) AND status IN ('failed', 'canceled')))"""
 
 #: The run holding a key, committed (or this transaction's own): through the index.
-HOLDER_SQL = f"SELECT id, created_at FROM k2b_run WHERE unique_key = %s AND {HELD_SQL}"
+HOLDER_SQL = f"SELECT * FROM k2b_run WHERE unique_key = %s AND {HELD_SQL}"
 
 #: A holder enqueued ``period`` or longer ago lets its key go; under its row lock, so
 #: two calls that both found it expired let it go once (the second finds it let go).
@@ -100,17 +102,16 @@ class Claim:
 def holder(using: str, claim: Claim, now: dt.datetime) -> WorkflowRun | None:
     """The run holding ``claim``'s key, or None: no run holds it (any more), or the
     one that did was enqueued ``period`` or longer ago and has let it go now."""
-    rows = db.fetchall(using, HOLDER_SQL, [claim.key])
-    if not rows:
+    found = next(iter(WorkflowRun.objects.raw(HOLDER_SQL, [claim.key]).using(using)), None)
+    if found is None:
         return None
-    run_id, enqueued = rows[0]
     period = claim.unique.period
-    if period is not None and enqueued <= now - period:
+    if period is not None and found.created_at <= now - period:
         # Let go here, or by a concurrent call first: either way the caller inserts
         # again, and meets the run that took the key since, if one did.
-        db.execute(using, LET_GO_SQL, [run_id, claim.key, now - period])
+        db.execute(using, LET_GO_SQL, [found.pk, claim.key, now - period])
         return None
-    return WorkflowRun.objects.using(using).filter(pk=run_id).first()
+    return found
 
 
 def change(
@@ -130,6 +131,21 @@ def change(
     unique = claim.unique
     if not (unique.replace or unique.debounce is not None) or not _ready(found):
         return found
+    with transaction.atomic(using=using):
+        return _change(using, found, claim, input, priority, run_after, now)
+
+
+def _change(
+    using: str,
+    found: WorkflowRun,
+    claim: Claim,
+    input: Any,
+    priority: int,
+    run_after: dt.datetime | None,
+    now: dt.datetime,
+) -> WorkflowRun:
+    """``change`` under the run's lock: a claim's ``SKIP LOCKED`` passes it by meanwhile."""
+    unique = claim.unique
     locked = WorkflowRun.objects.using(using).select_for_update().filter(pk=found.pk).first()
     if locked is None or not _ready(locked) or locked.unique_key != claim.key:
         return locked or found  # claimed (or let go) since it was read: left as it is

@@ -262,7 +262,9 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
             options.workflow_name, input, run_after=_run_after(task.run_after), unique=claim
         )
         if claim is not None and claim.matched is not None:
-            return self.get_result(str(claim.matched.pk))
+            if claim.matched.workflow_name not in EFFECT_OF_WORKFLOW:
+                return self.get_result(str(claim.matched.pk))  # not a task's: refused there
+            return self.result_of_run(claim.matched)
         result = new_result(task, run, input)
         self._enqueued([result])
         return result
@@ -331,6 +333,11 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
         )
         if run is None:
             raise TaskResultDoesNotExist(f"no task result {result_id}")
+        return self.result_of_run(run)
+
+    def result_of_run(self, run: WorkflowRun) -> Any:
+        """``get_result`` of a task run read already (a unique call's holder)."""
+        using, run_id = k2b_settings.database(), run.pk
         # The runtime role can write a run's input: its task path is imported below
         # (``task_at``), so the seal is checked before it, whatever the run's status
         # (#47). A worker refuses the same row before any step sees it.
