@@ -40,6 +40,7 @@ from .exceptions import (
 from .limits import Concurrency, RateLimit
 from .retries import Retry
 from .schedules import Schedule
+from .unique import Unique
 from .workflows import workflow
 
 # Modules that moved into admin/ and worker/ stay importable by their old
@@ -134,6 +135,7 @@ __all__ = [
     "Schedule",
     "StepContext",
     "StepFailed",
+    "Unique",
     "UnknownWorkflow",
     "acancel_workflow_run",
     "ai_provider",

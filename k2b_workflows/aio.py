@@ -27,6 +27,7 @@ from asgiref.sync import sync_to_async
 from . import control
 from .models import WorkflowRun
 from .results import await_workflow_run
+from .unique import Unique
 
 
 async def astart_workflow_run(
@@ -43,6 +44,7 @@ async def astart_workflow_run(
     schedule_id: str | None = None,
     scheduled_for: Any = None,
     queue: str | None = None,
+    unique: Unique | None = None,
 ) -> WorkflowRun:
     """``start_workflow_run`` for async code: every argument, passed through by name."""
     return await sync_to_async(control.start_workflow_run)(
@@ -58,6 +60,7 @@ async def astart_workflow_run(
         schedule_id=schedule_id,
         scheduled_for=scheduled_for,
         queue=queue,
+        unique=unique,
     )
 
 

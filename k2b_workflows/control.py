@@ -23,7 +23,7 @@ from django.db import transaction
 from . import codes, naming, settings, tracing, validation
 from .actions import to_json_value
 from .exceptions import InvalidInput, StepFailed, UnknownWorkflow
-from .kernel import children, db, forks, interventions, pauses, seals, starts, waits
+from .kernel import children, db, forks, interventions, pauses, seals, starts, uniques, waits
 from .kernel.budgets import BudgetExceeded
 from .kernel.context import KernelStepContext
 from .kernel.interventions import (
@@ -35,6 +35,7 @@ from .kernel.interventions import (
     retry_refusal,
 )
 from .models import QueuePause, WorkflowRun
+from .unique import Unique, check_unique, workflow_key_values
 from .workflows import RunHandle, get_workflow
 
 if TYPE_CHECKING:
@@ -79,6 +80,7 @@ def start_workflow_run(
     schedule_id: str | None = None,
     scheduled_for: Any = None,
     queue: str | None = None,
+    unique: Unique | None = None,
 ) -> WorkflowRun:
     """Queue a run of workflow ``name``. The same ``idempotency_key`` returns the same run.
 
@@ -90,7 +92,9 @@ def start_workflow_run(
     ``schedule_id`` and ``scheduled_for`` are set by schedule passes
     (``kernel/schedule_passes.py``) and the admin's "run now". ``queue``: the
     queue it is claimed from (default: the workflow's, "default" unless
-    ``@workflow(queue=...)`` says otherwise; #49).
+    ``@workflow(queue=...)`` says otherwise; #49). ``unique``: a ``Unique`` (default:
+    the workflow's ``@workflow(unique=...)``): a start whose key a run holds inserts
+    nothing and returns that run (``keys`` name fields of the input; #49).
 
     Raises ``UnknownWorkflow`` or ``InvalidInput`` before creating anything,
     ``IdempotencyConflict`` when the key names a run started with another input,
@@ -108,6 +112,11 @@ def start_workflow_run(
     parent_id = None if parent is None else validation.run_id(parent, "parent")
     if queue is not None:
         validation.queue_name(queue)
+    unique = check_unique(unique, "start_workflow_run()") or definition.unique
+    claim = None
+    if unique is not None:
+        key = unique.key("workflow", definition.name, workflow_key_values(unique, input, name))
+        claim = uniques.Claim(unique, key)
     with db.schema_required():
         return starts.start(
             settings.database(),
@@ -122,20 +131,25 @@ def start_workflow_run(
             schedule_id=schedule_id,
             scheduled_for=scheduled_for,
             queue=queue,
+            unique=claim,
         )
 
 
-def start_task_run(name: str, input: Any, *, run_after: Any) -> WorkflowRun:
+def start_task_run(
+    name: str, input: Any, *, run_after: Any, unique: uniques.Claim | None = None
+) -> WorkflowRun:
     """Queue the run of one django.tasks task call (``k2b_workflows.tasks``, #37).
 
     ``input`` is the run's input, a JSON object the backend built and checked;
     the run's queue (``runworkflows --queue``), priority, task path and
     concurrency are read from it (``starts.INPUT_COLUMNS``). In the caller's
-    transaction.
+    transaction. ``unique``: the call's unique key (``kernel/uniques.py``).
     """
     definition = get_workflow(name)
     with db.schema_required():
-        return starts.start(settings.database(), definition, input, run_after=run_after)
+        return starts.start(
+            settings.database(), definition, input, run_after=run_after, unique=unique
+        )
 
 
 def start_workflow_runs(
@@ -150,7 +164,8 @@ def start_workflow_runs(
     ``start_workflow_run``. A task's runs take their queue, priority, task path
     and concurrency from their inputs (``starts.INPUT_COLUMNS``). ``checked``:
     the inputs are ``to_json_value``'s results already (the caller validated
-    them), not encoded again.
+    them), not encoded again. A workflow declaring ``unique`` is started one run at a
+    time, in one transaction: each start meets the keys of the runs before it.
     """
     validation.text(name, "the workflow name", max_length=200)
     definition = get_workflow(name)
@@ -161,6 +176,22 @@ def start_workflow_runs(
             if value is None:
                 raise InvalidInput(f"input {index} must not be None (use {{}} for no input)")
             values.append(to_json_value(value, f"input {index}"))
+    unique = definition.unique
+    if unique is not None:
+        # Each start meets the keys of those before it (a COPY cannot skip a row).
+        claims = [
+            uniques.Claim(
+                unique, unique.key("workflow", name, workflow_key_values(unique, v, name))
+            )
+            for v in values
+        ]
+        using = settings.database()
+        with db.schema_required(), transaction.atomic(using=using):
+            runs = [
+                starts.start(using, definition, v, run_after=run_after, unique=claim)
+                for v, claim in zip(values, claims, strict=True)
+            ]
+        return [starts.QueuedRun(run.pk, run.created_at) for run in runs]
     with db.schema_required():
         return starts.start_many(settings.database(), definition, values, run_after=run_after)
 

@@ -76,6 +76,24 @@ RUN_TRANSITIONS = [
 _EFFECT_CHOICES = [(e.value, e.name.replace("_", " ").lower()) for e in Effect]
 
 
+#: Where a run holds its ``unique_key`` (``unique.STATE_SETS`` gives the codes): READY
+#: (queued, never claimed) always; RUNNING (claimed once and not ended: running,
+#: waiting, parked for an operator, queued again) for codes 2-5; SUCCEEDED for 3 and
+#: 5; FAILED or CANCELED for 4 and 5. ``kernel/uniques.HELD_SQL`` is the same, in SQL.
+UNIQUE_HELD = models.Q(unique_key__isnull=False) & (
+    models.Q(status="queued", generation=0)
+    | (
+        models.Q(unique_states__gte=2)
+        & (
+            models.Q(status__in=["running", "waiting", "needs_attention"])
+            | models.Q(status="queued", generation__gt=0)
+        )
+    )
+    | models.Q(unique_states__in=[3, 5], status="succeeded")
+    | models.Q(unique_states__in=[4, 5], status__in=["failed", "canceled"])
+)
+
+
 class QueueOrder(models.Func):
     """``k2b_queue_order(run_after, priority_credit_ms)``: where a queued run stands in line.
 
@@ -231,6 +249,13 @@ class WorkflowRun(models.Model):
     #: attempt after a takeover links to the one that died (``tracing.py``). NULL
     #: when nothing was tracing.
     trace_context = models.JSONField(null=True, blank=True, editable=False)
+    #: A ``Unique`` declaration's key of this call (``kernel/uniques.py``): a hash of
+    #: the task path (or workflow name) and the key's arguments; NULL: none, or let go.
+    unique_key = models.CharField(  # noqa: DJ001
+        max_length=64, null=True, blank=True, editable=False
+    )
+    #: Where the run holds ``unique_key``: ``unique.STATE_SETS``' code of its states.
+    unique_states = models.SmallIntegerField(default=0, db_default=0, editable=False)
 
     class Meta:
         db_table = "k2b_run"
@@ -254,6 +279,11 @@ class WorkflowRun(models.Model):
                 fields=["parent", "parent_step", "child_index"],
                 condition=models.Q(parent__isnull=False),
                 name="k2b_run_child_once",
+            ),
+            # One run per unique key in the states that hold it (``kernel/uniques.py``):
+            # a second start waits for the first one's transaction, not a look-then-insert.
+            models.UniqueConstraint(
+                fields=["unique_key"], condition=UNIQUE_HELD, name="k2b_run_unique_key"
             ),
         ]
         indexes = [

@@ -25,6 +25,7 @@ from .exceptions import InvalidInput, UnknownWorkflow
 from .limits import Concurrency, check_concurrency
 from .retries import Retry, check_policy
 from .schedules import Schedule
+from .unique import Unique, check_unique
 
 WorkflowFn = Callable[["RunHandle", Any], Any]
 
@@ -57,6 +58,8 @@ class WorkflowDefinition:
     #: The queue its runs are claimed from, unless a start names another: what
     #: ``runworkflows --queue`` selects and ``pause_queue`` pauses (#49).
     queue: str = "default"
+    #: One run per key of its starts (``Unique``), unless a start gives its own.
+    unique: Unique | None = None
 
 
 @dataclass
@@ -115,6 +118,7 @@ def workflow(
     concurrency: Concurrency | None = None,
     schedule: Schedule | None = None,
     queue: str = "default",
+    unique: Unique | None = None,
 ) -> Callable[[WorkflowFn], WorkflowFn]:
     """Register ``fn(run, input)`` as the workflow ``name``.
 
@@ -129,7 +133,9 @@ def workflow(
     (a ``Schedule``): ``migrate`` writes it as the schedule whose id is ``name``.
     ``queue``: the queue its runs (its children and its schedule's ticks too) are
     claimed from, unless ``start_workflow_run(queue=...)`` names another
-    (``runworkflows --queue``, ``pause_queue``).
+    (``runworkflows --queue``, ``pause_queue``). ``unique``: a ``Unique``, one run
+    per key of its starts (``keys`` name fields of the input), unless
+    ``start_workflow_run(unique=...)`` gives another.
     """
     if not isinstance(name, str) or not name:
         raise InvalidInput("workflow() takes a non-empty name")
@@ -154,6 +160,7 @@ def workflow(
             # Accepted, 999,999,999 days raised OverflowError at every start (#35).
             raise InvalidInput(f"timeout must be at most {MAX_TIMEOUT.days} days, not {timeout}")
     check_concurrency(concurrency)
+    check_unique(unique, f"workflow {name!r}")
 
     def register(fn: WorkflowFn) -> WorkflowFn:
         if len(inspect.signature(fn).parameters) != 2:
@@ -184,6 +191,7 @@ def workflow(
             concurrency=concurrency,
             schedule=schedule,
             queue=queue,
+            unique=unique,
         )
         fn.workflow_name = name  # type: ignore[attr-defined]
         return fn

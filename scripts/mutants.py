@@ -93,8 +93,8 @@ MUTANTS = (
     Mutant(
         "task-budget-from-input",
         "k2b_workflows/kernel/starts.py",
-        '        effect_budget = own.get("effect_budget", effect_budget)\n    columns = flow',
-        "    columns = flow",
+        '        effect_budget = own.get("effect_budget", effect_budget)\n    call_run_after',
+        "    call_run_after",
         (
             "tests/tasks/test_budgets.py::"
             "test_a_call_the_worker_prices_over_budget_fails_and_is_never_called",
@@ -1899,6 +1899,81 @@ MUTANTS = (
         (
             "tests/crash/test_incident_story.py::"
             "test_a_worker_killed_inside_an_external_call_is_named_and_said_to_have_died",
+        ),
+    ),
+    Mutant(
+        "unique-key-written",
+        "k2b_workflows/kernel/starts.py",
+        "        columns.update(unique.columns)",
+        "        pass",
+        (
+            "tests/tasks/test_unique.py::test_a_call_whose_key_a_run_holds_returns_that_run_and_inserts_nothing",
+            "tests/tasks/test_unique.py::test_two_calls_in_concurrent_transactions_give_one_run",
+        ),
+    ),
+    Mutant(
+        "unique-period-fresh-holder-kept",
+        "k2b_workflows/kernel/uniques.py",
+        "    if period is not None and found.created_at <= now - period:",
+        "    if period is not None:",
+        ("tests/tasks/test_unique.py::test_a_run_enqueued_a_period_ago_or_more_lets_its_key_go",),
+    ),
+    Mutant(
+        "unique-running-never-changed",
+        "k2b_workflows/kernel/uniques.py",
+        '    return run.status == "queued" and run.generation == 0',
+        '    return run.status in ("queued", "running")',
+        ("tests/tasks/test_unique.py::test_a_running_run_is_never_changed",),
+        also=(
+            (
+                'filter(pk=locked.pk, status="queued", generation=0)',
+                "filter(pk=locked.pk)",
+            ),
+        ),
+    ),
+    Mutant(
+        "unique-holder-seal-checked",
+        "k2b_workflows/kernel/uniques.py",
+        "    problem = seals.start_problem(locked)",
+        "    problem = None",
+        ("tests/tasks/test_unique.py::test_a_holder_whose_seal_is_broken_is_not_resealed",),
+    ),
+    Mutant(
+        "unique-replace-resealed",
+        "k2b_workflows/kernel/uniques.py",
+        "    locked.start_seal = seals.start_seal(locked)",
+        "    pass",
+        (
+            "tests/tasks/test_unique.py::test_replace_gives_a_ready_run_the_calls_arguments_priority_and_run_after",
+            "tests/tasks/test_unique.py::test_a_replaced_run_runs_with_the_last_calls_arguments",
+        ),
+    ),
+    Mutant(
+        "unique-debounce-max-wait",
+        "k2b_workflows/kernel/uniques.py",
+        "            until = min(until, locked.created_at + unique.max_wait)",
+        "            pass",
+        (
+            "tests/tasks/test_unique.py::test_debounce_moves_a_ready_runs_start_never_past_its_max_wait",
+        ),
+    ),
+    Mutant(
+        "unique-retry-keeps-key-let-go",
+        "k2b_workflows/kernel/interventions.py",
+        "        \"CASE WHEN status IN ('failed', 'canceled') AND unique_states NOT IN (4, 5)\"",
+        '        "CASE WHEN false"',
+        (
+            "tests/tasks/test_unique.py::test_a_retried_failed_run_that_let_its_key_go_does_not_take_it_back",
+        ),
+    ),
+    Mutant(
+        "unique-key-binds-signature",
+        "k2b_workflows/tasks/backend.py",
+        "            binding.apply_defaults()\n            bound = dict(binding.arguments)",
+        '            bound = {"args": args, "kwargs": kwargs}',
+        (
+            "tests/tasks/test_unique.py::test_a_call_whose_key_a_run_holds_returns_that_run_and_inserts_nothing",
+            "tests/tasks/test_unique.py::test_without_keys_every_argument_bound_with_its_defaults_is_the_key",
         ),
     ),
 )

@@ -72,7 +72,9 @@ if django.VERSION >= (6, 0):
 SILENCED_SYSTEM_CHECKS = ["k2b_workflows.W003"]
 
 # django.tasks on the kernel (#37): tests/tasks_app/ holds the tasks.
-from k2b_workflows import Concurrency, Retry  # noqa: E402
+import datetime as _dt  # noqa: E402
+
+from k2b_workflows import Concurrency, Retry, Unique  # noqa: E402
 from tests.tasks_app.timed_options import TIMED  # noqa: E402
 
 TASKS = {
@@ -98,6 +100,29 @@ TASKS = {
                 "tests.tasks_app.library.purge": {"effect": "pure"},
                 # Django's proposed options, for Django 6.0's bare @task (#49).
                 **{f"tests.tasks_app.timed.{name}": options for name, options in TIMED.items()},
+                # tests/tasks_app/unique.py: by_settings here only; the others here for
+                # Django 6.0, where @task takes no unique= (a declaration on a task wins).
+                "tests.tasks_app.unique.by_settings": {
+                    "unique": Unique(keys=("site_id",), replace=True)
+                },
+                **{
+                    f"tests.tasks_app.unique.{name}": {"unique": declared}
+                    for name, declared in {
+                        "rebuild_index": Unique(keys=("site_id",)),
+                        "recent": Unique(keys=("site_id",), period=_dt.timedelta(minutes=10)),
+                        "kept": Unique(
+                            keys=("site_id",), states=("ready", "running", "successful")
+                        ),
+                        "every_argument": Unique(),
+                        "replaced": Unique(keys=("site_id",), replace=True),
+                        "debounced": Unique(
+                            keys=("site_id",),
+                            debounce=_dt.timedelta(seconds=30),
+                            max_wait=_dt.timedelta(minutes=2),
+                        ),
+                        "with_context": Unique(keys=("site_id",)),
+                    }.items()
+                },
             }
         },
     },

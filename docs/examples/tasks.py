@@ -4,7 +4,7 @@ from datetime import timedelta
 
 from django.db import transaction
 
-from k2b_workflows import Retry, Schedule, progress_of, set_progress
+from k2b_workflows import Retry, Schedule, Unique, progress_of, set_progress
 from k2b_workflows.tasks import InvalidTaskCall, effect_key, enqueue_many, schedule_task
 
 from .providers import gateway
@@ -54,6 +54,21 @@ def invoice_all(orders):
     # One transaction, a few statements for thousands of calls.
     return enqueue_many(render_invoice, [((o["id"], o["lines"]), None) for o in orders])
 # --8<-- [end:many]
+
+
+# --8<-- [start:unique]
+@task(effect="pure", unique=Unique(keys=("site_id",), period=timedelta(minutes=10)))
+def rebuild_index(site_id, verbose=False):
+    # At most one rebuild per site waiting or running, enqueued in the last ten
+    # minutes: a second call returns the first call's result (the same id).
+    return {"site": site_id}
+
+
+@task(effect="pure", unique=Unique(keys=("user_id",), debounce=timedelta(seconds=30)))
+def sync_profile(user_id, fields):
+    # Thirty seconds after the last edit, with the last edit's fields.
+    return {"user": user_id, "fields": fields}
+# --8<-- [end:unique]
 
 
 # --8<-- [start:schedule]

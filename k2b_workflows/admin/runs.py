@@ -29,6 +29,7 @@ from ..models import Incident, LedgerEntry, RunStatus, TaskAttempt, WorkerRecord
 from ..progress import progress_of
 from ..redaction import redact_text
 from ..tasks import names as task_names
+from ..unique import STATE_SETS, STATES
 from .common import ReadOnlyMixin, field_names, pretty_json, short_hash, status_badge
 from .filters import QueueFilter, TaskFilter, WorkflowFilter
 from .workers import worker_state_badge
@@ -148,7 +149,13 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
             "Flow control",
             {
                 "classes": ["collapse"],
-                "fields": ("concurrency_key", "holds_slot", "priority", "deferred_by"),
+                "fields": (
+                    "concurrency_key",
+                    "holds_slot",
+                    "priority",
+                    "deferred_by",
+                    "unique_shown",
+                ),
             },
         ),
         (
@@ -179,6 +186,18 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
     @admin.display(description="run", ordering="id")
     def short_id(self, run: WorkflowRun) -> str:
         return str(run.pk)[:8]
+
+    @admin.display(description="unique key")
+    def unique_shown(self, run: WorkflowRun) -> str:
+        """The call's ``Unique`` key and the states it holds it in; "-": none, or let go
+        (its period passed, or an operator's retry after it no longer held it)."""
+        if not run.unique_key:
+            return "-"
+        held: frozenset[str] = next(
+            (s for s, code in STATE_SETS.items() if code == run.unique_states), frozenset()
+        )
+        states = ", ".join(state for state in STATES if state in held)
+        return f"{run.unique_key[:16]}… (held while {states})"
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, run: WorkflowRun) -> str:

@@ -64,6 +64,12 @@ _REQUEUED = requeue_set(
     attention_step="NULL",
     run_after="k2b_now()",
     finished_at="NULL",
+    # A failed run that no longer held its unique key does not take it back: a later
+    # call's run may hold it, and the index would refuse this retry (kernel/uniques.py).
+    unique_key=(
+        "CASE WHEN status IN ('failed', 'canceled') AND unique_states NOT IN (4, 5)"
+        " THEN NULL ELSE unique_key END"
+    ),
 )
 REQUEUE_SQL = f"""
 UPDATE k2b_run

@@ -31,7 +31,7 @@ from ..dedup import insert_fields, insert_params
 from ..exceptions import IdempotencyConflict, InvalidInput
 from ..limits import Concurrency, Strategy
 from ..models import BudgetAccount, RunStatus, WorkflowRun
-from . import budgets, clock, db, ended, evidence, flow, hashing, interventions, seals
+from . import budgets, clock, db, ended, evidence, flow, hashing, interventions, seals, uniques
 
 if TYPE_CHECKING:
     from ..workflows import WorkflowDefinition
@@ -114,10 +114,13 @@ def start(
     task_path: str = "",
     concurrency: Concurrency | None = None,
     forked_from: uuid.UUID | None = None,
+    unique: uniques.Claim | None = None,
 ) -> WorkflowRun:
     """Queue a run of ``definition`` (its root's budget account with it); the same
-    ``idempotency_key`` returns the run it started before. ``forked_from``: the
-    run a fork goes on from (``forks.py``), sealed with the start fields.
+    ``idempotency_key`` returns the run it started before, and a ``unique`` key held
+    by a run returns that run (``kernel/uniques.py``; ``unique.matched`` says so).
+    ``forked_from``: the run a fork goes on from (``forks.py``), sealed with the
+    start fields.
 
     A workflow in ``INPUT_COLUMNS`` (a django.tasks task's) takes its queue,
     priority, task path, concurrency and effect budget from its input, whoever
@@ -138,6 +141,9 @@ def start(
         queue, task_path, priority = own["queue"], own["task_path"], own["priority"]
         concurrency, concurrency_key = own["concurrency"], own["concurrency_key"]
         effect_budget = own.get("effect_budget", effect_budget)
+    call_run_after = run_after
+    if unique is not None and (run_after is None or isinstance(run_after, dt.datetime)):
+        run_after = unique.first_run_after(run_after, now)
     columns = flow.start_fields(
         definition,
         concurrency_key=concurrency_key,
@@ -146,6 +152,8 @@ def start(
         now=now,
         concurrency=concurrency,
     )
+    if unique is not None:
+        columns.update(unique.columns)
     columns["schedule_id"] = schedule_id
     columns["scheduled_for"] = scheduled_for
     columns["queue"] = definition.queue if queue is None else queue
@@ -154,10 +162,13 @@ def start(
         columns["forked_from_id"] = forked_from
     declared = concurrency if concurrency is not None else definition.concurrency
     args = (using, definition, input, idempotency_key, principal, parent_id, now, columns, declared)
+    if unique is not None:
+        # What the call would give a READY holder: its own priority and run_after.
+        unique.offer = (columns["priority"], call_run_after)
     if concurrency_key is None:
-        return _start(*args, effect_budget)
+        return _start(*args, effect_budget, unique)
     with transaction.atomic(using=using):
-        return _start(*args, effect_budget)
+        return _start(*args, effect_budget, unique)
 
 
 def _start(
@@ -171,6 +182,7 @@ def _start(
     columns: dict[str, Any],
     declared: Concurrency | None,
     effect_budget: dict[str, int],
+    unique: uniques.Claim | None = None,
 ) -> WorkflowRun:
     parent = None
     if parent_id is not None:
@@ -227,14 +239,20 @@ def _start(
                 run.id, effect_budget, definition.max_ai_calls, definition.max_steps
             ),
         )
-    if not insert(using, run, budget):
-        if idempotency_key is None:
-            raise AssertionError("run was not created")
+    rounds = 0
+    while not insert(using, run, budget):
         # ON CONFLICT DO NOTHING without a target, then read by key: two
         # concurrent starts with one key never raise a unique violation.
-        found = existing(using, name, idempotency_key, input, principal)
-        assert found is not None
-        return found
+        found = None
+        if idempotency_key is not None:
+            found = existing(using, name, idempotency_key, input, principal)
+        if found is None and unique is not None:
+            found = _unique_holder(using, unique, input, now)
+        if found is not None:
+            return found
+        rounds += 1
+        if unique is None or rounds >= uniques.MAX_ROUNDS:
+            raise AssertionError("run was not created")
     if run.status == RunStatus.CANCELED:
         ended.told(
             using,
@@ -250,6 +268,21 @@ def _start(
             WorkflowRun.objects.using(using).filter(pk=run.id).values_list("holds_slot", flat=True)
         )[0]
     return run
+
+
+def _unique_holder(
+    using: str, unique: uniques.Claim, input: Any, now: dt.datetime
+) -> WorkflowRun | None:
+    """The run holding ``unique``'s key, changed by a replace or debounce call; None:
+    nobody holds it now (it ended, or let it go), so the start inserts again."""
+    found = uniques.holder(using, unique, now)
+    if found is None:
+        return None
+    priority, run_after = unique.offer
+    unique.matched = uniques.change(
+        using, found, unique, input=input, priority=priority, run_after=run_after, now=now
+    )
+    return unique.matched
 
 
 def existing(

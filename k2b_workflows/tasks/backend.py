@@ -42,11 +42,12 @@ from .. import control, scheduling, signals, validation
 from .. import settings as k2b_settings
 from ..actions import to_json_value
 from ..exceptions import InvalidInput, RunEndNotSealed
-from ..kernel import seals
+from ..kernel import seals, uniques
 from ..limits import Concurrency, RateLimit
 from ..models import TERMINAL_STATUSES, JournalEntry, TaskAttempt, WorkflowRun, WorkflowSchedule
 from ..retries import Retry
 from ..schedules import Schedule
+from ..unique import Unique
 from .compat import (
     InvalidTask,
     TaskResultDoesNotExist,
@@ -94,6 +95,8 @@ class WorkflowsTask(base_api.Task):
     callable taking the call's arguments (as the task does, without its
     context) and returning one. The two go together (None: the backend's
     ``OPTIONS``).
+    ``unique``: a ``Unique``, one run per key of its calls (``kernel/uniques.py``):
+    a call whose key a run holds inserts nothing and returns that run's result.
     ``reconcile``: an external task's answer to "did this call happen?", asked
     when a crash, a lost lease or a cut call left it unknown: a module-level
     function (or its dotted path) taking the call's context (if the task takes
@@ -124,6 +127,7 @@ class WorkflowsTask(base_api.Task):
     max_attempts: int | None = None
     backoff: float | Callable[..., Any] | str | None = None
     timeout: float | None = None
+    unique: Unique | None = None
 
 
 class WorkflowsBackend(backends_api.BaseTaskBackend):
@@ -260,12 +264,59 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
         self.validate_task(task)
         input = self.run_input(task, args, kwargs)
         self.check_cost(task, input)
+        return self._start(task, input)
+
+    def _start(self, task: Any, input: Any) -> Any:
+        """Start one call's run; its result, ``task_enqueued`` once it commits, unless
+        the call's unique key was held: then the holder's result as stored, no signal."""
+        options = self.options_of(task)
+        claim = self.unique_claim(task, input)
         run = control.start_task_run(
-            self.options_of(task).workflow_name, input, run_after=_run_after(task.run_after)
+            options.workflow_name, input, run_after=_run_after(task.run_after), unique=claim
         )
+        if claim is not None and claim.matched is not None:
+            if claim.matched.workflow_name not in EFFECT_OF_WORKFLOW:
+                return self.get_result(str(claim.matched.pk))  # not a task's: refused there
+            return self.result_of_run(claim.matched)
         result = new_result(task, run, input)
         self._enqueued([result])
         return result
+
+    def unique_claim(self, task: Any, input: Any) -> uniques.Claim | None:
+        """The call's unique key, for a task declaring ``unique``: its path and the
+        arguments ``keys`` names, bound to the task's signature (``f(7)`` and
+        ``f(site_id=7)`` bind alike; defaults are filled in), as JSON."""
+        options = self.options_of(task)
+        unique = options.unique
+        if unique is None:
+            return None
+        args, kwargs = input["args"], input["kwargs"]
+        signature = _call_signature(task.func, bool(task.takes_context))
+        if signature is None:
+            bound: dict[str, Any] = {"args": args, "kwargs": kwargs}
+            spread: dict[str, Any] = kwargs
+        else:
+            binding = signature.bind(*args, **kwargs)
+            binding.apply_defaults()
+            bound = dict(binding.arguments)
+            spread = next(
+                (
+                    bound.get(p.name, {})
+                    for p in signature.parameters.values()
+                    if p.kind is inspect.Parameter.VAR_KEYWORD
+                ),
+                {},
+            )
+        if unique.keys is None:
+            values = bound
+        else:
+            values = {k: bound[k] if k in bound else spread.get(k) for k in unique.keys}
+        where = f"the unique key of task {options.path}"
+        try:
+            values = to_json_value(values, where)
+        except InvalidInput as exc:
+            raise InvalidTaskCall(str(exc)) from None
+        return uniques.Claim(unique, unique.key("task", options.path, values))
 
     def _enqueued(self, results: list[Any]) -> None:
         """``task_enqueued`` once the enqueue commits: a rolled-back task was never enqueued."""
@@ -295,6 +346,11 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
         )
         if run is None:
             raise TaskResultDoesNotExist(f"no task result {result_id}")
+        return self.result_of_run(run)
+
+    def result_of_run(self, run: WorkflowRun) -> Any:
+        """``get_result`` of a task run read already (a unique call's holder)."""
+        using, run_id = k2b_settings.database(), run.pk
         # The runtime role can write a run's input: its task path is imported below
         # (``task_at``), so the seal is checked before it, whatever the run's status
         # (#47). A worker refuses the same row before any step sees it.
@@ -346,6 +402,8 @@ def enqueue_many(
     """
     backend = _backend_of(task, "enqueue_many")
     backend.validate_task(task)
+    if backend.options_of(task).unique is not None:
+        return _enqueue_each(backend, task, calls)
     bulk = _BulkInputs(backend, task)
     inputs = []
     for index, call in enumerate(calls):
@@ -363,6 +421,25 @@ def enqueue_many(
     results = [new_result(task, run, input) for run, input in zip(runs, inputs, strict=True)]
     backend._enqueued(results)
     return results
+
+
+def _enqueue_each(backend: WorkflowsBackend, task: Any, calls: Iterable[Any]) -> list[Any]:
+    """``enqueue_many`` of a task declaring ``unique``: one start per call, in one
+    transaction, so that each call meets the keys of the runs before it, in the
+    batch and outside it (a ``COPY`` cannot skip a conflicting row). Every call
+    is checked before anything is inserted; ``task_enqueued`` once per run
+    inserted."""
+    bulk = _BulkInputs(backend, task)
+    inputs = []
+    for index, call in enumerate(calls):
+        if not isinstance(call, list | tuple) or len(call) != 2:
+            raise InvalidTaskCall(f"enqueue_many(): call {index} must be (args, kwargs)")
+        input = backend.run_input(task, call[0], call[1], bulk)
+        backend.check_cost(task, input)
+        backend.unique_claim(task, input)
+        inputs.append(input)
+    with transaction.atomic(using=k2b_settings.database()):
+        return [backend._start(task, input) for input in inputs]
 
 
 class _BulkInputs:

@@ -55,6 +55,7 @@ from ..exceptions import InvalidInput
 from ..kernel.budgets import validate_cost
 from ..limits import Concurrency, RateLimit, Strategy, check_rate_limit
 from ..retries import Retry, check_policy
+from ..unique import Unique, check_unique
 from ..workflows import check_effect_budget
 from .exceptions import InvalidTaskCall
 from .names import EFFECT_NAMES, MAX_PATH, PRIORITY_OFFSET, WORKFLOW_NAMES
@@ -304,6 +305,36 @@ def attempts_policy(values: Mapping[str, Any]) -> Retry | None:
     return Retry(max_attempts=attempts)
 
 
+def _unique(value: Any, where: str) -> Unique | None:
+    try:
+        return check_unique(value, where)
+    except InvalidInput as exc:
+        raise InvalidTaskCall(str(exc)) from None
+
+
+def check_unique_keys(task: Any, unique: Unique | None, where: str) -> None:
+    """A ``Unique(keys=...)`` names parameters of the task's function (without the
+    context a ``takes_context`` task receives first), or any name if it takes
+    ``**kwargs``: a misspelt key would make every call its own key."""
+    if unique is None or unique.keys is None:
+        return
+    try:
+        parameters = list(inspect.signature(task.func).parameters.values())
+    except (TypeError, ValueError):
+        return  # no signature Python can read: the call is not bound either
+    if getattr(task, "takes_context", False):
+        parameters = parameters[1:]
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return
+    named = {p.name for p in parameters if p.kind is not inspect.Parameter.VAR_POSITIONAL}
+    missing = [key for key in unique.keys if key not in named]
+    if missing:
+        raise InvalidTaskCall(
+            f"{where}: Unique(keys=...) names {missing}, not among the task's parameters "
+            f"({', '.join(sorted(named)) or 'none'})"
+        )
+
+
 # -- how they are written to the run's input and read back -----------------------------
 
 
@@ -470,6 +501,11 @@ class TaskOptions:
     cost: dict[str, int] | str | None = option(
         check=_cost_spec, key="cost", decode=lambda input: input.get("cost"), written=_has_budget
     )
+    #: Not in the run's input: the start reads it (the run's ``unique_key``), no worker
+    #: (``from_input`` leaves it None).
+    unique: Unique | None = dataclasses.field(
+        default=None, metadata={"option": Option(check=_unique)}
+    )
     reconcile: str | None = option(
         check=_reconcile,
         key="reconcile",
@@ -552,6 +588,7 @@ class TaskOptions:
             where = f"{where} (with OPTIONS['tasks'] {', '.join(o.pattern for o in matching)})"
         check_together(where, values)
         values["retry"] = attempts_policy(values)
+        check_unique_keys(task, values["unique"], where)
         return cls(
             path=path, backend=alias, queue=task.queue_name, priority=task.priority, **values
         )

@@ -48,7 +48,7 @@ from ..actions import (
     unknown,
 )
 from ..exceptions import InvalidInput, LeaseLost, RunCanceled, StepFailed
-from ..kernel import clock, hooks, interventions, seals, starts
+from ..kernel import clock, hooks, interventions, seals, starts, uniques
 from ..kernel.budgets import CostRefused
 from ..kernel.hashing import canonical
 from ..models import LedgerEntry, RunStatus, TaskAttempt, WorkflowRun
@@ -180,6 +180,16 @@ def run_columns(input: Any) -> dict[str, Any]:
         "concurrency_key": None if declared is None else f"task:{path}",
         "effect_budget": input_option(input, "effect_budget"),
     }
+
+
+def replaced_input(held: Any, call: Any, replace: bool) -> Any:
+    """The input of a READY task run after a later call with its key (``Unique``):
+    its task's part as it was (queue, backend, options), the call's arguments, and,
+    with ``replace``, the call's priority (``kernel/uniques.py`` sets the column)."""
+    input = {**held, "args": call["args"], "kwargs": call["kwargs"]}
+    if replace:
+        input["priority"] = call["priority"]
+    return input
 
 
 # -- the step -----------------------------------------------------------------------
@@ -605,6 +615,7 @@ def register() -> None:
     for effect, fn in (("pure", _pure), ("idempotent", _idempotent), ("external", _external)):
         workflow(WORKFLOW_NAMES[effect], app_id=TASK_APP_ID)(fn)
         starts.INPUT_COLUMNS[WORKFLOW_NAMES[effect]] = run_columns
+        uniques.REPLACED_INPUT[WORKFLOW_NAMES[effect]] = replaced_input
 
 
 register()

@@ -124,6 +124,7 @@ RUN_BY = {
     "tasks": [
         "test_the_tasks_example_charges_once_and_enqueues_nothing_when_the_order_fails",
         "test_the_tasks_example_invoices_many_and_schedules_one",
+        "test_the_tasks_example_rebuilds_a_site_once_and_syncs_the_last_edit",
         "test_the_tasks_example_pays_out_within_its_budget_and_refuses_more",
         "test_the_tasks_example_reconcile_finds_the_charge_or_says_call_again",
         "test_the_tasks_example_backoff_spaces_attempts_and_stops_at_a_refusal",
@@ -1100,6 +1101,26 @@ def test_the_tasks_example_invoices_many_and_schedules_one():
         }
         schedule = tasks.schedule_nightly_invoices()
         assert WorkflowSchedule.objects.get(pk=schedule.pk).workflow_name == "k2b.task.pure"
+
+
+def test_the_tasks_example_rebuilds_a_site_once_and_syncs_the_last_edit():
+    from k2b_workflows.testing import controlled_clock
+
+    context, register = _tasks_example()
+    with context as (tasks,), controlled_clock():
+        register()
+        first = tasks.rebuild_index.enqueue(7)
+        assert tasks.rebuild_index.enqueue(site_id=7, verbose=True).id == first.id
+        edit = tasks.sync_profile.enqueue(1, {"name": "A"})
+        assert tasks.sync_profile.enqueue(1, {"name": "B"}).id == edit.id
+        waiting = WorkflowRun.objects.get(pk=edit.id)
+        assert waiting.run_after >= waiting.created_at + dt.timedelta(seconds=30)
+        run_until_idle()  # moves the controlled clock to the debounced start
+        assert tasks.rebuild_index.get_result(first.id).return_value == {"site": 7}
+        assert tasks.sync_profile.get_result(edit.id).return_value == {
+            "user": 1,
+            "fields": {"name": "B"},
+        }
 
 
 def test_the_tasks_example_pays_out_within_its_budget_and_refuses_more():
