@@ -54,11 +54,15 @@ class _Held:
     action_started: float | None = None
     #: An EXTERNAL (or stronger) ``run()`` is in flight: its effect may land at any moment.
     external: bool = False
+    #: Set when ``tasks.cancel`` asked the run's call to stop (#49); None: not watched.
+    asked: threading.Event | None = None
 
 
-#: Held runs no longer running: the keeper tells their threads to stop.
+#: Held runs no longer running, or whose call was asked to stop (``tasks.cancel``): the
+#: keeper tells their threads.
 _NOT_RUNNING_SQL = (
-    "SELECT id, status, generation FROM k2b_run WHERE id = ANY(%s) AND (status <> 'running')"
+    "SELECT id, status, generation, cancel_requested_at IS NOT NULL FROM k2b_run"
+    " WHERE id = ANY(%s) AND (status <> 'running' OR cancel_requested_at IS NOT NULL)"
 )
 
 _RENEW_TASKS_SQL = (
@@ -104,9 +108,15 @@ class LeaseKeeper:
 
     # -- bookkeeping, called by executing threads --
 
-    def track(self, run_id: uuid.UUID, generation: int, event: threading.Event) -> None:
+    def track(
+        self,
+        run_id: uuid.UUID,
+        generation: int,
+        event: threading.Event,
+        asked: threading.Event | None = None,
+    ) -> None:
         with self._lock:
-            self._runs[run_id] = _Held(generation, event)
+            self._runs[run_id] = _Held(generation, event, asked=asked)
 
     def untrack(self, run_id: uuid.UUID) -> None:
         with self._lock:
@@ -431,6 +441,10 @@ class LeaseKeeper:
                 [list(runs)],
             ).fetchall()
             self._mark(runs, {r[0]: (r[1], r[2]) for r in rows})
+            for run_id, _, _, asked in rows:
+                held = runs[run_id]
+                if asked and held.asked is not None:
+                    held.asked.set()
         if tasks:
             ids = list(tasks)
             if renew:
