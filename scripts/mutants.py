@@ -1583,6 +1583,72 @@ MUTANTS = (
             "test_a_batched_write_of_a_canceled_run_is_refused_by_its_fence_once",
         ),
     ),
+    # A canceled task call (#49): asked, never retried, never run again after a crash,
+    # an external call never cut.
+    Mutant(
+        "cancel-no-further-attempt",
+        "k2b_workflows/kernel/execute.py",
+        "            if run.cancel_requested_at is not None:\n",
+        "            if False:\n",
+        (
+            "tests/tasks/test_cancel.py::test_a_call_whose_worker_is_killed_after_the_request_is_not_run_again",
+        ),
+    ),
+    Mutant(
+        "cancel-no-retry",
+        "k2b_workflows/kernel/ending.py",
+        "        if self.claim.cancel_requested.is_set():\n            # A canceled call is never",
+        "        if False:\n            # A canceled call is never",
+        (
+            "tests/tasks/test_cancel.py::test_a_call_that_raises_after_the_request_fails_as_canceled_and_is_never_retried[retried]",
+        ),
+    ),
+    Mutant(
+        "cancel-failure-ends-canceled",
+        "k2b_workflows/kernel/ending.py",
+        "        if self.claim.cancel_requested.is_set():\n"
+        "            # Asked to stop, then failed",
+        "        if False:\n            # Asked to stop, then failed",
+        (
+            "tests/tasks/test_cancel.py::test_a_call_that_raises_after_the_request_fails_as_canceled_and_is_never_retried[not]",
+        ),
+    ),
+    Mutant(
+        "cancel-read-on-failure",
+        "k2b_workflows/tasks/runs.py",
+        "            ctx.cancel_asked(read=True)\n",
+        "",
+        (
+            "tests/tasks/test_cancel.py::test_a_call_that_raises_after_the_request_fails_as_canceled_and_is_never_retried[retried]",
+            "tests/tasks/test_cancel.py::test_a_call_that_raises_after_the_request_fails_as_canceled_and_is_never_retried[not]",
+        ),
+    ),
+    Mutant(
+        "cancel-keeper-asks",
+        "k2b_workflows/kernel/leases.py",
+        "            self._asked(runs, asked)\n",
+        "",
+        (
+            "tests/tasks/test_cancel.py::test_a_running_call_is_asked_within_a_second_and_its_return_is_its_result",
+        ),
+        also=(("            self._asked(runs, {r[0] for r in rows if r[3]})\n", ""),),
+    ),
+    Mutant(
+        "cancel-async-asked",
+        "k2b_workflows/kernel/hooks.py",
+        "            task.cancel()\n            asked = None",
+        "            asked = None",
+        (
+            "tests/tasks/test_cancel.py::test_an_async_pure_call_gets_cancelled_error_at_its_next_await",
+        ),
+    ),
+    Mutant(
+        "cancel-external-never-cut",
+        "k2b_workflows/tasks/runs.py",
+        "            asked = None if external else ctx.cancel_requested\n",
+        "            asked = ctx.cancel_requested\n",
+        ("tests/tasks/test_cancel.py::test_an_async_external_call_is_asked_and_never_cut",),
+    ),
 )
 
 

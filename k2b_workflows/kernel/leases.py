@@ -422,8 +422,9 @@ class LeaseKeeper:
                     held.event.set()
                     continue
                 keep[run_id] = held.generation
-            _, states = renew_leases(conn, keep, lease)
+            _, states, asked = renew_leases(conn, keep, lease)
             self._mark(runs, states)
+            self._asked(runs, asked)
             # Ended under us (a cancel, a timeout) while the action is inside run():
             # its slot stays held until it has left (#35).
             flow.hold_slots(
@@ -441,10 +442,7 @@ class LeaseKeeper:
                 [list(runs)],
             ).fetchall()
             self._mark(runs, {r[0]: (r[1], r[2]) for r in rows})
-            for run_id, _, _, asked in rows:
-                held = runs[run_id]
-                if asked and held.asked is not None:
-                    held.asked.set()
+            self._asked(runs, {r[0] for r in rows if r[3]})
         if tasks:
             ids = list(tasks)
             if renew:
@@ -456,6 +454,13 @@ class LeaseKeeper:
                 held = tasks[task_id]
                 if status != "running" or generation != held.generation:
                     held.event.set()
+
+    def _asked(self, runs: dict[Any, _Held], asked: set[Any]) -> None:
+        """Tell the calls of ``asked`` that ``tasks.cancel`` asked them to stop (#49)."""
+        for run_id in asked:
+            held = runs.get(run_id)
+            if held is not None and held.asked is not None:
+                held.asked.set()
 
     def _mark(self, runs: dict[Any, _Held], states: dict[Any, tuple]) -> None:
         for run_id, (status, generation) in states.items():

@@ -268,41 +268,36 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
     def get_result(self, result_id: str) -> Any:
         """The task's result from any process; ``TaskResultDoesNotExist`` for an id
         that is malformed or names no task run."""
-        return stored_result(result_id)
-
-
-def stored_result(result_id: Any) -> Any:
-    """``WorkflowsBackend.get_result``: what any backend of this kind reads alike."""
-    try:
-        run_id = uuid.UUID(str(result_id))
-    except (TypeError, ValueError, AttributeError):
-        raise TaskResultDoesNotExist(
-            f"{result_id!r:.100} is not a task result id (a run's UUID)"
-        ) from None
-    using = k2b_settings.database()
-    run = (
-        WorkflowRun.objects.using(using)
-        .filter(pk=run_id, workflow_name__in=list(EFFECT_OF_WORKFLOW))
-        .first()
-    )
-    if run is None:
-        raise TaskResultDoesNotExist(f"no task result {result_id}")
-    # The runtime role can write a run's input: its task path is imported below
-    # (``task_at``), so the seal is checked before it, whatever the run's status
-    # (#47). A worker refuses the same row before any step sees it.
-    unsealed = seals.start_problem(run)
-    if unsealed is not None:
-        logger.error("task run %s: its start fields are not used: %s", run_id, unsealed)
-        raise TaskRunNotSealed(run_id, unsealed)
-    if run.status in TERMINAL_STATUSES:
-        # The runtime role can write a queued run's status and output: a caller
-        # would read a return value no worker computed (#35). As a waiter does.
-        forged = seals.end_problem(run)
-        if forged is not None:
-            logger.error("task run %s: its end is not used: %s", run_id, forged)
-            raise RunEndNotSealed(run_id, forged)
-    rows = list(TaskAttempt.objects.using(using).filter(run_id=run_id).order_by("id"))
-    return result_of(task_at(run.input["task"], run.input), run, rows, _started(using, run))
+        try:
+            run_id = uuid.UUID(str(result_id))
+        except (TypeError, ValueError, AttributeError):
+            raise TaskResultDoesNotExist(
+                f"{result_id!r:.100} is not a task result id (a run's UUID)"
+            ) from None
+        using = k2b_settings.database()
+        run = (
+            WorkflowRun.objects.using(using)
+            .filter(pk=run_id, workflow_name__in=list(EFFECT_OF_WORKFLOW))
+            .first()
+        )
+        if run is None:
+            raise TaskResultDoesNotExist(f"no task result {result_id}")
+        # The runtime role can write a run's input: its task path is imported below
+        # (``task_at``), so the seal is checked before it, whatever the run's status
+        # (#47). A worker refuses the same row before any step sees it.
+        unsealed = seals.start_problem(run)
+        if unsealed is not None:
+            logger.error("task run %s: its start fields are not used: %s", run_id, unsealed)
+            raise TaskRunNotSealed(run_id, unsealed)
+        if run.status in TERMINAL_STATUSES:
+            # The runtime role can write a queued run's status and output: a caller
+            # would read a return value no worker computed (#35). As a waiter does.
+            forged = seals.end_problem(run)
+            if forged is not None:
+                logger.error("task run %s: its end is not used: %s", run_id, forged)
+                raise RunEndNotSealed(run_id, forged)
+        rows = list(TaskAttempt.objects.using(using).filter(run_id=run_id).order_by("id"))
+        return result_of(task_at(run.input["task"], run.input), run, rows, _started(using, run))
 
 
 # -- helpers users import ------------------------------------------------------------

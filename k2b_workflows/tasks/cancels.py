@@ -28,9 +28,10 @@ from .. import settings, validation
 from ..exceptions import InvalidInput
 from ..kernel import interventions
 from ..models import WorkflowRun
-from .backend import stored_result
-from .compat import TaskResultDoesNotExist
+from .backend import WorkflowsBackend
+from .compat import TaskResultDoesNotExist, tasks_api
 from .names import EFFECT_OF_WORKFLOW
+from .options import input_option
 from .runs import running_calls
 
 #: Whether a call was asked to stop, read from its run: for a context whose call does
@@ -76,14 +77,10 @@ def cancel(result_or_id: Any, reason: str = "") -> Any:
     except (TypeError, ValueError, AttributeError):
         raise TaskCallNotFound(result_id, "not a task result id (a run's UUID)") from None
     using = settings.database()
-    name = (
-        WorkflowRun.objects.using(using)
-        .filter(pk=run_id)
-        .values_list("workflow_name", flat=True)
-        .first()
-    )
-    if name is None:
+    found = WorkflowRun.objects.using(using).filter(pk=run_id).values_list("workflow_name").first()
+    if found is None:
         raise TaskCallNotFound(result_id, f"no task call {run_id}")
+    name = found[0]
     if name not in EFFECT_OF_WORKFLOW:
         raise TaskCallNotFound(
             result_id,
@@ -94,7 +91,26 @@ def cancel(result_or_id: Any, reason: str = "") -> Any:
         interventions.request_cancel(using, run_id, reason)
     except WorkflowRun.DoesNotExist:  # purged between the two reads
         raise TaskCallNotFound(result_id, f"no task call {run_id}") from None
-    return stored_result(run_id)
+    return _backend_of(result_or_id, run_id).get_result(str(run_id))
+
+
+def _backend_of(result_or_id: Any, run_id: uuid.UUID) -> Any:
+    """The backend that reads the call's result: the given result's, else the alias its
+    run was enqueued through, else any of this kind (they read a run alike)."""
+    task = getattr(result_or_id, "task", None)
+    if task is not None:
+        return task.get_backend()
+    run = WorkflowRun.objects.using(settings.database()).only("input").get(pk=run_id)
+    try:
+        backend = tasks_api.task_backends[input_option(run.input, "backend")]
+    except Exception:  # the alias left TASKS since, or the input is not a task's
+        backend = None
+    if isinstance(backend, WorkflowsBackend):
+        return backend
+    for backend in tasks_api.task_backends.all():
+        if isinstance(backend, WorkflowsBackend):
+            return backend
+    raise TaskCallNotFound(run_id, "no WorkflowsBackend in settings.TASKS reads it")
 
 
 def is_cancel_requested(context: Any) -> bool:

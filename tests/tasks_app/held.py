@@ -77,6 +77,13 @@ def held_then_raises(key):
 
 
 @declared("pure")
+def held_then_fails(key):
+    """PURE, not retried: raises once released."""
+    hold(key)
+    raise ValueError(f"raised once released: {key}")
+
+
+@declared("pure")
 async def held_async(key):
     """PURE and async: awaits until released; says when it is cancelled, and lets it through."""
     await sync_to_async(_call)("held.started", key)
