@@ -1643,6 +1643,15 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "cancel-calls-cap",
+        "k2b_workflows/admin/views.py",
+        "    if spec.cap is not None and len(runs) > spec.cap:\n",
+        "    if False:\n",
+        (
+            "tests/tasks/test_cancel.py::test_the_admin_refuses_to_cancel_more_task_calls_than_its_cap",
+        ),
+    ),
+    Mutant(
         "cancel-external-never-cut",
         "k2b_workflows/tasks/runs.py",
         "            asked = None if external else ctx.cancel_requested\n",

@@ -92,7 +92,7 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
     date_hierarchy = None
     list_per_page = 50
     show_full_result_count = False
-    actions = ["cancel_runs", "retry_runs"]
+    actions = ["cancel_runs", "cancel_calls", "retry_runs"]
     change_form_template = "admin/k2b_workflows/workflowrun/change_form.html"
     change_list_template = "admin/k2b_workflows/workflowrun/change_list.html"
     fieldsets = (
@@ -376,6 +376,12 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
     def cancel_runs(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
         return admin_views.confirm_operation(
             self, request, queryset, "cancel", action_name="cancel_runs"
+        )
+
+    @admin.action(description="Cancel selected task calls…", permissions=["cancel"])
+    def cancel_calls(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        return admin_views.confirm_operation(
+            self, request, queryset, "cancel_call", action_name="cancel_calls"
         )
 
     @admin.action(description="Retry selected failed runs now…", permissions=["retry"])

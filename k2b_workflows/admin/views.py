@@ -48,6 +48,7 @@ from ..exceptions import (
 from ..kernel import flow
 from ..models import TERMINAL_STATUSES, LedgerEntry, RunStatus, WorkflowRun
 from ..redaction import redact
+from ..tasks.names import EFFECT_OF_WORKFLOW
 from .display import concurrency_key_url, incident_answers, incident_dispatch
 from .forms import DECISION_CHOICES, DryRunForm, ReasonForm, ResolutionForm
 
@@ -260,6 +261,19 @@ def _can_retry(run: WorkflowRun) -> str:
     return retry_refusal(run)
 
 
+def _can_cancel_call(run: WorkflowRun) -> str:
+    if run.workflow_name not in EFFECT_OF_WORKFLOW:
+        return "not a task call (Cancel selected runs cancels a workflow run)"
+    if run.status in TERMINAL_STATUSES:
+        return f"already {run.status}"
+    return "its cancel was already requested" if run.cancel_requested_at else ""
+
+
+#: At most this many task calls are canceled by one action (#49): a selection of a whole
+#: filtered list is refused, not read into one page and one request.
+MAX_CALLS_CANCELED = 500
+
+
 @dataclass(frozen=True)
 class Operation:
     """An operator's action on runs: who may do it, to which runs, and what it means."""
@@ -269,6 +283,8 @@ class Operation:
     check: Callable[[WorkflowRun], str | None]  # why a run is skipped, or None
     permission: str
     explain: str
+    #: At most this many runs per action; a larger selection is refused. None: no cap.
+    cap: int | None = None
 
 
 OPERATIONS = {
@@ -279,6 +295,18 @@ OPERATIONS = {
         permission="k2b_workflows.cancel_workflowrun",
         explain="Canceling a run also cancels its queued and running children and AI "
         "tasks. Running actions see the cancellation; their late results are discarded.",
+    ),
+    "cancel_call": Operation(
+        title="Cancel task calls",
+        verb="Cancel",
+        check=_can_cancel_call,
+        permission="k2b_workflows.cancel_workflowrun",
+        explain="A call that has not started never runs: it fails, canceled. A running "
+        "call is asked to stop (is_cancel_requested, an async pure or idempotent task's "
+        "CancelledError; an external call is never cut): if it still returns normally it "
+        "succeeds, its work was done; if it raises it fails, canceled. No call is retried "
+        "or run again after its cancel.",
+        cap=MAX_CALLS_CANCELED,
     ),
     "retry": Operation(
         title="Retry runs now",
@@ -297,6 +325,10 @@ OPERATIONS = {
 def _apply(operation: str, request: HttpRequest, run: WorkflowRun, reason: str) -> None:
     if operation == "cancel":
         cancel_workflow_run(run.pk, f"{reason} (by {request.user.get_username()})")
+    elif operation == "cancel_call":
+        from ..tasks.cancels import cancel
+
+        cancel(run.pk, f"{reason} (by {request.user.get_username()})")
     else:
         retry_workflow_run(run.pk, actor=request.user, reason=reason)
 
@@ -318,7 +350,15 @@ def confirm_operation(
     # Acting on runs one may not see would be acting blind: view permission too.
     if not request.user.has_perm(spec.permission) or not can_view_runs(request):
         raise PermissionDenied
-    runs = list(queryset.order_by("created_at"))
+    ordered = queryset.order_by("created_at")
+    runs = list(ordered if spec.cap is None else ordered[: spec.cap + 1])
+    if spec.cap is not None and len(runs) > spec.cap:
+        messages.error(
+            request,
+            f"{spec.title}: more than {spec.cap} runs selected; nothing was done. "
+            "Narrow the selection with a filter.",
+        )
+        return None
     eligible = [run for run in runs if not spec.check(run)]
     skipped = [(run, spec.check(run)) for run in runs if spec.check(run)]
     form = ReasonForm(request.POST if request.POST.get("post") == "yes" else None)

@@ -8,6 +8,7 @@ crash. An async pure call gets ``CancelledError``; an external one is never cut.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 
@@ -243,3 +244,66 @@ def test_is_cancel_requested_outside_a_worker_reads_the_run():
     assert is_cancel_requested(context) is False
     cancel(result)
     assert is_cancel_requested(context) is True
+
+
+# -- the admin's "Cancel selected task calls" --------------------------------------------
+
+
+def _action(client, runs, **extra):
+    from django.urls import reverse
+
+    url = reverse("admin:k2b_workflows_workflowrun_changelist")
+    data = {
+        "action": "cancel_calls",
+        "_selected_action": [str(r.pk) for r in runs],
+        "index": "0",
+        **extra,
+    }
+    return client.post(url, data, follow=True)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_admin_cancels_task_calls_after_a_confirmation_and_logs_it():
+    from django.contrib.admin.models import LogEntry
+
+    from k2b_workflows import start_workflow_run
+    from tests.support.admin import client_for, make_user
+
+    client = client_for(make_user("carl", "view_workflowrun", "cancel_workflowrun"))
+    call = WorkflowRun.objects.get(pk=t.add.enqueue(1, 2).id)
+    workflow_run = start_workflow_run("test.pure", {})
+    page = _action(client, [call, workflow_run])
+    assert page.context["eligible"] == [call]
+    assert "not a task call" in page.content.decode()
+    assert "Yes, cancel" in page.content.decode()
+    assert WorkflowRun.objects.get(pk=call.pk).status == "queued"
+    _action(client, [call, workflow_run], post="yes", reason="customer withdrew")
+    run = WorkflowRun.objects.get(pk=call.pk)
+    assert (run.status, run.error_code) == ("canceled", "CANCELED")
+    assert run.error_message == "customer withdrew (by carl)"
+    assert WorkflowRun.objects.get(pk=workflow_run.pk).status == "queued"
+    assert "customer withdrew" in LogEntry.objects.get(object_id=str(call.pk)).get_change_message()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_admin_refuses_to_cancel_more_task_calls_than_its_cap(monkeypatch):
+    from k2b_workflows.admin import views
+    from k2b_workflows.tasks import enqueue_many
+    from tests.support.admin import client_for, make_user
+
+    monkeypatch.setattr(
+        views,
+        "OPERATIONS",
+        {
+            **views.OPERATIONS,
+            "cancel_call": dataclasses.replace(views.OPERATIONS["cancel_call"], cap=2),
+        },
+    )
+    client = client_for(make_user("carl", "view_workflowrun", "cancel_workflowrun"))
+    results = enqueue_many(t.add, [((i, i), None) for i in range(3)])
+    runs = list(WorkflowRun.objects.filter(pk__in=[r.id for r in results]))
+    page = _action(client, runs, post="yes", reason="all of them")
+    assert "more than 2 runs selected; nothing was done" in page.content.decode()
+    assert set(
+        WorkflowRun.objects.filter(pk__in=[r.pk for r in runs]).values_list("status", flat=True)
+    ) == {"queued"}
