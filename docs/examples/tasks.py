@@ -109,3 +109,23 @@ def charge_once(context: TaskContext, order_id, amount):
     made = gateway.charge(amount, idempotency_key=effect_key(context))
     return {"order": order_id, "charge": made.id}
 # --8<-- [end:reconcile]
+
+
+# --8<-- [start:cancel]
+from k2b_workflows.tasks import cancel, is_cancel_requested  # noqa: E402
+
+
+@task(takes_context=True, effect="pure")
+def reindex(context: TaskContext, site_id, pages):
+    done = 0
+    for page in pages:
+        if is_cancel_requested(context):
+            break  # asked to stop: what is done stays done, and is the result
+        done += 1  # index the page
+    return {"indexed": done}
+
+
+def stop_reindex(result_id):
+    """Not started: it never runs. Running: it is asked, and ends as it answers."""
+    return cancel(result_id, reason="the site was deleted")
+# --8<-- [end:cancel]
