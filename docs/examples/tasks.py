@@ -117,12 +117,12 @@ from k2b_workflows.tasks import cancel, is_cancel_requested  # noqa: E402
 
 @task(takes_context=True, effect="pure")
 def reindex(context: TaskContext, site_id, pages):
-    done = 0
+    indexed = []
     for page in pages:
         if is_cancel_requested(context):
             break  # asked to stop: what is done stays done, and is the result
-        done += 1  # index the page
-    return {"indexed": done}
+        indexed.append(page)  # index the page
+    return {"indexed": len(indexed)}
 
 
 def stop_reindex(result_id):
