@@ -210,6 +210,13 @@ class WorkflowRun(models.Model):
     #: Its workflow's ``timeout`` after the start: not ended by then, it is canceled
     #: with ``WORKFLOW_TIMEOUT`` (``worker/timeouts.py``). None: no timeout.
     timeout_at = models.DateTimeField(null=True, blank=True)
+    #: When ``tasks.cancel`` asked the running call of a task run to stop (#49): the
+    #: call is asked, not cut, and no further attempt of it starts
+    #: (``Execution.execute``, ``RunEnding``). NULL: never asked. Not sealed: the
+    #: runtime role that could forge it may cancel the run outright anyway.
+    cancel_requested_at = models.DateTimeField(null=True, blank=True, editable=False)
+    #: Why, as ``tasks.cancel`` was told: the run's error message if it ends canceled.
+    cancel_reason = models.TextField(blank=True, default="", db_default="", editable=False)
 
     #: The ``WorkflowSchedule.schedule_id`` that started the run, and the tick it
     #: ran for; NULL for runs started otherwise. A string, not a foreign key: a

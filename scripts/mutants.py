@@ -1704,8 +1704,8 @@ MUTANTS = (
     Mutant(
         "task-timeout-async",
         "k2b_workflows/tasks/runs.py",
-        "                value = hooks.run_coroutine(value, ctx.canceled, limit)",
-        "                value = hooks.run_coroutine(value, ctx.canceled)",
+        "                value = hooks.run_coroutine(value, ctx.canceled, limit, asked=asked)",
+        "                value = hooks.run_coroutine(value, ctx.canceled, asked=asked)",
         ("tests/tasks/test_django_options.py::test_an_async_call_is_cancelled_at_its_timeout",),
     ),
     Mutant(
@@ -1975,6 +1975,79 @@ MUTANTS = (
             "tests/tasks/test_unique.py::test_a_call_whose_key_a_run_holds_returns_that_run_and_inserts_nothing",
             "tests/tasks/test_unique.py::test_without_keys_every_argument_bound_with_its_defaults_is_the_key",
         ),
+    ),
+    Mutant(
+        "cancel-no-further-attempt",
+        "k2b_workflows/kernel/execute.py",
+        "            if run.cancel_requested_at is not None:\n",
+        "            if False:\n",
+        (
+            "tests/tasks/test_cancel.py::test_a_call_whose_worker_is_killed_after_the_request_is_not_run_again",
+        ),
+    ),
+    Mutant(
+        "cancel-no-retry",
+        "k2b_workflows/kernel/ending.py",
+        "        if self.claim.cancel_requested.is_set():\n            # A canceled call is never",
+        "        if False:\n            # A canceled call is never",
+        (
+            "tests/tasks/test_cancel.py::test_a_call_that_raises_after_the_request_fails_as_canceled_and_is_never_retried[retried]",
+        ),
+    ),
+    Mutant(
+        "cancel-failure-ends-canceled",
+        "k2b_workflows/kernel/ending.py",
+        "        if self.claim.cancel_requested.is_set():\n"
+        "            # Asked to stop, then failed",
+        "        if False:\n            # Asked to stop, then failed",
+        (
+            "tests/tasks/test_cancel.py::test_a_call_that_raises_after_the_request_fails_as_canceled_and_is_never_retried[not]",
+        ),
+    ),
+    Mutant(
+        "cancel-read-on-failure",
+        "k2b_workflows/tasks/runs.py",
+        "            ctx.cancel_asked(read=True)\n",
+        "",
+        (
+            "tests/tasks/test_cancel.py::test_a_call_that_raises_after_the_request_fails_as_canceled_and_is_never_retried[retried]",
+            "tests/tasks/test_cancel.py::test_a_call_that_raises_after_the_request_fails_as_canceled_and_is_never_retried[not]",
+        ),
+    ),
+    Mutant(
+        "cancel-keeper-asks",
+        "k2b_workflows/kernel/leases.py",
+        "            self._asked(runs, asked)\n",
+        "",
+        (
+            "tests/tasks/test_cancel.py::test_a_running_call_is_asked_within_a_second_and_its_return_is_its_result",
+        ),
+        also=(("            self._asked(runs, {r[0] for r in rows if r[3]})\n", ""),),
+    ),
+    Mutant(
+        "cancel-async-asked",
+        "k2b_workflows/kernel/hooks.py",
+        "            task.cancel()\n            asked = None",
+        "            asked = None",
+        (
+            "tests/tasks/test_cancel.py::test_an_async_pure_call_gets_cancelled_error_at_its_next_await",
+        ),
+    ),
+    Mutant(
+        "cancel-calls-cap",
+        "k2b_workflows/admin/views.py",
+        "    if spec.cap is not None and selected > spec.cap:\n",
+        "    if False:\n",
+        (
+            "tests/tasks/test_cancel.py::test_the_admin_refuses_to_cancel_more_task_calls_than_its_cap",
+        ),
+    ),
+    Mutant(
+        "cancel-external-never-cut",
+        "k2b_workflows/tasks/runs.py",
+        "            asked = None if external else ctx.cancel_requested\n",
+        "            asked = ctx.cancel_requested\n",
+        ("tests/tasks/test_cancel.py::test_an_async_external_call_is_asked_and_never_cut",),
     ),
 )
 

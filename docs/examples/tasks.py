@@ -162,3 +162,23 @@ def how_far(result_id):
     progress = progress_of(result_id)  # None until the task first reports
     return None if progress is None else f"{progress.done}/{progress.total} {progress.note}"
 # --8<-- [end:progress]
+
+
+# --8<-- [start:cancel]
+from k2b_workflows.tasks import cancel, is_cancel_requested  # noqa: E402
+
+
+@task(takes_context=True, effect="pure")
+def reindex_site(context: TaskContext, site_id, pages):
+    indexed = []
+    for page in pages:
+        if is_cancel_requested(context):
+            break  # asked to stop: what is done stays done, and is the result
+        indexed.append(page)  # index the page
+    return {"indexed": len(indexed)}
+
+
+def stop_reindex(result_id):
+    """Not started: it never runs. Running: it is asked, and ends as it answers."""
+    return cancel(result_id, reason="the site was deleted")
+# --8<-- [end:cancel]

@@ -97,7 +97,14 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
     date_hierarchy = None
     list_per_page = 50
     show_full_result_count = False
-    actions = ["cancel_runs", "retry_runs", "reenqueue_runs", "fork_runs", "settle_incidents"]
+    actions = [
+        "cancel_runs",
+        "cancel_calls",
+        "retry_runs",
+        "reenqueue_runs",
+        "fork_runs",
+        "settle_incidents",
+    ]
     change_form_template = "admin/k2b_workflows/workflowrun/change_form.html"
     change_list_template = "admin/k2b_workflows/workflowrun/change_list.html"
     fieldsets = (
@@ -473,6 +480,12 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
     def settle_incidents(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
         return admin_settle.settle_incidents(
             self, request, queryset, action_name="settle_incidents"
+        )
+
+    @admin.action(description="Cancel selected task calls…", permissions=["cancel"])
+    def cancel_calls(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        return admin_views.confirm_operation(
+            self, request, queryset, "cancel_call", action_name="cancel_calls"
         )
 
     @admin.action(description="Retry selected failed runs now…", permissions=["retry"])

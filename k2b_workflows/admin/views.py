@@ -55,6 +55,7 @@ from ..incidents import story_of
 from ..kernel import flow
 from ..models import TERMINAL_STATUSES, LedgerEntry, RunStatus, WorkflowRun
 from ..redaction import redact
+from ..tasks.names import EFFECT_OF_WORKFLOW
 from .common import pretty_json
 from .display import (
     call_arguments,
@@ -303,6 +304,19 @@ def _can_fork_from_failure(run: WorkflowRun) -> str:
 FORK_SELECTION_CAP = 100
 
 
+def _can_cancel_call(run: WorkflowRun) -> str:
+    if run.workflow_name not in EFFECT_OF_WORKFLOW:
+        return "not a task call (Cancel selected runs cancels a workflow run)"
+    if run.status in TERMINAL_STATUSES:
+        return f"already {run.status}"
+    return "its cancel was already requested" if run.cancel_requested_at else ""
+
+
+#: At most this many task calls are canceled by one action (#49): a selection of a whole
+#: filtered list is refused, not read into one page and one request.
+MAX_CALLS_CANCELED = 500
+
+
 @dataclass(frozen=True)
 class Operation:
     """An operator's action on runs: who may do it, to which runs, and what it means."""
@@ -312,6 +326,8 @@ class Operation:
     check: Callable[[WorkflowRun], str | None]  # why a run is skipped, or None
     permission: str
     explain: str
+    #: At most this many runs per action; a larger selection is refused. None: no cap.
+    cap: int | None = None
 
 
 OPERATIONS = {
@@ -322,6 +338,18 @@ OPERATIONS = {
         permission="k2b_workflows.cancel_workflowrun",
         explain="Canceling a run also cancels its queued and running children and AI "
         "tasks. Running actions see the cancellation; their late results are discarded.",
+    ),
+    "cancel_call": Operation(
+        title="Cancel task calls",
+        verb="Cancel",
+        check=_can_cancel_call,
+        permission="k2b_workflows.cancel_workflowrun",
+        explain="A call that has not started never runs: it fails, canceled. A running "
+        "call is asked to stop (is_cancel_requested, an async pure or idempotent task's "
+        "CancelledError; an external call is never cut): if it still returns normally it "
+        "succeeds, its work was done; if it raises it fails, canceled. No call is retried "
+        "or run again after its cancel.",
+        cap=MAX_CALLS_CANCELED,
     ),
     "retry": Operation(
         title="Retry runs now",
@@ -367,6 +395,10 @@ def _apply(operation: str, request: HttpRequest, run: WorkflowRun, reason: str) 
         messages.info(request, f"Run {run.pk} re-enqueued as run {new.pk}.")
     elif operation == "fork":
         fork_workflow_run(run.pk, from_step="failure", actor=request.user, reason=reason)
+    elif operation == "cancel_call":
+        from ..tasks.cancels import cancel
+
+        cancel(run.pk, f"{reason} (by {request.user.get_username()})")
     else:
         retried = retry_workflow_run(run.pk, actor=request.user, reason=reason)
         # The words ``workflowrun retry`` prints for the same retry.
@@ -398,11 +430,18 @@ def confirm_operation(
             f" {MAX_SELECTED:,}. Nothing was done: narrow the selection with the filters.",
         )
         return None
-    if operation == "fork" and queryset.count() > FORK_SELECTION_CAP:
+    if operation == "fork" and selected > FORK_SELECTION_CAP:
         messages.error(
             request,
             f"Fork from failure takes at most {FORK_SELECTION_CAP} runs at a time: "
             "filter the list further. Nothing was forked.",
+        )
+        return None
+    if spec.cap is not None and selected > spec.cap:
+        messages.error(
+            request,
+            f"{spec.title}: more than {spec.cap} runs selected; nothing was done. "
+            "Narrow the selection with a filter.",
         )
         return None
     runs = list(queryset.order_by("created_at"))

@@ -412,7 +412,7 @@ UPDATE k2b_run r
             ON k.id = a.id AND k.generation = a.gen AND k.status = 'running'
            FOR NO KEY UPDATE OF k SKIP LOCKED) s
  WHERE r.id = s.id
-RETURNING r.id
+RETURNING r.id, r.cancel_requested_at IS NOT NULL
 """
 
 
@@ -420,24 +420,26 @@ RETURNING r.id
 _STATES_SQL = "SELECT id, status, generation FROM k2b_run WHERE id = ANY(%s)"
 
 
-def renew_leases(conn: Any, held: dict[Any, int], lease: int) -> tuple[set, dict[Any, tuple]]:
+def renew_leases(conn: Any, held: dict[Any, int], lease: int) -> tuple[set, dict[Any, tuple], set]:
     """Renew the leases of ``held`` (run id -> generation) on a raw autocommit connection.
 
     Rows locked by our own step transactions are skipped, not waited for
-    (the step's commit extends the lease itself). Returns the renewed ids and,
-    for the others, their current (status, generation) when visible.
+    (the step's commit extends the lease itself). Returns the renewed ids,
+    for the others their current (status, generation) when visible, and the
+    renewed runs whose call was asked to stop (``tasks.cancel``, #49).
     """
     if not held:
-        return set(), {}
+        return set(), {}, set()
     ids = list(held)
     rows = conn.execute(_RENEW_SQL, [lease, ids, [held[i] for i in ids]]).fetchall()
     renewed = {row[0] for row in rows}
+    asked = {row[0] for row in rows if row[1]}
     others = [i for i in ids if i not in renewed]
     states: dict[Any, tuple] = {}
     if others:
         for run_id, status, generation in conn.execute(_STATES_SQL, [others]).fetchall():
             states[run_id] = (status, generation)
-    return renewed, states
+    return renewed, states, asked
 
 
 _RELEASE_SQL = f"""

@@ -50,6 +50,12 @@ _HEARTBEAT_SQL = (
 
 _STATUS_SQL = "SELECT status FROM k2b_run WHERE id = %s"
 
+#: Whether the call was asked to stop (``tasks.cancel``), and whether the run is still ours.
+_ASKED_SQL = (
+    "SELECT cancel_requested_at IS NOT NULL, status = 'running' AND generation = %s"
+    " FROM k2b_run WHERE id = %s"
+)
+
 
 class KernelStepContext:
     """Identity of a run and step, and the kernel services an action may use.
@@ -71,6 +77,10 @@ class KernelStepContext:
         self.generation = execution.generation
         self.principal = execution.principal
         self.canceled: threading.Event = execution.canceled
+        #: Set when ``tasks.cancel`` asked this run's call to stop (#49): see ``cancel_asked``.
+        self.cancel_requested: threading.Event = (
+            getattr(execution, "cancel_requested", None) or threading.Event()
+        )
         self.effect_key = f"{execution.run_id}:{step}"
         self.invocation_key: str | None = None
         self.dry_run = dry_run
@@ -140,6 +150,25 @@ class KernelStepContext:
             if status and status[0] == "canceled":
                 raise RunCanceled(f"run {self.run_id} was canceled")
             raise LeaseLost(f"run {self.run_id}: generation {self.generation} lost its lease")
+
+    def cancel_asked(self, *, read: bool = False) -> bool:
+        """Whether this step's call should stop: ``tasks.cancel`` asked it to (#49), or its
+        run ended or changed hands under it.
+
+        A worker's lease keeper sets the events within a tick, with no query here.
+        Without a keeper (``testing.run_until_idle``), or with ``read``, the run's
+        row is read when neither is set: a cancel committed since is seen at once.
+        """
+        if self.cancel_requested.is_set() or self.canceled.is_set():
+            return True
+        if self.dry_run or not (read or getattr(self._execution, "keeper", None) is None):
+            return False
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(_ASKED_SQL, [self.generation, self.run_id])
+            row = cursor.fetchone()
+        if row is not None and row[0]:
+            self.cancel_requested.set()
+        return row is None or row[0] or not row[1]
 
     @contextmanager
     def fenced(self, using: str = "default") -> Iterator[None]:

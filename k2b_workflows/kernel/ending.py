@@ -85,6 +85,17 @@ UPDATE k2b_run
  WHERE id = %s
 """
 
+#: A run whose call was asked to stop (``tasks.cancel``) and then failed, crashed or
+#: would be retried: ended canceled by the claim that owns it, fenced like every end.
+CANCELED_SQL = """
+UPDATE k2b_run
+   SET status = 'canceled', error_code = %s,
+       error_message = CASE WHEN cancel_reason = '' THEN %s
+                            ELSE cancel_reason || ' (' || %s || ')' END,
+       end_seal = %s, finished_at = k2b_now(), lease_expires_at = NULL, updated_at = k2b_now()
+ WHERE id = %s
+"""
+
 RETRY_LATER_SQL = f"""
 UPDATE k2b_run
    SET {requeue_set(release=True, consecutive_failures=P, run_after=AFTER_MS, error_message=P)}
@@ -390,9 +401,31 @@ class RunEnding:
             **told,
         )
 
+    def canceled(self, message: str) -> NoReturn:
+        """End the run canceled: its call was asked to stop (``tasks.cancel``) and did
+        not return normally. ``message``: what became of it, after the cancel's reason."""
+        message = redaction.scrub_error(message)
+        self.transition(
+            CANCELED_SQL,
+            [
+                codes.CANCELED,
+                message,
+                message,
+                self.end_seal("canceled", codes.CANCELED),
+                self.run_id,
+            ],
+            Outcome.CANCELED,
+            terminal=True,
+            told={"error_code": codes.CANCELED},
+            reason=f"{codes.CANCELED}: {message}",
+        )
+
     def fail(self, code: str, message: str, step: Step | None = None) -> NoReturn:
         """Fail the run for good (journaling the step's failure when there is one)."""
         message = redaction.scrub_error(message)  # exception texts may carry credentials
+        if self.claim.cancel_requested.is_set():
+            # Asked to stop, then failed: the call ends as canceled (#49).
+            self.canceled(f"{code}: {message}")
         entry = None
         if step is not None and step.seq not in self.journal.entries:
             entry = self.journal.new_entry(
@@ -434,6 +467,10 @@ class RunEnding:
 
         ``delay_ms``: the failure's own delay (``Failed.delay_ms``), else the policy's."""
         reason = redaction.scrub_error(reason)  # stored and logged: no credentials, bounded
+        if self.claim.cancel_requested.is_set():
+            # A canceled call is never retried (#49); a cancel the keeper has not seen
+            # yet is caught by the claim that would retry it (``Execution.execute``).
+            self.canceled(reason)
         failures = self.claim.run.consecutive_failures + 1
         policy = self.claim.retry_policy
         if failures >= retrying.max_attempts(policy):

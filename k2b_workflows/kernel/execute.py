@@ -96,6 +96,7 @@ class Execution:
         self.using = using or settings.database()
         self.keeper = keeper
         self.canceled = threading.Event()
+        self.cancel_requested = threading.Event()
         self.next_seq = 0
         self.steps_executed = 0
         #: How this claim ended (an ``Outcome``).
@@ -158,13 +159,23 @@ class Execution:
             self.inherited_keys = forks.inherited_keys(loaded.ledger)
         events.run_claimed(self)
         if self.keeper:
-            self.keeper.track(self.run_id, self.generation, self.canceled)
+            self.keeper.track(
+                self.run_id, self.generation, self.canceled, asked=self.cancel_requested
+            )
         if tracing.ENABLED:
             self.trace = tracing.run_started(self)
         try:
             # Before anything replays the journal or trusts the ledger: a tampered,
             # truncated or wiped chain stops the run here, with nothing executed.
             self._verify_loaded(loaded)
+            if run.cancel_requested_at is not None:
+                # Asked to stop before this claim (a crash, a retry queued as the cancel
+                # committed): no further attempt of a canceled call starts (#49). An
+                # external effect in doubt is settled first, as after any crash (its
+                # reconcile, or an operator): only a retry is refused (``RunEnding``).
+                self.cancel_requested.set()
+                if not self.journal.open_steps():
+                    self.ending.canceled("its call was canceled before this attempt")
             try:
                 self.definition = get_workflow(run.workflow_name, run.workflow_version)
             except UnknownWorkflow as exc:

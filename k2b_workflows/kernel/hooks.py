@@ -55,12 +55,21 @@ def call(hook: Callable[..., Any], ctx: Any, input: Any, timeout_s: float | None
 
 
 def run_coroutine(
-    coro: Coroutine[Any, Any, Any], canceled: threading.Event, timeout_s: float | None = None
+    coro: Coroutine[Any, Any, Any],
+    canceled: threading.Event,
+    timeout_s: float | None = None,
+    asked: threading.Event | None = None,
 ) -> Any:
     """Run ``coro`` on a loop of this thread; cancel it when ``canceled`` is set or
-    ``timeout_s`` (kernel clock) has passed."""
+    ``timeout_s`` (kernel clock) has passed.
+
+    ``asked``: set when the call was asked to stop (``tasks.cancel``, #49). The
+    coroutine then gets ``CancelledError`` at its next await, once, and what it
+    does with it is its answer: a value it returns is its result, the error it
+    raises (``CancelledError`` itself if it lets it through) its failure.
+    """
     deadline = None if timeout_s is None else clock.monotonic() + timeout_s
-    return asyncio.run(_supervise(coro, canceled, deadline, timeout_s))
+    return asyncio.run(_supervise(coro, canceled, deadline, timeout_s, asked))
 
 
 async def _stop(task: asyncio.Future[Any]) -> None:
@@ -75,9 +84,13 @@ async def _supervise(
     canceled: threading.Event,
     deadline: float | None,
     timeout_s: float | None,
+    asked: threading.Event | None = None,
 ) -> Any:
     task = asyncio.ensure_future(coro)
     while not task.done():
+        if asked is not None and asked.is_set():
+            task.cancel()
+            asked = None  # asked once: a coroutine that goes on is let go on
         if deadline is not None and clock.monotonic() >= deadline:
             await _stop(task)
             raise HookTimedOut(f"the async hook ran past its timeout ({timeout_s} s)")

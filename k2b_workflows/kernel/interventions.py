@@ -70,6 +70,8 @@ _REQUEUED = requeue_set(
         "CASE WHEN status IN ('failed', 'canceled') AND unique_states NOT IN (4, 5)"
         " THEN NULL ELSE unique_key END"
     ),
+    cancel_requested_at="NULL",
+    cancel_reason="''",
 )
 REQUEUE_SQL = f"""
 UPDATE k2b_run
@@ -142,25 +144,65 @@ def cancel(
             return WorkflowRun.objects.using(using).get(pk=run_id)
         if overdue and not db.fetchall(using, OVERDUE_SQL, [run_id]):
             return WorkflowRun.objects.using(using).get(pk=run_id)
-        canceled = db.fetchall(using, CANCEL_TREE_SQL, [run_id, code, reason])
-        ids = [r[0] for r in canceled]
-        db.execute(
-            using,
-            SEAL_CANCELED_SQL,
-            [ids, [ended.seal(i, "canceled", code, gen) for i, _, gen in canceled]],
-        )
-        ended.told_each(using, canceled, "canceled", code)
-        db.execute(using, CANCEL_AI_TASKS_SQL, [ids])
-        evidence.append_ledger(using, run_id=run_id, kind=LedgerEntry.Kind.CANCELED, message=reason)
-        run = WorkflowRun.objects.using(using).get(pk=run_id)
-        if run.parent_id:
-            from .children import wake_parent
-
-            wake_parent(using, run)
-        return run
+        return _end_canceled(using, run_id, reason, code)
 
     # A finishing child locks itself, then its parent (to wake it); this locks the
     # parent, then the subtree. When the two deadlock, PostgreSQL aborts one: retry.
+    return db.run_in_transaction(locked, using)
+
+
+def _end_canceled(using: str, run_id: uuid.UUID, reason: str, code: str) -> WorkflowRun:
+    """End ``run_id`` (locked, unfinished) and its subtree canceled, with their AI tasks."""
+    canceled = db.fetchall(using, CANCEL_TREE_SQL, [run_id, code, reason])
+    ids = [r[0] for r in canceled]
+    db.execute(
+        using,
+        SEAL_CANCELED_SQL,
+        [ids, [ended.seal(i, "canceled", code, gen) for i, _, gen in canceled]],
+    )
+    ended.told_each(using, canceled, "canceled", code)
+    db.execute(using, CANCEL_AI_TASKS_SQL, [ids])
+    evidence.append_ledger(using, run_id=run_id, kind=LedgerEntry.Kind.CANCELED, message=reason)
+    run = WorkflowRun.objects.using(using).get(pk=run_id)
+    if run.parent_id:
+        from .children import wake_parent
+
+        wake_parent(using, run)
+    return run
+
+
+#: A task call's running attempt asked to stop: marked, not ended. Only the attempt's
+#: worker ends the run now (``RunEnding.canceled``), with what its call did.
+REQUEST_CANCEL_SQL = """
+UPDATE k2b_run SET cancel_requested_at = k2b_now(), cancel_reason = %s, updated_at = k2b_now()
+ WHERE id = %s AND status = 'running' AND cancel_requested_at IS NULL
+"""
+
+
+def request_cancel(using: str, run_id: uuid.UUID, reason: str) -> WorkflowRun:
+    """Cancel a task call (``tasks.cancel``): a running one is asked, any other unfinished
+    one ends canceled at once, as ``cancel`` ends it; an ended one is returned unchanged.
+
+    Asked, the call's attempt goes on and owns the run: its worker's lease keeper
+    tells the call within a tick (``is_cancel_requested``, an async pure or idempotent
+    call's ``CancelledError``), a normal return still ends the run SUCCESSFUL (its
+    work was done), and any failure, crash or retry after it ends the run canceled
+    without calling the task again. Nothing is written to the run's ledger here: its
+    running attempt chains its own entries onto the ledger's head, which must not
+    move under it; the reason is the run's error message if it ends canceled.
+    """
+
+    def locked() -> WorkflowRun:
+        row = db.lock_run(using, run_id)
+        if row is None:
+            raise WorkflowRun.DoesNotExist(f"no run {run_id}")
+        if row[0] in TERMINAL_STATUSES:
+            return WorkflowRun.objects.using(using).get(pk=run_id)
+        if row[0] != RunStatus.RUNNING:
+            return _end_canceled(using, run_id, reason, codes.CANCELED)
+        db.execute(using, REQUEST_CANCEL_SQL, [reason, run_id])
+        return WorkflowRun.objects.using(using).get(pk=run_id)
+
     return db.run_in_transaction(locked, using)
 
 

@@ -75,6 +75,9 @@ class Claim(Protocol):
     #: The abort signal: set by the lease keeper when the run ended or changed hands
     #: under the claim (or its step's timeout passed), read before the run's end.
     canceled: threading.Event
+    #: Set by the lease keeper when ``tasks.cancel`` asked the run's call to stop (#49):
+    #: the claim still owns the run, but no retry of it starts.
+    cancel_requested: threading.Event
 
 
 @dataclass

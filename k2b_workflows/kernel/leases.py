@@ -54,11 +54,15 @@ class _Held:
     action_started: float | None = None
     #: An EXTERNAL (or stronger) ``run()`` is in flight: its effect may land at any moment.
     external: bool = False
+    #: Set when ``tasks.cancel`` asked the run's call to stop (#49); None: not watched.
+    asked: threading.Event | None = None
 
 
-#: Held runs no longer running: the keeper tells their threads to stop.
+#: Held runs no longer running, or whose call was asked to stop (``tasks.cancel``): the
+#: keeper tells their threads.
 _NOT_RUNNING_SQL = (
-    "SELECT id, status, generation FROM k2b_run WHERE id = ANY(%s) AND (status <> 'running')"
+    "SELECT id, status, generation, cancel_requested_at IS NOT NULL FROM k2b_run"
+    " WHERE id = ANY(%s) AND (status <> 'running' OR cancel_requested_at IS NOT NULL)"
 )
 
 _RENEW_TASKS_SQL = (
@@ -104,9 +108,15 @@ class LeaseKeeper:
 
     # -- bookkeeping, called by executing threads --
 
-    def track(self, run_id: uuid.UUID, generation: int, event: threading.Event) -> None:
+    def track(
+        self,
+        run_id: uuid.UUID,
+        generation: int,
+        event: threading.Event,
+        asked: threading.Event | None = None,
+    ) -> None:
         with self._lock:
-            self._runs[run_id] = _Held(generation, event)
+            self._runs[run_id] = _Held(generation, event, asked=asked)
 
     def untrack(self, run_id: uuid.UUID) -> None:
         with self._lock:
@@ -412,8 +422,9 @@ class LeaseKeeper:
                     held.event.set()
                     continue
                 keep[run_id] = held.generation
-            _, states = renew_leases(conn, keep, lease)
+            _, states, asked = renew_leases(conn, keep, lease)
             self._mark(runs, states)
+            self._asked(runs, asked)
             # Ended under us (a cancel, a timeout) while the action is inside run():
             # its slot stays held until it has left (#35).
             flow.hold_slots(
@@ -431,6 +442,7 @@ class LeaseKeeper:
                 [list(runs)],
             ).fetchall()
             self._mark(runs, {r[0]: (r[1], r[2]) for r in rows})
+            self._asked(runs, {r[0] for r in rows if r[3]})
         if tasks:
             ids = list(tasks)
             if renew:
@@ -442,6 +454,13 @@ class LeaseKeeper:
                 held = tasks[task_id]
                 if status != "running" or generation != held.generation:
                     held.event.set()
+
+    def _asked(self, runs: dict[Any, _Held], asked: set[Any]) -> None:
+        """Tell the calls of ``asked`` that ``tasks.cancel`` asked them to stop (#49)."""
+        for run_id in asked:
+            held = runs.get(run_id)
+            if held is not None and held.asked is not None:
+                held.asked.set()
 
     def _mark(self, runs: dict[Any, _Held], states: dict[Any, tuple]) -> None:
         for run_id, (status, generation) in states.items():

@@ -8,6 +8,7 @@ task's effect. The package holds, a module each:
 - ``options``: ``TaskOptions``, every option of a task, read once from the
   task and written to and read from its run's input;
 - ``runs``: what a worker runs (the task's step, its attempts, its result);
+- ``cancels``: canceling a call (``cancel``, ``is_cancel_requested``);
 - ``names``: the task workflows' names, without Django, for the admin;
 - ``compat``: django.tasks, or the ``django-tasks`` backport.
 
@@ -34,31 +35,38 @@ if TYPE_CHECKING:
         enqueue_many,
         schedule_task,
     )
+    from .cancels import TaskCallNotFound, cancel, is_cancel_requested
 
 __all__ = [
     "MAX_RUN_AFTER",
     "InvalidTaskArguments",
     "InvalidTaskCall",
+    "TaskCallNotFound",
     "TaskRunNotSealed",
     "TaskTimeout",
     "WorkflowsBackend",
     "WorkflowsTask",
+    "cancel",
     "effect_key",
     "enqueue_many",
+    "is_cancel_requested",
     "schedule_task",
 ]
 
 
 #: The package's modules: ``from k2b_workflows.tasks import names`` asks this module for
 #: the attribute first, which must not import the backend (and django.tasks) to answer.
-_MODULES = frozenset({"backend", "compat", "exceptions", "names", "options", "runs"})
+_MODULES = frozenset({"backend", "cancels", "compat", "exceptions", "names", "options", "runs"})
+
+#: Names of a module of their own, not the backend's.
+_ELSEWHERE = {"cancel": "cancels", "is_cancel_requested": "cancels", "TaskCallNotFound": "cancels"}
 
 
 def __getattr__(name: str) -> Any:
     """The backend's names, ``__all__`` and the others ``tasks.py`` had before #48."""
     if name.startswith("__") or name in _MODULES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    backend = importlib.import_module(f"{__name__}.backend")
+    backend = importlib.import_module(f"{__name__}.{_ELSEWHERE.get(name, 'backend')}")
     try:
         value = getattr(backend, name)
     except AttributeError:

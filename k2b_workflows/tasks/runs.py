@@ -84,6 +84,10 @@ current_step: contextvars.ContextVar[Any] = contextvars.ContextVar("k2b_task_ste
 last_attempts: dict[Any, tuple[Any, Any, type]] = {}
 MAX_REMEMBERED = 10_000
 
+#: run id (as ``TaskResult.id``) -> the step context of its call running in this process:
+#: what ``is_cancel_requested(context)`` asks, from whichever thread the task passes it to.
+running_calls: dict[str, Any] = {}
+
 
 def remember(run_id: Any, result: Any, value: Any, sender: type) -> None:
     last_attempts.pop(run_id, None)
@@ -235,12 +239,16 @@ class TaskAction(Action, abstract=True):
         sender = backend_class(task)
         signals_api.task_started.send(sender=sender, task_result=result)
         token = current_step.set(ctx)
+        running_calls[result.id] = ctx
         try:
             value = self._call(ctx, task, result, input)
             value = _json_return(value)
         except (LeaseLost, RunCanceled):
             raise
         except BaseException as exc:  # SystemExit and KeyboardInterrupt fail this task only
+            # A cancel the lease keeper has not seen yet: read now, so that the kernel
+            # ends the run canceled rather than retrying or failing it (#49).
+            ctx.cancel_asked(read=True)
             error = base_api.TaskError(
                 exception_class_path=f"{type(exc).__module__}.{type(exc).__qualname__}",
                 traceback=_record(ctx, attempt, run.claimed_by, started, exc, exc),
@@ -258,6 +266,8 @@ class TaskAction(Action, abstract=True):
             return self._failed(ctx, task, result, input, exc)
         finally:
             current_step.reset(token)
+            if running_calls.get(result.id) is ctx:
+                del running_calls[result.id]
         remember(ctx.run_id, result, value, sender)
         return succeeded_as_stored(value, summary=f"task {path}")
 
@@ -280,8 +290,12 @@ class TaskAction(Action, abstract=True):
         try:
             value = task.func(*args, **input["kwargs"])
             if inspect.iscoroutine(value):
-                # On this thread's own loop, cancelled with the run (kernel/hooks.py).
-                value = hooks.run_coroutine(value, ctx.canceled, limit)
+                # On this thread's own loop, cancelled with the run (kernel/hooks.py), and
+                # asked by a cancel (#49) unless its effect is external: an external call,
+                # once made, is never cut.
+                external = type(self).effect.is_external
+                asked = None if external else ctx.cancel_requested
+                value = hooks.run_coroutine(value, ctx.canceled, limit, asked=asked)
         except hooks.HookTimedOut:
             raise TaskTimeout(input["task"], limit or 0.0) from None
         except (LeaseLost, RunCanceled):
@@ -787,6 +801,14 @@ def result_of(task: Any, run: WorkflowRun, rows: list[TaskAttempt], started: Any
     )
     if run.status == RunStatus.SUCCEEDED:
         object.__setattr__(result, "_return_value", run.output)
+    if run.status == RunStatus.CANCELED:
+        # A canceled call's last error says so (#49), after its attempts' own errors.
+        result.errors.append(
+            base_api.TaskError(
+                exception_class_path=f"{RunCanceled.__module__}.{RunCanceled.__qualname__}",
+                traceback=f"{RunCanceled.__qualname__}: {run.error_message or 'canceled'}",
+            )
+        )
     return result
 
 

@@ -1087,6 +1087,20 @@ def test_the_tasks_example_reports_how_far_it_got():
         assert tasks.how_far(result.id) == "3/3 document 13"
 
 
+def test_the_tasks_example_cancel_stops_a_call_not_started_and_lets_one_run_finish():
+    context, register = _tasks_example()
+    with context as (tasks,):
+        register()
+        stopped = tasks.reindex_site.enqueue("site-1", ["a", "b"])
+        canceled = tasks.stop_reindex(stopped.id)
+        assert str(canceled.status) == "FAILED"
+        assert canceled.errors[-1].exception_class_path.endswith(".RunCanceled")
+        whole = tasks.reindex_site.enqueue("site-2", ["a", "b"])
+        run_until_idle()
+        assert tasks.reindex_site.get_result(whole.id).return_value == {"indexed": 2}
+        assert WorkflowRun.objects.get(pk=stopped.id).status == "canceled"
+
+
 def test_the_tasks_example_invoices_many_and_schedules_one():
     from k2b_workflows.models import WorkflowSchedule
 
