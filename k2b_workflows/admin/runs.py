@@ -29,7 +29,7 @@ from ..models import Incident, LedgerEntry, RunStatus, TaskAttempt, WorkerRecord
 from ..redaction import redact_text
 from ..tasks import names as task_names
 from .common import ReadOnlyMixin, field_names, pretty_json, short_hash, status_badge
-from .filters import QueueFilter, TaskFilter, WorkflowFilter
+from .filters import BatchFilter, QueueFilter, TaskFilter, WorkflowFilter
 from .workers import worker_state_badge
 
 if TYPE_CHECKING:
@@ -81,6 +81,7 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
         ("workflow_name", WorkflowFilter),
         TaskFilter,
         QueueFilter,
+        BatchFilter,
         "error_code",
         "created_at",
     )

@@ -5,6 +5,7 @@ task's effect. The package holds, a module each:
 
 - ``backend``: the backend (``WorkflowsBackend``, ``WorkflowsTask``) and the
   enqueue paths (``enqueue``, ``enqueue_many``, ``schedule_task``);
+- ``batches``: ``enqueue_batch`` and ``batch_status``, calls with callbacks;
 - ``options``: ``TaskOptions``, every option of a task, read once from the
   task and written to and read from its run's input;
 - ``runs``: what a worker runs (the task's step, its attempts, its result);
@@ -33,15 +34,20 @@ if TYPE_CHECKING:
         enqueue_many,
         schedule_task,
     )
+    from .batches import Batch, BatchStatus, batch_status, enqueue_batch
 
 __all__ = [
     "MAX_RUN_AFTER",
+    "Batch",
+    "BatchStatus",
     "InvalidTaskArguments",
     "InvalidTaskCall",
     "TaskRunNotSealed",
     "WorkflowsBackend",
     "WorkflowsTask",
+    "batch_status",
     "effect_key",
+    "enqueue_batch",
     "enqueue_many",
     "schedule_task",
 ]
@@ -49,14 +55,19 @@ __all__ = [
 
 #: The package's modules: ``from k2b_workflows.tasks import names`` asks this module for
 #: the attribute first, which must not import the backend (and django.tasks) to answer.
-_MODULES = frozenset({"backend", "compat", "exceptions", "names", "options", "runs"})
+_MODULES = frozenset({"backend", "batches", "compat", "exceptions", "names", "options", "runs"})
+
+
+#: The names of ``batches``; every other name is the backend's.
+_BATCHES = frozenset({"Batch", "BatchStatus", "batch_status", "enqueue_batch"})
 
 
 def __getattr__(name: str) -> Any:
     """The backend's names, ``__all__`` and the others ``tasks.py`` had before #48."""
     if name.startswith("__") or name in _MODULES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    backend = importlib.import_module(f"{__name__}.backend")
+    module = "batches" if name in _BATCHES else "backend"
+    backend = importlib.import_module(f"{__name__}.{module}")
     try:
         value = getattr(backend, name)
     except AttributeError:
