@@ -5,8 +5,8 @@ importing it registers the model admins (``runs`` for runs and incidents,
 ``entries`` for the journal and the ledger, ``workers`` for the fleet,
 ``schedules`` for the Schedules page, ``queues`` for the Queues page,
 ``batches`` for task batches). The views, what the run page draws and the
-overview's queries are imported on first use (``runs`` reaches them lazily), so a worker process that imports
-the admin through ``django.setup()`` pays for none of them.
+overview's queries are imported on first use (``runs`` reaches them lazily),
+so a worker process that imports the admin through ``django.setup()`` pays for none of them.
 """
 
 from __future__ import annotations
