@@ -1583,6 +1583,43 @@ MUTANTS = (
             "test_a_batched_write_of_a_canceled_run_is_refused_by_its_fence_once",
         ),
     ),
+    Mutant(
+        "batch-callback-idempotency-key",
+        "k2b_workflows/kernel/batches.py",
+        "                idempotency_key=callback_key(batch_id, name),\n",
+        "",
+        (
+            "tests/tasks/test_batches.py::"
+            "test_a_finished_mark_cleared_by_hand_enqueues_no_callback_again",
+        ),
+    ),
+    Mutant(
+        "batch-unfinished-asked-under-the-lock",
+        "k2b_workflows/kernel/batches.py",
+        "        if db.fetchall(using, UNFINISHED_SQL, [str(batch_id)])[0][0]:\n",
+        "        if False:\n",
+        (
+            "tests/tasks/test_batches.py::"
+            "test_no_callback_while_a_member_needs_an_operator_and_once_it_is_resolved",
+        ),
+    ),
+    Mutant(
+        "batch-member-needing-attention-unfinished",
+        "k2b_workflows/kernel/batches.py",
+        "_UNFINISHED = \"('queued', 'running', 'waiting', 'needs_attention')\"",
+        "_UNFINISHED = \"('queued', 'running', 'waiting')\"",
+        (
+            "tests/tasks/test_batches.py::"
+            "test_no_callback_while_a_member_needs_an_operator_and_once_it_is_resolved",
+        ),
+    ),
+    Mutant(
+        "batch-callbacks-sealed",
+        "k2b_workflows/kernel/batches.py",
+        "        if problem is not None:\n",
+        "        if False:\n",
+        ("tests/tasks/test_batches.py::test_a_callback_changed_in_the_batch_row_is_refused",),
+    ),
 )
 
 
