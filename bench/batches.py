@@ -96,8 +96,10 @@ def one_round(url: str, kind: str, calls: int, threads: int) -> dict[str, Any]:
         )
         t0 = time.monotonic()
         subprocess.run(
-            [sys.executable, str(ROOT / "manage.py"), "runworkflows", "--burst"]
-            + ["--app", "tasks", "--concurrency", str(threads)],
+            [
+                *(sys.executable, str(ROOT / "manage.py"), "runworkflows", "--burst"),
+                *("--app", "tasks", "--concurrency", str(threads)),
+            ],
             cwd=ROOT,
             env=env,
             check=True,
