@@ -145,8 +145,8 @@ def main() -> None:
             row = one_round(url, kind, args.calls, args.threads)
             print(json.dumps(row), flush=True)
             rounds[kind].append(row)
-    plain = statistics.median(r["per_s"] for r in rounds["plain"])
-    batch = statistics.median(r["per_s"] for r in rounds["batch"])
+    plain = round(statistics.median(r["per_s"] for r in rounds["plain"]), 1)
+    batch = round(statistics.median(r["per_s"] for r in rounds["batch"]), 1)
     print(
         json.dumps(
             {

@@ -41,7 +41,8 @@ class TaskBatch(models.Model):
     created_at = models.DateTimeField()
     #: When the pass that found every member finished enqueued the callbacks.
     finished_at = models.DateTimeField(null=True, blank=True)
-    #: "successful" (every member succeeded) or "failed" (one at least did not); "" until then.
+    #: "successful" (every member succeeded) or "failed" (one at least did not); "" until
+    #: then; "refused": the row failed its seal, and its callbacks were not enqueued.
     outcome = models.CharField(max_length=20, blank=True, default="")
     #: The callbacks' runs: callback name -> run id, as enqueued.
     callback_runs = models.JSONField(null=True, blank=True)

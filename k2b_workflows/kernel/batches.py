@@ -43,6 +43,8 @@ logger = logging.getLogger(__name__)
 #: ends, then ``on_success`` if every member succeeded, ``on_failure`` if not.
 CALLBACKS = ("on_finish", "on_success", "on_failure")
 
+#: The outcome of a batch whose row failed its seal: its callbacks were not enqueued.
+REFUSED = "refused"
 #: A member's statuses until it has finished (``needs_attention`` included).
 _UNFINISHED = "('queued', 'running', 'waiting', 'needs_attention')"
 #: The ends of a member that did not succeed (a canceled call is a failed call).
@@ -145,7 +147,10 @@ def fire(using: str, batch_id: uuid.UUID) -> bool:
             return False
         problem = seals.text_problem(sealed, _seal_text(batch_id, task_path, total, callbacks))
         if problem is not None:
+            # Marked, so that it is refused once and does not stand in the way of the
+            # batches behind it: shown as "refused" in the admin, its callbacks not run.
             logger.error("batch %s: its callbacks are not used: the row %s", batch_id, problem)
+            db.execute(using, FINISH_SQL, [REFUSED, Jsonb({}), batch_id])
             return False
         failed = db.fetchall(using, NOT_SUCCEEDED_SQL, [str(batch_id)])[0][0]
         chosen = ("on_finish", "on_failure" if failed else "on_success")

@@ -173,8 +173,9 @@ def test_a_callback_changed_in_the_batch_row_is_refused(caplog):
     row.save(update_fields=["callbacks"])
     run_until_idle()
     assert callback_runs(batch.id)["on_finish"] == 0
-    assert batch_status(batch.id).finished_at is None
-    assert "does not match its seal" in caplog.text
+    assert TaskBatch.objects.get(pk=batch.id).outcome == "refused"
+    assert caplog.text.count("does not match its seal") == 1
+    assert sweep() == 0
 
 
 def test_batch_status_counts_members_by_state():
