@@ -1596,7 +1596,8 @@ MUTANTS = (
     Mutant(
         "batch-unfinished-asked-under-the-lock",
         "k2b_workflows/kernel/batches.py",
-        "        if db.fetchall(using, UNFINISHED_SQL, [str(batch_id)])[0][0]:\n",
+        "        if db.fetchall(using, UNFINISHED_SQL, [str(batch_id)] * len(_UNFINISHED))"
+        "[0][0]:\n",
         "        if False:\n",
         (
             "tests/tasks/test_batches.py::"
@@ -1606,8 +1607,8 @@ MUTANTS = (
     Mutant(
         "batch-member-needing-attention-unfinished",
         "k2b_workflows/kernel/batches.py",
-        "_UNFINISHED = \"('queued', 'running', 'waiting', 'needs_attention')\"",
-        "_UNFINISHED = \"('queued', 'running', 'waiting')\"",
+        '_UNFINISHED = ("queued", "running", "waiting", "needs_attention")',
+        '_UNFINISHED = ("queued", "running", "waiting")',
         (
             "tests/tasks/test_batches.py::"
             "test_no_callback_while_a_member_needs_an_operator_and_once_it_is_resolved",
