@@ -1621,6 +1621,16 @@ MUTANTS = (
         "        if False:\n",
         ("tests/tasks/test_batches.py::test_a_callback_changed_in_the_batch_row_is_refused",),
     ),
+    Mutant(
+        "burst-worker-last-batch-pass",
+        "k2b_workflows/worker/loop.py",
+        "            return not self.housekeeping.run(0)\n",
+        "            return True\n",
+        (
+            "tests/tasks/test_batches.py::"
+            "test_a_burst_worker_enqueues_and_runs_the_callbacks_of_the_batch_it_drained",
+        ),
+    ),
 )
 
 

@@ -3,6 +3,7 @@ however the members end, whoever notices, and whatever process dies on the way."
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import uuid
@@ -364,3 +365,23 @@ def test_a_member_needing_attention_holds_the_callbacks_until_it_is_resolved(sta
         message=lambda: f"the callbacks: {called(batch.id)}\n{healthy.report()}",
     )
     assert callback_runs(batch.id) == {"on_finish": 1, "on_success": 1, "on_failure": 0}
+
+
+@pytest.mark.crash
+def test_a_burst_worker_enqueues_and_runs_the_callbacks_of_the_batch_it_drained(
+    start_worker,
+):
+    """A ``--burst`` worker leaves once nothing is left: not before a last pass has
+    enqueued the callbacks of the batch whose last member it ended."""
+    batch = enqueue_batch(b.member, [((1,), {"seconds": 0.2})], on_finish=b.on_finish)
+    # A long poll: the housekeeping's passes are half a second apart. The member ends
+    # after the pass of the loop's turn that claimed it (it sleeps) and before the
+    # next pass is due, so only a last pass before leaving finds the batch.
+    worker = start_worker(
+        "--burst",
+        "--concurrency",
+        "1",
+        env={"K2B_TEST_SETTINGS": json.dumps({"POLL_INTERVAL_MS": 5000})},
+    )
+    assert worker.wait(timeout=TIMEOUT) == 0, worker.output()
+    assert called(batch.id) == {"on_finish": 1}

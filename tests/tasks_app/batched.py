@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 from tests.models import ProviderCall
 from tests.tasks_app.tasks import declared
@@ -23,7 +24,8 @@ def _record(action: str, batch_id: str) -> None:
 
 
 @declared("pure")
-def member(n, fail=False):
+def member(n, fail=False, seconds=0):
+    time.sleep(seconds)
     if fail:
         raise ValueError(f"member {n} fails")
     return n
