@@ -180,8 +180,19 @@ def fire(using: str, batch_id: uuid.UUID) -> bool:
 
 
 def fire_due(using: str, batch_ids: list[uuid.UUID]) -> int:
-    """``fire`` each of ``batch_ids`` (``due``'s answer); returns how many fired."""
-    return sum(fire(using, batch_id) for batch_id in batch_ids)
+    """``fire`` each of ``batch_ids`` (``due``'s answer); returns how many fired.
+
+    A batch whose callbacks cannot be enqueued now (a callback's workflow not
+    registered in this process, the database's refusal) is logged and left for
+    the next pass, its own transaction rolled back: the batches after it fire.
+    """
+    fired = 0
+    for batch_id in batch_ids:
+        try:
+            fired += fire(using, batch_id)
+        except Exception:
+            logger.exception("batch %s: its callbacks were not enqueued; next pass", batch_id)
+    return fired
 
 
 def counts(using: str, batch_id: uuid.UUID) -> Counts | None:
