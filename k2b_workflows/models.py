@@ -19,6 +19,7 @@ import pgtrigger
 # attribute(s): triggers" before the system check (E003) can say what is wrong.
 import pgtrigger.apps
 from django.db import models
+from django.db.models.fields.json import KeyTextTransform
 from django.utils import timezone
 
 from . import naming
@@ -412,6 +413,16 @@ class WorkflowRun(models.Model):
                 ),
                 name="k2b_run_schedule_active",
             ),
+            # A batch's members by status (#50): whether any has not finished (the
+            # housekeeping's question before a batch's callbacks), its counts, its
+            # page. Partial: a run outside a batch has no entry, so neither its
+            # enqueue nor its end pays for it.
+            models.Index(
+                KeyTextTransform("batch", "input"),
+                "status",
+                condition=models.Q(input__has_key="batch"),
+                name="k2b_run_batch",
+            ),
         ]
         triggers = [
             GuardedFSM(
@@ -743,6 +754,7 @@ class Incident(WorkflowRun):
 # tasks, the fleet, the overview's counts, rate limits); they are models of this
 # app all the same, importable from here as always.
 from .ai_models import AiTask  # noqa: E402, F401
+from .batch_models import TaskBatch  # noqa: E402, F401
 from .budget_models import BudgetAccount, BudgetCharge  # noqa: E402, F401
 from .fleet_models import WorkerRecord  # noqa: E402, F401
 from .flow_models import RateDispatch  # noqa: E402, F401

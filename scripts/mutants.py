@@ -2049,6 +2049,54 @@ MUTANTS = (
         "            asked = ctx.cancel_requested\n",
         ("tests/tasks/test_cancel.py::test_an_async_external_call_is_asked_and_never_cut",),
     ),
+    Mutant(
+        "batch-callback-idempotency-key",
+        "k2b_workflows/kernel/batches.py",
+        "                idempotency_key=callback_key(batch_id, name),\n",
+        "",
+        (
+            "tests/tasks/test_batches.py::"
+            "test_a_finished_mark_cleared_by_hand_enqueues_no_callback_again",
+        ),
+    ),
+    Mutant(
+        "batch-unfinished-asked-under-the-lock",
+        "k2b_workflows/kernel/batches.py",
+        "        if db.fetchall(using, UNFINISHED_SQL, [str(batch_id)] * len(_UNFINISHED))"
+        "[0][0]:\n",
+        "        if False:\n",
+        (
+            "tests/tasks/test_batches.py::"
+            "test_no_callback_while_a_member_needs_an_operator_and_once_it_is_resolved",
+        ),
+    ),
+    Mutant(
+        "batch-member-needing-attention-unfinished",
+        "k2b_workflows/kernel/batches.py",
+        '_UNFINISHED = ("queued", "running", "waiting", "needs_attention")',
+        '_UNFINISHED = ("queued", "running", "waiting")',
+        (
+            "tests/tasks/test_batches.py::"
+            "test_no_callback_while_a_member_needs_an_operator_and_once_it_is_resolved",
+        ),
+    ),
+    Mutant(
+        "batch-callbacks-sealed",
+        "k2b_workflows/kernel/batches.py",
+        "        if problem is not None:\n",
+        "        if False:\n",
+        ("tests/tasks/test_batches.py::test_a_callback_changed_in_the_batch_row_is_refused",),
+    ),
+    Mutant(
+        "burst-worker-last-batch-pass",
+        "k2b_workflows/worker/loop.py",
+        "            return not self.housekeeping.run(0)\n",
+        "            return True\n",
+        (
+            "tests/tasks/test_batches.py::"
+            "test_a_burst_worker_enqueues_and_runs_the_callbacks_of_the_batch_it_drained",
+        ),
+    ),
 )
 
 

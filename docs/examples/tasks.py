@@ -5,7 +5,14 @@ from datetime import timedelta
 from django.db import transaction
 
 from k2b_workflows import Retry, Schedule, Unique, progress_of, set_progress
-from k2b_workflows.tasks import InvalidTaskCall, effect_key, enqueue_many, schedule_task
+from k2b_workflows.tasks import (
+    InvalidTaskCall,
+    batch_status,
+    effect_key,
+    enqueue_batch,
+    enqueue_many,
+    schedule_task,
+)
 
 from .providers import gateway
 
@@ -69,6 +76,31 @@ def sync_profile(user_id, fields):
     # Thirty seconds after the last edit, with the last edit's fields.
     return {"user": user_id, "fields": fields}
 # --8<-- [end:unique]
+
+
+# --8<-- [start:batch]
+@task(effect="idempotent")
+def invoices_mailed(batch_id):
+    # Called once, when every invoice of the batch has finished (succeeded or failed).
+    status = batch_status(batch_id)
+    return {"invoiced": status.successful, "failed": status.failed}
+
+
+@task(effect="idempotent")
+def invoices_failed(batch_id):
+    # Called once, after invoices_mailed, if one invoice at least failed.
+    return {"alert": batch_id}
+
+
+def invoice_all_then_report(orders):
+    batch = enqueue_batch(
+        render_invoice,
+        [((o["id"], o["lines"]), None) for o in orders],
+        on_finish=invoices_mailed,
+        on_failure=invoices_failed,
+    )
+    return batch.id  # batch_status(batch.id) from any process
+# --8<-- [end:batch]
 
 
 # --8<-- [start:schedule]

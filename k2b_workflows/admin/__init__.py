@@ -3,15 +3,16 @@
 No user code imports this package: Django's admin autodiscovery does, and
 importing it registers the model admins (``runs`` for runs and incidents,
 ``entries`` for the journal and the ledger, ``workers`` for the fleet,
-``schedules`` for the Schedules page, ``queues`` for the Queues page). The
-views, what the run page draws and the overview's queries are imported on
-first use (``runs`` reaches them lazily), so a worker process that imports
-the admin through ``django.setup()`` pays for none of them.
+``schedules`` for the Schedules page, ``queues`` for the Queues page,
+``batches`` for task batches). The views, what the run page draws and the
+overview's queries are imported on first use (``runs`` reaches them lazily),
+so a worker process that imports the admin through ``django.setup()`` pays for none of them.
 """
 
 from __future__ import annotations
 
-from . import entries, queues, runs, schedules, workers
+from . import batches, entries, queues, runs, schedules, workers
+from .batches import TaskBatchAdmin
 from .entries import JournalEntryAdmin, LedgerEntryAdmin
 from .queues import QueuesAdmin
 from .runs import IncidentAdmin, WorkflowRunAdmin
@@ -23,9 +24,11 @@ __all__ = [
     "JournalEntryAdmin",
     "LedgerEntryAdmin",
     "QueuesAdmin",
+    "TaskBatchAdmin",
     "WorkerRecordAdmin",
     "WorkflowRunAdmin",
     "WorkflowScheduleAdmin",
+    "batches",
     "entries",
     "queues",
     "runs",

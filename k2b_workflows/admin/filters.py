@@ -1,4 +1,4 @@
-"""The runs list's filters by workflow, by task and by queue (#51).
+"""The runs list's filters by workflow, by task and by queue (#51), and by batch (#50).
 
 A django.tasks call is a run of one of three workflows (``k2b.task.<effect>``),
 which says nothing of the task: filtering by workflow offered those three and
@@ -10,12 +10,14 @@ by queue the queues; both lists are read in one index descent per value
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 from django.contrib import admin
 from django.db import connections
 from django.db.models import QuerySet
+from django.db.models.fields.json import KeyTextTransform
 from django.http import HttpRequest
 
 from .. import naming, queues, settings
@@ -91,3 +93,41 @@ class QueueFilter(admin.SimpleListFilter):
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet | None:
         value = self.value()
         return queryset.filter(queue=value) if value else queryset
+
+
+def batch_members(queryset: QuerySet, batch_id: str) -> QuerySet:
+    """The members of batch ``batch_id`` among ``queryset``, through ``k2b_run_batch``
+    (its expression and its predicate, so the planner can use it)."""
+    return queryset.alias(batch=KeyTextTransform("batch", "input")).filter(
+        input__has_key="batch", batch=batch_id
+    )
+
+
+class BatchFilter(admin.SimpleListFilter):
+    """The members of one batch (#50), reached from the batch's page: ``?batch=<id>``.
+
+    Not a list of batches to pick from (there may be thousands): the choice shown
+    is the batch the link named."""
+
+    title = "batch"
+    parameter_name = "batch"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        value = request.GET.get(self.parameter_name)
+        if not value:
+            return []
+        try:
+            batch_id = str(uuid.UUID(value))
+        except ValueError:
+            return []
+        return [(batch_id, f"batch {batch_id[:8]}")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet | None:
+        value = self.value()
+        if not value:
+            return queryset
+        try:
+            batch_id = str(uuid.UUID(value))
+        except ValueError:
+            return queryset.none()
+        return batch_members(queryset, batch_id)

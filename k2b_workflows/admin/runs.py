@@ -31,7 +31,7 @@ from ..redaction import redact_text
 from ..tasks import names as task_names
 from ..unique import STATE_SETS, STATES
 from .common import ReadOnlyMixin, field_names, pretty_json, short_hash, status_badge
-from .filters import QueueFilter, TaskFilter, WorkflowFilter
+from .filters import BatchFilter, QueueFilter, TaskFilter, WorkflowFilter
 from .workers import worker_state_badge
 
 if TYPE_CHECKING:
@@ -86,6 +86,7 @@ class WorkflowRunAdmin(ReadOnlyMixin, admin.ModelAdmin):
         ("workflow_name", WorkflowFilter),
         TaskFilter,
         QueueFilter,
+        BatchFilter,
         "error_code",
         "created_at",
     )

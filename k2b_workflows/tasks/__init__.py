@@ -5,6 +5,7 @@ task's effect. The package holds, a module each:
 
 - ``backend``: the backend (``WorkflowsBackend``, ``WorkflowsTask``) and the
   enqueue paths (``enqueue``, ``enqueue_many``, ``schedule_task``);
+- ``batches``: ``enqueue_batch`` and ``batch_status``, calls with callbacks;
 - ``options``: ``TaskOptions``, every option of a task, read once from the
   task and written to and read from its run's input;
 - ``runs``: what a worker runs (the task's step, its attempts, its result);
@@ -35,10 +36,13 @@ if TYPE_CHECKING:
         enqueue_many,
         schedule_task,
     )
+    from .batches import Batch, BatchStatus, batch_status, enqueue_batch
     from .cancels import TaskCallNotFound, cancel, is_cancel_requested
 
 __all__ = [
     "MAX_RUN_AFTER",
+    "Batch",
+    "BatchStatus",
     "InvalidTaskArguments",
     "InvalidTaskCall",
     "TaskCallNotFound",
@@ -46,8 +50,10 @@ __all__ = [
     "TaskTimeout",
     "WorkflowsBackend",
     "WorkflowsTask",
+    "batch_status",
     "cancel",
     "effect_key",
+    "enqueue_batch",
     "enqueue_many",
     "is_cancel_requested",
     "schedule_task",
@@ -56,10 +62,20 @@ __all__ = [
 
 #: The package's modules: ``from k2b_workflows.tasks import names`` asks this module for
 #: the attribute first, which must not import the backend (and django.tasks) to answer.
-_MODULES = frozenset({"backend", "cancels", "compat", "exceptions", "names", "options", "runs"})
+_MODULES = frozenset(
+    {"backend", "batches", "cancels", "compat", "exceptions", "names", "options", "runs"}
+)
 
 #: Names of a module of their own, not the backend's.
-_ELSEWHERE = {"cancel": "cancels", "is_cancel_requested": "cancels", "TaskCallNotFound": "cancels"}
+_ELSEWHERE = {
+    "cancel": "cancels",
+    "is_cancel_requested": "cancels",
+    "TaskCallNotFound": "cancels",
+    "Batch": "batches",
+    "BatchStatus": "batches",
+    "batch_status": "batches",
+    "enqueue_batch": "batches",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -239,7 +239,7 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
         kwargs = {} if kwargs is None else kwargs
         if not isinstance(kwargs, dict):
             raise InvalidTaskCall(f"task {path}: kwargs must be a dict, not {kwargs!r:.80}")
-        _check_binds(task, path, args, kwargs)
+        check_binds(task, path, args, kwargs)
         if bulk is not None:
             encoded = bulk.encoded(args, kwargs)
             if encoded is not None:
@@ -400,7 +400,17 @@ def enqueue_many(
     A few statements for thousands of calls (``control.start_workflow_runs``);
     each call is validated as ``enqueue()`` does before anything is inserted.
     """
-    backend = _backend_of(task, "enqueue_many")
+    backend = backend_of(task, "enqueue_many")
+    return start_calls(backend, task, call_inputs(backend, task, calls, "enqueue_many"))
+
+
+def call_inputs(
+    backend: WorkflowsBackend,
+    task: Any,
+    calls: Iterable[tuple[Sequence[Any], dict[str, Any] | None]],
+    caller: str,
+) -> list[Any]:
+    """The runs' inputs of ``enqueue_many``'s calls, each validated, nothing inserted."""
     backend.validate_task(task)
     if backend.options_of(task).unique is not None:
         return _enqueue_each(backend, task, calls)
@@ -408,10 +418,15 @@ def enqueue_many(
     inputs = []
     for index, call in enumerate(calls):
         if not isinstance(call, list | tuple) or len(call) != 2:
-            raise InvalidTaskCall(f"enqueue_many(): call {index} must be (args, kwargs)")
+            raise InvalidTaskCall(f"{caller}(): call {index} must be (args, kwargs)")
         input = backend.run_input(task, call[0], call[1], bulk)
         backend.check_cost(task, input)
         inputs.append(input)
+    return inputs
+
+
+def start_calls(backend: WorkflowsBackend, task: Any, inputs: list[Any]) -> list[Any]:
+    """Insert the runs of ``inputs`` (``call_inputs``), in one transaction; their results."""
     runs = control.start_workflow_runs(
         backend.options_of(task).workflow_name,
         inputs,
@@ -497,7 +512,7 @@ def schedule_task(
     is refused, not dropped (a workflow's schedule takes its input there, a
     task's cannot: its run's input is the call).
     """
-    backend = _backend_of(task, "schedule_task")
+    backend = backend_of(task, "schedule_task")
     backend.validate_task(task)
     if not isinstance(schedule, Schedule):
         raise InvalidTaskCall(f"schedule_task() takes a Schedule(...), not {schedule!r:.80}")
@@ -694,7 +709,7 @@ def _call_signature(func: Any, takes_context: bool) -> inspect.Signature | None:
     return signature
 
 
-def _check_binds(task: Any, path: str, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+def check_binds(task: Any, path: str, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
     """The call binds to the task's function, as Python would bind it on the worker."""
     signature = _call_signature(task.func, bool(task.takes_context))
     if signature is None:
@@ -707,7 +722,9 @@ def _check_binds(task: Any, path: str, args: Sequence[Any], kwargs: dict[str, An
         ) from None
 
 
-def _backend_of(task: Any, caller: str) -> WorkflowsBackend:
+def backend_of(task: Any, caller: str, what: str = "task") -> WorkflowsBackend:
+    """The backend of ``task``, a task of a ``WorkflowsBackend``; else an error naming
+    ``caller`` and the argument ``what`` was."""
     if not isinstance(task, base_api.Task):
         if isinstance(task, str):
             given = f"the string {task!r:.100}: import the task and pass it"
@@ -715,12 +732,12 @@ def _backend_of(task: Any, caller: str) -> WorkflowsBackend:
             given = f"the plain function {function_path(task)}: decorate it with @task"
         else:
             given = f"{type(task).__name__} {task!r:.80}"
-        raise InvalidTaskCall(f"{caller}(): task must be a task made with @task, not {given}")
+        raise InvalidTaskCall(f"{caller}(): {what} must be a task made with @task, not {given}")
     backend = task.get_backend()
     if not isinstance(backend, WorkflowsBackend):
         raise InvalidTaskCall(
-            f"task {task_path(task)} is on backend {task.backend!r} ({type(backend).__name__}), "
-            "not a k2b_workflows.tasks.WorkflowsBackend"
+            f"{caller}(): {what} {task_path(task)} is on backend {task.backend!r} "
+            f"({type(backend).__name__}), not a k2b_workflows.tasks.WorkflowsBackend"
         )
     return backend
 

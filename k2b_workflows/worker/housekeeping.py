@@ -17,7 +17,7 @@ from typing import Any
 from django.db import transaction
 
 from .. import settings
-from ..kernel import ai, claim, flow, schedule_passes, waits
+from ..kernel import ai, batches, claim, flow, schedule_passes, waits
 from ..workflows import registered_versions
 from . import timeouts
 
@@ -27,7 +27,8 @@ logger = logging.getLogger(__name__)
 
 
 class Housekeeping:
-    """Re-queues expired leases, promotes due waits, cancels overdue runs."""
+    """Re-queues expired leases, promotes due waits, cancels overdue runs, enqueues the
+    callbacks of batches whose members have all finished."""
 
     def __init__(
         self,
@@ -67,13 +68,18 @@ class Housekeeping:
                 # Keyed runs started with a run_after take a slot once due (#35).
                 self._keyed_due_since, admitted = flow.admit_due(self.using, self._keyed_due_since)
                 promoted += admitted
+            finished = batches.due(self.using)
         if reaped:
             logger.warning("re-queued %d run(s) whose lease expired", reaped)
         if overdue:
             self.stats["timed_out"] += timeouts.cancel_overdue(self.using, overdue)
+        # Each in a transaction of its own: a batch whose callbacks cannot start now
+        # (its row refused) must not undo the passes above.
+        fired = batches.fire_due(self.using, finished) if finished else 0
         self.stats["reaped"] += reaped
         self.stats["deadlines"] += promoted
-        return reaped + promoted
+        self.stats["batches"] += fired
+        return reaped + promoted + fired
 
 
 class SchedulePasses:

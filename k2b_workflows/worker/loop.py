@@ -442,7 +442,10 @@ class Worker:
             and self.claims.idle()
             and not self.selection.pending(self.using, admitted_until)
         ):
-            return True
+            # One last pass before leaving, whenever the last one ran: the batch whose
+            # last member this worker just ended gets its callbacks now (#50), not
+            # from whichever worker starts next.
+            return not self.housekeeping.run(0)
         due = None
         if busy < self.concurrency:
             # With every thread busy nothing can be claimed before one ends

@@ -1137,6 +1137,23 @@ def test_the_tasks_example_rebuilds_a_site_once_and_syncs_the_last_edit():
         }
 
 
+def test_the_tasks_example_reports_a_batch_once_when_every_invoice_has_finished():
+    context, register = _tasks_example()
+    with context as (tasks,):
+        register()
+        batch_id = tasks.invoice_all_then_report(
+            [{"id": i, "lines": [{"amount": i}]} for i in range(20)]
+        )
+        assert tasks.batch_status(batch_id).ready == 20
+        run_until_idle()
+        status = tasks.batch_status(batch_id)
+        assert (status.successful, status.failed) == (20, 0)
+        assert status.finished_at is not None
+        reports = WorkflowRun.objects.filter(task_path="docs.examples.tasks.invoices_mailed")
+        assert [r.output for r in reports] == [{"invoiced": 20, "failed": 0}]
+        assert not WorkflowRun.objects.filter(task_path="docs.examples.tasks.invoices_failed")
+
+
 def test_the_tasks_example_pays_out_within_its_budget_and_refuses_more():
     from docs.examples import providers
     from k2b_workflows.models import BudgetCharge
