@@ -208,6 +208,13 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "idle-probe-due-batch",
+        "k2b_workflows/kernel/claim.py",
+        "    batches.DUE_NOW_TERM,\n",
+        "",
+        ("tests/worker/test_idle.py::test_a_batch_whose_members_all_ended_is_work_the_probe_sees",),
+    ),
+    Mutant(
         "bulk-start-row-check",
         "k2b_workflows/kernel/starts.py",
         "    if _dumped(row(template.pk, template.input), connection) != "

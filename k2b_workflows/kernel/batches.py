@@ -72,6 +72,12 @@ SELECT b.id FROM k2b_task_batch b
  ORDER BY b.created_at
  LIMIT %s
 """
+#: For a worker's idle probe (``claim.idle_probe_ms``): now, if a batch is due. A pass
+#: that finds nothing is followed by probes, not passes (#52): without this, the batch
+#: whose last member ended just after a pass waited for the loop's next full round.
+DUE_NOW_TERM = f"""(SELECT k2b_now() FROM k2b_task_batch b
+      WHERE b.finished_at IS NULL
+        AND NOT ({_any_member_in("b.id::text", _UNFINISHED)}) LIMIT 1)"""
 #: The batch row, if still open and not locked by another pass firing it.
 LOCK_SQL = """
 SELECT task_path, total, callbacks, seal FROM k2b_task_batch

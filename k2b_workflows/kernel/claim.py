@@ -29,7 +29,7 @@ from typing import Any
 from django.db import connections
 
 from .. import counters, settings
-from . import db, flow, holders
+from . import batches, db, flow, holders
 from .requeue import AFTER_MS, requeue_set
 
 logger = logging.getLogger(__name__)
@@ -306,14 +306,16 @@ _DUE_TERMS = (
     "(SELECT min(lease_expires_at) FROM k2b_run WHERE status = 'running')",
 )
 
-#: What only the housekeeping acts on: a run's timeout, and the slot of an ended
-#: run whose holder stopped renewing it (``flow.SWEEP_CTE``); an AI task queued
-#: for a provider, when this process has one.
+#: What only the housekeeping acts on: a run's timeout, the slot of an ended run
+#: whose holder stopped renewing it (``flow.SWEEP_CTE``), a batch whose members have
+#: all finished (``batches.py``); an AI task queued for a provider, when this
+#: process has one.
 _HOUSEKEEPING_TERMS = (
     "(SELECT min(timeout_at) FROM k2b_run WHERE timeout_at IS NOT NULL"
     " AND status IN ('queued', 'running', 'waiting'))",
     "(SELECT min(COALESCE(lease_expires_at, k2b_now())) FROM k2b_run"
     " WHERE holds_slot AND status IN ('succeeded', 'failed', 'canceled'))",
+    batches.DUE_NOW_TERM,
 )
 _AI_QUEUED_TERM = (
     "(SELECT k2b_now() FROM k2b_ai_task WHERE status = 'queued' AND provider = ANY(%s) LIMIT 1)"

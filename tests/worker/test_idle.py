@@ -131,3 +131,29 @@ def test_the_probe_finds_a_run_enqueued_without_a_notification(idle_worker):
     probes = worker.probes()
     wait_for(lambda: worker.probes() >= probes + 3, timeout=30, message="the worker idle again")
     worker.stop()
+
+
+def test_a_batch_whose_members_all_ended_is_work_the_probe_sees(monkeypatch):
+    """A full pass's housekeeping runs at most every half poll: the batch whose last
+    member ended just after one is due with nobody told. The probe must see it, or
+    its callbacks wait for the loop's next full round."""
+    from k2b_workflows.kernel import batches, claim
+    from k2b_workflows.tasks import batch_status, enqueue_batch
+    from k2b_workflows.testing import run_until_idle
+    from tests.tasks_app import batched
+
+    def probe() -> float | None:
+        return claim.idle_probe_ms("default", workflows=[])
+
+    monkeypatch.setattr(batches, "fire_due", lambda *args, **kwargs: 0)
+    batch = enqueue_batch(
+        batched.member, [((n,), None) for n in range(3)], on_finish=batched.on_finish
+    )
+    run_until_idle()
+    assert batch_status(batch.id).finished_at is None
+    assert probe() == 0, "a due batch is work for the housekeeping, now"
+    monkeypatch.undo()
+    run_until_idle()
+    assert batch_status(batch.id).finished_at is not None
+    run_until_idle()  # the callback's own run
+    assert probe() is None
