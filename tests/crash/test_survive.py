@@ -605,6 +605,8 @@ def test_a_connection_lost_while_rolling_back_an_empty_claim_still_looks_for_orp
                 [worker.worker_id, run.pk],
             )
         monkeypatch.setattr(db, "rollback_quietly", ended_before_the_rollback)
+        # A full pass, not an idle probe (#52): the claim's own ROLLBACK is what is tested.
+        worker._idle = False
         with caplog.at_level("WARNING", logger="k2b_workflows"):
             worker._iteration(pool, 0.01)  # claims nothing; its ROLLBACK finds the loss
             assert db.rollback_quietly is rollback_quietly, "the claim never rolled back"
