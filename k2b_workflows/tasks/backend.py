@@ -401,6 +401,9 @@ def enqueue_many(
     each call is validated as ``enqueue()`` does before anything is inserted.
     """
     backend = backend_of(task, "enqueue_many")
+    backend.validate_task(task)
+    if backend.options_of(task).unique is not None:
+        return _enqueue_each(backend, task, calls)
     return start_calls(backend, task, call_inputs(backend, task, calls, "enqueue_many"))
 
 
@@ -413,7 +416,12 @@ def call_inputs(
     """The runs' inputs of ``enqueue_many``'s calls, each validated, nothing inserted."""
     backend.validate_task(task)
     if backend.options_of(task).unique is not None:
-        return _enqueue_each(backend, task, calls)
+        # enqueue_many starts such calls one by one (``_enqueue_each``); a batch's
+        # members are inserted together, and a matched key has no member to be.
+        raise InvalidTaskCall(
+            f"{caller}(): task {task.module_path} declares unique=..., which a batch does "
+            "not apply: enqueue its calls with enqueue_many, or declare no unique"
+        )
     bulk = _BulkInputs(backend, task)
     inputs = []
     for index, call in enumerate(calls):

@@ -385,3 +385,13 @@ def test_a_burst_worker_enqueues_and_runs_the_callbacks_of_the_batch_it_drained(
     )
     assert worker.wait(timeout=TIMEOUT) == 0, worker.output()
     assert called(batch.id) == {"on_finish": 1}
+
+
+def test_a_task_declaring_unique_is_refused_by_enqueue_batch_and_nothing_is_inserted():
+    from k2b_workflows.tasks import InvalidTaskCall
+    from tests.tasks_app import unique as unique_tasks
+
+    with pytest.raises(InvalidTaskCall, match="declares unique"):
+        enqueue_batch(unique_tasks.rebuild_index, [((1,), None)], on_finish=b.on_finish)
+    assert not WorkflowRun.objects.exists()
+    assert not TaskBatch.objects.exists()
