@@ -215,6 +215,16 @@ MUTANTS = (
         ("tests/worker/test_idle.py::test_a_batch_whose_members_all_ended_is_work_the_probe_sees",),
     ),
     Mutant(
+        "call-lock-kept-while-its-run-executes",
+        "k2b_workflows/kernel/leases.py",
+        "            unlocks = [run_id for run_id in self._unlocking if run_id not in executing]",
+        "            unlocks = list(self._unlocking)",
+        (
+            "tests/kernel/test_holders.py::"
+            "test_a_call_left_keeps_its_lock_while_its_run_executes_and_gives_it_back_after",
+        ),
+    ),
+    Mutant(
         "bulk-start-row-check",
         "k2b_workflows/kernel/starts.py",
         "    if _dumped(row(template.pk, template.input), connection) != "

@@ -322,9 +322,18 @@ class LeaseKeeper:
                     self._unlocking.append(run_id)
 
     def _give_back_calls(self) -> None:
-        """The locks of calls left since the last call began: at a tick, in one statement."""
+        """The locks of calls left since the last call began, of runs this process no
+        longer executes: at a tick, in one statement.
+
+        A run still executing keeps its call's lock until its next call or its end.
+        Left, the call has returned, but its outcome may not have committed yet: a
+        holder starved between the two (its lease run out) was taken over as out of
+        the call, and its answer, which came next, found an incident in its place.
+        """
+        with self._lock:
+            executing = set(self._runs)
         with self._connecting:
-            unlocks = self._unlocking
+            unlocks = [run_id for run_id in self._unlocking if run_id not in executing]
             if not unlocks or self._conn is None:
                 return
             params: list[Any] = []
@@ -332,7 +341,7 @@ class LeaseKeeper:
                 params += [self.worker_id, done]
             try:
                 self._conn.execute(holders.calls_sql(False, len(unlocks)), params)
-                unlocks.clear()
+                self._unlocking[:] = [r for r in self._unlocking if r in executing]
             except Exception as exc:
                 logger.warning("lease keeper: call locks not given back: %s", exc)
                 self._drop_connection()

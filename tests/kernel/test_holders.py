@@ -11,6 +11,7 @@ locks; a worker process is the process tests' part
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -20,6 +21,7 @@ from k2b_workflows import start_workflow_run
 from k2b_workflows.kernel import db, evidence, holders
 from k2b_workflows.kernel.leases import LeaseKeeper
 from k2b_workflows.models import WorkflowRun
+from tests.support.processes import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -105,6 +107,23 @@ def test_a_live_worker_out_of_the_call_is_not_waited_for(keeper):
     assert in_call(run) is None
 
 
+def test_a_call_left_keeps_its_lock_while_its_run_executes_and_gives_it_back_after(keeper):
+    """Left, a call has returned, but its outcome commits with the step after: a holder
+    starved in between was taken over as out of the call, and the answer it was about
+    to commit became an incident (seen in the starvation soak)."""
+    run = start_workflow_run("holders.charge", {})
+    beating("w-keeper")
+    noted(run, "dispatched", "k:1", worker="w-keeper")
+    keeper.track(run.pk, 1, threading.Event())
+    with keeper.calling(run.pk):
+        pass
+    keeper.tick(renew=False)
+    assert in_call(run) == "w-keeper", "given back before the call's outcome committed"
+    keeper.untrack(run.pk)  # the run ended, or was handed back
+    keeper.tick(renew=False)
+    assert in_call(run) is None
+
+
 def test_a_keepers_next_call_gives_the_last_ones_lock_back_in_the_same_statement(keeper):
     first, second = (start_workflow_run("holders.charge", {}) for _ in range(2))
     for run in (first, second):
@@ -166,4 +185,5 @@ def test_a_worker_that_reports_no_calls_is_inside_while_present():
         presence = holders.PRESENCE_LOCK.format(worker="%s")
         old.execute(f"SELECT pg_catalog.pg_advisory_lock({presence})", ["w-old"])
         assert in_call(run) == "w-old"
-    assert in_call(run) is None
+    # The lock goes with the session, which the server ends a moment after the close.
+    wait_for(lambda: in_call(run) is None, message="the presence lock released")
