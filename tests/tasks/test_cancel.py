@@ -18,16 +18,16 @@ from k2b_workflows import RunCanceled
 from k2b_workflows.exceptions import InvalidInput
 from k2b_workflows.models import WorkflowRun
 from k2b_workflows.tasks import TaskCallNotFound, cancel, is_cancel_requested
+from k2b_workflows.tasks.compat import TaskResultDoesNotExist
 from tests.models import ProviderCall
 from tests.support.misuse import verify
 from tests.tasks_app import held as h
 from tests.tasks_app import tasks as t
 
 try:
-    from django.tasks import TaskContext, TaskResultDoesNotExist, TaskResultStatus
+    from django.tasks import TaskContext, TaskResultStatus
 except ImportError:  # Django 5.2: the backport
     from django_tasks import TaskContext, TaskResultStatus  # type: ignore[no-redef]
-    from django_tasks.exceptions import TaskResultDoesNotExist  # type: ignore[no-redef]
 
 TIMEOUT = 90  # generous: the machine is shared; only the ask's latency is measured
 CANCELED_ERROR = f"{RunCanceled.__module__}.{RunCanceled.__qualname__}"
