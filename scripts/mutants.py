@@ -160,8 +160,8 @@ MUTANTS = (
     Mutant(
         "idle-probe-claimable",
         "k2b_workflows/kernel/claim.py",
-        '    if workflows:\n        app_filter = queue_filter = ""',
-        '    if False:\n        app_filter = queue_filter = ""',
+        "    if workflows:\n        selection, params = _selection(",
+        "    if False:\n        selection, params = _selection(",
         ("tests/worker/test_idle.py::test_the_probe_finds_a_run_enqueued_without_a_notification",),
     ),
     Mutant(

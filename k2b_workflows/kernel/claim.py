@@ -45,9 +45,7 @@ UPDATE k2b_run r
  WHERE r.id = ANY(ARRAY(
         SELECT id FROM k2b_run
          WHERE status = 'queued' AND {claimable} AND {not_paused}
-           AND {line} <= k2b_now() AND run_after <= k2b_now()
-           AND (workflow_name, workflow_version) IN (SELECT * FROM unnest(%s::text[], %s::int[]))
-           {app_filter}{queue_filter}
+           AND {line} <= k2b_now() AND run_after <= k2b_now(){selection}
          ORDER BY {line}
          LIMIT %s
            FOR UPDATE SKIP LOCKED))
@@ -96,6 +94,28 @@ def claim_runs(
     return db.fetch_statement(using, *statement, setting=CLAIM_PLAN)
 
 
+def _selection(
+    workflows: Sequence[tuple[str, int]],
+    app_ids: Sequence[str] | None,
+    queues: Sequence[str] | None,
+) -> tuple[str, list[Any]]:
+    """The conditions on the runs this worker takes, and their parameters: the claim's,
+    and the idle probe's "due now" (``idle_probe_ms``), which must agree with it."""
+    sql = (
+        "\n           AND (workflow_name, workflow_version)"
+        " IN (SELECT * FROM unnest(%s::text[], %s::int[]))"
+    )
+    params: list[Any] = [[name for name, _ in workflows], [version for _, version in workflows]]
+    if app_ids:
+        sql += " AND app_id = ANY(%s)"
+        params.append(list(app_ids))
+    if queues:
+        # One queue: "=" so that the planner walks the queue's own index in line order.
+        sql += " AND queue = %s" if len(queues) == 1 else " AND queue = ANY(%s)"
+        params.append(queues[0] if len(queues) == 1 else list(queues))
+    return sql, params
+
+
 def claim_statement(
     worker_id: str,
     workflows: Sequence[tuple[str, int]],
@@ -110,25 +130,10 @@ def claim_statement(
     queues; one queue walks ``k2b_run_queued_queue`` (#37)."""
     if limit <= 0 or not workflows:
         return None
-    params: list[Any] = [
-        settings.lease_ms(),
-        worker_id,
-        [name for name, _ in workflows],
-        [version for _, version in workflows],
-    ]
-    app_filter = ""
-    if app_ids:
-        app_filter = "AND app_id = ANY(%s)"
-        params.append(list(app_ids))
-    queue_filter = ""
-    if queues:
-        # One queue: "=" so that the planner walks the queue's own index in line order.
-        queue_filter = " AND queue = %s" if len(queues) == 1 else " AND queue = ANY(%s)"
-        params.append(queues[0] if len(queues) == 1 else list(queues))
-    params.append(limit)
+    selection, selected = _selection(workflows, app_ids, queues)
+    params: list[Any] = [settings.lease_ms(), worker_id, *selected, limit]
     sql = _CLAIM_SQL.format(
-        app_filter=app_filter,
-        queue_filter=queue_filter,
+        selection=selection,
         claimable=flow.CLAIMABLE,
         not_paused=flow.NOT_PAUSED,
         line=flow.QUEUE_ORDER,
@@ -326,8 +331,7 @@ _AI_QUEUED_TERM = (
 _OURS_NOW_TERM = f"""(SELECT k2b_now() FROM k2b_run
       WHERE status = 'queued' AND {flow.CLAIMABLE}
         AND {flow.NOT_PAUSED} AND {flow.QUEUE_ORDER} <= k2b_now() AND run_after <= k2b_now()
-        AND (workflow_name, workflow_version) IN (SELECT * FROM unnest(%s::text[], %s::int[]))
-        {{app_filter}}{{queue_filter}} LIMIT 1)"""
+        {{selection}} LIMIT 1)"""
 
 
 def _due_in_ms_sql(terms: Sequence[str]) -> str:
@@ -391,15 +395,8 @@ def idle_probe_ms(
     terms = list(_DUE_TERMS[1:] + _HOUSEKEEPING_TERMS)
     params: list[Any] = []
     if workflows:
-        app_filter = queue_filter = ""
-        params += [[name for name, _ in workflows], [version for _, version in workflows]]
-        if app_ids:
-            app_filter = " AND app_id = ANY(%s)"
-            params.append(list(app_ids))
-        if queues:
-            queue_filter = " AND queue = ANY(%s)"
-            params.append(list(queues))
-        terms.insert(0, _OURS_NOW_TERM.format(app_filter=app_filter, queue_filter=queue_filter))
+        selection, params = _selection(workflows, app_ids, queues)
+        terms.insert(0, _OURS_NOW_TERM.format(selection=selection))
     if providers:
         terms.append(_AI_QUEUED_TERM)
         params.append(list(providers))
