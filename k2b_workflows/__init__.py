@@ -37,6 +37,7 @@ from .exceptions import (
     StepFailed,
     UnknownWorkflow,
 )
+from .fairness import Fairness
 from .limits import Concurrency, RateLimit
 from .retries import Retry
 from .schedules import Schedule
@@ -120,6 +121,7 @@ __all__ = [
     "DryRunReport",
     "Effect",
     "EvidenceChanged",
+    "Fairness",
     "ForkRefused",
     "IdempotencyConflict",
     "InvalidInput",

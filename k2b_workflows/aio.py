@@ -45,6 +45,7 @@ async def astart_workflow_run(
     scheduled_for: Any = None,
     queue: str | None = None,
     unique: Unique | None = None,
+    fairness_key: Any = None,
 ) -> WorkflowRun:
     """``start_workflow_run`` for async code: every argument, passed through by name."""
     return await sync_to_async(control.start_workflow_run)(
@@ -61,6 +62,7 @@ async def astart_workflow_run(
         scheduled_for=scheduled_for,
         queue=queue,
         unique=unique,
+        fairness_key=fairness_key,
     )
 
 

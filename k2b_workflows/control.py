@@ -23,6 +23,7 @@ from django.db import transaction
 from . import codes, naming, settings, tracing, validation
 from .actions import to_json_value
 from .exceptions import InvalidInput, StepFailed, UnknownWorkflow
+from .fairness import of_workflow_run
 from .kernel import children, db, forks, interventions, pauses, seals, starts, uniques, waits
 from .kernel.budgets import BudgetExceeded
 from .kernel.context import KernelStepContext
@@ -81,6 +82,7 @@ def start_workflow_run(
     scheduled_for: Any = None,
     queue: str | None = None,
     unique: Unique | None = None,
+    fairness_key: Any = None,
 ) -> WorkflowRun:
     """Queue a run of workflow ``name``. The same ``idempotency_key`` returns the same run.
 
@@ -95,6 +97,9 @@ def start_workflow_run(
     ``@workflow(queue=...)`` says otherwise; #49). ``unique``: a ``Unique`` (default:
     the workflow's ``@workflow(unique=...)``): a start whose key a run holds inserts
     nothing and returns that run (``keys`` name fields of the input; #49).
+    ``fairness_key``: the key by which the run takes turns with other keys' runs of
+    its queue (weighted by the workflow's ``Fairness``, if it declares one), instead
+    of the input's field ``@workflow(fairness=Fairness(key=...))`` names (#50).
 
     Raises ``UnknownWorkflow`` or ``InvalidInput`` before creating anything,
     ``IdempotencyConflict`` when the key names a run started with another input,
@@ -117,6 +122,7 @@ def start_workflow_run(
     if unique is not None:
         key = unique.key("workflow", definition.name, workflow_key_values(unique, input, name))
         claim = uniques.Claim(unique, key)
+    fairness = of_workflow_run(definition.fairness, input, fairness_key, definition.name)
     with db.schema_required():
         return starts.start(
             settings.database(),
@@ -132,6 +138,7 @@ def start_workflow_run(
             scheduled_for=scheduled_for,
             queue=queue,
             unique=claim,
+            fairness=fairness,
         )
 
 
@@ -177,10 +184,13 @@ def start_workflow_runs(
                 raise InvalidInput(f"input {index} must not be None (use {{}} for no input)")
             values.append(to_json_value(value, f"input {index}"))
     unique = definition.unique
-    if unique is not None:
-        # Each start meets the keys of those before it (a COPY cannot skip a row).
+    if unique is not None or definition.fairness is not None:
+        # Each start meets the keys of those before it (a COPY cannot skip a row), or
+        # takes its own input's turns.
         claims = [
-            uniques.Claim(
+            None
+            if unique is None
+            else uniques.Claim(
                 unique, unique.key("workflow", name, workflow_key_values(unique, v, name))
             )
             for v in values

@@ -20,11 +20,13 @@ import pgtrigger
 import pgtrigger.apps
 from django.db import models
 from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from . import naming
 from .actions import Effect
 from .triggers import (
+    FairLine,
     GuardedFSM,
     GuardedProtect,
     Notify,
@@ -106,6 +108,12 @@ class QueueOrder(models.Func):
     output_field = models.DateTimeField()
 
 
+#: Where a queued run stands in the claim's line: its place among the keys' turns
+#: when it takes turns (``fair_line``), else its ``run_after``, moved earlier by its
+#: priority's credit (``kernel/flow.py``, ``kernel/fairness.py``).
+LINE = QueueOrder(Coalesce("fair_line", "run_after"), "priority_credit_ms")
+
+
 class WorkflowRun(models.Model):
     """One execution of a workflow: queued, claimed under a lease, parked, finished."""
 
@@ -162,6 +170,12 @@ class WorkflowRun(models.Model):
     priority_credit_ms = models.BigIntegerField(default=0)
     #: The rate limit key that last deferred the run ("" if none did).
     deferred_by = models.CharField(max_length=500, blank=True, default="")
+    #: Fair shares (``Fairness``, ``kernel/fairness.py``): the key whose turn the run
+    #: takes (NULL: none), its weight, and its place in line among the keys' runs,
+    #: which the database writes when the run is queued due (``triggers.FairLine``).
+    fairness_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    fairness_weight = models.FloatField(default=1.0, db_default=1.0)
+    fair_line = models.DateTimeField(null=True, blank=True, editable=False)
 
     # Tree of runs: children are normal runs created by a parent's step.
     # No index of its own: k2b_run_child_once (parent, parent_step, child_index)
@@ -299,7 +313,7 @@ class WorkflowRun(models.Model):
             # A keyed run without a slot is not in it, so a backlog behind busy keys
             # costs the claim nothing.
             models.Index(
-                QueueOrder("run_after", "priority_credit_ms"),
+                LINE,
                 condition=models.Q(status="queued")
                 & (models.Q(concurrency_key__isnull=True) | models.Q(holds_slot=True)),
                 name="k2b_run_queued",
@@ -360,10 +374,25 @@ class WorkflowRun(models.Model):
             # one queue at a time, so a worker of a small queue never reads a large one.
             models.Index(
                 "queue",
-                QueueOrder("run_after", "priority_credit_ms"),
+                LINE,
                 condition=models.Q(status="queued")
                 & (models.Q(concurrency_key__isnull=True) | models.Q(holds_slot=True)),
                 name="k2b_run_queued_queue",
+            ),
+            # Fair shares (``kernel/fairness.py``): the head of a queue's turns, and
+            # where a key's last queued run stands; a run without a key has no entry.
+            models.Index(
+                "queue",
+                "fair_line",
+                condition=models.Q(status="queued", fair_line__isnull=False),
+                name="k2b_run_fair_head",
+            ),
+            models.Index(
+                "queue",
+                "fairness_key",
+                "fair_line",
+                condition=models.Q(status="queued", fair_line__isnull=False),
+                name="k2b_run_fair_key",
             ),
             models.Index(fields=["status", "created_at"], name="k2b_run_status"),
             # The Queues page (#49): a queue's runs per status, each count stopped at a
@@ -493,6 +522,23 @@ class WorkflowRun(models.Model):
                         pgtrigger.Q(new__status="queued")
                         & pgtrigger.Q(old__status__df=pgtrigger.F("new__status"))
                     )
+                ),
+            ),
+            # Fair shares: a run queued due gets its place among the keys' turns.
+            FairLine(
+                name="fair_line_insert",
+                operation=pgtrigger.Insert,
+                condition=pgtrigger.Q(new__fairness_key__isnull=False)
+                & pgtrigger.Q(new__status="queued"),
+            ),
+            FairLine(
+                name="fair_line_update",
+                operation=pgtrigger.Update,
+                condition=pgtrigger.Q(new__fairness_key__isnull=False)
+                & pgtrigger.Q(new__status="queued")
+                & (
+                    pgtrigger.Q(old__status__df=pgtrigger.F("new__status"))
+                    | pgtrigger.Q(old__run_after__df=pgtrigger.F("new__run_after"))
                 ),
             ),
             Notify(

@@ -61,8 +61,8 @@ SELECT q.name,
        {", ".join(_COUNT.format(status=s) for s in STATUSES)},
        (SELECT EXTRACT(EPOCH FROM k2b_now() - r.run_after) FROM k2b_run r
          WHERE r.queue = q.name AND r.status = 'queued' AND {flow.CLAIMABLE}
-           AND {flow.QUEUE_ORDER} <= k2b_now() AND r.run_after <= k2b_now()
-         ORDER BY {flow.QUEUE_ORDER} LIMIT 1),
+           AND {flow.LINE} <= k2b_now() AND r.run_after <= k2b_now()
+         ORDER BY {flow.LINE} LIMIT 1),
        (SELECT count(*) FROM (SELECT 1 FROM k2b_run r
          WHERE r.queue = q.name AND r.status IN ('succeeded', 'failed', 'canceled')
            AND r.finished_at >= k2b_now() - %(recent_ms)s * interval '1 millisecond'

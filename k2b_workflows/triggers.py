@@ -314,3 +314,47 @@ class SlotNeverInserted(PinnedTrigger):
             "RAISE EXCEPTION 'k2b_workflows: a run is inserted without a slot "
             "(admission gives it one)' USING ERRCODE = 'insufficient_privilege';"
         )
+
+
+#: A key of weight 1 moves this many microseconds along the line per run; one of
+#: weight ``w``, ``FAIR_STEP_US / w`` (at least one). Small, so that a key alone in
+#: its queue is never held back by its own places: its runs stand at most a second
+#: ahead of the clock per 10,000 of them (``kernel/fairness.py``).
+FAIR_STEP_US = 100
+
+
+class FairLine(PinnedTrigger):
+    """A run that takes turns (``fairness_key``) gets its place in the claim's line.
+
+    Start-time fair queuing on one index: the place is the key's last queued
+    run's place plus a step (``FAIR_STEP_US / weight``), but never earlier than
+    the head of the queue's turns (the earliest place among its queued runs
+    that take turns, or now if none is earlier). So a key with 100,000 runs
+    queued stands one step apart each, and a key that had none queued goes in at
+    the head: next. Written whenever the run is queued due (its insert, its
+    re-queue, a new ``run_after``); a run not due yet stands at its ``run_after``
+    like a run without a key. In the database, so that every path that queues a
+    run (a start, ``enqueue_many``'s ``COPY``, a retry, a wake) places it alike;
+    the rows of one statement see those inserted before them.
+    """
+
+    when = pgtrigger.Before
+    declare = [("head", "timestamptz"), ("last", "timestamptz")]
+
+    def get_func(self, model: Any) -> str:
+        return f"""
+IF NEW.run_after > "public".k2b_now() THEN
+    NEW.fair_line := NULL;
+    RETURN NEW;
+END IF;
+SELECT min(r.fair_line) INTO head FROM "public".k2b_run r
+ WHERE r.status = 'queued' AND r.fair_line IS NOT NULL AND r.queue = NEW.queue
+   AND r.id <> NEW.id;
+SELECT max(r.fair_line) INTO last FROM "public".k2b_run r
+ WHERE r.status = 'queued' AND r.fair_line IS NOT NULL AND r.queue = NEW.queue
+   AND r.fairness_key = NEW.fairness_key AND r.id <> NEW.id;
+NEW.fair_line := GREATEST(LEAST(head, "public".k2b_now()), last)
+    + GREATEST(1, pg_catalog.round({FAIR_STEP_US} / NEW.fairness_weight))
+      * interval '1 microsecond';
+RETURN NEW;
+"""

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from . import validation
 from .exceptions import InvalidInput, UnknownWorkflow
+from .fairness import Fairness, check_fairness
 from .limits import Concurrency, check_concurrency
 from .retries import Retry, check_policy
 from .schedules import Schedule
@@ -60,6 +61,9 @@ class WorkflowDefinition:
     queue: str = "default"
     #: One run per key of its starts (``Unique``), unless a start gives its own.
     unique: Unique | None = None
+    #: Its runs take turns with other keys' in their queue (``Fairness``): the key
+    #: is the input's field it names, unless a start gives ``fairness_key``.
+    fairness: Fairness | None = None
 
 
 @dataclass
@@ -119,6 +123,7 @@ def workflow(
     schedule: Schedule | None = None,
     queue: str = "default",
     unique: Unique | None = None,
+    fairness: Fairness | None = None,
 ) -> Callable[[WorkflowFn], WorkflowFn]:
     """Register ``fn(run, input)`` as the workflow ``name``.
 
@@ -135,7 +140,10 @@ def workflow(
     claimed from, unless ``start_workflow_run(queue=...)`` names another
     (``runworkflows --queue``, ``pause_queue``). ``unique``: a ``Unique``, one run
     per key of its starts (``keys`` name fields of the input), unless
-    ``start_workflow_run(unique=...)`` gives another.
+    ``start_workflow_run(unique=...)`` gives another. ``fairness``: a ``Fairness``,
+    its runs (children and ticks too) take turns in their queue by the input's
+    field ``key`` names, unless ``start_workflow_run(fairness_key=...)`` gives the
+    key (docs/flow-control.md, "Fair shares").
     """
     if not isinstance(name, str) or not name:
         raise InvalidInput("workflow() takes a non-empty name")
@@ -161,6 +169,7 @@ def workflow(
             raise InvalidInput(f"timeout must be at most {MAX_TIMEOUT.days} days, not {timeout}")
     check_concurrency(concurrency)
     check_unique(unique, f"workflow {name!r}")
+    check_fairness(fairness, f"workflow {name!r}")
 
     def register(fn: WorkflowFn) -> WorkflowFn:
         if len(inspect.signature(fn).parameters) != 2:
@@ -192,6 +201,7 @@ def workflow(
             schedule=schedule,
             queue=queue,
             unique=unique,
+            fairness=fairness,
         )
         fn.workflow_name = name  # type: ignore[attr-defined]
         return fn

@@ -74,7 +74,7 @@ SILENCED_SYSTEM_CHECKS = ["k2b_workflows.W003"]
 # django.tasks on the kernel (#37): tests/tasks_app/ holds the tasks.
 import datetime as _dt  # noqa: E402
 
-from k2b_workflows import Concurrency, Retry, Unique  # noqa: E402
+from k2b_workflows import Concurrency, Fairness, Retry, Unique  # noqa: E402
 from tests.tasks_app.timed_options import TIMED  # noqa: E402
 
 TASKS = {
@@ -100,6 +100,15 @@ TASKS = {
                 "tests.tasks_app.library.purge": {"effect": "pure"},
                 # Django's proposed options, for Django 6.0's bare @task (#49).
                 **{f"tests.tasks_app.timed.{name}": options for name, options in TIMED.items()},
+                # tests/tasks_app/fair.py: calls take turns by tenant (#50).
+                "tests.tasks_app.fair.*": {
+                    "effect": "pure",
+                    "fairness": Fairness(key="tenant_id", weights={"gold": 3}),
+                },
+                "tests.tasks_app.fair.any_keywords": {
+                    "effect": "pure",
+                    "fairness": Fairness(key="tenant_id"),
+                },
                 # tests/tasks_app/unique.py: by_settings here only; the others here for
                 # Django 6.0, where @task takes no unique= (a declaration on a task wins).
                 "tests.tasks_app.unique.by_settings": {

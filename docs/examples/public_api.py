@@ -7,7 +7,7 @@ The imports are grouped by purpose, as the page shows them, not sorted.
 # --8<-- [start:imports]
 from k2b_workflows import (
     Action, Effect, workflow, StepContext,                       # define; ctx's type
-    Concurrency, RateLimit, Unique,                              # flow control
+    Concurrency, RateLimit, Unique, Fairness,                    # flow control
     succeeded, failed, waiting, ambiguous, unknown, Dependency,  # results
     start_workflow_run, cancel_workflow_run,                     # control
     wake_workflow_runs_waiting_on, notify_workflow_worker,

@@ -50,7 +50,8 @@ UPDATE k2b_run r
          LIMIT %s
            FOR UPDATE SKIP LOCKED))
 RETURNING r.id, r.generation,
-          r.run_after - r.priority_credit_ms * interval '1 millisecond' AS line)
+          COALESCE(r.fair_line, r.run_after) - r.priority_credit_ms * interval '1 millisecond'
+          AS line)
 SELECT id, generation FROM claimed ORDER BY line
 """
 
@@ -136,7 +137,7 @@ def claim_statement(
         selection=selection,
         claimable=flow.CLAIMABLE,
         not_paused=flow.NOT_PAUSED,
-        line=flow.QUEUE_ORDER,
+        line=flow.LINE,
     )
     return sql, params
 
@@ -299,10 +300,10 @@ def promote_due_waits(using: str) -> int:
 _DUE_TERMS = (
     f"""(SELECT k2b_now() FROM k2b_run
       WHERE status = 'queued' AND {flow.CLAIMABLE} AND {flow.NOT_PAUSED}
-        AND {flow.QUEUE_ORDER} <= k2b_now() AND run_after <= k2b_now() LIMIT 1)""",
-    f"""(SELECT min({flow.QUEUE_ORDER}) FROM k2b_run
+        AND {flow.LINE} <= k2b_now() AND run_after <= k2b_now() LIMIT 1)""",
+    f"""(SELECT min({flow.LINE}) FROM k2b_run
       WHERE status = 'queued' AND {flow.CLAIMABLE} AND {flow.NOT_PAUSED}
-        AND {flow.QUEUE_ORDER} > k2b_now() AND priority_credit_ms = 0)""",
+        AND {flow.LINE} > k2b_now() AND priority_credit_ms = 0)""",
     f"""(SELECT min(run_after) FROM k2b_run
       WHERE status = 'queued' AND priority_credit_ms > 0 AND {flow.CLAIMABLE}
         AND {flow.NOT_PAUSED} AND run_after > k2b_now())""",
@@ -330,7 +331,7 @@ _AI_QUEUED_TERM = (
 #: not make every pass a full one.
 _OURS_NOW_TERM = f"""(SELECT k2b_now() FROM k2b_run
       WHERE status = 'queued' AND {flow.CLAIMABLE}
-        AND {flow.NOT_PAUSED} AND {flow.QUEUE_ORDER} <= k2b_now() AND run_after <= k2b_now()
+        AND {flow.NOT_PAUSED} AND {flow.LINE} <= k2b_now() AND run_after <= k2b_now()
         {{selection}} LIMIT 1)"""
 
 

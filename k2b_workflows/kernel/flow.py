@@ -60,8 +60,15 @@ logger = logging.getLogger(__name__)
 #: Highest ``priority`` (0 is the lowest and the default).
 MAX_PRIORITY = 1_000
 
-#: Where a queued run stands in line; the claim's index is on this expression.
+#: Where a queued run stands among the runs of its concurrency key, which admission
+#: takes in this order (``k2b_run_behind_key``, ``k2b_flow_admit``).
 QUEUE_ORDER = "k2b_queue_order(run_after, priority_credit_ms)"
+
+#: Where a queued run stands in the claim's line; the claim's index is on this
+#: expression (``models.LINE``). ``QUEUE_ORDER``, except for a run that takes turns
+#: with other keys (``fairness_key``): its place among their turns
+#: (``kernel/fairness.py``) stands in for its ``run_after``.
+LINE = "k2b_queue_order(COALESCE(fair_line, run_after), priority_credit_ms)"
 
 #: Claimable: not keyed, or holding a slot. The same text as the index's condition.
 CLAIMABLE = "(concurrency_key IS NULL OR holds_slot)"

@@ -58,7 +58,13 @@ def _start_text(run: WorkflowRun, *, routed: bool = True) -> str:
 
 
 def _start_text_of(
-    run: WorkflowRun, run_id: Any, root_id: Any, input: Any, *, routed: bool = True
+    run: WorkflowRun,
+    run_id: Any,
+    root_id: Any,
+    input: Any,
+    *,
+    routed: bool = True,
+    fairness: tuple[str, float] | None = None,
 ) -> str:
     """What a start seal covers. ``routed``: with where and in which order the run is
     claimed, its queue, priority and task path (#47): a task moved to another queue
@@ -90,6 +96,13 @@ def _start_text_of(
     if forked_from is not None:
         # Only a fork's seal covers it: every other run's seal text is as before.
         fields.append(["forked_from", str(forked_from)])
+    key = getattr(run, "fairness_key", None)
+    if fairness is None and key is not None:
+        fairness = (key, run.fairness_weight)
+    if fairness is not None:
+        # Only the seal of a run that takes turns covers its key and weight: where it
+        # stands in line, as its priority (every other run's seal text is as before).
+        fields.append(["fairness", fairness[0], float(fairness[1])])
     return hashing.canonical(fields)
 
 
@@ -106,12 +119,19 @@ def start_seal(run: WorkflowRun) -> str:
     return _mac(key_id, key, _start_text(run))
 
 
-def start_seal_like(template: WorkflowRun, run_id: uuid.UUID, input: Any) -> str:
+def start_seal_like(
+    template: WorkflowRun,
+    run_id: uuid.UUID,
+    input: Any,
+    *,
+    fairness: tuple[str, float] | None = None,
+) -> str:
     """``start_seal`` of a root run that differs from ``template`` (a root run) only by its
-    id (its own root) and input: ``starts.start_many`` seals thousands of rows so,
-    without building a model instance for each."""
+    id (its own root), input and, where the template takes turns, ``fairness`` (its
+    key and weight): ``starts.start_many`` seals thousands of rows so, without
+    building a model instance for each."""
     key_id, key = hashing.signing_key()
-    return _mac(key_id, key, _start_text_of(template, run_id, run_id, input))
+    return _mac(key_id, key, _start_text_of(template, run_id, run_id, input, fairness=fairness))
 
 
 def end_seal(

@@ -29,6 +29,7 @@ from psycopg.types.json import Jsonb
 from .. import codes, tracing
 from ..dedup import insert_fields, insert_params
 from ..exceptions import IdempotencyConflict, InvalidInput
+from ..fairness import of_workflow_run
 from ..limits import Concurrency, Strategy
 from ..models import BudgetAccount, RunStatus, WorkflowRun
 from . import budgets, clock, db, ended, evidence, flow, hashing, interventions, seals, uniques
@@ -115,12 +116,14 @@ def start(
     concurrency: Concurrency | None = None,
     forked_from: uuid.UUID | None = None,
     unique: uniques.Claim | None = None,
+    fairness: tuple[str, float] | None = None,
 ) -> WorkflowRun:
     """Queue a run of ``definition`` (its root's budget account with it); the same
     ``idempotency_key`` returns the run it started before, and a ``unique`` key held
     by a run returns that run (``kernel/uniques.py``; ``unique.matched`` says so).
     ``forked_from``: the run a fork goes on from (``forks.py``), sealed with the
-    start fields.
+    start fields. ``fairness``: the key whose turns the run takes and its weight
+    (``fairness.py``), sealed with them too.
 
     A workflow in ``INPUT_COLUMNS`` (a django.tasks task's) takes its queue,
     priority, task path, concurrency and effect budget from its input, whoever
@@ -141,6 +144,9 @@ def start(
         queue, task_path, priority = own["queue"], own["task_path"], own["priority"]
         concurrency, concurrency_key = own["concurrency"], own["concurrency_key"]
         effect_budget = own.get("effect_budget", effect_budget)
+        fairness = own.get("fairness")
+    elif fairness is None:
+        fairness = of_workflow_run(definition.fairness, input, None, definition.name)
     call_run_after = run_after
     if unique is not None and (run_after is None or isinstance(run_after, dt.datetime)):
         run_after = unique.first_run_after(run_after, now)
@@ -160,6 +166,7 @@ def start(
     columns["task_path"] = task_path
     if forked_from is not None:
         columns["forked_from_id"] = forked_from
+    columns.update(fairness_columns(fairness))
     declared = concurrency if concurrency is not None else definition.concurrency
     args = (using, definition, input, idempotency_key, principal, parent_id, now, columns, declared)
     if unique is not None:
@@ -169,6 +176,15 @@ def start(
         return _start(*args, effect_budget, unique)
     with transaction.atomic(using=using):
         return _start(*args, effect_budget, unique)
+
+
+def fairness_columns(fairness: tuple[str, float] | None) -> dict[str, Any]:
+    """The columns of a run that takes turns by ``fairness`` (key, weight); none for
+    one that does not (its row keeps the defaults: no key, weight 1)."""
+    if fairness is None:
+        return {}
+    key, weight = fairness
+    return {"fairness_key": key, "fairness_weight": weight}
 
 
 def _start(
@@ -429,6 +445,9 @@ def start_children(
             parent_step=step,
             child_index=i,
             trace_context=trace_context,
+            **fairness_columns(
+                of_workflow_run(definition.fairness, inputs[i], None, definition.name)
+            ),
         )
         for i in missing
     ]
@@ -481,7 +500,7 @@ def start_many(
     if not inputs:
         return []
     now = clock.now()
-    concurrency, concurrency_key = None, None
+    concurrency, concurrency_key, fairness = None, None, None
     effect_budget = definition.effect_budget
     of_input = INPUT_COLUMNS.get(definition.name)
     if of_input is not None:
@@ -490,6 +509,7 @@ def start_many(
         queue, task_path, priority = own["queue"], own["task_path"], own["priority"]
         concurrency, concurrency_key = own["concurrency"], own["concurrency_key"]
         effect_budget = own.get("effect_budget", effect_budget)
+        fairness = own.get("fairness")
         if concurrency is not None and concurrency.strategy != Strategy.QUEUE:
             raise InvalidInput(
                 f"concurrency strategy {concurrency.strategy.value!r} decides each start "
@@ -508,6 +528,7 @@ def start_many(
         scheduled_for=None,
         queue=definition.queue if queue is None else queue,
         task_path=task_path,
+        **fairness_columns(fairness),
     )
     trace_context = tracing.capture() if tracing.ENABLED else None
     template = new_run(definition, inputs[0], now=now, trace_context=trace_context, **columns)
@@ -531,11 +552,21 @@ def start_many(
     input_field = fields[at["input"]]
     key_id, key = hashing.signing_key()
 
+    # A task taking turns (``Fairness``): each call's key is in its input, so that a
+    # re-enqueue or a schedule's tick takes the same turns.
+    fair_at = (names.index("fairness_key"), names.index("fairness_weight"))
+
     def row(run_id: uuid.UUID, value: Any) -> list[Any]:
         values = list(prepared)
         values[at["id"]] = values[at["root_id"]] = run_id
         values[at["input"]] = input_field.get_db_prep_save(value, connection)
-        values[at["start_seal"]] = seals.start_seal_like(template, run_id, value)
+        own_fairness = None
+        if fairness is not None and of_input is not None:
+            own_fairness = of_input(value).get("fairness")
+            values[fair_at[0]], values[fair_at[1]] = own_fairness or (None, 1.0)
+        values[at["start_seal"]] = seals.start_seal_like(
+            template, run_id, value, fairness=own_fairness
+        )
         values[at["journal_anchor"]] = evidence.anchor(
             run_id, "journal", 0, evidence.GENESIS, key_id, key
         )

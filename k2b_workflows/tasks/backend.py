@@ -42,6 +42,8 @@ from .. import control, scheduling, signals, validation
 from .. import settings as k2b_settings
 from ..actions import to_json_value
 from ..exceptions import InvalidInput, RunEndNotSealed
+from ..fairness import Fairness
+from ..fairness import key_text as fairness_key_text
 from ..kernel import seals, uniques
 from ..limits import Concurrency, RateLimit
 from ..models import TERMINAL_STATUSES, JournalEntry, TaskAttempt, WorkflowRun, WorkflowSchedule
@@ -97,6 +99,8 @@ class WorkflowsTask(base_api.Task):
     ``OPTIONS``).
     ``unique``: a ``Unique``, one run per key of its calls (``kernel/uniques.py``):
     a call whose key a run holds inserts nothing and returns that run's result.
+    ``fairness``: a ``Fairness``, the parameter whose value is the key by which
+    calls of its queue take turns (``kernel/fairness.py``), and the keys' weights.
     ``reconcile``: an external task's answer to "did this call happen?", asked
     when a crash, a lost lease or a cut call left it unknown: a module-level
     function (or its dotted path) taking the call's context (if the task takes
@@ -128,6 +132,7 @@ class WorkflowsTask(base_api.Task):
     backoff: float | Callable[..., Any] | str | None = None
     timeout: float | None = None
     unique: Unique | None = None
+    fairness: Fairness | None = None
 
 
 class WorkflowsBackend(backends_api.BaseTaskBackend):
@@ -224,8 +229,31 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
         kwargs: dict[str, Any] | None,
         bulk: _BulkInputs | None = None,
     ) -> Any:
-        """The run's input: the call and the task's declarations (``declared_input``),
-        validated and as it will read back, nothing inserted.
+        """The run's input (``call_input``) and, for a task declaring ``fairness``, the
+        key whose turns the call takes and its weight: in the input, so that the call's
+        run takes them however it is started (a re-enqueue, a schedule's tick)."""
+        input = self.call_input(task, args, kwargs, bulk)
+        fairness = self.options_of(task).fairness
+        if fairness is not None:
+            bound, spread = self.bound_arguments(task, input)
+            value = bound[fairness.key] if fairness.key in bound else spread.get(fairness.key)
+            where = f"the call of task {input['task']}: its {fairness.key!r}"
+            try:
+                key = fairness_key_text(to_json_value(value, where), where)
+            except InvalidInput as exc:
+                raise InvalidTaskCall(str(exc)) from None
+            input["fairness"] = {"key": key, "weight": fairness.weight(key)}
+        return input
+
+    def call_input(
+        self,
+        task: Any,
+        args: Sequence[Any],
+        kwargs: dict[str, Any] | None,
+        bulk: _BulkInputs | None = None,
+    ) -> Any:
+        """The call and the task's declarations (``declared_input``), validated and as
+        they will read back, nothing inserted.
 
         Every enqueue path turns a call into a run's input here, and only here:
         the call is bound to the task's signature first, so that arguments its
@@ -290,23 +318,7 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
         unique = options.unique
         if unique is None:
             return None
-        args, kwargs = input["args"], input["kwargs"]
-        signature = _call_signature(task.func, bool(task.takes_context))
-        if signature is None:
-            bound: dict[str, Any] = {"args": args, "kwargs": kwargs}
-            spread: dict[str, Any] = kwargs
-        else:
-            binding = signature.bind(*args, **kwargs)
-            binding.apply_defaults()
-            bound = dict(binding.arguments)
-            spread = next(
-                (
-                    bound.get(p.name, {})
-                    for p in signature.parameters.values()
-                    if p.kind is inspect.Parameter.VAR_KEYWORD
-                ),
-                {},
-            )
+        bound, spread = self.bound_arguments(task, input)
         if unique.keys is None:
             values = bound
         else:
@@ -317,6 +329,26 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
         except InvalidInput as exc:
             raise InvalidTaskCall(str(exc)) from None
         return uniques.Claim(unique, unique.key("task", options.path, values))
+
+    def bound_arguments(self, task: Any, input: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A call's arguments by parameter name, defaults filled in (``f(7)`` and
+        ``f(site_id=7)`` bind alike), and those its ``**kwargs`` took."""
+        args, kwargs = input["args"], input["kwargs"]
+        signature = _call_signature(task.func, bool(task.takes_context))
+        if signature is None:
+            return {"args": args, "kwargs": kwargs}, kwargs
+        binding = signature.bind(*args, **kwargs)
+        binding.apply_defaults()
+        bound = dict(binding.arguments)
+        spread: dict[str, Any] = next(
+            (
+                bound.get(p.name, {})
+                for p in signature.parameters.values()
+                if p.kind is inspect.Parameter.VAR_KEYWORD
+            ),
+            {},
+        )
+        return bound, spread
 
     def _enqueued(self, results: list[Any]) -> None:
         """``task_enqueued`` once the enqueue commits: a rolled-back task was never enqueued."""

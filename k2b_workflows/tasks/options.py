@@ -52,6 +52,7 @@ from django.utils.module_loading import import_string
 from .. import validation
 from ..actions import MAX_ACTION_TIMEOUT_S
 from ..exceptions import InvalidInput
+from ..fairness import Fairness, check_fairness
 from ..kernel.budgets import validate_cost
 from ..limits import Concurrency, RateLimit, Strategy, check_rate_limit
 from ..retries import Retry, check_policy
@@ -312,12 +313,30 @@ def _unique(value: Any, where: str) -> Unique | None:
         raise InvalidTaskCall(str(exc)) from None
 
 
+def _fairness(value: Any, where: str) -> Fairness | None:
+    try:
+        return check_fairness(value, where)
+    except InvalidInput as exc:
+        raise InvalidTaskCall(str(exc)) from None
+
+
 def check_unique_keys(task: Any, unique: Unique | None, where: str) -> None:
-    """A ``Unique(keys=...)`` names parameters of the task's function (without the
-    context a ``takes_context`` task receives first), or any name if it takes
-    ``**kwargs``: a misspelt key would make every call its own key."""
-    if unique is None or unique.keys is None:
-        return
+    """A ``Unique(keys=...)`` names parameters of the task's function: a misspelt key
+    would make every call its own key."""
+    if unique is not None and unique.keys is not None:
+        check_parameters(task, unique.keys, "Unique(keys=...)", where)
+
+
+def check_fairness_key(task: Any, fairness: Fairness | None, where: str) -> None:
+    """A ``Fairness(key=...)`` names a parameter of the task's function: a misspelt key
+    would put every call under one key (its value would be missing: None)."""
+    if fairness is not None:
+        check_parameters(task, (fairness.key,), "Fairness(key=...)", where)
+
+
+def check_parameters(task: Any, names: Sequence[str], what: str, where: str) -> None:
+    """``names`` are parameters of the task's function (without the context a
+    ``takes_context`` task receives first), or any name if it takes ``**kwargs``."""
     try:
         parameters = list(inspect.signature(task.func).parameters.values())
     except (TypeError, ValueError):
@@ -327,11 +346,11 @@ def check_unique_keys(task: Any, unique: Unique | None, where: str) -> None:
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         return
     named = {p.name for p in parameters if p.kind is not inspect.Parameter.VAR_POSITIONAL}
-    missing = [key for key in unique.keys if key not in named]
+    missing = [name for name in names if name not in named]
     if missing:
         raise InvalidTaskCall(
-            f"{where}: Unique(keys=...) names {missing}, not among the task's parameters "
-            f"({', '.join(sorted(named)) or 'none'})"
+            f"{where}: {what} names {missing}, "
+            f"not among the task's parameters ({', '.join(sorted(named)) or 'none'})"
         )
 
 
@@ -506,6 +525,11 @@ class TaskOptions:
     unique: Unique | None = dataclasses.field(
         default=None, metadata={"option": Option(check=_unique)}
     )
+    #: Not in the options of the run's input either: each call's key and weight are
+    #: (``WorkflowsBackend.run_input``), which the start reads (``runs.run_columns``).
+    fairness: Fairness | None = dataclasses.field(
+        default=None, metadata={"option": Option(check=_fairness)}
+    )
     reconcile: str | None = option(
         check=_reconcile,
         key="reconcile",
@@ -589,6 +613,7 @@ class TaskOptions:
         check_together(where, values)
         values["retry"] = attempts_policy(values)
         check_unique_keys(task, values["unique"], where)
+        check_fairness_key(task, values["fairness"], where)
         return cls(
             path=path, backend=alias, queue=task.queue_name, priority=task.priority, **values
         )

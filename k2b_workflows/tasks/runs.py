@@ -48,6 +48,8 @@ from ..actions import (
     unknown,
 )
 from ..exceptions import InvalidInput, LeaseLost, RunCanceled, StepFailed
+from ..fairness import check_weight
+from ..fairness import key_text as fairness_key_text
 from ..kernel import clock, hooks, interventions, seals, starts, uniques
 from ..kernel.budgets import CostRefused
 from ..kernel.hashing import canonical
@@ -183,7 +185,20 @@ def run_columns(input: Any) -> dict[str, Any]:
         "concurrency": declared,
         "concurrency_key": None if declared is None else f"task:{path}",
         "effect_budget": input_option(input, "effect_budget"),
+        "fairness": _fairness_of(input),
     }
+
+
+def _fairness_of(input: Any) -> tuple[str, float] | None:
+    """The key and weight by which a call takes turns (``Fairness``), as its input
+    holds them (``WorkflowsBackend.run_input``), checked; None: it takes none."""
+    value = input.get("fairness")
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != {"key", "weight"}:
+        raise InvalidInput(f"a task run's fairness must be {{key, weight}}, not {value!r:.80}")
+    where = "a task run's fairness"
+    return fairness_key_text(value["key"], where), check_weight(value["weight"], where)
 
 
 def replaced_input(held: Any, call: Any, replace: bool) -> Any:
