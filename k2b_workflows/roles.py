@@ -54,7 +54,7 @@ FROZEN_COLUMNS = {
     "k2b_run": ("workflow_name", "concurrency_key", "concurrency_limit", "holds_slot"),
     "k2b_budget_account": ("root_id", "effect_budget", "max_ai_calls", "max_steps", "limits_seal"),
 }
-#: The kernel's SQL functions (migrations 0009, 0016 and 0021): statements and
+#: The kernel's SQL functions (migrations 0009, 0016, 0021 and 0036): statements and
 #: triggers call them as the runtime role. None takes an argument that decides
 #: how often an effect may happen: the limit a slot is given under is read from
 #: the rows, and a rate window never deletes a younger one's rows.
@@ -65,6 +65,7 @@ KERNEL_FUNCTIONS = (
     ("k2b_flow_admit", "text, text"),
     ("k2b_rate_admit", "text, integer, bigint, uuid, integer, bigint"),
     ("k2b_rate_stamp", "bigint"),
+    ("k2b_fair_line", "uuid, text, text, double precision, timestamptz"),
 )
 
 

@@ -68,28 +68,6 @@ class PinnedUpsertTriggerSql(pgtrigger.compiler.UpsertTriggerSql):
         return template.replace("$$ LANGUAGE plpgsql;", pinned)
 
 
-class IndexWalkTriggerSql(PinnedUpsertTriggerSql):
-    """``PinnedUpsertTriggerSql`` whose trigger function reads only by ordered index walks.
-
-    A PL/pgSQL function plans its statements once, on the statistics of the
-    moment: on a table analyzed while it was empty, ``SELECT ... ORDER BY
-    fair_line LIMIT 1`` was planned as a read of every queued run of the queue,
-    so each row of a 10,000-run ``COPY`` read all the rows before it. Without
-    sorts, sequential or bitmap scans, only the walk that stops at its first
-    row is left. Set on the function: they end with each call.
-    """
-
-    def get_template(self) -> str:
-        pinned = f"$$ LANGUAGE plpgsql SET search_path = {PINNED_SEARCH_PATH};"
-        template = super().get_template()
-        at = template.rindex(pinned)  # the trigger's function, not the ignore check
-        walk = (
-            f"$$ LANGUAGE plpgsql SET search_path = {PINNED_SEARCH_PATH}"
-            " SET enable_sort = off SET enable_seqscan = off SET enable_bitmapscan = off;"
-        )
-        return template[:at] + walk + template[at + len(pinned) :]
-
-
 class PinnedTrigger(pgtrigger.Trigger):
     """A trigger compiled with ``PinnedUpsertTriggerSql``: every app trigger derives from it."""
 
@@ -338,53 +316,24 @@ class SlotNeverInserted(PinnedTrigger):
         )
 
 
-#: A key of weight 1 moves this many microseconds along the line per run; one of
-#: weight ``w``, ``FAIR_STEP_US / w`` (at least one). Small, so that a key alone in
-#: its queue is never held back by its own places: its runs stand at most a second
-#: ahead of the clock per 10,000 of them (``kernel/fairness.py``).
-FAIR_STEP_US = 100
-
-
 class FairLine(PinnedTrigger):
     """A run that takes turns (``fairness_key``) gets its place in the claim's line.
 
-    Start-time fair queuing on one index: the place is the key's last queued
-    run's place plus a step (``FAIR_STEP_US / weight``), but never earlier than
-    the head of the queue's turns (the earliest place among its queued runs
-    that take turns, or now if none is earlier). So a key with 100,000 runs
-    queued stands one step apart each, and a key that had none queued goes in at
-    the head: next. Written whenever the run is queued due (its insert, its
-    re-queue, a new ``run_after``); a run not due yet stands at its ``run_after``
-    like a run without a key. In the database, so that every path that queues a
-    run (a start, ``enqueue_many``'s ``COPY``, a retry, a wake) places it alike;
-    the rows of one statement see those inserted before them.
+    Start-time fair queuing on one index (``k2b_fair_line``, migration 0036,
+    ``kernel/fairness.py``): the place is the key's last queued run's place plus
+    a step (100 µs / weight), but never earlier than the head of the queue's
+    turns. Written whenever the run is queued due (its insert, its re-queue, a
+    new ``run_after``); a run not due yet stands at its ``run_after`` like a run
+    without a key. In the database, so that every path that queues a run (a
+    start, ``enqueue_many``'s ``COPY``, a retry, a wake) places it alike; the rows
+    of one statement see those inserted before them.
     """
 
     when = pgtrigger.Before
-    declare = [("head", "timestamptz"), ("last", "timestamptz")]
-
-    def compile(self, model: Any) -> pgtrigger.compiler.Trigger:
-        compiled = super().compile(model)
-        return pgtrigger.compiler.Trigger(
-            name=compiled.name, sql=IndexWalkTriggerSql(**compiled.sql.kwargs)
-        )
 
     def get_func(self, model: Any) -> str:
-        return f"""
-IF NEW.run_after > "public".k2b_now() THEN
-    NEW.fair_line := NULL;
-    RETURN NEW;
-END IF;
-SELECT r.fair_line INTO head FROM "public".k2b_run r
- WHERE r.status = 'queued' AND r.fair_line IS NOT NULL AND r.queue = NEW.queue
-   AND r.id <> NEW.id
- ORDER BY r.fair_line LIMIT 1;
-SELECT r.fair_line INTO last FROM "public".k2b_run r
- WHERE r.status = 'queued' AND r.fair_line IS NOT NULL AND r.queue = NEW.queue
-   AND r.fairness_key = NEW.fairness_key AND r.id <> NEW.id
- ORDER BY r.fair_line DESC LIMIT 1;
-NEW.fair_line := GREATEST(LEAST(head, "public".k2b_now()), last)
-    + GREATEST(1, pg_catalog.round({FAIR_STEP_US} / NEW.fairness_weight))
-      * interval '1 microsecond';
-RETURN NEW;
-"""
+        return (
+            'NEW.fair_line := "public".k2b_fair_line('
+            "NEW.id, NEW.queue, NEW.fairness_key, NEW.fairness_weight, NEW.run_after); "
+            "RETURN NEW;"
+        )

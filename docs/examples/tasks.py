@@ -4,7 +4,7 @@ from datetime import timedelta
 
 from django.db import transaction
 
-from k2b_workflows import Retry, Schedule, Unique, progress_of, set_progress
+from k2b_workflows import Fairness, Retry, Schedule, Unique, progress_of, set_progress
 from k2b_workflows.tasks import (
     InvalidTaskCall,
     batch_status,
@@ -76,6 +76,15 @@ def sync_profile(user_id, fields):
     # Thirty seconds after the last edit, with the last edit's fields.
     return {"user": user_id, "fields": fields}
 # --8<-- [end:unique]
+
+
+# --8<-- [start:fairness]
+@task(effect="pure", fairness=Fairness(key="tenant_id", weights={"enterprise": 3}))
+def export_report(tenant_id, report):
+    # One tenant's 10,000 exports do not delay another tenant's first one: the
+    # tenants' calls take turns, and an "enterprise" tenant gets three to one.
+    return {"tenant": tenant_id, "report": report}
+# --8<-- [end:fairness]
 
 
 # --8<-- [start:batch]

@@ -16,6 +16,7 @@ import logging
 import logging.config
 import re
 import shlex
+import uuid
 from types import SimpleNamespace
 from typing import Any
 
@@ -125,6 +126,7 @@ RUN_BY = {
         "test_the_tasks_example_charges_once_and_enqueues_nothing_when_the_order_fails",
         "test_the_tasks_example_invoices_many_and_schedules_one",
         "test_the_tasks_example_rebuilds_a_site_once_and_syncs_the_last_edit",
+        "test_the_tasks_example_serves_a_small_tenant_beside_a_large_ones_backlog",
         "test_the_tasks_example_pays_out_within_its_budget_and_refuses_more",
         "test_the_tasks_example_reconcile_finds_the_charge_or_says_call_again",
         "test_the_tasks_example_backoff_spaces_attempts_and_stops_at_a_refusal",
@@ -1135,6 +1137,24 @@ def test_the_tasks_example_rebuilds_a_site_once_and_syncs_the_last_edit():
             "user": 1,
             "fields": {"name": "B"},
         }
+
+
+def test_the_tasks_example_serves_a_small_tenant_beside_a_large_ones_backlog():
+    from k2b_workflows.tasks import enqueue_many
+
+    context, register = _tasks_example()
+    with context as (tasks,):
+        register()
+        enqueue_many(tasks.export_report, [(("big", n), None) for n in range(100)])
+        small = tasks.export_report.enqueue("small", "monthly")
+        run_until_idle()
+        order = list(
+            WorkflowRun.objects.filter(task_path=tasks.export_report.module_path)
+            .order_by("finished_at")
+            .values_list("pk", flat=True)
+        )
+        assert len(order) == 101
+        assert order.index(uuid.UUID(small.id)) < 10, order.index(uuid.UUID(small.id))
 
 
 def test_the_tasks_example_reports_a_batch_once_when_every_invoice_has_finished():
