@@ -93,8 +93,9 @@ MUTANTS = (
     Mutant(
         "task-budget-from-input",
         "k2b_workflows/kernel/starts.py",
-        '        effect_budget = own.get("effect_budget", effect_budget)\n    call_run_after',
-        "    call_run_after",
+        '        effect_budget = own.get("effect_budget", effect_budget)\n'
+        '        fairness = own.get("fairness")\n    elif',
+        '        fairness = own.get("fairness")\n    elif',
         (
             "tests/tasks/test_budgets.py::"
             "test_a_call_the_worker_prices_over_budget_fails_and_is_never_called",
@@ -103,8 +104,9 @@ MUTANTS = (
         also=(
             (
                 '        effect_budget = own.get("effect_budget", effect_budget)\n'
+                '        fairness = own.get("fairness")\n'
                 "        if concurrency",
-                "        if concurrency",
+                '        fairness = own.get("fairness")\n        if concurrency',
             ),
         ),
     ),
@@ -167,8 +169,8 @@ MUTANTS = (
     Mutant(
         "idle-probe-paused",
         "k2b_workflows/kernel/claim.py",
-        "        AND {flow.NOT_PAUSED} AND {flow.QUEUE_ORDER} <= k2b_now() AND run_after",
-        "        AND {flow.QUEUE_ORDER} <= k2b_now() AND run_after",
+        "        AND {flow.NOT_PAUSED} AND {flow.LINE} <= k2b_now() AND run_after",
+        "        AND {flow.LINE} <= k2b_now() AND run_after",
         ("tests/worker/test_idle.py::test_a_paused_queues_due_run_leaves_the_worker_probing",),
     ),
     Mutant(
@@ -1599,12 +1601,57 @@ MUTANTS = (
         "queue-pause-next-due",
         "k2b_workflows/kernel/claim.py",
         "WHERE status = 'queued' AND {flow.CLAIMABLE} AND {flow.NOT_PAUSED}\n"
-        "        AND {flow.QUEUE_ORDER} <= k2b_now()",
-        "WHERE status = 'queued' AND {flow.CLAIMABLE}\n        AND {flow.QUEUE_ORDER} <= k2b_now()",
+        "        AND {flow.LINE} <= k2b_now()",
+        "WHERE status = 'queued' AND {flow.CLAIMABLE}\n        AND {flow.LINE} <= k2b_now()",
         (
             "tests/kernel/test_queue_pauses.py::"
             "test_a_paused_queues_runs_are_accepted_queued_and_not_claimed_while_others_run",
         ),
+    ),
+    Mutant(
+        "fair-line-from-the-head",
+        "k2b_workflows/migrations/0036_fairness.py",
+        'RETURN GREATEST(LEAST(head, "public".k2b_now()), last)',
+        'RETURN GREATEST("public".k2b_now(), last)',
+        (
+            "tests/tasks/test_fairness.py::"
+            "test_a_key_that_comes_back_goes_in_at_the_head_not_before_it",
+            "tests/tasks/test_fairness.py::test_a_tenant_queued_behind_a_backlog_goes_next",
+        ),
+    ),
+    Mutant(
+        "fair-line-after-the-keys-last",
+        "k2b_workflows/migrations/0036_fairness.py",
+        'RETURN GREATEST(LEAST(head, "public".k2b_now()), last)',
+        'RETURN LEAST(head, "public".k2b_now())',
+        (
+            "tests/tasks/test_fairness.py::test_a_heavier_key_takes_more_turns",
+            "tests/tasks/test_fairness.py::test_keys_alternate_while_both_have_runs_queued",
+        ),
+    ),
+    Mutant(
+        "fair-line-index-walk",
+        "k2b_workflows/migrations/0036_fairness.py",
+        "SET enable_sort = off SET enable_seqscan = off SET enable_bitmapscan = off\n",
+        "",
+        (
+            "tests/tasks/test_fairness.py::"
+            "test_placing_each_run_reads_a_few_index_entries_however_long_the_backlog",
+        ),
+    ),
+    Mutant(
+        "fair-line-claimed",
+        "k2b_workflows/kernel/flow.py",
+        'LINE = "k2b_queue_order(COALESCE(fair_line, run_after), priority_credit_ms)"',
+        'LINE = "k2b_queue_order(run_after, priority_credit_ms)"',
+        ("tests/tasks/test_fairness.py::test_a_tenant_queued_behind_a_backlog_goes_next",),
+    ),
+    Mutant(
+        "fair-key-sealed",
+        "k2b_workflows/kernel/seals.py",
+        '        fields.append(["fairness", fairness[0], float(fairness[1])])',
+        "        pass",
+        ("tests/tasks/test_fairness.py::test_a_rewritten_key_breaks_the_start_seal",),
     ),
     Mutant(
         "queue-resume-wakes-every-app",
@@ -1986,8 +2033,8 @@ MUTANTS = (
     Mutant(
         "unique-key-binds-signature",
         "k2b_workflows/tasks/backend.py",
-        "            binding.apply_defaults()\n            bound = dict(binding.arguments)",
-        '            bound = {"args": args, "kwargs": kwargs}',
+        "        binding.apply_defaults()\n        bound = dict(binding.arguments)",
+        '        bound = {"args": args, "kwargs": kwargs}',
         (
             "tests/tasks/test_unique.py::test_a_call_whose_key_a_run_holds_returns_that_run_and_inserts_nothing",
             "tests/tasks/test_unique.py::test_without_keys_every_argument_bound_with_its_defaults_is_the_key",
