@@ -21,10 +21,11 @@ import pgtrigger.apps
 from django.db import models
 from django.db.models.fields.json import KeyTextTransform
 from django.utils import timezone
+from django.utils.deconstruct import deconstructible
 
-from . import naming
-from .actions import Effect
-from .triggers import (
+from .. import naming
+from ..actions import Effect
+from ..triggers import (
     GuardedFSM,
     GuardedProtect,
     Notify,
@@ -95,6 +96,8 @@ UNIQUE_HELD = models.Q(unique_key__isnull=False) & (
 )
 
 
+# Migrations name it by the path it had before the models became a package.
+@deconstructible(path="k2b_workflows.models.QueueOrder")
 class QueueOrder(models.Func):
     """``k2b_queue_order(run_after, priority_credit_ms)``: where a queued run stands in line.
 
@@ -748,17 +751,3 @@ class Incident(WorkflowRun):
     class Meta:
         proxy = True
         ordering = ["updated_at", "created_at"]
-
-
-# Models about one thing live in modules of their own (schedules, budgets, AI
-# tasks, the fleet, the overview's counts, rate limits); they are models of this
-# app all the same, importable from here as always.
-from .ai_models import AiTask  # noqa: E402, F401
-from .batch_models import TaskBatch  # noqa: E402, F401
-from .budget_models import BudgetAccount, BudgetCharge  # noqa: E402, F401
-from .fleet_models import WorkerRecord  # noqa: E402, F401
-from .flow_models import RateDispatch  # noqa: E402, F401
-from .overview_models import OverviewMinute  # noqa: E402, F401
-from .progress_models import RunProgress  # noqa: E402, F401
-from .queue_models import QueuePause  # noqa: E402, F401
-from .schedule_models import WorkflowSchedule, WorkflowScheduleSkip  # noqa: E402, F401
