@@ -1,6 +1,6 @@
 """A run's journal and its evidence ledger: what replay returns, and what each effect did.
 
-Both are append-only (a trigger refuses ``UPDATE`` and ``DELETE``, whatever a
+Both are append-only (triggers refuse ``UPDATE``, ``DELETE`` and ``TRUNCATE``, whatever a
 buggy worker or a hand-written statement tries) and hash-chained per run.
 """
 
