@@ -942,7 +942,7 @@ MUTANTS = (
     ),
     Mutant(
         "schedule-seal-save",
-        "k2b_workflows/schedule_models.py",
+        "k2b_workflows/models/schedules.py",
         '            if tampered and not getattr(self, "reviewed", False):\n',
         "            if False:\n",
         (
@@ -2121,14 +2121,12 @@ MUTANTS = (
 #: and function bodies they import, the models they name), the grants, the clock
 #: function the tests swap, or the test database's own setup and flush. Their
 #: mutants never run on a kept database.
-SCHEMA_PREFIXES = ("k2b_workflows/migrations/",)
+SCHEMA_PREFIXES = ("k2b_workflows/migrations/", "k2b_workflows/models/")
 SCHEMA_FILES = frozenset(
     {
         "k2b_workflows/apps.py",
         "k2b_workflows/kernel/clock.py",
-        "k2b_workflows/models.py",
         "k2b_workflows/roles.py",
-        "k2b_workflows/schedule_models.py",
         "k2b_workflows/testdb.py",
         "k2b_workflows/triggers.py",
     }
