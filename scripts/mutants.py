@@ -2105,6 +2105,31 @@ MUTANTS = (
         ("tests/tasks/test_batches.py::test_a_callback_changed_in_the_batch_row_is_refused",),
     ),
     Mutant(
+        "retention-keeps-members-of-open-batches",
+        "k2b_workflows/retention.py",
+        "                           OR (d.input ? 'batch' AND EXISTS (\n",
+        "                           OR (FALSE AND EXISTS (\n",
+        (
+            "tests/tasks/test_batches.py::"
+            "test_members_of_a_batch_whose_callbacks_wait_are_kept_whatever_their_age",
+        ),
+    ),
+    Mutant(
+        "retention-batch-kept-while-a-member-is-left",
+        "k2b_workflows/retention.py",
+        "                    WHERE {batches.MEMBER_OF.format(batch="
+        '"b.id::text")} AND id <> ALL(%s))',
+        "                    WHERE FALSE AND id <> ALL(%s))",
+        ("tests/tasks/test_batches.py::test_a_batch_stays_while_one_of_its_runs_is_left",),
+    ),
+    Mutant(
+        "retention-batch-kept-while-a-callback-run-is-left",
+        "k2b_workflows/retention.py",
+        "                    WHERE cr.id <> ALL(%s))",
+        "                    WHERE FALSE AND cr.id <> ALL(%s))",
+        ("tests/tasks/test_batches.py::test_a_batch_stays_while_one_of_its_runs_is_left",),
+    ),
+    Mutant(
         "burst-worker-last-batch-pass",
         "k2b_workflows/worker/loop.py",
         "            return not self.housekeeping.run(0)\n",

@@ -3,6 +3,8 @@ however the members end, whoever notices, and whatever process dies on the way."
 
 from __future__ import annotations
 
+import datetime as dt
+import io
 import json
 import signal
 import threading
@@ -11,12 +13,14 @@ import uuid
 import psycopg
 import pytest
 from django.contrib.auth import get_user_model
+from django.core.management import call_command
 from django.db import connection, connections
 from django.urls import reverse
 
 from k2b_workflows import EFFECT_CONFIRMED, resolve_effect
 from k2b_workflows.kernel import batches
 from k2b_workflows.models import TaskBatch, WorkflowRun
+from k2b_workflows.retention import purge_finished_runs
 from k2b_workflows.tasks import (
     InvalidTaskArguments,
     InvalidTaskCall,
@@ -186,6 +190,101 @@ def test_batch_status_counts_members_by_state():
     status = batch_status(batch.id)
     assert status[:5] == (3, 0, 0, 2, 1)
     assert status.finished_at is not None
+
+
+# -- retention --------------------------------------------------------------------------
+
+MONTH = dt.timedelta(days=30)
+
+
+def age(batch_id=None, runs=(), days: int = 40) -> None:
+    """Pretend the runs (and the batch's callbacks' enqueue) ended ``days`` ago."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE k2b_run SET finished_at = finished_at - %s WHERE id = ANY(%s)",
+            [dt.timedelta(days=days), list(runs)],
+        )
+        cursor.execute(
+            "UPDATE k2b_task_batch SET finished_at = finished_at - %s WHERE id = %s",
+            [dt.timedelta(days=days), batch_id],
+        )
+
+
+def members_and_callbacks(batch):
+    row = TaskBatch.objects.get(pk=batch.id)
+    return [uuid.UUID(r.id) for r in batch.results], [
+        uuid.UUID(v) for v in row.callback_runs.values()
+    ]
+
+
+def test_a_finished_batch_goes_with_its_members_and_its_callbacks_runs():
+    batch = enqueue_batch(b.member, calls(3, failing={1}), **CALLBACKS)
+    run_until_idle()
+    members, callbacks = members_and_callbacks(batch)
+    assert len(callbacks) == 2
+    age(batch.id, [*members, *callbacks])
+
+    counted = purge_finished_runs(older_than=MONTH, dry_run=True)
+    assert (counted["run trees"], counted["task batches"]) == (5, 1)
+    assert TaskBatch.objects.exists()
+
+    purged = purge_finished_runs(older_than=MONTH)
+    assert (purged["run trees"], purged["task batches"]) == (5, 1)
+    assert not TaskBatch.objects.exists()
+    assert not WorkflowRun.objects.exists()
+
+
+@pytest.mark.parametrize("left", ["a member", "a callback's run"])
+def test_a_batch_stays_while_one_of_its_runs_is_left(left):
+    """A member or callback's run that is recent (or not finished) is not purged, and
+    keeps its batch: the admin shows a batch with its members and callbacks' runs."""
+    batch = enqueue_batch(b.member, calls(3), **CALLBACKS)
+    run_until_idle()
+    members, callbacks = members_and_callbacks(batch)
+    recent = members[0] if left == "a member" else callbacks[0]
+    age(batch.id, [r for r in [*members, *callbacks] if r != recent])
+
+    purged = purge_finished_runs(older_than=MONTH)
+    assert (purged["run trees"], purged["task batches"]) == (4, 0)
+    assert TaskBatch.objects.filter(pk=batch.id).exists()
+    assert list(WorkflowRun.objects.values_list("pk", flat=True)) == [recent]
+
+    age(runs=[recent])
+    purged = purge_finished_runs(older_than=MONTH)
+    assert (purged["run trees"], purged["task batches"]) == (1, 1)
+    assert not TaskBatch.objects.exists()
+
+
+def test_members_of_a_batch_whose_callbacks_wait_are_kept_whatever_their_age(monkeypatch):
+    """Purged before its callbacks were enqueued, a failed member would leave a batch
+    that looks successful: its members stay until the batch has finished."""
+    batch = enqueue_batch(b.member, calls(3, failing={2}), **CALLBACKS)
+    with monkeypatch.context() as patched:  # members run by a worker that sees no batch
+        patched.setattr(batches, "due", lambda using, limit=100: [])
+        run_until_idle()
+    members = [r.id for r in batch.results]
+    age(runs=members)
+
+    purged = purge_finished_runs(older_than=MONTH)
+    assert (purged["run trees"], purged["task batches"]) == (0, 0)
+    assert WorkflowRun.objects.count() == 3
+    assert TaskBatch.objects.filter(pk=batch.id, finished_at=None).exists()
+
+    assert sweep() == 1
+    assert TaskBatch.objects.get(pk=batch.id).outcome == "failed"
+    run_until_idle()
+    assert called(batch.id) == {"on_finish": 1, "on_failure": 1}
+
+
+def test_purgeworkflows_deletes_finished_batches():
+    batch = enqueue_batch(b.member, calls(2), on_finish=b.on_finish)
+    run_until_idle()
+    members, callbacks = members_and_callbacks(batch)
+    age(batch.id, [*members, *callbacks])
+    out = io.StringIO()
+    call_command("purgeworkflows", "--older-than-days", "30", stdout=out)
+    assert "3 run trees" in out.getvalue() and "1 task batches" in out.getvalue()
+    assert not TaskBatch.objects.exists()
 
 
 # -- bad input ------------------------------------------------------------------------
