@@ -310,6 +310,33 @@ def test_a_callback_that_is_not_a_task_is_refused(nothing_inserted, callback, me
     assert not TaskBatch.objects.exists()
 
 
+@pytest.mark.parametrize("argument", ["task", "on_finish"])
+def test_a_task_on_another_backend_is_refused_as_member_or_callback(
+    nothing_inserted, settings, argument
+):
+    settings.TASKS = {
+        **settings.TASKS,
+        "elsewhere": {"BACKEND": "django_tasks.backends.dummy.DummyBackend"},
+    }
+    foreign = b.takes_no_batch_id.using(backend="elsewhere")
+    given = {"task": b.member, "on_finish": b.on_finish, argument: foreign}
+    with pytest.raises(
+        InvalidTaskCall,
+        match=rf"enqueue_batch\(\): {argument} .*takes_no_batch_id is on backend 'elsewhere' "
+        r"\(DummyBackend\), not a k2b_workflows.tasks.WorkflowsBackend",
+    ):
+        enqueue_batch(given["task"], calls(2), on_finish=given["on_finish"])
+    assert not TaskBatch.objects.exists()
+
+
+def test_a_member_task_that_is_not_a_task_is_refused(nothing_inserted):
+    with pytest.raises(
+        InvalidTaskCall, match="enqueue_batch\\(\\): task must be a task made with @task"
+    ):
+        enqueue_batch(b.member.func, calls(2), on_finish=b.on_finish)
+    assert not TaskBatch.objects.exists()
+
+
 def test_a_callback_that_does_not_take_batch_id_is_refused(nothing_inserted):
     with pytest.raises(InvalidTaskArguments, match=r"on_finish .*takes_no_batch_id.* batch_id"):
         enqueue_batch(b.member, calls(2), on_finish=b.takes_no_batch_id)
