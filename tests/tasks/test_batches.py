@@ -17,7 +17,7 @@ from django.core.management import call_command
 from django.db import connection, connections
 from django.urls import reverse
 
-from k2b_workflows import EFFECT_CONFIRMED, resolve_effect
+from k2b_workflows import EFFECT_ABSENT, EFFECT_CONFIRMED, cancel_workflow_run, resolve_effect
 from k2b_workflows.kernel import batches
 from k2b_workflows.models import TaskBatch, WorkflowRun
 from k2b_workflows.retention import purge_finished_runs
@@ -129,6 +129,38 @@ def test_no_callback_while_a_member_needs_an_operator_and_once_it_is_resolved():
     assert called(batch.id) == {"on_finish": 1, "on_success": 1}
     run_until_idle()
     assert callback_runs(batch.id) == {"on_finish": 1, "on_success": 1, "on_failure": 0}
+
+
+def stuck_member(batch) -> uuid.UUID:
+    """Run the batch with a crash after the first external call's effect: its member."""
+    with crash_after_effect(b.external_member):
+        run_until_idle()
+    (stuck,) = WorkflowRun.objects.filter(
+        pk__in=[r.id for r in batch.results], status="needs_attention"
+    ).values_list("pk", flat=True)
+    return stuck
+
+
+def test_a_member_found_absent_runs_again_and_holds_the_callbacks_until_its_new_end():
+    batch = enqueue_batch(b.external_member, [((1,), {}), ((2,), {})], **CALLBACKS)
+    stuck = stuck_member(batch)
+    operator = get_user_model().objects.create_superuser("op", "op@example.com", "pw")
+    resolve_effect(stuck, EFFECT_ABSENT, evidence="the provider has no trace", actor=operator)
+    assert WorkflowRun.objects.get(pk=stuck).status == "queued"
+    assert sweep() == 0
+    assert batch_status(batch.id).finished_at is None
+    run_until_idle()
+    assert WorkflowRun.objects.get(pk=stuck).status == "succeeded"
+    assert called(batch.id) == {"on_finish": 1, "on_success": 1}
+
+
+def test_a_member_canceled_by_the_operator_failed_on_finish_and_on_failure_run():
+    batch = enqueue_batch(b.external_member, [((1,), {}), ((2,), {})], **CALLBACKS)
+    stuck = stuck_member(batch)
+    cancel_workflow_run(stuck, reason="the customer withdrew")
+    run_until_idle()
+    assert called(batch.id) == {"on_finish": 1, "on_failure": 1}
+    assert TaskBatch.objects.get(pk=batch.id).outcome == "failed"
 
 
 def test_two_detectors_at_once_enqueue_each_callback_once(monkeypatch):
