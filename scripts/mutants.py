@@ -2098,6 +2098,16 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "batch-running-member-unfinished",
+        "k2b_workflows/kernel/batches.py",
+        '_UNFINISHED = ("queued", "running", "waiting", "needs_attention")',
+        '_UNFINISHED = ("queued", "waiting", "needs_attention")',
+        (
+            "tests/crash/test_batch_restarts.py::"
+            "test_a_batch_drained_through_database_restarts_runs_each_callback_once_after_its_members",
+        ),
+    ),
+    Mutant(
         "batch-callbacks-sealed",
         "k2b_workflows/kernel/batches.py",
         "        if problem is not None:\n",
