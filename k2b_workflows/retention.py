@@ -30,7 +30,14 @@ _APPEND_ONLY = (
     "k2b_workflows.BudgetCharge:charge_append_only",
 )
 
-_ROOTS_SQL = """
+#: A uuid's text: what is cast to uuid is matched first, so that a value that is not
+#: one (the runtime role can write these rows) names nothing, rather than raising an
+#: error that would stop every purge.
+_UUID_TEXT = "'^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$'"
+#: The batch of run ``d`` as a uuid, for a lookup by primary key (NULL: none).
+_BATCH_OF_D = f"CASE WHEN d.input ->> 'batch' ~ {_UUID_TEXT} THEN (d.input ->> 'batch')::uuid END"
+
+_ROOTS_SQL = f"""
 SELECT r.id FROM k2b_run r
  WHERE r.parent_id IS NULL
    AND r.status IN ('succeeded', 'failed', 'canceled') AND r.finished_at < %s
@@ -40,8 +47,7 @@ SELECT r.id FROM k2b_run r
                            OR d.finished_at IS NULL OR d.finished_at >= %s
                            OR (d.input ? 'batch' AND EXISTS (
                                  SELECT 1 FROM k2b_task_batch b
-                                  WHERE b.finished_at IS NULL
-                                    AND b.id::text = d.input ->> 'batch'))))
+                                  WHERE b.id = {_BATCH_OF_D} AND b.finished_at IS NULL))))
  ORDER BY r.finished_at
  LIMIT %s
 """
@@ -62,17 +68,18 @@ _DELETES = (
 
 #: Batches finished before the cutoff with no member and no callback's run left, the
 #: runs of this pass's trees (``%s``, deleted just before, or counted as gone by a dry
-#: run) apart. A callback's run id that is not a uuid names no run.
+#: run) apart.
 _BATCHES_SQL = f"""
 DELETE FROM k2b_task_batch WHERE id IN (
 SELECT b.id FROM k2b_task_batch b
  WHERE b.finished_at < %s
    AND NOT EXISTS (SELECT 1 FROM k2b_run
                     WHERE {batches.MEMBER_OF.format(batch="b.id::text")} AND id <> ALL(%s))
-   AND NOT EXISTS (SELECT 1 FROM jsonb_each_text(COALESCE(b.callback_runs, '{{}}'::jsonb)) c
-                     JOIN k2b_run cr
-                       ON cr.id = CASE WHEN c.value ~ '^[0-9a-fA-F-]{{36}}$' THEN c.value::uuid END
-                    WHERE cr.id <> ALL(%s))
+   AND NOT EXISTS (SELECT 1 FROM k2b_run cr
+                    WHERE cr.id = ANY(ARRAY(
+                            SELECT CASE WHEN c.value ~ {_UUID_TEXT} THEN c.value::uuid END
+                              FROM jsonb_each_text(COALESCE(b.callback_runs, '{{}}'::jsonb)) c))
+                      AND cr.id <> ALL(%s))
  ORDER BY b.finished_at
  LIMIT %s)
 """

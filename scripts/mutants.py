@@ -2135,9 +2135,29 @@ MUTANTS = (
     Mutant(
         "retention-batch-kept-while-a-callback-run-is-left",
         "k2b_workflows/retention.py",
-        "                    WHERE cr.id <> ALL(%s))",
-        "                    WHERE FALSE AND cr.id <> ALL(%s))",
+        "                      AND cr.id <> ALL(%s))",
+        "                      AND FALSE AND cr.id <> ALL(%s))",
         ("tests/tasks/test_batches.py::test_a_batch_stays_while_one_of_its_runs_is_left",),
+    ),
+    Mutant(
+        "retention-batch-id-text-matched-before-cast",
+        "k2b_workflows/retention.py",
+        "f\"CASE WHEN d.input ->> 'batch' ~ {_UUID_TEXT} THEN (d.input ->> 'batch')::uuid END\"",
+        "\"(d.input ->> 'batch')::uuid\"",
+        (
+            "tests/tasks/test_batches.py::"
+            "test_a_batch_id_that_is_not_a_uuid_in_a_row_does_not_stop_the_purge",
+        ),
+    ),
+    Mutant(
+        "retention-callback-run-id-text-matched-before-cast",
+        "k2b_workflows/retention.py",
+        "SELECT CASE WHEN c.value ~ {_UUID_TEXT} THEN c.value::uuid END",
+        "SELECT c.value::uuid",
+        (
+            "tests/tasks/test_batches.py::"
+            "test_a_batch_id_that_is_not_a_uuid_in_a_row_does_not_stop_the_purge",
+        ),
     ),
     Mutant(
         "burst-worker-last-batch-pass",

@@ -308,6 +308,25 @@ def test_members_of_a_batch_whose_callbacks_wait_are_kept_whatever_their_age(mon
     assert called(batch.id) == {"on_finish": 1, "on_failure": 1}
 
 
+def test_a_batch_id_that_is_not_a_uuid_in_a_row_does_not_stop_the_purge():
+    """The runtime role can write runs' inputs and batch rows: a value that is not a
+    uuid names no batch and no run, rather than failing every purge with a cast error."""
+    batch = enqueue_batch(b.member, calls(2), on_finish=b.on_finish)
+    run_until_idle()
+    members, callbacks = members_and_callbacks(batch)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE k2b_run SET input = jsonb_set(input, '{batch}', '\"nope\"') WHERE id = %s",
+            [members[0]],
+        )
+    TaskBatch.objects.filter(pk=batch.id).update(callback_runs={"on_finish": "nope"})
+    age(batch.id, [*members, *callbacks])
+    waiting = enqueue_batch(b.member, calls(1))  # an open batch: members are looked up
+    purged = purge_finished_runs(older_than=MONTH)
+    assert (purged["run trees"], purged["task batches"]) == (3, 1)
+    assert list(TaskBatch.objects.values_list("pk", flat=True)) == [waiting.id]
+
+
 def test_purgeworkflows_deletes_finished_batches():
     batch = enqueue_batch(b.member, calls(2), on_finish=b.on_finish)
     run_until_idle()
