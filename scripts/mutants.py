@@ -2098,11 +2098,66 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "batch-running-member-unfinished",
+        "k2b_workflows/kernel/batches.py",
+        '_UNFINISHED = ("queued", "running", "waiting", "needs_attention")',
+        '_UNFINISHED = ("queued", "waiting", "needs_attention")',
+        (
+            "tests/crash/test_batch_restarts.py::"
+            "test_a_batch_drained_through_database_restarts_runs_each_callback_once_after_its_members",
+        ),
+    ),
+    Mutant(
         "batch-callbacks-sealed",
         "k2b_workflows/kernel/batches.py",
         "        if problem is not None:\n",
         "        if False:\n",
         ("tests/tasks/test_batches.py::test_a_callback_changed_in_the_batch_row_is_refused",),
+    ),
+    Mutant(
+        "retention-keeps-members-of-open-batches",
+        "k2b_workflows/retention.py",
+        "                           OR (d.input ? 'batch' AND EXISTS (\n",
+        "                           OR (FALSE AND EXISTS (\n",
+        (
+            "tests/tasks/test_batches.py::"
+            "test_members_of_a_batch_whose_callbacks_wait_are_kept_whatever_their_age",
+        ),
+    ),
+    Mutant(
+        "retention-batch-kept-while-a-member-is-left",
+        "k2b_workflows/retention.py",
+        "                    WHERE {batches.MEMBER_OF.format(batch="
+        '"b.id::text")} AND id <> ALL(%s))',
+        "                    WHERE FALSE AND id <> ALL(%s))",
+        ("tests/tasks/test_batches.py::test_a_batch_stays_while_one_of_its_runs_is_left",),
+    ),
+    Mutant(
+        "retention-batch-kept-while-a-callback-run-is-left",
+        "k2b_workflows/retention.py",
+        "                      AND cr.id <> ALL(%s))",
+        "                      AND FALSE AND cr.id <> ALL(%s))",
+        ("tests/tasks/test_batches.py::test_a_batch_stays_while_one_of_its_runs_is_left",),
+    ),
+    Mutant(
+        "retention-batch-id-text-matched-before-cast",
+        "k2b_workflows/retention.py",
+        "f\"CASE WHEN d.input ->> 'batch' ~ {_UUID_TEXT} THEN (d.input ->> 'batch')::uuid END\"",
+        "\"(d.input ->> 'batch')::uuid\"",
+        (
+            "tests/tasks/test_batches.py::"
+            "test_a_batch_id_that_is_not_a_uuid_in_a_row_does_not_stop_the_purge",
+        ),
+    ),
+    Mutant(
+        "retention-callback-run-id-text-matched-before-cast",
+        "k2b_workflows/retention.py",
+        "SELECT CASE WHEN c.value ~ {_UUID_TEXT} THEN c.value::uuid END",
+        "SELECT c.value::uuid",
+        (
+            "tests/tasks/test_batches.py::"
+            "test_a_batch_id_that_is_not_a_uuid_in_a_row_does_not_stop_the_purge",
+        ),
     ),
     Mutant(
         "burst-worker-last-batch-pass",
