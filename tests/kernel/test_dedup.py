@@ -150,3 +150,42 @@ def test_insert_params_are_djangos_for_a_task_run_a_child_and_a_budget_account()
     with pytest.warns(RuntimeWarning):
         _same(ours, _djangos_params(naive, connection))
 
+
+def test_unsaved_builds_the_instance_django_builds_from_keywords():
+    """``starts.unsaved`` (positional, as a row read back) gives what ``Model(**values)``
+    gives: every column, defaults included, and a new unsaved state (#52)."""
+    import datetime as dt
+    import uuid
+
+    from k2b_workflows.kernel import starts
+    from k2b_workflows.models import BudgetAccount, WorkflowRun
+
+    now = dt.datetime.now(dt.UTC)
+    run_id = uuid.uuid4()
+    values = {
+        "id": run_id,
+        "workflow_name": "w",
+        "workflow_version": 2,
+        "app_id": "a",
+        "status": "queued",
+        "input": {"x": [1]},
+        "created_at": now,
+        "updated_at": now,
+        "run_after": now,
+        "root_id": run_id,
+        "priority": 3,
+    }
+    for model, given in (
+        (WorkflowRun, values),
+        (BudgetAccount, {"root_id": run_id, "effect_budget": {"usd": 1}, "max_steps": 4}),
+    ):
+        ours, djangos = starts.unsaved(model, dict(given)), model(**given)
+        for field in model._meta.concrete_fields:
+            assert getattr(ours, field.attname) == getattr(djangos, field.attname), field.name
+        assert (ours._state.adding, ours._state.db) == (True, None)
+    # A default that is a callable is called for each instance, not shared.
+    first, second = starts.unsaved(BudgetAccount, {}), starts.unsaved(BudgetAccount, {})
+    assert first.effect_budget == second.effect_budget
+    assert first.effect_budget is not second.effect_budget or first.effect_budget is None
+    with pytest.raises(TypeError, match="unexpected columns: root, typo"):
+        starts.unsaved(WorkflowRun, {"typo": 1, "root": None, "id": run_id})
