@@ -70,8 +70,10 @@ MUTANTS = (
     Mutant(
         "task-enqueue-on-callers-connection",
         "k2b_workflows/kernel/starts.py",
-        "    with transaction.mark_for_rollback_on_error(using), connection.cursor() as cursor:",
-        "    with db.autocommit_connection(using) as own, own.cursor() as cursor:",
+        "        created = bool(db.fetch_statement(using, sql, params))",
+        "        with db.autocommit_connection(using) as own, own.cursor() as cursor:\n"
+        "            cursor.execute(sql, params)\n"
+        "            created = cursor.fetchone() is not None",
         (
             "tests/tasks/test_contract.py::test_an_enqueue_rolled_back_never_runs",
             "tests/tasks/test_workers.py::"
