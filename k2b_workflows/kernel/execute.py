@@ -293,6 +293,7 @@ class Execution:
         backup_ref: str | None = None,
     ) -> Any:
         action = as_action(action)
+        self.stop_if_asked(self.next_seq)
         stopping = self.stop_requested is not None and self.stop_requested.is_set()
         if (
             stopping
@@ -413,6 +414,17 @@ class Execution:
             path = self._paths[kind] = kind(self, self.journal, self.ending)
         return path
 
+    def stop_if_asked(self, seq: int) -> None:
+        """A cancel was asked of this run (#49): no new step starts. The run ends canceled
+        here, with the last step's deferred success (its end carries it). A journaled
+        step still replays, and a step whose dispatched effect has no known outcome is
+        settled first (its reconcile, or an operator): evidence is never dropped."""
+        if not self.cancel_requested.is_set():
+            return
+        if seq in self.journal.entries or seq in self.journal.open_steps():
+            return
+        self.ending.canceled(f"canceled before step {seq}")
+
     def check_shutdown(self) -> None:
         """The worker is shutting down: hand the run back before its next step."""
         if self.stop_requested is not None and self.stop_requested.is_set():
@@ -484,6 +496,7 @@ class Execution:
 
     def begin_marker(self) -> int:
         """Take the next position for a kernel step, after the previous step's success."""
+        self.stop_if_asked(self.next_seq)
         self.journal.flush_pending()
         self.check_shutdown()
         self.retry_policy = None

@@ -102,6 +102,8 @@ class LeaseKeeper:
     #: Held while a tick talks to the database (see ``paused``).
     _ticking: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
+    #: Set to look at the held runs now, not at the next tick (``look_now``).
+    _poke: threading.Event = field(default_factory=threading.Event)
     _connecting: threading.Lock = field(default_factory=threading.Lock)
     _thread: threading.Thread | None = None
     _conn: Any = None
@@ -228,8 +230,21 @@ class LeaseKeeper:
             self._connection()
         self._loop()
 
+    def look_now(self, run_id: str) -> None:
+        """A cancel of ``run_id`` was asked (the listener heard it, #49): if this process
+        executes it, look at its held runs at once rather than at the next tick."""
+        try:
+            key = uuid.UUID(run_id)
+        except ValueError:
+            return
+        with self._lock:
+            held = key in self._runs
+        if held:
+            self._poke.set()
+
     def stop(self) -> None:
         self._stop.set()
+        self._poke.set()
         if self._thread:
             self._thread.join(timeout=5)
         self._drop_connection()
@@ -370,7 +385,13 @@ class LeaseKeeper:
         last_renew = 0.0
         backoff = weather.Backoff(first=CHECK_INTERVAL_S, cap=2.0)
         delay = CHECK_INTERVAL_S
-        while not self._stop.wait(delay):
+        while True:
+            # Woken early by ``look_now`` (a cancel asked of a run we hold) or ``stop``.
+            self._poke.wait(delay)
+            if self._stop.is_set():
+                break
+            look = self._poke.is_set()
+            self._poke.clear()
             try:
                 renew_every = settings.lease_ms() / 3000
                 renew = time.monotonic() - last_renew >= renew_every
@@ -378,7 +399,7 @@ class LeaseKeeper:
                 # opened only when a lease is due may not be there to be had.
                 self._connection()
                 with self._ticking:
-                    self.tick(renew=renew)
+                    self.tick(renew=renew, look=look)
                 if renew:
                     last_renew = time.monotonic()
                 backoff.reset()
@@ -400,7 +421,9 @@ class LeaseKeeper:
                     if self._conn is not None and self._conn.broken:
                         self._drop_connection()
 
-    def tick(self, *, renew: bool) -> None:
+    def tick(self, *, renew: bool, look: bool = False) -> None:
+        """Renew the held leases (``renew``), else look at the runs whose action has run
+        a while; ``look``: at every held run (a cancel was asked of one of them)."""
         now = clock.monotonic()
         self._give_back_calls()
         with self._lock:
@@ -409,7 +432,7 @@ class LeaseKeeper:
             leaving = bool(self._leaving)
         if leaving:
             self._send_leaves(self._connection())
-        if not renew:
+        if not renew and not look:
             # Between renewals only an action that has run for a while can use the
             # abort signal: a short one ends first, and its run's next write is
             # fenced anyway. Checking every held run four times a second would be
