@@ -1,11 +1,12 @@
 """A run canceled, or taken over, while its last step ran: the claim's late end (#51).
 
 A cancel that ends the run at once (``control.cancel_run``, as a timeout does:
-``cancel_workflow_run`` only asks a running run, #49) does not cut the step's call: when it returns,
-its claim still holds a result and an end to write, for a run that is no longer
-its own. That end is refused by the fence once, said in one line, the result kept
-as late evidence where the kernel keeps one; it is not tried again another way
-(as read, then statement by statement) for the database to refuse each time.
+``cancel_workflow_run`` only asks a running run, #49) does not cut the step's call:
+when it returns, its claim still holds a result and an end to write, for a run that
+is no longer its own. That end is refused by the fence once, said in one line, the
+result kept as late evidence where the kernel keeps one; it is not tried again
+another way (as read, then statement by statement) for the database to refuse each
+time.
 
 Each test claims a run as a worker does and ends it directly (``RunEnding``), as
 ``test_run_ending.py`` does; what the end sends is counted by spying on the

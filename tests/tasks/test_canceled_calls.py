@@ -1,11 +1,11 @@
 """A task canceled while its call runs, under a real ``runworkflows`` (#51).
 
 An end at once (``control.cancel_run``, as a timeout ends a run; ``cancel`` and
-``cancel_workflow_run`` only ask a running call, #49) does not cut the call, and returns later into a
-run that is no longer its worker's. That late end must be refused by the run's
-fence, in one clear line, and never sent to the database as an end for it to
-reject: the canceled run stays as the cancel left it, its chains verify, an
-external call's answer is kept as late evidence, and the worker goes on.
+``cancel_workflow_run`` only ask a running call, #49) does not cut the call, and it
+returns later into a run that is no longer its worker's. That late end must be
+refused by the run's fence, in one clear line, and never sent to the database as an
+end for it to reject: the canceled run stays as the cancel left it, its chains
+verify, an external call's answer is kept as late evidence, and the worker goes on.
 """
 
 from __future__ import annotations
