@@ -57,7 +57,7 @@ class Mutant:
 
 
 #: The guard that ends an asked run before its next step (``Execution.stop_if_asked``).
-_STOPS_THE_NEXT_STEP = "        if not self.cancel_requested.is_set():\n            return\n"
+_STOPS_THE_NEXT_STEP = "        if not self._asked_now():\n            return\n"
 _STARTS_THE_NEXT_STEP = "        if True:\n            return\n"
 
 MUTANTS = (

@@ -45,6 +45,9 @@ CHECK_INTERVAL_S = 0.25
 
 _ENDED = frozenset({"succeeded", "failed", "canceled"})
 
+#: Cancels heard of runs this process did not execute yet, kept for when it does.
+MAX_TOLD = 1000
+
 
 @dataclass
 class _Held:
@@ -104,6 +107,9 @@ class LeaseKeeper:
     _stop: threading.Event = field(default_factory=threading.Event)
     #: Set to look at the held runs now, not at the next tick (``look_now``).
     _poke: threading.Event = field(default_factory=threading.Event)
+    #: Runs a cancel was asked of that this process does not execute yet (a run claimed
+    #: ahead, or about to be): told when its execution starts (``track``). Bounded.
+    _told: dict[Any, None] = field(default_factory=dict)
     _connecting: threading.Lock = field(default_factory=threading.Lock)
     _thread: threading.Thread | None = None
     _conn: Any = None
@@ -119,6 +125,10 @@ class LeaseKeeper:
     ) -> None:
         with self._lock:
             self._runs[run_id] = _Held(generation, event, asked=asked)
+            if asked is not None and run_id in self._told:
+                # Asked while it waited here, claimed ahead (#49): its execution is told.
+                del self._told[run_id]
+                asked.set()
 
     def untrack(self, run_id: uuid.UUID) -> None:
         with self._lock:
@@ -239,8 +249,19 @@ class LeaseKeeper:
             return
         with self._lock:
             held = key in self._runs
+            if not held:
+                # Perhaps claimed by this worker a moment from now: told when it starts.
+                # A run of another worker's costs an entry, dropped past the bound.
+                self._remember_told(key)
         if held:
             self._poke.set()
+
+    def _remember_told(self, run_id: Any) -> None:
+        """Keep that ``run_id`` was asked until its execution starts (``track``); under
+        ``_lock``. The oldest entries go past ``MAX_TOLD``."""
+        self._told[run_id] = None
+        while len(self._told) > MAX_TOLD:
+            self._told.pop(next(iter(self._told)))
 
     def stop(self) -> None:
         self._stop.set()
@@ -491,8 +512,14 @@ class LeaseKeeper:
         """Tell the calls of ``asked`` that ``tasks.cancel`` asked them to stop (#49)."""
         for run_id in asked:
             held = runs.get(run_id)
-            if held is not None and held.asked is not None:
+            if held is None:
+                continue
+            if held.asked is not None:
                 held.asked.set()
+            else:
+                # Claimed ahead, its execution not started: told when it starts (#49).
+                with self._lock:
+                    self._remember_told(run_id)
 
     def _mark(self, runs: dict[Any, _Held], states: dict[Any, tuple]) -> None:
         for run_id, (status, generation) in states.items():

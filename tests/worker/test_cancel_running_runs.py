@@ -120,3 +120,33 @@ def test_a_queued_run_still_ends_at_once():
     assert (canceled.status, canceled.error_code) == ("canceled", "CANCELED")
     assert canceled.cancel_requested_at is None
     assert ledger_kinds(run) == ["canceled"]
+
+
+@pytest.mark.parametrize("threads", ["1", "2"], ids=["queued-child", "running-child"])
+def test_the_children_of_a_running_run_are_asked_or_canceled(start_worker, wait, threads):
+    """A running child is asked as its parent is; a queued one ends at once; neither
+    starts a step after the request."""
+    worker = start_worker("--concurrency", threads)
+    parent = start_workflow_run("holders.parent_then_ship", {})
+    wait(
+        lambda: len(_calls("holders.started")) == int(threads),
+        timeout=TIMEOUT,
+        message=lambda: f"the steps to start:\n{worker.report()}",
+    )
+    (child,) = WorkflowRun.objects.filter(parent_id=parent.pk)
+    cancel_workflow_run(parent.pk, "stop the family")
+    if threads == "1":
+        # Queued: ended at once; or claimed ahead by the worker (prefetched, not started):
+        # asked, and its claim ends it before its step.
+        now = fresh(child)
+        assert now.status == "canceled" or now.cancel_requested_at, describe(child)
+    else:
+        assert fresh(child).status == "running" and fresh(child).cancel_requested_at
+        _release(child)
+    _release(parent, step=1)
+    for run in (parent, child):
+        done = _ended(worker, wait, run)
+        assert (done.status, done.error_code) == ("canceled", "CANCELED"), describe(run)
+    assert len(_calls("holders.started")) == int(threads)  # the queued child never ran
+    assert _calls("holders.shipped") == []
+    assert "FAILED" not in verify(), verify()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 
-from k2b_workflows import Action, Effect, failed, succeeded, workflow
+from k2b_workflows import Action, Effect, create_child_workflow_runs, failed, succeeded, workflow
 from tests.models import ProviderCall
 
 from .fence import gate
@@ -126,6 +126,14 @@ def charge_then_ship(run, input):
 
 @workflow("holders.held_then_ship", app_id="tests")
 def held_then_ship(run, input):
+    held = run.step(Held, input)
+    run.step(Ship, {})
+    return held
+
+
+@workflow("holders.parent_then_ship", app_id="tests")
+def parent_then_ship(run, input):
+    create_child_workflow_runs(run, "holders.held_then_ship", [{}])
     held = run.step(Held, input)
     run.step(Ship, {})
     return held
