@@ -11,11 +11,14 @@ anything. A run that is not running (queued, parked) still ends at once.
 
 from __future__ import annotations
 
+import threading
 import time
+import uuid
 
 import pytest
 
 from k2b_workflows import cancel_workflow_run, start_workflow_run
+from k2b_workflows.kernel.leases import LeaseKeeper
 from k2b_workflows.models import WorkflowRun
 from tests.models import ProviderCall
 from tests.support.kernel import describe, fresh, journal, ledger_kinds
@@ -150,3 +153,22 @@ def test_the_children_of_a_running_run_are_asked_or_canceled(start_worker, wait,
     assert len(_calls("holders.started")) == int(threads)  # the queued child never ran
     assert _calls("holders.shipped") == []
     assert "FAILED" not in verify(), verify()
+
+
+@pytest.mark.django_db(transaction=False)
+def test_a_cancel_heard_before_the_execution_starts_is_told_to_it():
+    """A run claimed ahead (tracked with no event yet), or not claimed yet, when the
+    notification came: its execution's event is set as it starts, and only then."""
+    keeper = LeaseKeeper("default")
+    early, ahead = uuid.uuid4(), uuid.uuid4()
+    keeper.look_now(str(early))  # not held here yet
+    keeper.track(ahead, 1, threading.Event())  # claimed ahead: renewed, not executing
+    keeper._asked({ahead: keeper._runs[ahead]}, {ahead})  # a tick found it asked
+    keeper.look_now("not a run id")  # ignored
+    for run_id in (early, ahead):
+        asked = threading.Event()
+        keeper.track(run_id, 1, threading.Event(), asked=asked)
+        assert asked.is_set(), run_id
+    again = threading.Event()
+    keeper.track(early, 1, threading.Event(), asked=again)  # told once
+    assert not again.is_set()
