@@ -117,6 +117,25 @@ def test_a_run_whose_worker_is_killed_after_the_request_ends_canceled_at_the_tak
     assert "FAILED" not in verify(), verify()
 
 
+def test_an_external_step_in_doubt_after_the_request_goes_to_an_operator(start_worker, wait):
+    """Killed inside an external call after the request: the takeover does not end the
+    run canceled over an effect that may have happened; with no reconcile, an operator
+    decides, as after any crash, and no further step starts."""
+    worker = start_worker("--concurrency", "1")
+    run = start_workflow_run("holders.held_charge_then_ship", {})
+    _started(worker, wait)
+    cancel_workflow_run(run.pk, "stop")
+    worker.kill()  # SIGKILL, inside the external call
+    other = start_worker("--concurrency", "1")
+    done = _ended(other, wait, run)
+    assert (done.status, done.error_code) == ("needs_attention", "EFFECT_OUTCOME_UNKNOWN"), (
+        describe(run)
+    )
+    assert ledger_kinds(run)[0] == "dispatched"
+    assert len(_calls("holders.started")) == 1
+    assert _calls("holders.shipped") == []
+
+
 def test_a_queued_run_still_ends_at_once():
     run = start_workflow_run("holders.held_then_ship", {})
     canceled = cancel_workflow_run(run.pk, "not wanted")

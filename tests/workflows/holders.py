@@ -137,3 +137,17 @@ def parent_then_ship(run, input):
     held = run.step(Held, input)
     run.step(Ship, {})
     return held
+
+
+class HeldCharge(Held):
+    """EXTERNAL with no ``reconcile``: an outcome a crash leaves unknown is an operator's."""
+
+    name = "holders.held_charge"
+    effect = Effect.EXTERNAL
+
+
+@workflow("holders.held_charge_then_ship", app_id="tests")
+def held_charge_then_ship(run, input):
+    charge = run.step(HeldCharge, input)
+    run.step(Ship, {})
+    return charge
