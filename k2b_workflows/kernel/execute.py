@@ -181,12 +181,13 @@ class Execution:
             self._verify_loaded(loaded)
             if run.cancel_requested_at is not None:
                 # Asked to stop before this claim (a crash, a retry queued as the cancel
-                # committed): no further attempt of a canceled call starts (#49). An
-                # external effect in doubt is settled first, as after any crash (its
-                # reconcile, or an operator): only a retry is refused (``RunEnding``).
+                # committed): no further attempt of a canceled call, no further step of
+                # a canceled run starts (#49). An external effect in doubt is settled
+                # first, as after any crash (its reconcile, or an operator): only a
+                # retry, or a new step, is refused (``RunEnding``, ``stop_if_asked``).
                 self.cancel_requested.set()
                 if not self.journal.open_steps():
-                    self.ending.canceled("its call was canceled before this attempt")
+                    self.ending.canceled("canceled before this attempt")
             try:
                 self.definition = get_workflow(run.workflow_name, run.workflow_version)
             except UnknownWorkflow as exc:
