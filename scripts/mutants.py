@@ -56,6 +56,10 @@ class Mutant:
     also: tuple[tuple[str, str], ...] = ()
 
 
+#: The guard that ends an asked run before its next step (``Execution.stop_if_asked``).
+_STOPS_THE_NEXT_STEP = "        if not self._asked_now():\n            return\n"
+_STARTS_THE_NEXT_STEP = "        if True:\n            return\n"
+
 MUTANTS = (
     Mutant(
         "task-external-never-rerun",
@@ -350,8 +354,8 @@ MUTANTS = (
     Mutant(
         "fence-generation",
         "k2b_workflows/kernel/db.py",
-        " WHERE id = %s AND generation = %s AND status = 'running'\nRETURNING id",
-        " WHERE id = %s AND %s IS NOT NULL AND status = 'running'\nRETURNING id",
+        " WHERE id = %s AND generation = %s AND status = 'running'\nRETURNING cancel_requested_at",
+        " WHERE id = %s AND %s IS NOT NULL AND status = 'running'\nRETURNING cancel_requested_at",
         ("tests/crash/test_fence.py",),
     ),
     Mutant(
@@ -1723,8 +1727,8 @@ MUTANTS = (
     Mutant(
         "task-timeout-async",
         "k2b_workflows/tasks/runs.py",
-        "                value = hooks.run_coroutine(value, ctx.canceled, limit, asked=asked)",
-        "                value = hooks.run_coroutine(value, ctx.canceled, asked=asked)",
+        "                value = hooks.run_coroutine(value, ctx.abort, limit, asked=asked)",
+        "                value = hooks.run_coroutine(value, ctx.abort, asked=asked)",
         ("tests/tasks/test_django_options.py::test_an_async_call_is_cancelled_at_its_timeout",),
     ),
     Mutant(
@@ -2002,6 +2006,19 @@ MUTANTS = (
         "            if False:\n",
         (
             "tests/tasks/test_cancel.py::test_a_call_whose_worker_is_killed_after_the_request_is_not_run_again",
+        ),
+        # Its backstop: the step the takeover would start stops the run too.
+        also=((_STOPS_THE_NEXT_STEP, _STARTS_THE_NEXT_STEP),),
+    ),
+    Mutant(
+        # cancel_workflow_run of a running run (#49): its step finishes, the next never starts.
+        "cancel-stops-the-next-step",
+        "k2b_workflows/kernel/execute.py",
+        _STOPS_THE_NEXT_STEP,
+        _STARTS_THE_NEXT_STEP,
+        (
+            "tests/worker/test_cancel_running_runs.py::"
+            "test_a_running_run_is_asked_its_step_commits_and_the_next_never_starts",
         ),
     ),
     Mutant(
