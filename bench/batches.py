@@ -11,7 +11,9 @@ process with ``--threads`` threads. The rate is the members' own: calls over
 the span from the first call's start to the last call's end, as the runs
 record them, so neither the enqueue nor the worker's start-up is in it. The
 batch's line adds when its callback was enqueued (the batch's ``finished_at``)
-after the last member's end. Plain and batch rounds alternate, and the
+after the last member's end, and how often the batch's row was updated
+(``batch_row_updates``: 1, the pass that enqueued the callback; a counter
+design would read 10,000). Plain and batch rounds alternate, and the
 medians are compared: ``ratio`` = batch rate / plain rate. Prints one JSON
 object last.
 """
@@ -45,6 +47,11 @@ SELECT EXTRACT(EPOCH FROM b.finished_at - (SELECT max(finished_at) FROM k2b_run
                                            WHERE task_path = 'bench.tasks_app.tasks.noop')),
        (SELECT count(*) FROM k2b_run WHERE task_path = 'bench.tasks_app.tasks.batch_done')
   FROM k2b_task_batch b
+"""
+
+#: Updates of the batch table's rows over the round (one batch: its row's updates).
+BATCH_ROW_UPDATES_SQL = """
+SELECT n_tup_upd FROM pg_stat_user_tables WHERE relname = 'k2b_task_batch'
 """
 
 
@@ -120,6 +127,10 @@ def one_round(url: str, kind: str, calls: int, threads: int) -> dict[str, Any]:
                 after, callbacks = conn.execute(CALLBACK_SQL).fetchone()
                 row["callback_after_last_end_s"] = None if after is None else round(float(after), 3)
                 row["callback_runs"] = callbacks
+                # No hot row: the batch's row is written once, when its callbacks are
+                # enqueued, not at each member's end (the workers have exited: their
+                # statistics are flushed).
+                row["batch_row_updates"] = conn.execute(BATCH_ROW_UPDATES_SQL).fetchone()[0]
         if done != calls:
             raise RuntimeError(f"{done} of {calls} calls succeeded")
         return row

@@ -39,7 +39,8 @@ users drain a queue) and Procrastinate jobs (one worker, ``--threads``
 concurrency). Every engine is timed the same way: tasks/s from the first
 task's start to the last task's end as the engine itself records them, so
 neither the enqueues nor a worker's start-up count for anyone; the enqueues
-are reported apart (enqueues/s, commits per enqueue), the drain's wall time
+are reported apart (enqueues/s, commits per enqueue, and the CPU per enqueue of
+the enqueuing process and of its server backend, #52), the drain's wall time
 beside. pgbench with 2 clients runs beside them, and ``enqueue_many`` of
 ``--many`` calls against as many ``enqueue()`` calls.
 """
@@ -250,14 +251,32 @@ def _enqueue_noops(runs: int) -> dict[str, Any]:
     backend of this process's ``TASKS``; nothing runs them yet."""
     from django.db import connection
 
+    from bench.run import _proc_cpu_s
     from bench.tasks_app.tasks import noop
 
+    backend = None
+    if runs:
+        # The server's CPU of these enqueues: their backend's, from /proc (a server
+        # on this host), read on its connection before the first and after the last.
+        noop.enqueue(-1)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            backend = cursor.fetchone()[0]
+        runs -= 1
+    server0, client0 = _proc_cpu_s(backend) if backend else 0.0, time.process_time()
     t0 = time.monotonic()
     for n in range(runs):
         noop.enqueue(n)
     seconds = time.monotonic() - t0
+    client, server = time.process_time() - client0, _proc_cpu_s(backend) if backend else 0.0
     connection.close()
-    return {"seconds": seconds, "own": 0}
+    return {
+        "seconds": seconds,
+        "own": 1 if backend else 0,
+        "timed": runs,
+        "client_us": round(client * 1e6 / runs, 1) if runs else None,
+        "server_us": round((server - server0) * 1e6 / runs, 1) if runs else None,
+    }
 
 
 def _span(query: str, runs: int) -> dict[str, Any]:
@@ -461,7 +480,9 @@ def run_task_engine(engine: str, url: str, runs: int, threads: int) -> dict[str,
         "version": version(engine),
         "tasks_per_s": round(runs / drained["span"], 1),
         "drain_wall_s": round(drained["seconds"], 2),
-        "enqueues_per_s": round(runs / queued["seconds"], 1),
+        "enqueues_per_s": round(queued.get("timed", runs) / queued["seconds"], 1),
+        "enqueue_client_us": queued.get("client_us"),
+        "enqueue_server_us": queued.get("server_us"),
         "commits_per_task": round((drained["commits"] - idle_drain["commits"]) / runs, 2),
         "enqueue_commits_per_task": round((queued["commits"] - idle_enqueue["commits"]) / runs, 2),
     }
@@ -489,24 +510,27 @@ def tasks_main(url: str, runs: int, threads: int, many: int, engines: list[str])
         f"\n{runs} no-op tasks on a full queue; same server, one invocation; pgbench c=2: "
         f"{tps} tps. tasks/s: from the first task's start to the last task's end as each "
         "engine records them (enqueues and worker start-up not included); commits/task: "
-        "the drain's; enqueues: one transaction each, measured apart\n"
+        "the drain's; enqueues: one transaction each, measured apart, with the CPU "
+        "of the enqueuing process (client) and of its server backend (/proc) per enqueue\n"
     )
     print(
         "| engine | version | tasks/s | vs django-tasks-db | commits/task | "
-        "tasks/s over pgbench tps | drain wall s | enqueues/s | commits/enqueue |"
+        "tasks/s over pgbench tps | drain wall s | enqueues/s | commits/enqueue | "
+        "client + server CPU µs/enqueue |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     peer = next((r for r in rows if r["engine"] == "django-tasks-db" and "error" not in r), None)
     for r in rows:
         if "error" in r:
-            print(f"| {r['engine']} | {r['version']} | - | - | - | - | - | - | {r['error']} |")
+            print(f"| {r['engine']} | {r['version']} | - | - | - | - | - | - | - | {r['error']} |")
             continue
         ratio = round(r["tasks_per_s"] / tps, 3) if tps else "-"
         times = f"{r['tasks_per_s'] / peer['tasks_per_s']:.1f}x" if peer else "-"
         print(
             f"| {r['engine']} | {r['version']} | {r['tasks_per_s']} | {times} | "
             f"{r['commits_per_task']} | {ratio} | {r['drain_wall_s']} | "
-            f"{r['enqueues_per_s']} | {r['enqueue_commits_per_task']} |"
+            f"{r['enqueues_per_s']} | {r['enqueue_commits_per_task']} | "
+            f"{r['enqueue_client_us'] or '-'} + {r['enqueue_server_us'] or '-'} |"
         )
     if "error" in speed:
         print(f"\nenqueue_many: could not run: {speed['error']}")

@@ -287,10 +287,12 @@ class StepContext(Protocol):
     this execution holds. ``tx`` is set for TRANSACTIONAL steps only: the open
     ``transaction.atomic`` the journal commits in (``ctx.tx.using`` is its
     alias). ``principal`` is the JSON given as ``principal=`` to
-    ``start_workflow_run``. ``canceled`` is set when the run is canceled or
-    the lease is lost. ``deadline_passed`` is True when this step parked on a
-    wait with a deadline and runs again because the deadline passed (rather
-    than being woken).
+    ``start_workflow_run``. ``canceled`` is set when the run ended under the
+    step (a timeout, a lost lease: what it returns is discarded) and once a
+    cancel asked the run to stop (``cancel_workflow_run``: the step may stop
+    early, and what it returns is still its result). ``deadline_passed`` is
+    True when this step parked on a wait with a deadline and runs again
+    because the deadline passed (rather than being woken).
     """
 
     run_id: uuid.UUID

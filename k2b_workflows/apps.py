@@ -13,11 +13,9 @@ class K2BWorkflowsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import (
-            checks,  # noqa: F401  (registers the system checks)
-            schedule_models,
-        )
+        from . import checks  # noqa: F401  (registers the system checks)
         from .kernel import schedule_seals
+        from .models import schedules as schedule_models
         from .redaction import install_log_filter
         from .testdb import record_test_database, release_before_drop
 

@@ -207,24 +207,30 @@ def start_workflow_runs(
 
 
 def cancel_workflow_run(run_id: uuid.UUID | str, reason: str) -> WorkflowRun:
-    """Cancel a run and its whole subtree of children, with their AI tasks.
+    """Cancel a run and its whole subtree of children, with their AI tasks (#49).
 
-    Running actions and providers see ``ctx.canceled`` / their abort event;
-    whatever they return afterwards is discarded. A run that already ended is
-    returned unchanged.
+    A queued, waiting or parked run (a needs-attention one too) ends canceled at
+    once with its subtree. A running run is asked, as ``tasks.cancel`` asks a
+    task call: its current step finishes (its result and effect records commit
+    under the fence as usual), then no further step starts and the run ends
+    canceled at its worker's next step boundary; ``ctx.canceled`` turns true in
+    the step within a second. Its running children are asked alike, the others
+    end at once. A run that already ended is returned unchanged.
     """
     if not isinstance(reason, str) or not reason.strip():
         raise InvalidInput("cancel_workflow_run() needs a reason")
     validation.long_text(reason, "the cancel reason")
-    return cancel_run(validation.run_id(run_id), reason)
+    return interventions.request_cancel(settings.database(), validation.run_id(run_id), reason)
 
 
 def cancel_run(
     run_id: uuid.UUID, reason: str, *, code: str = codes.CANCELED, overdue: bool = False
 ) -> WorkflowRun:
-    """``cancel_workflow_run`` with its error code; with ``overdue``, only a run whose
-    ``timeout_at`` has passed and that is still queued, running or waiting, checked
-    under its lock (the timeout sweep, ``worker/timeouts.py``)."""
+    """End a run and its subtree canceled at once, running or not, with ``code``; with
+    ``overdue``, only a run whose ``timeout_at`` has passed and that is still queued,
+    running or waiting, checked under its lock (the timeout sweep,
+    ``worker/timeouts.py``: a timeout is not a request, what a step returns after it
+    is discarded)."""
     return interventions.cancel(settings.database(), run_id, reason, code=code, overdue=overdue)
 
 

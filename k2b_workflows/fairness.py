@@ -6,7 +6,8 @@ drained. A key's runs here take turns with the other keys' among the ready
 runs of one queue and priority (weighted round-robin): each run's place in
 line is its key's previous place plus a step (``1 / weight``), but never
 earlier than the head of the queue, so a key that had nothing queued goes
-next (``kernel/fairness.py`` computes the place, in the database).
+next (``k2b_fair_line``, migration 0036, computes the place in the database,
+when ``triggers.FairLine`` fires).
 
 A plain, validated value: a declaration that cannot mean anything (a key
 that is not among the task's parameters, a weight of zero) is refused where

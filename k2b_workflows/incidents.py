@@ -26,9 +26,8 @@ from typing import TYPE_CHECKING
 from django.db import connections
 
 from . import settings
-from .fleet_models import WorkerRecord
 from .kernel import holders
-from .models import LedgerEntry
+from .models import LedgerEntry, WorkerRecord
 from .redaction import redact_text
 
 if TYPE_CHECKING:

@@ -1,12 +1,13 @@
 """Old import paths of modules that moved, kept working for one release.
 
-The admin, the worker process and the django.tasks backend became packages
-of their own (``k2b_workflows.admin``, ``k2b_workflows.worker``,
-``k2b_workflows.tasks``). A host project that imported one of their modules
-by its old path (``k2b_workflows.logformat`` in a ``LOGGING`` setting,
-``k2b_workflows.health`` in a probe script, ``k2b_workflows.taskruns``) must
-not break on upgrade: the finder below answers for the old names, warns with
-a ``DeprecationWarning`` naming the new path, and hands back the very module
+The admin, the worker process, the django.tasks backend and the models
+became packages of their own (``k2b_workflows.admin``, ``k2b_workflows.worker``,
+``k2b_workflows.tasks``, ``k2b_workflows.models``). A host project that
+imported one of their modules by its old path (``k2b_workflows.logformat`` in a
+``LOGGING`` setting, ``k2b_workflows.health`` in a probe script,
+``k2b_workflows.taskruns``, ``k2b_workflows.schedule_models``) must not break
+on upgrade: the finder below answers for the old names, warns with a
+``DeprecationWarning`` naming the new path, and hands back the very module
 object that lives there, so a monkeypatch or an ``isinstance`` through either
 path sees one module. No file stands at an old path.
 """
@@ -41,6 +42,15 @@ MOVED: dict[str, str] = {
     "k2b_workflows.topology": "k2b_workflows.worker.topology",
     "k2b_workflows.wakeups": "k2b_workflows.worker.wakeups",
     "k2b_workflows.taskruns": "k2b_workflows.tasks.runs",
+    "k2b_workflows.ai_models": "k2b_workflows.models.ai",
+    "k2b_workflows.batch_models": "k2b_workflows.models.batches",
+    "k2b_workflows.budget_models": "k2b_workflows.models.budgets",
+    "k2b_workflows.fleet_models": "k2b_workflows.models.fleet",
+    "k2b_workflows.flow_models": "k2b_workflows.models.flow",
+    "k2b_workflows.overview_models": "k2b_workflows.models.overview",
+    "k2b_workflows.progress_models": "k2b_workflows.models.progress",
+    "k2b_workflows.queue_models": "k2b_workflows.models.queues",
+    "k2b_workflows.schedule_models": "k2b_workflows.models.schedules",
 }
 
 

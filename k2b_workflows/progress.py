@@ -24,7 +24,7 @@ from .exceptions import InvalidInput
 from .kernel import clock
 from .kernel import progress as writer
 from .models import WorkflowRun
-from .progress_models import MAX_NOTE, RunProgress
+from .models.progress import MAX_NOTE, RunProgress
 
 #: The largest count a bar takes: PostgreSQL's bigint.
 MAX_COUNT = 2**63 - 1

@@ -21,7 +21,7 @@ from . import settings, validation
 from .control import start_workflow_run
 from .exceptions import InvalidInput, InvalidSchedule
 from .models import WorkflowRun, WorkflowSchedule
-from .schedule_models import NOW_SQL
+from .models.schedules import NOW_SQL
 from .schedules import SCHEDULED_FOR, Schedule, iso
 from .workflows import get_workflow, registered_workflows
 

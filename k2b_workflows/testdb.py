@@ -1,9 +1,10 @@
 """Which databases Django's test runner created: the only ones ``flush`` may empty.
 
 The journal, the ledger and the budget charges are append-only: the database
-refuses ``UPDATE``, ``DELETE`` and ``TRUNCATE`` of them (``models.py``). Django
-empties every table with ``manage.py flush`` after each ``TransactionTestCase``
-(and each pytest-django test marked ``transaction=True``), and that flush
+refuses ``UPDATE``, ``DELETE`` and ``TRUNCATE`` of them (``models/journal.py``,
+``models/budgets.py``). Django empties every table with ``manage.py flush``
+after each ``TransactionTestCase`` (and each pytest-django test marked
+``transaction=True``), and that flush
 failed on them in every project, with "k2b_journal is append-only, TRUNCATE is
 refused". A bypass that a production process could reach by accident would
 make the evidence deletable; one that no test could reach would make the

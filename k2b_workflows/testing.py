@@ -235,7 +235,7 @@ def crash_after_effect(action: Any, *, times: int = 1) -> Iterator[list[Any]]:
     def run(self: Any, ctx: Any, input: Any) -> Any:
         result = original(self, ctx, input)
         if inspect.iscoroutine(result):  # an async def run(): its effect happens here
-            result = hooks.run_coroutine(result, ctx.canceled)
+            result = hooks.run_coroutine(result, ctx.abort)
         if path is not None and input.get("task") != path:
             return result  # another task's call
         if remaining[0] > 0:

@@ -319,11 +319,11 @@ class SlotNeverInserted(PinnedTrigger):
 class FairLine(PinnedTrigger):
     """A run that takes turns (``fairness_key``) gets its place in the claim's line.
 
-    Start-time fair queuing on one index (``k2b_fair_line``, migration 0036,
-    ``kernel/fairness.py``): the place is the key's last queued run's place plus
-    a step (100 µs / weight), but never earlier than the head of the queue's
-    turns. Written whenever the run is queued due (its insert, its re-queue, a
-    new ``run_after``); a run not due yet stands at its ``run_after`` like a run
+    Start-time fair queuing on one index (``k2b_fair_line``, migration 0036):
+    the place is the key's last queued run's place plus a step (100 µs /
+    weight), but never earlier than the head of the queue's turns. Written
+    whenever the run is queued due (its insert, its re-queue, a new
+    ``run_after``); a run not due yet stands at its ``run_after`` like a run
     without a key. In the database, so that every path that queues a run (a
     start, ``enqueue_many``'s ``COPY``, a retry, a wake) places it alike; the rows
     of one statement see those inserted before them.

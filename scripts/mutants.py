@@ -56,6 +56,10 @@ class Mutant:
     also: tuple[tuple[str, str], ...] = ()
 
 
+#: The guard that ends an asked run before its next step (``Execution.stop_if_asked``).
+_STOPS_THE_NEXT_STEP = "        if not self._asked_now():\n            return\n"
+_STARTS_THE_NEXT_STEP = "        if True:\n            return\n"
+
 MUTANTS = (
     Mutant(
         "task-external-never-rerun",
@@ -70,8 +74,10 @@ MUTANTS = (
     Mutant(
         "task-enqueue-on-callers-connection",
         "k2b_workflows/kernel/starts.py",
-        "    with transaction.mark_for_rollback_on_error(using), connection.cursor() as cursor:",
-        "    with db.autocommit_connection(using) as own, own.cursor() as cursor:",
+        "        created = bool(db.fetch_statement(using, sql, params))",
+        "        with db.autocommit_connection(using) as own, own.cursor() as cursor:\n"
+        "            cursor.execute(sql, params)\n"
+        "            created = cursor.fetchone() is not None",
         (
             "tests/tasks/test_contract.py::test_an_enqueue_rolled_back_never_runs",
             "tests/tasks/test_workers.py::"
@@ -350,8 +356,8 @@ MUTANTS = (
     Mutant(
         "fence-generation",
         "k2b_workflows/kernel/db.py",
-        " WHERE id = %s AND generation = %s AND status = 'running'\nRETURNING id",
-        " WHERE id = %s AND %s IS NOT NULL AND status = 'running'\nRETURNING id",
+        " WHERE id = %s AND generation = %s AND status = 'running'\nRETURNING cancel_requested_at",
+        " WHERE id = %s AND %s IS NOT NULL AND status = 'running'\nRETURNING cancel_requested_at",
         ("tests/crash/test_fence.py",),
     ),
     Mutant(
@@ -944,7 +950,7 @@ MUTANTS = (
     ),
     Mutant(
         "schedule-seal-save",
-        "k2b_workflows/schedule_models.py",
+        "k2b_workflows/models/schedules.py",
         '            if tampered and not getattr(self, "reviewed", False):\n',
         "            if False:\n",
         (
@@ -1768,8 +1774,8 @@ MUTANTS = (
     Mutant(
         "task-timeout-async",
         "k2b_workflows/tasks/runs.py",
-        "                value = hooks.run_coroutine(value, ctx.canceled, limit, asked=asked)",
-        "                value = hooks.run_coroutine(value, ctx.canceled, asked=asked)",
+        "                value = hooks.run_coroutine(value, ctx.abort, limit, asked=asked)",
+        "                value = hooks.run_coroutine(value, ctx.abort, asked=asked)",
         ("tests/tasks/test_django_options.py::test_an_async_call_is_cancelled_at_its_timeout",),
     ),
     Mutant(
@@ -2048,6 +2054,19 @@ MUTANTS = (
         (
             "tests/tasks/test_cancel.py::test_a_call_whose_worker_is_killed_after_the_request_is_not_run_again",
         ),
+        # Its backstop: the step the takeover would start stops the run too.
+        also=((_STOPS_THE_NEXT_STEP, _STARTS_THE_NEXT_STEP),),
+    ),
+    Mutant(
+        # cancel_workflow_run of a running run (#49): its step finishes, the next never starts.
+        "cancel-stops-the-next-step",
+        "k2b_workflows/kernel/execute.py",
+        _STOPS_THE_NEXT_STEP,
+        _STARTS_THE_NEXT_STEP,
+        (
+            "tests/worker/test_cancel_running_runs.py::"
+            "test_a_running_run_is_asked_its_step_commits_and_the_next_never_starts",
+        ),
     ),
     Mutant(
         "cancel-no-retry",
@@ -2145,11 +2164,66 @@ MUTANTS = (
         ),
     ),
     Mutant(
+        "batch-running-member-unfinished",
+        "k2b_workflows/kernel/batches.py",
+        '_UNFINISHED = ("queued", "running", "waiting", "needs_attention")',
+        '_UNFINISHED = ("queued", "waiting", "needs_attention")',
+        (
+            "tests/crash/test_batch_restarts.py::"
+            "test_a_batch_drained_through_database_restarts_runs_each_callback_once_after_its_members",
+        ),
+    ),
+    Mutant(
         "batch-callbacks-sealed",
         "k2b_workflows/kernel/batches.py",
         "        if problem is not None:\n",
         "        if False:\n",
         ("tests/tasks/test_batches.py::test_a_callback_changed_in_the_batch_row_is_refused",),
+    ),
+    Mutant(
+        "retention-keeps-members-of-open-batches",
+        "k2b_workflows/retention.py",
+        "                           OR (d.input ? 'batch' AND EXISTS (\n",
+        "                           OR (FALSE AND EXISTS (\n",
+        (
+            "tests/tasks/test_batches.py::"
+            "test_members_of_a_batch_whose_callbacks_wait_are_kept_whatever_their_age",
+        ),
+    ),
+    Mutant(
+        "retention-batch-kept-while-a-member-is-left",
+        "k2b_workflows/retention.py",
+        "                    WHERE {batches.MEMBER_OF.format(batch="
+        '"b.id::text")} AND id <> ALL(%s))',
+        "                    WHERE FALSE AND id <> ALL(%s))",
+        ("tests/tasks/test_batches.py::test_a_batch_stays_while_one_of_its_runs_is_left",),
+    ),
+    Mutant(
+        "retention-batch-kept-while-a-callback-run-is-left",
+        "k2b_workflows/retention.py",
+        "                      AND cr.id <> ALL(%s))",
+        "                      AND FALSE AND cr.id <> ALL(%s))",
+        ("tests/tasks/test_batches.py::test_a_batch_stays_while_one_of_its_runs_is_left",),
+    ),
+    Mutant(
+        "retention-batch-id-text-matched-before-cast",
+        "k2b_workflows/retention.py",
+        "f\"CASE WHEN d.input ->> 'batch' ~ {_UUID_TEXT} THEN (d.input ->> 'batch')::uuid END\"",
+        "\"(d.input ->> 'batch')::uuid\"",
+        (
+            "tests/tasks/test_batches.py::"
+            "test_a_batch_id_that_is_not_a_uuid_in_a_row_does_not_stop_the_purge",
+        ),
+    ),
+    Mutant(
+        "retention-callback-run-id-text-matched-before-cast",
+        "k2b_workflows/retention.py",
+        "SELECT CASE WHEN c.value ~ {_UUID_TEXT} THEN c.value::uuid END",
+        "SELECT c.value::uuid",
+        (
+            "tests/tasks/test_batches.py::"
+            "test_a_batch_id_that_is_not_a_uuid_in_a_row_does_not_stop_the_purge",
+        ),
     ),
     Mutant(
         "burst-worker-last-batch-pass",
@@ -2168,14 +2242,12 @@ MUTANTS = (
 #: and function bodies they import, the models they name), the grants, the clock
 #: function the tests swap, or the test database's own setup and flush. Their
 #: mutants never run on a kept database.
-SCHEMA_PREFIXES = ("k2b_workflows/migrations/",)
+SCHEMA_PREFIXES = ("k2b_workflows/migrations/", "k2b_workflows/models/")
 SCHEMA_FILES = frozenset(
     {
         "k2b_workflows/apps.py",
         "k2b_workflows/kernel/clock.py",
-        "k2b_workflows/models.py",
         "k2b_workflows/roles.py",
-        "k2b_workflows/schedule_models.py",
         "k2b_workflows/testdb.py",
         "k2b_workflows/triggers.py",
     }

@@ -272,7 +272,9 @@ def _apply_resolution(
 
 
 def _can_cancel(run: WorkflowRun) -> str:
-    return "" if run.status not in TERMINAL_STATUSES else f"already {run.status}"
+    if run.status in TERMINAL_STATUSES:
+        return f"already {run.status}"
+    return "its cancel was already requested" if run.cancel_requested_at else ""
 
 
 def _can_retry(run: WorkflowRun) -> str:
@@ -336,8 +338,10 @@ OPERATIONS = {
         verb="Cancel",
         check=_can_cancel,
         permission="k2b_workflows.cancel_workflowrun",
-        explain="Canceling a run also cancels its queued and running children and AI "
-        "tasks. Running actions see the cancellation; their late results are discarded.",
+        explain="A queued or waiting run is canceled at once, with its children and AI "
+        "tasks. A running run is asked to stop: its current step finishes and keeps its "
+        "result and effect records (ctx.canceled tells the step), then no further step "
+        "starts and the run ends canceled; its running children are asked alike.",
     ),
     "cancel_call": Operation(
         title="Cancel task calls",

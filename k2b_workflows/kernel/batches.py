@@ -49,15 +49,16 @@ REFUSED = "refused"
 _UNFINISHED = ("queued", "running", "waiting", "needs_attention")
 #: The ends of a member that did not succeed (a canceled call is a failed call).
 _NOT_SUCCEEDED = ("failed", "canceled")
-#: A batch's members: the expression and predicate of the index ``k2b_run_batch``.
-_MEMBER_OF = "input ? 'batch' AND (input ->> 'batch') = {batch}"
+#: A batch's members: the expression and predicate of the index ``k2b_run_batch``
+#: (retention asks it too: a batch row goes once its members have).
+MEMBER_OF = "input ? 'batch' AND (input ->> 'batch') = {batch}"
 
 
 def _any_member_in(batch: str, statuses: tuple[str, ...]) -> str:
     """Whether a member of ``batch`` is in one of ``statuses``: one equality probe of
     ``k2b_run_batch`` per status. Not ``status IN (...)``: the planner may walk every
     member of the batch and filter on the status, and a batch has ten thousand."""
-    member = _MEMBER_OF.format(batch=batch)
+    member = MEMBER_OF.format(batch=batch)
     return " OR ".join(
         f"EXISTS (SELECT 1 FROM k2b_run WHERE {member} AND status = '{status}')"
         for status in statuses
@@ -92,7 +93,7 @@ FINISH_SQL = """
 UPDATE k2b_task_batch SET finished_at = k2b_now(), outcome = %s, callback_runs = %s WHERE id = %s
 """
 COUNTS_SQL = f"""
-SELECT status, count(*) FROM k2b_run WHERE {_MEMBER_OF.format(batch="%s")} GROUP BY status
+SELECT status, count(*) FROM k2b_run WHERE {MEMBER_OF.format(batch="%s")} GROUP BY status
 """
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
@@ -76,11 +77,18 @@ class KernelStepContext:
         self.step = step
         self.generation = execution.generation
         self.principal = execution.principal
-        self.canceled: threading.Event = execution.canceled
-        #: Set when ``tasks.cancel`` asked this run's call to stop (#49): see ``cancel_asked``.
+        #: The abort signal: the run ended or changed hands under the step, or its
+        #: action's timeout passed; what the step returns now is discarded. The kernel
+        #: cancels an async hook on it (``hooks.call``).
+        self.abort: threading.Event = execution.canceled
+        #: Set when a cancel asked this run to stop (``tasks.cancel``,
+        #: ``cancel_workflow_run``, #49): see ``cancel_asked``.
         self.cancel_requested: threading.Event = (
             getattr(execution, "cancel_requested", None) or threading.Event()
         )
+        #: What an action reads: set on the abort signal, and once a cancel was asked
+        #: (the step may stop early; what it returns then is still its result).
+        self.canceled: threading.Event = CancelSignal(self.abort, self.cancel_requested)
         self.effect_key = f"{execution.run_id}:{step}"
         self.invocation_key: str | None = None
         self.dry_run = dry_run
@@ -146,7 +154,7 @@ class KernelStepContext:
             if row is None:
                 status = conn.execute(_STATUS_SQL, [self.run_id]).fetchone()
         if row is None:
-            self.canceled.set()
+            self.abort.set()
             if status and status[0] == "canceled":
                 raise RunCanceled(f"run {self.run_id} was canceled")
             raise LeaseLost(f"run {self.run_id}: generation {self.generation} lost its lease")
@@ -185,6 +193,39 @@ class KernelStepContext:
         if self.dry_run:  # a dry run creates no task and calls no provider
             return self._execution.ai_task(provider, request)  # type: ignore[attr-defined]
         return ai.step_task(self, provider, request)
+
+
+class CancelSignal(threading.Event):
+    """``ctx.canceled``: an event set when either of two is, the abort signal or the
+    request to stop (#49). Setting it sets the abort signal."""
+
+    #: How often ``wait`` looks at the request while it waits on the abort signal.
+    POLL_S = 0.05
+
+    def __init__(self, abort: threading.Event, asked: threading.Event) -> None:
+        super().__init__()
+        self._abort = abort
+        self._asked = asked
+
+    def is_set(self) -> bool:
+        return self._abort.is_set() or self._asked.is_set()
+
+    isSet = is_set  # threading.Event's old name
+
+    def set(self) -> None:
+        self._abort.set()
+
+    def clear(self) -> None:
+        self._abort.clear()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.is_set():
+            left = self.POLL_S if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._abort.wait(min(left, self.POLL_S))
+        return self.is_set()
 
 
 def _deadline_passed(execution: ExecutionState, step: int) -> bool:

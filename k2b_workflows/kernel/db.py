@@ -140,7 +140,7 @@ UPDATE k2b_run
        current_step = COALESCE(%s, current_step),
        {attempts.SET}
  WHERE id = %s AND generation = %s AND status = 'running'
-RETURNING id
+RETURNING cancel_requested_at IS NOT NULL
 """
 
 
@@ -152,20 +152,22 @@ def fence(
     step: int | None = None,
     *,
     reset: attempts.Reset | None = None,
-) -> None:
+) -> bool:
     """Lock the run row until the surrounding transaction ends, and check we still own it.
 
     The UPDATE takes the row lock (like ``FOR NO KEY UPDATE``): a takeover,
     which raises ``generation``, waits for this transaction, and if it
-    committed first this check fails and nothing we write commits.
+    committed first this check fails and nothing we write commits. Returns
+    whether a cancel asked the run to stop (#49), read under that lock.
     """
     conn = connections[using]
     if not conn.in_atomic_block:
         raise RuntimeError("fence() must run inside transaction.atomic")
     with statement_cursor(using) as cursor:
         cursor.execute(FENCE_SQL, [lease_ms, step, *attempts.params(reset), run_id, generation])
-        if cursor.fetchone():
-            return
+        row = cursor.fetchone()
+        if row:
+            return bool(row[0])
     raise lease_lost(using, run_id, generation)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from django.db import DatabaseError
@@ -26,7 +27,7 @@ from .. import codes, redaction
 from ..actions import Effect, canonical_json
 from ..exceptions import LeaseLost, RunCanceled, Suspend
 from ..models import JournalEntry, LedgerEntry
-from . import children, db, ended, events, evidence, retrying, waits, weather
+from . import children, db, ended, events, evidence, interventions, retrying, waits, weather
 from .claim import release
 from .journal import Batch, Claim, Pending, RunJournal, Step
 from .load import Preloaded, chains_read, chains_sql, preload
@@ -323,6 +324,7 @@ class RunEnding:
         verify: bool = False,
         told: dict[str, Any] | None = None,
         reason: str = "",
+        also: Callable[[], None] | None = None,
     ) -> NoReturn:
         """Fence, then change the run's status (and wake a parent when it ends).
 
@@ -331,6 +333,7 @@ class RunEnding:
         says of it once this commits, beside its status (its error code, and for an
         operator the message and the step).
         ``reason``: the (already scrubbed) why, logged with the change.
+        ``also``: more of the same end, written after the run row in its transaction.
         """
         journal = self.journal
         run = self.claim.run
@@ -356,6 +359,8 @@ class RunEnding:
             if entry is not None:
                 evidence.append_journal(entry, prev, self.using)
             db.execute(self.using, sql, params)
+            if also is not None:
+                also()
             if terminal and run.parent_id:
                 children.wake_parent(self.using, run)
 
@@ -402,9 +407,19 @@ class RunEnding:
         )
 
     def canceled(self, message: str) -> NoReturn:
-        """End the run canceled: its call was asked to stop (``tasks.cancel``) and did
-        not return normally. ``message``: what became of it, after the cancel's reason."""
+        """End the run canceled: it was asked to stop (``tasks.cancel``,
+        ``cancel_workflow_run``) and its call did not return normally, or it reached its
+        next step (#49). ``message``: what became of it, after the cancel's reason.
+
+        With it, in its transaction: its children are asked in turn (those its
+        current step made since the cancel too) and its AI tasks end, as a cancel
+        ends those of a run it ends at once."""
         message = redaction.scrub_error(message)
+
+        def children_too() -> None:
+            interventions.ask_children(self.using, self.run_id)
+            db.execute(self.using, interventions.CANCEL_AI_TASKS_SQL, [[self.run_id]])
+
         self.transition(
             CANCELED_SQL,
             [
@@ -418,6 +433,7 @@ class RunEnding:
             terminal=True,
             told={"error_code": codes.CANCELED},
             reason=f"{codes.CANCELED}: {message}",
+            also=children_too,
         )
 
     def fail(self, code: str, message: str, step: Step | None = None) -> NoReturn:
@@ -505,9 +521,16 @@ class RunEnding:
         parked: list[bool] = []
         # PURE successes before this step ride on the park (``RunJournal.rides``).
         deferred = self.journal.pending
+        if pending is None and self.claim.cancel_requested.is_set():
+            # Asked to stop (#49): a step that would wait ends the run instead. A
+            # provider's "pending" is an effect in doubt: it parks, and is settled first.
+            self.canceled(f"canceled at step {seq}, which was to wait")
+        asked: list[bool] = []
 
         def write() -> None:
-            self.journal.fence(seq)
+            if self.journal.fence(seq) and pending is None:
+                asked.append(True)  # the cancel committed before this park: nothing written
+                return
             if deferred is not None:
                 self.journal.write_pending(deferred)
             if pending is not None:
@@ -532,6 +555,8 @@ class RunEnding:
         except (LeaseLost, RunCanceled):
             self.journal.pending_lost(deferred)
             raise
+        if asked:
+            self.canceled(f"canceled at step {seq}, which was to wait")
         self.journal.pending_committed(deferred)
         outcome = Outcome.WAITING if parked[-1] else Outcome.REWOKEN
         if self.claim.trace is not None:

@@ -32,6 +32,7 @@ import contextlib
 import json
 import logging
 import threading
+import time
 import uuid
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -77,6 +78,13 @@ if TYPE_CHECKING:
     from .together import EndsTogether
 
 logger = logging.getLogger(__name__)
+
+#: A step that ran this long (seconds) or longer is followed by one read of whether a
+#: cancel was asked (#49): against it, one query is nothing, and a request that came
+#: while it ran stops the next step even before the lease keeper has told us.
+READ_ASKED_AFTER_S = 0.05
+
+_ASKED_SQL = "SELECT cancel_requested_at IS NOT NULL FROM k2b_run WHERE id = %s"
 
 
 class Execution:
@@ -129,6 +137,9 @@ class Execution:
         self._paths: dict[type[effects.EffectPath], effects.EffectPath] = {}
         #: A fork's IDEMPOTENT steps' effect keys kept from its original (``forks.py``).
         self.inherited_keys: dict[int, tuple[str, str]] = {}
+        #: When the last new step's action began (``time.monotonic``), until the next
+        #: step boundary looked at it (``_asked_now``).
+        self._step_began: float | None = None
 
     # -- entry point ---------------------------------------------------------
 
@@ -170,12 +181,13 @@ class Execution:
             self._verify_loaded(loaded)
             if run.cancel_requested_at is not None:
                 # Asked to stop before this claim (a crash, a retry queued as the cancel
-                # committed): no further attempt of a canceled call starts (#49). An
-                # external effect in doubt is settled first, as after any crash (its
-                # reconcile, or an operator): only a retry is refused (``RunEnding``).
+                # committed): no further attempt of a canceled call, no further step of
+                # a canceled run starts (#49). An external effect in doubt is settled
+                # first, as after any crash (its reconcile, or an operator): only a
+                # retry, or a new step, is refused (``RunEnding``, ``stop_if_asked``).
                 self.cancel_requested.set()
                 if not self.journal.open_steps():
-                    self.ending.canceled("its call was canceled before this attempt")
+                    self.ending.canceled("canceled before this attempt")
             try:
                 self.definition = get_workflow(run.workflow_name, run.workflow_version)
             except UnknownWorkflow as exc:
@@ -293,6 +305,7 @@ class Execution:
         backup_ref: str | None = None,
     ) -> Any:
         action = as_action(action)
+        self.stop_if_asked(self.next_seq)
         stopping = self.stop_requested is not None and self.stop_requested.is_set()
         if (
             stopping
@@ -401,6 +414,7 @@ class Execution:
         if action.rate_limit is not None:
             path.admit(step, action.rate_limit)
         self.steps_executed += 1
+        self._step_began = time.monotonic()
         # Its hooks may report progress; its last value is written before its end commits.
         with progress.Running(ctx):
             return path.run(step)
@@ -412,6 +426,32 @@ class Execution:
         if path is None:
             path = self._paths[kind] = kind(self, self.journal, self.ending)
         return path
+
+    def stop_if_asked(self, seq: int) -> None:
+        """A cancel was asked of this run (#49): no new step starts. The run ends canceled
+        here, with the last step's deferred success (its end carries it). A journaled
+        step still replays, and a step whose dispatched effect has no known outcome is
+        settled first (its reconcile, or an operator): evidence is never dropped."""
+        if not self._asked_now():
+            return
+        if seq in self.journal.entries or seq in self.journal.open_steps():
+            return
+        self.ending.canceled(f"canceled before step {seq}")
+
+    def _asked_now(self) -> bool:
+        """Whether a cancel was asked of this run: the lease keeper's word (a notification,
+        its tick, a fence), and after a step that ran ``READ_ASKED_AFTER_S`` or longer,
+        the run's row (one read): a request that came while the step ran, in the moment
+        before it returned, is not left to the keeper's latency. A short step reads
+        nothing: the hot path's steps cost no query."""
+        if self.cancel_requested.is_set():
+            return True
+        began, self._step_began = self._step_began, None
+        if began is None or time.monotonic() - began < READ_ASKED_AFTER_S:
+            return False
+        if db.fetchall(self.using, _ASKED_SQL, [self.run_id]) == [(True,)]:
+            self.cancel_requested.set()
+        return self.cancel_requested.is_set()
 
     def check_shutdown(self) -> None:
         """The worker is shutting down: hand the run back before its next step."""
@@ -484,6 +524,7 @@ class Execution:
 
     def begin_marker(self) -> int:
         """Take the next position for a kernel step, after the previous step's success."""
+        self.stop_if_asked(self.next_seq)
         self.journal.flush_pending()
         self.check_shutdown()
         self.retry_policy = None

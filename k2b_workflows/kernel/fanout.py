@@ -48,6 +48,8 @@ class Parent(Claim, Protocol):
 
     def check_parked_step(self, seq: int, name: str, input_hash: str) -> None: ...
 
+    def stop_if_asked(self, seq: int) -> None: ...
+
     def replay_marker(self, entry: JournalEntry, name: str, input: Any, input_hash: str) -> Any: ...
 
     def marker_step(
@@ -157,6 +159,7 @@ class ChildrenStep:
 
 def children_step(parent: Parent, name: str, inputs: list[Any], *, wait: bool = True) -> Any:
     """``run.children`` (``wait``) or ``create_child_workflow_runs(run, ...)`` (not)."""
+    parent.stop_if_asked(parent.next_seq)
     parent.journal.flush_pending()
     parent.check_shutdown()
     seq = parent.next_seq

@@ -67,7 +67,7 @@ QUEUE_ORDER = "k2b_queue_order(run_after, priority_credit_ms)"
 #: Where a queued run stands in the claim's line; the claim's index is on this
 #: expression (``models.LINE``). ``QUEUE_ORDER``, except for a run that takes turns
 #: with other keys (``fairness_key``): its place among their turns
-#: (``kernel/fairness.py``) stands in for its ``run_after``.
+#: (``k2b_fair_line``, migration 0036) stands in for its ``run_after``.
 LINE = "k2b_queue_order(COALESCE(fair_line, run_after), priority_credit_ms)"
 
 #: Claimable: not keyed, or holding a slot. The same text as the index's condition.

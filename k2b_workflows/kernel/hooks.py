@@ -8,10 +8,12 @@ canceled, its lease is lost or the action's timeout passes.
 
 Here a hook that returns a coroutine is run to completion on an event loop of
 the worker thread's own (``asyncio.run``: a fresh loop per call, nothing
-shared between steps), while the loop watches ``ctx.canceled``, the abort
-signal the lease keeper sets on a cancel, a lost lease or the action's
-timeout. When it is set the task is cancelled (``CancelledError`` inside the
-hook, at its next ``await``) and whatever the hook does afterwards is
+shared between steps), while the loop watches ``ctx.abort``, the abort
+signal the lease keeper sets when the run ended under it (a timeout, an
+operator's end), its lease was lost or the action's timeout passed (a
+cancel that only asks the run to stop, #49, cuts no hook). When it is set
+the task is cancelled (``CancelledError`` inside the hook, at its next
+``await``) and whatever the hook does afterwards is
 discarded: the call raises ``LeaseLost``, which every effect path already
 handles as a stop (an EXTERNAL step's dispatch stays open, its evidence
 noted, and is never run again blindly). The action's timeout is also
@@ -50,7 +52,7 @@ def call(hook: Callable[..., Any], ctx: Any, input: Any, timeout_s: float | None
     """``hook(ctx, input)``; a coroutine it returns is awaited (``run_coroutine``)."""
     result = hook(ctx, input)
     if inspect.iscoroutine(result):
-        return run_coroutine(result, ctx.canceled, timeout_s)
+        return run_coroutine(result, ctx.abort, timeout_s)
     return result
 
 

@@ -22,7 +22,7 @@ from django.db import transaction
 from .. import codes, tracing
 from ..exceptions import EvidenceChanged, NotRetryable, ResolutionRefused
 from ..models import TERMINAL_STATUSES, JournalEntry, LedgerEntry, RunStatus, WorkflowRun
-from . import attempts, clock, db, ended, evidence
+from . import attempts, clock, db, ended, evidence, waits
 from .requeue import requeue_set
 
 EFFECT_CONFIRMED = "effect_confirmed"
@@ -171,25 +171,41 @@ def _end_canceled(using: str, run_id: uuid.UUID, reason: str, code: str) -> Work
     return run
 
 
-#: A task call's running attempt asked to stop: marked, not ended. Only the attempt's
-#: worker ends the run now (``RunEnding.canceled``), with what its call did.
+#: A running run asked to stop: marked, not ended. Only its worker ends it now, with
+#: what its current step did (``RunEnding.canceled``, ``Execution.stop_if_asked``).
 REQUEST_CANCEL_SQL = """
 UPDATE k2b_run SET cancel_requested_at = k2b_now(), cancel_reason = %s, updated_at = k2b_now()
- WHERE id = %s AND status = 'running' AND cancel_requested_at IS NULL
+ WHERE id = ANY(%s) AND status = 'running' AND cancel_requested_at IS NULL
+"""
+
+#: The descendants of a run reached through running runs: a running one is asked with
+#: its own children; any other goes with its whole subtree (``CANCEL_TREE_SQL``).
+RUNNING_TREE_SQL = """
+WITH RECURSIVE tree AS (
+    SELECT id, status, true AS descend FROM k2b_run WHERE id = %s
+    UNION ALL
+    SELECT r.id, r.status, r.status = 'running'
+      FROM k2b_run r JOIN tree t ON r.parent_id = t.id WHERE t.descend)
+SELECT id, status FROM tree WHERE id <> %s
 """
 
 
 def request_cancel(using: str, run_id: uuid.UUID, reason: str) -> WorkflowRun:
-    """Cancel a task call (``tasks.cancel``): a running one is asked, any other unfinished
-    one ends canceled at once, as ``cancel`` ends it; an ended one is returned unchanged.
+    """Cancel a run (``tasks.cancel``, ``cancel_workflow_run``): a running one is asked,
+    any other unfinished one ends canceled at once with its subtree, as ``cancel``
+    ends it; an ended one is returned unchanged.
 
-    Asked, the call's attempt goes on and owns the run: its worker's lease keeper
-    tells the call within a tick (``is_cancel_requested``, an async pure or idempotent
-    call's ``CancelledError``), a normal return still ends the run SUCCESSFUL (its
-    work was done), and any failure, crash or retry after it ends the run canceled
-    without calling the task again. Nothing is written to the run's ledger here: its
-    running attempt chains its own entries onto the ledger's head, which must not
-    move under it; the reason is the run's error message if it ends canceled.
+    Asked, the run's current step goes on and owns the run: its worker hears of it
+    at once (a notification) or within a tick of its lease keeper (the fallback),
+    and no further step starts: at its next step boundary the run ends canceled,
+    its last step's result and effect records committed (``Execution.stop_if_asked``).
+    A step that fails, a crash, a retry after it ends it canceled without running
+    anything again; a workflow that returns (its last step done) still succeeds, as a
+    task call whose function returns normally. An effect in doubt is settled first
+    (its reconcile, or an operator), never dropped. Its children are asked alike
+    (``ask_children``). Nothing is written to the run's ledger here: its running
+    attempt chains its own entries onto the ledger's head, which must not move
+    under it; the reason is the run's error message when it ends canceled.
     """
 
     def locked() -> WorkflowRun:
@@ -200,10 +216,41 @@ def request_cancel(using: str, run_id: uuid.UUID, reason: str) -> WorkflowRun:
             return WorkflowRun.objects.using(using).get(pk=run_id)
         if row[0] != RunStatus.RUNNING:
             return _end_canceled(using, run_id, reason, codes.CANCELED)
-        db.execute(using, REQUEST_CANCEL_SQL, [reason, run_id])
+        _ask(using, [run_id], reason)
+        ask_children(using, run_id, reason)
         return WorkflowRun.objects.using(using).get(pk=run_id)
 
     return db.run_in_transaction(locked, using)
+
+
+def ask_children(using: str, run_id: uuid.UUID, reason: str | None = None) -> list[uuid.UUID]:
+    """Ask the children of ``run_id`` (locked) to stop: a running child is asked, with its
+    own children, any other unfinished one ends canceled at once with its subtree, as a
+    parked run does. Returns the ids asked. ``reason``: None reads the run's own (its
+    worker ends it canceled: the children its current step made go too).
+
+    One index walk when the run has no children, as most runs have none."""
+    rows = db.fetchall(using, RUNNING_TREE_SQL, [run_id, run_id])
+    if not rows:
+        return []
+    if reason is None:
+        found = db.fetchall(using, "SELECT cancel_reason FROM k2b_run WHERE id = %s", [run_id])
+        reason = (found[0][0] if found else "") or codes.CANCELED
+    for child_id, status in rows:
+        if status not in TERMINAL_STATUSES and status != RunStatus.RUNNING:
+            _end_canceled(using, child_id, reason, codes.CANCELED)
+    asked = [child_id for child_id, status in rows if status == RunStatus.RUNNING]
+    _ask(using, asked, reason)
+    return asked
+
+
+def _ask(using: str, run_ids: list[uuid.UUID], reason: str) -> None:
+    """Mark ``run_ids`` (running) asked to stop, and tell their workers on commit."""
+    if not run_ids:
+        return
+    db.execute(using, REQUEST_CANCEL_SQL, [reason, run_ids])
+    for run_id in run_ids:
+        waits.notify(using, f"{waits.CANCEL_NOTICE}{run_id}")
 
 
 def resolve(

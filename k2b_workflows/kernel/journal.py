@@ -75,7 +75,7 @@ class Claim(Protocol):
     #: The abort signal: set by the lease keeper when the run ended or changed hands
     #: under the claim (or its step's timeout passed), read before the run's end.
     canceled: threading.Event
-    #: Set by the lease keeper when ``tasks.cancel`` asked the run's call to stop (#49):
+    #: Set by the lease keeper (or a fence) when a cancel asked the run to stop (#49):
     #: the claim still owns the run, but no retry of it starts.
     cancel_requested: threading.Event
 
@@ -197,10 +197,13 @@ class RunJournal:
 
     # -- fence and charge ----------------------------------------------------
 
-    def fence(self, step: int | None = None, *, reset_failures: bool = False) -> None:
+    def fence(self, step: int | None = None, *, reset_failures: bool = False) -> bool:
         """Lock our run row in the current transaction and check we still own it;
-        ``reset_failures``: a step completes, the failures before it no longer count."""
-        db.fence(
+        ``reset_failures``: a step completes, the failures before it no longer count.
+        Returns whether a cancel asked the run to stop (#49), and tells the claim: the
+        next step boundary then ends the run (``Execution.stop_if_asked``), whether or
+        not the lease keeper has looked yet."""
+        asked = db.fence(
             self.using,
             self.run_id,
             self.generation,
@@ -208,6 +211,9 @@ class RunJournal:
             step,
             reset=self.reset if reset_failures else None,
         )
+        if asked:
+            self.claim.cancel_requested.set()
+        return asked
 
     def charge(self, step: Step) -> None:
         """Charge the step's cost to the root's budget, in the current transaction, once."""

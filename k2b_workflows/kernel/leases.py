@@ -45,6 +45,9 @@ CHECK_INTERVAL_S = 0.25
 
 _ENDED = frozenset({"succeeded", "failed", "canceled"})
 
+#: Cancels heard of runs this process did not execute yet, kept for when it does.
+MAX_TOLD = 1000
+
 
 @dataclass
 class _Held:
@@ -102,6 +105,11 @@ class LeaseKeeper:
     #: Held while a tick talks to the database (see ``paused``).
     _ticking: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
+    #: Set to look at the held runs now, not at the next tick (``look_now``).
+    _poke: threading.Event = field(default_factory=threading.Event)
+    #: Runs a cancel was asked of that this process does not execute yet (a run claimed
+    #: ahead, or about to be): told when its execution starts (``track``). Bounded.
+    _told: dict[Any, None] = field(default_factory=dict)
     _connecting: threading.Lock = field(default_factory=threading.Lock)
     _thread: threading.Thread | None = None
     _conn: Any = None
@@ -117,6 +125,10 @@ class LeaseKeeper:
     ) -> None:
         with self._lock:
             self._runs[run_id] = _Held(generation, event, asked=asked)
+            if asked is not None and run_id in self._told:
+                # Asked while it waited here, claimed ahead (#49): its execution is told.
+                del self._told[run_id]
+                asked.set()
 
     def untrack(self, run_id: uuid.UUID) -> None:
         with self._lock:
@@ -228,8 +240,32 @@ class LeaseKeeper:
             self._connection()
         self._loop()
 
+    def look_now(self, run_id: str) -> None:
+        """A cancel of ``run_id`` was asked (the listener heard it, #49): if this process
+        executes it, look at its held runs at once rather than at the next tick."""
+        try:
+            key = uuid.UUID(run_id)
+        except ValueError:
+            return
+        with self._lock:
+            held = key in self._runs
+            if not held:
+                # Perhaps claimed by this worker a moment from now: told when it starts.
+                # A run of another worker's costs an entry, dropped past the bound.
+                self._remember_told(key)
+        if held:
+            self._poke.set()
+
+    def _remember_told(self, run_id: Any) -> None:
+        """Keep that ``run_id`` was asked until its execution starts (``track``); under
+        ``_lock``. The oldest entries go past ``MAX_TOLD``."""
+        self._told[run_id] = None
+        while len(self._told) > MAX_TOLD:
+            self._told.pop(next(iter(self._told)))
+
     def stop(self) -> None:
         self._stop.set()
+        self._poke.set()
         if self._thread:
             self._thread.join(timeout=5)
         self._drop_connection()
@@ -370,7 +406,13 @@ class LeaseKeeper:
         last_renew = 0.0
         backoff = weather.Backoff(first=CHECK_INTERVAL_S, cap=2.0)
         delay = CHECK_INTERVAL_S
-        while not self._stop.wait(delay):
+        while True:
+            # Woken early by ``look_now`` (a cancel asked of a run we hold) or ``stop``.
+            self._poke.wait(delay)
+            if self._stop.is_set():
+                break
+            look = self._poke.is_set()
+            self._poke.clear()
             try:
                 renew_every = settings.lease_ms() / 3000
                 renew = time.monotonic() - last_renew >= renew_every
@@ -378,7 +420,7 @@ class LeaseKeeper:
                 # opened only when a lease is due may not be there to be had.
                 self._connection()
                 with self._ticking:
-                    self.tick(renew=renew)
+                    self.tick(renew=renew, look=look)
                 if renew:
                     last_renew = time.monotonic()
                 backoff.reset()
@@ -400,7 +442,9 @@ class LeaseKeeper:
                     if self._conn is not None and self._conn.broken:
                         self._drop_connection()
 
-    def tick(self, *, renew: bool) -> None:
+    def tick(self, *, renew: bool, look: bool = False) -> None:
+        """Renew the held leases (``renew``), else look at the runs whose action has run
+        a while; ``look``: at every held run (a cancel was asked of one of them)."""
         now = clock.monotonic()
         self._give_back_calls()
         with self._lock:
@@ -409,7 +453,7 @@ class LeaseKeeper:
             leaving = bool(self._leaving)
         if leaving:
             self._send_leaves(self._connection())
-        if not renew:
+        if not renew and not look:
             # Between renewals only an action that has run for a while can use the
             # abort signal: a short one ends first, and its run's next write is
             # fenced anyway. Checking every held run four times a second would be
@@ -468,8 +512,14 @@ class LeaseKeeper:
         """Tell the calls of ``asked`` that ``tasks.cancel`` asked them to stop (#49)."""
         for run_id in asked:
             held = runs.get(run_id)
-            if held is not None and held.asked is not None:
+            if held is None:
+                continue
+            if held.asked is not None:
                 held.asked.set()
+            else:
+                # Claimed ahead, its execution not started: told when it starts (#49).
+                with self._lock:
+                    self._remember_told(run_id)
 
     def _mark(self, runs: dict[Any, _Held], states: dict[Any, tuple]) -> None:
         for run_id, (status, generation) in states.items():

@@ -165,6 +165,11 @@ _NOTIFY_SQL = "SELECT pg_notify(%s, %s)"
 #: id; an app named "*" would only wake a little more often.
 EVERY_APP = "*"
 
+#: The payload prefix that tells workers a running run was asked to stop (#49), the
+#: run's id after it: its worker's lease keeper looks at once, not at its next tick.
+#: An app whose id starts so is still woken by it: its workers' keepers only look once more.
+CANCEL_NOTICE = "cancel "
+
 
 def notify(using: str, app_id: str) -> None:
     """Wake idle workers now; delivered only if the surrounding transaction commits."""

@@ -100,7 +100,7 @@ class WorkflowsTask(base_api.Task):
     ``unique``: a ``Unique``, one run per key of its calls (``kernel/uniques.py``):
     a call whose key a run holds inserts nothing and returns that run's result.
     ``fairness``: a ``Fairness``, the parameter whose value is the key by which
-    calls of its queue take turns (``kernel/fairness.py``), and the keys' weights.
+    calls of its queue take turns (``fairness.py``), and the keys' weights.
     ``reconcile``: an external task's answer to "did this call happen?", asked
     when a crash, a lost lease or a cut call left it unknown: a module-level
     function (or its dotted path) taking the call's context (if the task takes

@@ -13,8 +13,9 @@ cut). It decides: a normal return is its result (SUCCESSFUL), an error ends
 it canceled (FAILED), and no attempt of it starts again, whatever its retry
 policy, a crash or a lost lease (``Execution.execute``, ``RunEnding``).
 
-``cancel_workflow_run`` keeps its meaning for any run, a task call's included:
-the run ends canceled at once, and what its call returns later is dropped.
+``cancel_workflow_run`` of a task call does the same (``request_cancel``); a
+workflow run that is running is asked alike, and ends canceled before its next
+step. Only the timeout sweep ends a running run at once (``control.cancel_run``).
 """
 
 from __future__ import annotations

@@ -310,7 +310,7 @@ class TaskAction(Action, abstract=True):
                 # once made, is never cut.
                 external = type(self).effect.is_external
                 asked = None if external else ctx.cancel_requested
-                value = hooks.run_coroutine(value, ctx.canceled, limit, asked=asked)
+                value = hooks.run_coroutine(value, ctx.abort, limit, asked=asked)
         except hooks.HookTimedOut:
             raise TaskTimeout(input["task"], limit or 0.0) from None
         except (LeaseLost, RunCanceled):
@@ -368,7 +368,7 @@ class ReconcilingTaskAction(TaskAction, abstract=True):
         try:
             answer = check(*args, **input["kwargs"])
             if inspect.iscoroutine(answer):
-                answer = hooks.run_coroutine(answer, ctx.canceled)
+                answer = hooks.run_coroutine(answer, ctx.abort)
         finally:
             current_step.reset(token)
         if isinstance(answer, Succeeded):

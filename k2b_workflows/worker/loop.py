@@ -254,7 +254,9 @@ class Worker:
         """LISTEN from now on. A burst worker starts listening only once it first waits:
         one that finds nothing to do exits without opening that connection."""
         if self.listen and self._listener is None:
-            self._listener = Listener(settings.listen_database(), self.app_ids, self.wake)
+            self._listener = Listener(
+                settings.listen_database(), self.app_ids, self.wake, self.keeper.look_now
+            )
             self._listener.start()
 
     # -- start-up --------------------------------------------------------------

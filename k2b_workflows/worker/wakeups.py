@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .. import metrics, settings
 from ..kernel import db, waits, weather
@@ -25,16 +25,25 @@ _LISTEN_SQL = f"LISTEN {settings.CHANNEL}"
 class Listener(threading.Thread):
     """LISTENs on the workers' channel and sets ``wake`` for notifications of our apps.
 
-    And for ``waits.EVERY_APP``: a resumed queue's runs may be any app's (#49)."""
+    And for ``waits.EVERY_APP``: a resumed queue's runs may be any app's (#49). A
+    running run asked to stop (``waits.CANCEL_NOTICE``, #49) is handed to ``on_cancel``
+    (the lease keeper's ``look_now``), which looks at once if the run is ours."""
 
     #: How long one wait for notifications lasts: the longest ``stop()`` waits for the thread.
     WAIT_S = 0.1
 
-    def __init__(self, using: str, app_ids: Sequence[str] | None, wake: threading.Event) -> None:
+    def __init__(
+        self,
+        using: str,
+        app_ids: Sequence[str] | None,
+        wake: threading.Event,
+        on_cancel: Callable[[str], None] | None = None,
+    ) -> None:
         super().__init__(name="k2b-listener", daemon=True)
         self.using = using
         self.app_ids = set(app_ids or ())
         self.wake = wake
+        self.on_cancel = on_cancel
         self.stopping = threading.Event()
         self.connected = threading.Event()
         self.received = 0
@@ -52,6 +61,11 @@ class Listener(threading.Thread):
                 self.wake.set()
                 while not self.stopping.is_set():
                     for note in conn.notifies(timeout=self.WAIT_S):
+                        if note.payload.startswith(waits.CANCEL_NOTICE):
+                            if self.on_cancel is not None:
+                                self.on_cancel(note.payload[len(waits.CANCEL_NOTICE) :])
+                            if note.payload not in self.app_ids:
+                                continue
                         if (
                             not self.app_ids
                             or note.payload in self.app_ids

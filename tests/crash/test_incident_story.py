@@ -21,8 +21,7 @@ from django.core.management import call_command
 from django.urls import reverse
 
 from k2b_workflows import incidents, start_workflow_run
-from k2b_workflows.fleet_models import WorkerRecord
-from k2b_workflows.models import LedgerEntry, WorkflowRun
+from k2b_workflows.models import LedgerEntry, WorkerRecord, WorkflowRun
 from k2b_workflows.store import EFFECT_OUTCOME_UNKNOWN
 from tests.crash.test_crash import crashing_worker, healthy_worker, killed, settled
 from tests.support.kernel import fresh

@@ -1,4 +1,4 @@
-"""Modules that moved into ``admin/`` and ``worker/`` keep their old import paths for a release."""
+"""Modules that moved into packages (admin, worker, tasks, models) keep their old paths."""
 
 from __future__ import annotations
 

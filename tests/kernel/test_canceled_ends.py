@@ -1,10 +1,12 @@
 """A run canceled, or taken over, while its last step ran: the claim's late end (#51).
 
-The cancel ends the run at once and the step's call is not cut: when it returns,
-its claim still holds a result and an end to write, for a run that is no longer
-its own. That end is refused by the fence once, said in one line, the result kept
-as late evidence where the kernel keeps one; it is not tried again another way
-(as read, then statement by statement) for the database to refuse each time.
+A cancel that ends the run at once (``control.cancel_run``, as a timeout does:
+``cancel_workflow_run`` only asks a running run, #49) does not cut the step's call:
+when it returns, its claim still holds a result and an end to write, for a run that
+is no longer its own. That end is refused by the fence once, said in one line, the
+result kept as late evidence where the kernel keeps one; it is not tried again
+another way (as read, then statement by statement) for the database to refuse each
+time.
 
 Each test claims a run as a worker does and ends it directly (``RunEnding``), as
 ``test_run_ending.py`` does; what the end sends is counted by spying on the
@@ -18,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from k2b_workflows import cancel_workflow_run, start_workflow_run, succeeded
+from k2b_workflows import start_workflow_run, succeeded
+from k2b_workflows.control import cancel_run
 from k2b_workflows.exceptions import LeaseLost, RunCanceled
 from k2b_workflows.kernel import db, evidence
 from k2b_workflows.kernel.ending import Outcome, RunEnding
@@ -91,7 +94,7 @@ def test_the_late_end_of_a_canceled_run_is_refused_once_and_says_what_became_of_
     caplog.set_level(logging.INFO, logger="k2b_workflows")
     run, execution = _started()
     _pending_success(execution, external=external)
-    cancel_workflow_run(run.pk, "not wanted any more")
+    cancel_run(run.pk, "not wanted any more")
     canceled = fresh(run)
 
     with pytest.raises(RunCanceled) as raised:
@@ -145,7 +148,7 @@ def test_the_abort_signal_refuses_the_end_of_a_canceled_run_before_anything_is_s
     refused without a statement sent for the database to refuse."""
     run, execution = _started()
     _pending_success(execution, external=external)
-    cancel_workflow_run(run.pk, "not wanted any more")
+    cancel_run(run.pk, "not wanted any more")
     execution.canceled.set()
 
     with pytest.raises(RunCanceled, match="was canceled while its step ran"):
@@ -177,7 +180,7 @@ def test_a_batched_write_of_a_canceled_run_is_refused_by_its_fence_once(sent, ca
     caplog.set_level(logging.INFO, logger="k2b_workflows")
     run, execution = _started()
     _pending_success(execution, external=True)
-    cancel_workflow_run(run.pk, "not wanted any more")
+    cancel_run(run.pk, "not wanted any more")
 
     with pytest.raises(RunCanceled):
         execution.journal.flush_pending()
@@ -195,7 +198,7 @@ def test_an_end_that_reads_its_chains_first_is_refused_by_its_fence_once(sent, c
     run, execution = _started()
     _pending_success(execution, external=True)
     monkeypatch.setattr(execution.journal, "written_chains", lambda: None)
-    cancel_workflow_run(run.pk, "not wanted any more")
+    cancel_run(run.pk, "not wanted any more")
 
     with pytest.raises(RunCanceled, match="recorded as late evidence, not as the run's end"):
         execution.ending.succeed({"n": 1})

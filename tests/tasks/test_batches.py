@@ -3,6 +3,8 @@ however the members end, whoever notices, and whatever process dies on the way."
 
 from __future__ import annotations
 
+import datetime as dt
+import io
 import json
 import signal
 import threading
@@ -11,12 +13,14 @@ import uuid
 import psycopg
 import pytest
 from django.contrib.auth import get_user_model
+from django.core.management import call_command
 from django.db import connection, connections
 from django.urls import reverse
 
-from k2b_workflows import EFFECT_CONFIRMED, resolve_effect
+from k2b_workflows import EFFECT_ABSENT, EFFECT_CONFIRMED, cancel_workflow_run, resolve_effect
 from k2b_workflows.kernel import batches
 from k2b_workflows.models import TaskBatch, WorkflowRun
+from k2b_workflows.retention import purge_finished_runs
 from k2b_workflows.tasks import (
     InvalidTaskArguments,
     InvalidTaskCall,
@@ -127,6 +131,38 @@ def test_no_callback_while_a_member_needs_an_operator_and_once_it_is_resolved():
     assert callback_runs(batch.id) == {"on_finish": 1, "on_success": 1, "on_failure": 0}
 
 
+def stuck_member(batch) -> uuid.UUID:
+    """Run the batch with a crash after the first external call's effect: its member."""
+    with crash_after_effect(b.external_member):
+        run_until_idle()
+    (stuck,) = WorkflowRun.objects.filter(
+        pk__in=[r.id for r in batch.results], status="needs_attention"
+    ).values_list("pk", flat=True)
+    return stuck
+
+
+def test_a_member_found_absent_runs_again_and_holds_the_callbacks_until_its_new_end():
+    batch = enqueue_batch(b.external_member, [((1,), {}), ((2,), {})], **CALLBACKS)
+    stuck = stuck_member(batch)
+    operator = get_user_model().objects.create_superuser("op", "op@example.com", "pw")
+    resolve_effect(stuck, EFFECT_ABSENT, evidence="the provider has no trace", actor=operator)
+    assert WorkflowRun.objects.get(pk=stuck).status == "queued"
+    assert sweep() == 0
+    assert batch_status(batch.id).finished_at is None
+    run_until_idle()
+    assert WorkflowRun.objects.get(pk=stuck).status == "succeeded"
+    assert called(batch.id) == {"on_finish": 1, "on_success": 1}
+
+
+def test_a_member_canceled_by_the_operator_failed_on_finish_and_on_failure_run():
+    batch = enqueue_batch(b.external_member, [((1,), {}), ((2,), {})], **CALLBACKS)
+    stuck = stuck_member(batch)
+    cancel_workflow_run(stuck, reason="the customer withdrew")
+    run_until_idle()
+    assert called(batch.id) == {"on_finish": 1, "on_failure": 1}
+    assert TaskBatch.objects.get(pk=batch.id).outcome == "failed"
+
+
 def test_two_detectors_at_once_enqueue_each_callback_once(monkeypatch):
     """Two passes fire the same finished batch at the same moment: one enqueues."""
     batch = enqueue_batch(b.member, calls(3), **CALLBACKS)
@@ -188,6 +224,120 @@ def test_batch_status_counts_members_by_state():
     assert status.finished_at is not None
 
 
+# -- retention --------------------------------------------------------------------------
+
+MONTH = dt.timedelta(days=30)
+
+
+def age(batch_id=None, runs=(), days: int = 40) -> None:
+    """Pretend the runs (and the batch's callbacks' enqueue) ended ``days`` ago."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE k2b_run SET finished_at = finished_at - %s WHERE id = ANY(%s)",
+            [dt.timedelta(days=days), list(runs)],
+        )
+        cursor.execute(
+            "UPDATE k2b_task_batch SET finished_at = finished_at - %s WHERE id = %s",
+            [dt.timedelta(days=days), batch_id],
+        )
+
+
+def members_and_callbacks(batch):
+    row = TaskBatch.objects.get(pk=batch.id)
+    return [uuid.UUID(r.id) for r in batch.results], [
+        uuid.UUID(v) for v in row.callback_runs.values()
+    ]
+
+
+def test_a_finished_batch_goes_with_its_members_and_its_callbacks_runs():
+    batch = enqueue_batch(b.member, calls(3, failing={1}), **CALLBACKS)
+    run_until_idle()
+    members, callbacks = members_and_callbacks(batch)
+    assert len(callbacks) == 2
+    age(batch.id, [*members, *callbacks])
+
+    counted = purge_finished_runs(older_than=MONTH, dry_run=True)
+    assert (counted["run trees"], counted["task batches"]) == (5, 1)
+    assert TaskBatch.objects.exists()
+
+    purged = purge_finished_runs(older_than=MONTH)
+    assert (purged["run trees"], purged["task batches"]) == (5, 1)
+    assert not TaskBatch.objects.exists()
+    assert not WorkflowRun.objects.exists()
+
+
+@pytest.mark.parametrize("left", ["a member", "a callback's run"])
+def test_a_batch_stays_while_one_of_its_runs_is_left(left):
+    """A member or callback's run that is recent (or not finished) is not purged, and
+    keeps its batch: the admin shows a batch with its members and callbacks' runs."""
+    batch = enqueue_batch(b.member, calls(3), **CALLBACKS)
+    run_until_idle()
+    members, callbacks = members_and_callbacks(batch)
+    recent = members[0] if left == "a member" else callbacks[0]
+    age(batch.id, [r for r in [*members, *callbacks] if r != recent])
+
+    purged = purge_finished_runs(older_than=MONTH)
+    assert (purged["run trees"], purged["task batches"]) == (4, 0)
+    assert TaskBatch.objects.filter(pk=batch.id).exists()
+    assert list(WorkflowRun.objects.values_list("pk", flat=True)) == [recent]
+
+    age(runs=[recent])
+    purged = purge_finished_runs(older_than=MONTH)
+    assert (purged["run trees"], purged["task batches"]) == (1, 1)
+    assert not TaskBatch.objects.exists()
+
+
+def test_members_of_a_batch_whose_callbacks_wait_are_kept_whatever_their_age(monkeypatch):
+    """Purged before its callbacks were enqueued, a failed member would leave a batch
+    that looks successful: its members stay until the batch has finished."""
+    batch = enqueue_batch(b.member, calls(3, failing={2}), **CALLBACKS)
+    with monkeypatch.context() as patched:  # members run by a worker that sees no batch
+        patched.setattr(batches, "due", lambda using, limit=100: [])
+        run_until_idle()
+    members = [r.id for r in batch.results]
+    age(runs=members)
+
+    purged = purge_finished_runs(older_than=MONTH)
+    assert (purged["run trees"], purged["task batches"]) == (0, 0)
+    assert WorkflowRun.objects.count() == 3
+    assert TaskBatch.objects.filter(pk=batch.id, finished_at=None).exists()
+
+    assert sweep() == 1
+    assert TaskBatch.objects.get(pk=batch.id).outcome == "failed"
+    run_until_idle()
+    assert called(batch.id) == {"on_finish": 1, "on_failure": 1}
+
+
+def test_a_batch_id_that_is_not_a_uuid_in_a_row_does_not_stop_the_purge():
+    """The runtime role can write runs' inputs and batch rows: a value that is not a
+    uuid names no batch and no run, rather than failing every purge with a cast error."""
+    batch = enqueue_batch(b.member, calls(2), on_finish=b.on_finish)
+    run_until_idle()
+    members, callbacks = members_and_callbacks(batch)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE k2b_run SET input = jsonb_set(input, '{batch}', '\"nope\"') WHERE id = %s",
+            [members[0]],
+        )
+    TaskBatch.objects.filter(pk=batch.id).update(callback_runs={"on_finish": "nope"})
+    age(batch.id, [*members, *callbacks])
+    waiting = enqueue_batch(b.member, calls(1))  # an open batch: members are looked up
+    purged = purge_finished_runs(older_than=MONTH)
+    assert (purged["run trees"], purged["task batches"]) == (3, 1)
+    assert list(TaskBatch.objects.values_list("pk", flat=True)) == [waiting.id]
+
+
+def test_purgeworkflows_deletes_finished_batches():
+    batch = enqueue_batch(b.member, calls(2), on_finish=b.on_finish)
+    run_until_idle()
+    members, callbacks = members_and_callbacks(batch)
+    age(batch.id, [*members, *callbacks])
+    out = io.StringIO()
+    call_command("purgeworkflows", "--older-than-days", "30", stdout=out)
+    assert "3 run trees" in out.getvalue() and "1 task batches" in out.getvalue()
+    assert not TaskBatch.objects.exists()
+
+
 # -- bad input ------------------------------------------------------------------------
 
 
@@ -208,6 +358,33 @@ def test_an_empty_batch_is_refused(nothing_inserted):
 def test_a_callback_that_is_not_a_task_is_refused(nothing_inserted, callback, message):
     with pytest.raises(InvalidTaskCall, match=message):
         enqueue_batch(b.member, calls(2), on_success=callback)
+    assert not TaskBatch.objects.exists()
+
+
+@pytest.mark.parametrize("argument", ["task", "on_finish"])
+def test_a_task_on_another_backend_is_refused_as_member_or_callback(
+    nothing_inserted, settings, argument
+):
+    settings.TASKS = {
+        **settings.TASKS,
+        "elsewhere": {"BACKEND": "django_tasks.backends.dummy.DummyBackend"},
+    }
+    foreign = b.takes_no_batch_id.using(backend="elsewhere")
+    given = {"task": b.member, "on_finish": b.on_finish, argument: foreign}
+    with pytest.raises(
+        InvalidTaskCall,
+        match=rf"enqueue_batch\(\): {argument} .*takes_no_batch_id is on backend 'elsewhere' "
+        r"\(DummyBackend\), not a k2b_workflows.tasks.WorkflowsBackend",
+    ):
+        enqueue_batch(given["task"], calls(2), on_finish=given["on_finish"])
+    assert not TaskBatch.objects.exists()
+
+
+def test_a_member_task_that_is_not_a_task_is_refused(nothing_inserted):
+    with pytest.raises(
+        InvalidTaskCall, match="enqueue_batch\\(\\): task must be a task made with @task"
+    ):
+        enqueue_batch(b.member.func, calls(2), on_finish=b.on_finish)
     assert not TaskBatch.objects.exists()
 
 

@@ -1,10 +1,11 @@
 """A task canceled while its call runs, under a real ``runworkflows`` (#51).
 
-The cancel ends the run at once; the call is not cut, and returns later into a
-run that is no longer its worker's. That late end must be refused by the run's
-fence, in one clear line, and never sent to the database as an end for it to
-reject: the canceled run stays as the cancel left it, its chains verify, an
-external call's answer is kept as late evidence, and the worker goes on.
+An end at once (``control.cancel_run``, as a timeout ends a run; ``cancel`` and
+``cancel_workflow_run`` only ask a running call, #49) does not cut the call, and it
+returns later into a run that is no longer its worker's. That late end must be
+refused by the run's fence, in one clear line, and never sent to the database as an
+end for it to reject: the canceled run stays as the cancel left it, its chains
+verify, an external call's answer is kept as late evidence, and the worker goes on.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import re
 
 import pytest
 
-from k2b_workflows import cancel_workflow_run
+from k2b_workflows.control import cancel_run
 from k2b_workflows.models import LedgerEntry, WorkflowRun
 from tests.models import ProviderCall
 from tests.support.misuse import verify
@@ -40,7 +41,7 @@ def _canceled_under_its_call(start_worker, wait, task, key: str):
         timeout=TIMEOUT,
         message=lambda: f"the call {key} to start:\n{worker.report()}",
     )
-    canceled = cancel_workflow_run(result.id, "not wanted any more")
+    canceled = cancel_run(result.id, "not wanted any more")
     assert canceled.status == "canceled"
     h.release(key)
     following = t.add.enqueue(20, 22)

@@ -33,7 +33,7 @@ from k2b_workflows import (
 )
 from k2b_workflows.kernel import progress as writer
 from k2b_workflows.models import RunProgress, WorkflowRun
-from k2b_workflows.progress_models import MAX_NOTE
+from k2b_workflows.models.progress import MAX_NOTE
 from k2b_workflows.testing import run_until_idle
 from tests.models import DomainRow
 from tests.tasks_app import held, reporting

@@ -319,12 +319,13 @@ def budgeted_flaky(context: TaskContext, key, cents, failures, crash=None):
 @declared("pure")
 def cancels(run_id=None):
     """PURE, but for what a test makes of it: cancels the run ``run_id`` names, if any
-    (a run of this task whose end waits to commit with this one's)."""
-    from k2b_workflows import cancel_workflow_run
+    (a run of this task whose end waits to commit with this one's). Ended at once, as a
+    timeout ends a run: ``cancel_workflow_run`` would only ask it (#49)."""
+    from k2b_workflows.control import cancel_run
 
     _call("task.cancels", payload={"run_id": run_id})
     if run_id is not None:
-        cancel_workflow_run(run_id, "canceled while its end waited")
+        cancel_run(run_id, "canceled while its end waited")
     return run_id
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 
-from k2b_workflows import Action, Effect, failed, succeeded, workflow
+from k2b_workflows import Action, Effect, create_child_workflow_runs, failed, succeeded, workflow
 from tests.models import ProviderCall
 
 from .fence import gate
@@ -74,3 +74,80 @@ def charge(run, input):
 @workflow("holders.charge_by_key", app_id="tests")
 def charge_by_key(run, input):
     return run.step(SlowChargeByKey, input)
+
+
+# -- a running run asked to stop (#49) ------------------------------------------
+
+
+class Ship(Action):
+    """PURE: the step after the charge; says it ran (it never should once asked)."""
+
+    name = "holders.ship"
+    effect = Effect.PURE
+
+    def run(self, ctx, input):
+        ProviderCall.objects.create(action="holders.shipped", effect_key=ctx.effect_key)
+        return succeeded({"shipped": True})
+
+
+class Held(Action):
+    """PURE: says it started, then returns once the test releases it (``holders.release``
+    with its effect key), or once ``ctx.canceled`` is set when the input says so."""
+
+    name = "holders.held"
+    effect = Effect.PURE
+
+    def run(self, ctx, input):
+        ProviderCall.objects.create(
+            action="holders.started", effect_key=ctx.effect_key, pid=os.getpid()
+        )
+        released = {"action": "holders.release", "effect_key": ctx.effect_key}
+        deadline = time.monotonic() + 120
+        while not ProviderCall.objects.filter(**released).exists():
+            if input.get("until_canceled") and ctx.canceled.is_set():
+                ProviderCall.objects.create(
+                    action="holders.saw_cancel",
+                    effect_key=ctx.effect_key,
+                    payload={"at": time.time()},
+                )
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError("never released")
+            time.sleep(0.02)
+        return succeeded({"held": ctx.effect_key})
+
+
+@workflow("holders.charge_then_ship", app_id="tests")
+def charge_then_ship(run, input):
+    charge = run.step(SlowCharge, input)
+    run.step(Ship, {})
+    return charge
+
+
+@workflow("holders.held_then_ship", app_id="tests")
+def held_then_ship(run, input):
+    held = run.step(Held, input)
+    run.step(Ship, {})
+    return held
+
+
+@workflow("holders.parent_then_ship", app_id="tests")
+def parent_then_ship(run, input):
+    create_child_workflow_runs(run, "holders.held_then_ship", [{}])
+    held = run.step(Held, input)
+    run.step(Ship, {})
+    return held
+
+
+class HeldCharge(Held):
+    """EXTERNAL with no ``reconcile``: an outcome a crash leaves unknown is an operator's."""
+
+    name = "holders.held_charge"
+    effect = Effect.EXTERNAL
+
+
+@workflow("holders.held_charge_then_ship", app_id="tests")
+def held_charge_then_ship(run, input):
+    charge = run.step(HeldCharge, input)
+    run.step(Ship, {})
+    return charge

@@ -23,7 +23,9 @@ MAX_BATCH = 100_000
 class Command(BaseCommand):
     help = (
         "Delete run trees whose every run ended more than --older-than-days ago, with their "
-        "journal, ledger and charges. Runs that need attention are never deleted. Also deletes "
+        "journal, ledger and charges. Runs that need attention are never deleted, nor members of "
+        "a batch whose callbacks have not been enqueued. Then task batches as old whose members "
+        "and callbacks' runs are all deleted. Also deletes "
         "rows of stopped or lost workers whose last heartbeat is as old."
     )
 
@@ -51,7 +53,7 @@ class Command(BaseCommand):
             counts = purge_finished_runs(older_than=older_than, batch=batch, dry_run=dry_run)
             for key, value in counts.items():
                 total[key] = total.get(key, 0) + value
-            if dry_run or counts["run trees"] < batch:
+            if dry_run or max(counts["run trees"], counts["task batches"]) < batch:
                 break
         if dry_run:
             total["worker rows"] = WorkerRecord.objects.filter(

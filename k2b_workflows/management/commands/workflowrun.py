@@ -464,16 +464,20 @@ class Command(BaseCommand):
         if actor is not None:
             user = _actor(actor, "k2b_workflows.cancel_workflowrun", any_of=VIEW_PERMISSIONS)
             reason = f"{reason} (by {user.get_username()})"
-        before = _get_run(run_id).status
+        found = _get_run(run_id)
+        before, asked_before = found.status, found.cancel_requested_at is not None
         # As the admin: the cancel retries its own transaction on a deadlock, then the log.
         run = control.cancel_workflow_run(run_id, reason)
-        changed = run.status != before
+        # A running run is asked (#49): it ends canceled at its next step boundary.
+        asked = run.cancel_requested_at is not None and not asked_before
+        changed = run.status != before or asked
         if user is not None and changed:
             _log_change(user, run, f"Cancel: {given}")
-        return (
-            {"run": describe(run), "changed": changed},
-            f"{run.pk} {run.status}" + ("" if changed else f" (already {before})"),
-        )
+        if asked and run.status == before:
+            said = f"{run.pk} {run.status} (asked to stop: it ends canceled before its next step)"
+        else:
+            said = f"{run.pk} {run.status}" + ("" if changed else f" (already {before})")
+        return {"run": describe(run), "changed": changed}, said
 
     def _retry(self, *, run_id: str, actor: str, reason: str, **options: Any) -> tuple:
         user = _actor(actor, "k2b_workflows.retry_workflowrun", any_of=VIEW_PERMISSIONS)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 
-from .triggers import append_only
+from ..triggers import append_only
 
 
 class BudgetAccount(models.Model):

@@ -1,31 +1,25 @@
-"""Runs, their journal, the evidence ledger, budgets, waits, AI tasks and dedup rows.
+"""A run: its row, its statuses and lifecycle, and where it stands in the queue.
 
 The invariants that must survive a buggy worker or a hand-written ``UPDATE``
-live in the database as triggers (django-pgtrigger): journal and ledger are
-append-only, ``generation`` never decreases, and ``status`` only takes the
-transitions of the run lifecycle.
+live in the database as triggers (django-pgtrigger): ``generation`` never
+decreases, and ``status`` only takes the transitions of the run lifecycle.
+The rows that hang on a run's steps are in modules of their own (``journal``,
+``waits``, ``dedup``, ``attempts``).
 """
 
 from __future__ import annotations
 
 import uuid
-from typing import Any, ClassVar
 
 import pgtrigger
-
-# Importing pgtrigger's app module lets models declare ``Meta.triggers``. It is
-# imported by Django only when 'pgtrigger' is in INSTALLED_APPS; without this
-# line, forgetting it fails this module with "'class Meta' got invalid
-# attribute(s): triggers" before the system check (E003) can say what is wrong.
-import pgtrigger.apps
 from django.db import models
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Coalesce
 from django.utils import timezone
+from django.utils.deconstruct import deconstructible
 
-from . import naming
-from .actions import Effect
-from .triggers import (
+from .. import naming
+from ..triggers import (
     FairLine,
     GuardedFSM,
     GuardedProtect,
@@ -35,7 +29,6 @@ from .triggers import (
     SlotAdmit,
     SlotNeverInserted,
     SlotRelease,
-    append_only,
 )
 
 #: The channel a run's end is announced on, with the run's id as payload.
@@ -76,8 +69,6 @@ RUN_TRANSITIONS = [
     ("failed", "queued"),
 ]
 
-_EFFECT_CHOICES = [(e.value, e.name.replace("_", " ").lower()) for e in Effect]
-
 
 #: Where a run holds its ``unique_key`` (``unique.STATE_SETS`` gives the codes): READY
 #: (queued, never claimed) always; RUNNING (claimed once and not ended: running,
@@ -97,6 +88,8 @@ UNIQUE_HELD = models.Q(unique_key__isnull=False) & (
 )
 
 
+# Migrations name it by the path it had before the models became a package.
+@deconstructible(path="k2b_workflows.models.QueueOrder")
 class QueueOrder(models.Func):
     """``k2b_queue_order(run_after, priority_credit_ms)``: where a queued run stands in line.
 
@@ -110,7 +103,7 @@ class QueueOrder(models.Func):
 
 #: Where a queued run stands in the claim's line: its place among the keys' turns
 #: when it takes turns (``fair_line``), else its ``run_after``, moved earlier by its
-#: priority's credit (``kernel/flow.py``, ``kernel/fairness.py``).
+#: priority's credit (``kernel/flow.py``, ``triggers.FairLine``).
 LINE = QueueOrder(Coalesce("fair_line", "run_after"), "priority_credit_ms")
 
 
@@ -170,7 +163,7 @@ class WorkflowRun(models.Model):
     priority_credit_ms = models.BigIntegerField(default=0)
     #: The rate limit key that last deferred the run ("" if none did).
     deferred_by = models.CharField(max_length=500, blank=True, default="")
-    #: Fair shares (``Fairness``, ``kernel/fairness.py``): the key whose turn the run
+    #: Fair shares (``fairness.py``, ``triggers.FairLine``): the key whose turn the run
     #: takes (NULL: none), its weight, and its place in line among the keys' runs,
     #: which the database writes when the run is queued due (``triggers.FairLine``).
     fairness_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
@@ -379,7 +372,7 @@ class WorkflowRun(models.Model):
                 & (models.Q(concurrency_key__isnull=True) | models.Q(holds_slot=True)),
                 name="k2b_run_queued_queue",
             ),
-            # Fair shares (``kernel/fairness.py``): the head of a queue's turns, and
+            # Fair shares (``triggers.FairLine``): the head of a queue's turns, and
             # where a key's last queued run stands; a run without a key has no entry.
             models.Index(
                 "queue",
@@ -574,237 +567,3 @@ class WorkflowRun(models.Model):
     @property
     def is_root(self) -> bool:
         return self.parent_id is None
-
-
-class JournalEntry(models.Model):
-    """A step's final outcome, checkpointed: what replay returns instead of running it again.
-
-    Append-only and hash-chained per run:
-    ``entry_hash = HMAC(key, prev_hash ‖ canonical(entry))``, sealed by
-    ``WorkflowRun.journal_anchor``.
-    """
-
-    class State(models.TextChoices):
-        SUCCEEDED = "succeeded"
-        FAILED = "failed"
-
-    # No index of its own: the unique (run, seq) serves every lookup by run, and an
-    # index less is one insert less per step.
-    run = models.ForeignKey(
-        WorkflowRun, on_delete=models.PROTECT, related_name="journal", db_index=False
-    )
-    seq = models.IntegerField()
-    action_name = models.CharField(max_length=200)
-    effect = models.CharField(max_length=20, choices=_EFFECT_CHOICES)
-    state = models.CharField(max_length=20, choices=State.choices)
-    output = models.JSONField(null=True, blank=True)
-    summary = models.TextField(blank=True, default="")
-    error_code = models.CharField(max_length=100, blank=True, default="")
-    error_message = models.TextField(blank=True, default="")
-    input_hash = models.CharField(max_length=64)
-    generation = models.BigIntegerField()
-    started_at = models.DateTimeField(null=True, blank=True)
-    created_at = models.DateTimeField(default=timezone.now)
-    #: Id of the evidence key the hashes were made with; "" for unkeyed SHA-256
-    #: (entries written before keyed chains).
-    key_id = models.CharField(max_length=16, blank=True, default="")
-    prev_hash = models.CharField(max_length=64)
-    entry_hash = models.CharField(max_length=64)
-
-    class Meta:
-        db_table = "k2b_journal"
-        ordering = ["run", "seq"]
-        verbose_name_plural = "journal entries"
-        constraints = [models.UniqueConstraint(fields=["run", "seq"], name="k2b_journal_step_once")]
-        triggers = append_only("journal_append_only")
-
-    def __str__(self) -> str:
-        return f"{self.run_id} #{self.seq} {self.action_name} {self.state}"
-
-
-class LedgerEntry(models.Model):
-    """Evidence of one event of an effect: dispatch, result, reconcile answer, resolution.
-
-    Holds hashes only, never raw input or credentials. Append-only and
-    hash-chained per run like the journal.
-    """
-
-    class Kind(models.TextChoices):
-        DISPATCHED = "dispatched"
-        SUCCEEDED = "succeeded"
-        FAILED = "failed"
-        OUTCOME_UNKNOWN = "outcome_unknown"
-        RECONCILED = "reconciled"
-        RECONCILE_UNKNOWN = "reconcile_unknown"
-        #: reconcile() says the provider has not finished: polled again later.
-        PENDING = "pending"
-        LATE_RESULT = "late_result"
-        RESOLVED_CONFIRMED = "resolved_confirmed"
-        RESOLVED_ABSENT = "resolved_absent"
-        REJECTED = "rejected"
-        CANCELED = "canceled"
-        RETRIED = "retried"
-        #: A fork: on the new run, who forked it from which step and why, the effects
-        #: they allowed to run again and the effect keys it keeps; on the original,
-        #: the fork's id.
-        FORKED = "forked"
-
-    # No index of its own: k2b_ledger_step (run, seq) serves every lookup by run.
-    run = models.ForeignKey(
-        WorkflowRun, on_delete=models.PROTECT, related_name="ledger", db_index=False
-    )
-    seq = models.IntegerField(null=True, blank=True)
-    kind = models.CharField(max_length=30, choices=Kind.choices)
-    action_name = models.CharField(max_length=200, blank=True, default="")
-    effect = models.CharField(max_length=20, choices=_EFFECT_CHOICES, blank=True, default="")
-    invocation_key = models.CharField(max_length=200, blank=True, default="")
-    effect_key = models.CharField(max_length=200, blank=True, default="")
-    generation = models.BigIntegerField(null=True, blank=True)
-    definition_hash = models.CharField(max_length=64, blank=True, default="")
-    input_hash = models.CharField(max_length=64, blank=True, default="")
-    preview_hash = models.CharField(max_length=64, blank=True, default="")
-    principal_hash = models.CharField(max_length=64, blank=True, default="")
-    idempotency_key_hash = models.CharField(max_length=64, blank=True, default="")
-    output_hash = models.CharField(max_length=64, blank=True, default="")
-    message = models.TextField(blank=True, default="")
-    #: Operator resolutions: who decided, and on what evidence.
-    actor = models.CharField(max_length=150, blank=True, default="")
-    actor_id = models.BigIntegerField(null=True, blank=True)
-    evidence = models.TextField(blank=True, default="")
-    detail = models.JSONField(null=True, blank=True)
-    created_at = models.DateTimeField(default=timezone.now)
-    #: Id of the evidence key the hashes were made with; "" for unkeyed SHA-256
-    #: (entries written before keyed chains).
-    key_id = models.CharField(max_length=16, blank=True, default="")
-    prev_hash = models.CharField(max_length=64)
-    entry_hash = models.CharField(max_length=64)
-
-    class Meta:
-        db_table = "k2b_ledger"
-        ordering = ["run", "id"]
-        verbose_name_plural = "ledger entries"
-        indexes = [models.Index(fields=["run", "seq"], name="k2b_ledger_step")]
-        triggers = append_only("ledger_append_only")
-
-    def __str__(self) -> str:
-        return f"{self.run_id} #{self.seq} {self.kind}"
-
-
-class WaitRendezvous(models.Model):
-    """The one row per ``(app_id, kind, key)`` that parking and waking both lock.
-
-    ``signal_seq`` counts wakes; a run remembers the last one it has seen, so a
-    wake that commits before the waiter parks is never lost.
-    """
-
-    app_id = models.CharField(max_length=100)
-    kind = models.CharField(max_length=200)
-    key = models.CharField(max_length=500)
-    signal_seq = models.BigIntegerField(default=0)
-    signaled_at = models.DateTimeField(null=True, blank=True)
-    created_at = models.DateTimeField(default=timezone.now)
-
-    class Meta:
-        db_table = "k2b_wait"
-        verbose_name_plural = "wait rendezvous"
-        constraints = [
-            models.UniqueConstraint(fields=["app_id", "kind", "key"], name="k2b_wait_occurrence")
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.app_id}/{self.kind}/{self.key}"
-
-
-class DedupRecord(models.Model):
-    """A dedup table for idempotent actions whose provider does not deduplicate.
-
-    Two unique constraints on purpose (``key`` and ``(run, step, name)``):
-    write it with ``k2b_workflows.dedup.insert_once``, never ``get_or_create``.
-    """
-
-    key = models.CharField(max_length=255, unique=True)
-    run = models.ForeignKey(
-        WorkflowRun, null=True, blank=True, on_delete=models.PROTECT, related_name="dedup_records"
-    )
-    step = models.IntegerField(null=True, blank=True)
-    name = models.CharField(max_length=200, blank=True, default="")
-    value = models.JSONField(null=True, blank=True)
-    created_at = models.DateTimeField(default=timezone.now)
-
-    class Meta:
-        db_table = "k2b_dedup"
-        constraints = [
-            models.UniqueConstraint(fields=["run", "step", "name"], name="k2b_dedup_run_step_name")
-        ]
-
-    def __str__(self) -> str:
-        return self.key
-
-
-class TaskAttempt(models.Model):
-    """One failed call of a django.tasks task function: its ``TaskError`` (#37).
-
-    A task's successful attempt leaves no row (its success rides on the run's
-    end, one commit); an attempt that raised leaves one, written in a fenced
-    transaction before the run is retried or failed, so a stale worker cannot
-    add an error to a run it lost. The traceback is scrubbed before it is stored,
-    and the row is sealed: one the runtime role inserted is refused when read.
-    """
-
-    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="task_attempts")
-    attempt = models.PositiveIntegerField()
-    worker_id = models.CharField(max_length=200, blank=True, default="")
-    started_at = models.DateTimeField()
-    finished_at = models.DateTimeField()
-    exception_class_path = models.CharField(max_length=500)
-    traceback = models.TextField(blank=True, default="")
-    #: HMAC under the evidence key over the row (``tasks.runs.attempt_text``): the
-    #: runtime role may insert rows here, but a row it wrote is never shown as an
-    #: error of the task (#35).
-    seal = models.CharField(max_length=200, blank=True, default="", db_default="")
-
-    class Meta:
-        db_table = "k2b_task_attempt"
-        ordering = ["run", "id"]
-
-    def __str__(self) -> str:
-        return f"{self.run_id} attempt {self.attempt}: {self.exception_class_path}"
-
-
-class IncidentManager(models.Manager["Incident"]):
-    def get_queryset(self) -> models.QuerySet[Incident]:
-        return super().get_queryset().filter(status=RunStatus.NEEDS_ATTENTION)
-
-
-class Incident(WorkflowRun):
-    """A run in ``needs_attention``: the admin's incident queue, oldest first.
-
-    A proxy (no table of its own) so that the queue is its own admin entry
-    with its own changelist, next to the list of all runs.
-    """
-
-    objects: ClassVar[IncidentManager] = IncidentManager()
-
-    #: The ledger entries of the step in doubt, prefetched by the incident queue's
-    #: admin (``to_attr``): an annotation only, no field.
-    entries: list[LedgerEntry]
-    #: The run's input if it is small, else None: an annotation of the queue's admin.
-    call_input: Any
-
-    class Meta:
-        proxy = True
-        ordering = ["updated_at", "created_at"]
-
-
-# Models about one thing live in modules of their own (schedules, budgets, AI
-# tasks, the fleet, the overview's counts, rate limits); they are models of this
-# app all the same, importable from here as always.
-from .ai_models import AiTask  # noqa: E402, F401
-from .batch_models import TaskBatch  # noqa: E402, F401
-from .budget_models import BudgetAccount, BudgetCharge  # noqa: E402, F401
-from .fleet_models import WorkerRecord  # noqa: E402, F401
-from .flow_models import RateDispatch  # noqa: E402, F401
-from .overview_models import OverviewMinute  # noqa: E402, F401
-from .progress_models import RunProgress  # noqa: E402, F401
-from .queue_models import QueuePause  # noqa: E402, F401
-from .schedule_models import WorkflowSchedule, WorkflowScheduleSkip  # noqa: E402, F401

@@ -13,7 +13,7 @@ import pgtrigger
 from django.db import models
 from django.utils import timezone
 
-from .triggers import GuardedFSM, Notify
+from ..triggers import GuardedFSM, Notify
 
 
 class AiTask(models.Model):

@@ -18,9 +18,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, models, transaction
 from django.utils import timezone
 
-from . import naming, schedules, settings
-from .exceptions import InvalidSchedule
-from .schedules import Schedule
+from .. import naming, schedules, settings
+from ..exceptions import InvalidSchedule
+from ..schedules import Schedule
 
 #: ``timezone.now`` under a name a model's ``timezone`` field cannot shadow.
 _now = timezone.now
