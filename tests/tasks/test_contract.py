@@ -347,7 +347,9 @@ def test_enqueue_many_copies_a_json_column_new_run_makes_the_same_for_every_run(
 
 
 def test_enqueue_many_refuses_rows_sealed_otherwise_than_new_run_seals(monkeypatch):
-    monkeypatch.setattr(seals, "start_seal_like", lambda template, run_id, value: "k:forged")
+    monkeypatch.setattr(
+        seals, "start_seal_like", lambda template, run_id, value, **fairness: "k:forged"
+    )
     before = WorkflowRun.objects.count()
     with pytest.raises(AssertionError, match="other than new_run"):
         enqueue_many(t.add, [((1, 2), None)])

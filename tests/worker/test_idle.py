@@ -91,8 +91,10 @@ def test_an_idle_worker_sends_one_statement_a_poll_and_opens_no_transaction(idle
     wait_for(lambda: worker.probes() >= probes + 30, timeout=60, message="30 more probes")
     worker.stop()
     after, done = worker.statements[before:], worker.probes() - probes
-    # The last pass may have been under way when the counts were read: one probe of slack.
-    assert done <= len(after) <= done + 1, after[:5]
+    # A probe is listed when it is sent and counted once it has answered: read while one
+    # was in flight, the first read lists one probe the count has not, and the last
+    # pass may have been under way at the stop. One probe of slack each way.
+    assert done - 1 <= len(after) <= done + 1, (done, len(after), after[:2])
     assert all("idle" not in sql and sql.lstrip().startswith("SELECT") for sql in after)
     assert worker.full_passes <= 2, f"{worker.full_passes} full passes while idle"
 
