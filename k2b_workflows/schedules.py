@@ -131,6 +131,23 @@ class Schedule:
                 field="jitter",
             )
 
+    @classmethod
+    def from_row(cls, row: Any) -> Schedule:
+        """The spec a stored schedule row holds (a model or a raw row with the same fields).
+
+        Raises ``InvalidSchedule`` for a row written around the validation.
+        """
+        return cls(
+            row.cron or None,
+            every=row.every,
+            # A row stored before #35 may pair every with a zone, which was ignored.
+            timezone=row.timezone if row.cron else "UTC",
+            input=row.input,
+            catch_up=row.catch_up,
+            overlap=row.overlap,
+            jitter=row.jitter,
+        )
+
     # -- ticks ---------------------------------------------------------------
 
     def next_tick(self, after: dt.datetime, anchor: dt.datetime | None = None) -> dt.datetime:

@@ -259,16 +259,7 @@ def _fire(
 ) -> None:
     """Decide one locked row's due ticks, start their runs and move the row on."""
     try:
-        spec = Schedule(
-            row.cron or None,
-            every=row.every,
-            # A row stored before #35 may pair every with a zone, which was ignored.
-            timezone=row.timezone if row.cron else "UTC",
-            input=row.input,
-            catch_up=row.catch_up,
-            overlap=row.overlap,
-            jitter=row.jitter,
-        )
+        spec = Schedule.from_row(row)
     except InvalidInput as exc:
         # Written around the validation (raw SQL, a restored dump): firing it would
         # guess. Disabled with the reason on its admin page, never silently run.
