@@ -34,8 +34,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
-from .actions import to_json_value
 from .exceptions import InvalidSchedule
+from .validation import to_json_value
 
 UTC = dt.UTC
 _SECOND = dt.timedelta(seconds=1)

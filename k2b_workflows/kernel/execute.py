@@ -38,9 +38,10 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from django.db import DatabaseError, transaction
 
 from .. import codes, settings, tracing, validation
-from ..actions import Action, Effect, Succeeded, as_action, missing_ref, to_json_value
+from ..actions import Action, Effect, Succeeded, as_action, missing_ref
 from ..exceptions import InvalidInput, LeaseLost, RunCanceled, StepFailed, Suspend, UnknownWorkflow
 from ..models import JournalEntry, WorkflowRun
+from ..validation import to_json_value
 from ..workflows import (
     RunHandle,
     WorkflowDefinition,

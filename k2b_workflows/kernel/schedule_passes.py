@@ -39,7 +39,6 @@ from typing import Any
 from django.db import transaction
 
 from .. import counters, settings
-from ..actions import to_json_value
 from ..exceptions import (
     DatabaseNotMigrated,
     DatabaseUnavailable,
@@ -49,6 +48,7 @@ from ..exceptions import (
 )
 from ..models import WorkflowScheduleSkip
 from ..schedules import SCHEDULED_FOR, CatchUp, Overlap, Schedule, idempotency_key, iso, jitter_for
+from ..validation import to_json_value
 from ..workflows import get_workflow
 from . import db, schedule_seals, starts
 
