@@ -1,6 +1,7 @@
 """The worker process: what ``manage.py runworkflows`` runs. No user code imports it.
 
-``loop`` holds ``Worker`` (starting, the claim loop, shutting down), and the
+``loop`` holds ``Worker`` (starting, the claim loop, shutting down; what it is
+started with is one ``WorkerOptions``: ``options``), and the
 parts that hold its state below it: the runs it claimed and hands back
 (``claims``), what its pool threads do (``runner``), its periodic passes,
 housekeeping and schedules (``housekeeping``), and which runs it takes
@@ -22,9 +23,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .loop import Worker, default_status_stream
+    from .loop import Worker, WorkerOptions, default_status_stream
 
-__all__ = ["Worker", "default_status_stream"]
+__all__ = ["Worker", "WorkerOptions", "default_status_stream"]
 
 
 def __getattr__(name: str) -> Any:
