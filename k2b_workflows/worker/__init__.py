@@ -7,7 +7,7 @@ parts that hold its state below it: the runs it claimed and hands back
 housekeeping and schedules (``housekeeping``), and which runs it takes
 (``selection``). Beside them, what only a worker process needs: its threads' database connections
 (``connections``), its status line (``status``), its start-up checks (``startup``), the LISTEN
-that wakes it (``wakeups``), the signals that stop it (``signals``), how it
+that wakes it (``wakeups``), the signals that stop it (``stop_signals``), how it
 exits (``exits``), the supervisor of ``--processes`` (``supervisor``), its
 liveness file (``health``), how far ahead it claims (``prefetch``), workflow
 timeouts (``timeouts``), the database's topology (``topology``) and its log

@@ -22,7 +22,7 @@ from k2b_workflows.management import arguments
 from k2b_workflows.worker import exits, logformat
 from k2b_workflows.worker.loop import Worker, default_status_stream
 from k2b_workflows.worker.options import WorkerOptions
-from k2b_workflows.worker.signals import stop_signals
+from k2b_workflows.worker.stop_signals import stop_signals
 
 #: Threads of one process. Past a few hundred, a process spends its time
 #: switching threads and holding connections; scale out with more processes.
