@@ -11,7 +11,6 @@ import datetime as dt
 import enum
 import hashlib
 import inspect
-import json
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -20,6 +19,7 @@ from . import codes, validation
 from .exceptions import HookNotDefined, InvalidInput
 from .limits import RateLimit, check_rate_limit
 from .retries import Retry, action_declared, check_policy
+from .validation import canonical_json, to_json_value
 
 if TYPE_CHECKING:
     import threading
@@ -193,27 +193,6 @@ def unknown(message: str | None = None) -> Unknown:
 
 class InvalidResult(Exception):
     """A hook returned something that is not an allowed result, or a non-JSON output."""
-
-
-def canonical_json(value: Any) -> str:
-    """The one JSON text of a value: sorted keys, no spaces, no NaN, string keys only.
-
-    Raises ``InvalidInput`` (a ``ValueError``) for values JSON cannot hold,
-    including ``{1: "x"}``, which ``json.dumps`` would silently turn into ``{"1": "x"}``.
-    """
-    return validation.json_text(value, "value", stored=False)
-
-
-def to_json_value(value: Any, what: str, *, stored: bool = True) -> Any:
-    """Return ``value`` as it will read back from the database, or raise ``InvalidInput``.
-
-    ``stored`` (the default): the value is written to a ``jsonb`` column, so
-    NUL characters and values over ``MAX_VALUE_BYTES`` are refused as well, and
-    numbers come back as ``jsonb`` gives them (``validation.jsonb_number``):
-    what a step returns, is hashed and is replayed is then one value.
-    """
-    text = validation.json_text(value, what, stored=stored)
-    return validation.stored_json(text) if stored else json.loads(text)
 
 
 def validate_result(result: Any, allowed: tuple[type[Result], ...], hook: str) -> Result:

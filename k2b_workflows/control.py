@@ -21,7 +21,6 @@ from django.core.exceptions import PermissionDenied
 from django.db import transaction
 
 from . import codes, naming, settings, tracing, validation
-from .actions import to_json_value
 from .exceptions import InvalidInput, StepFailed, UnknownWorkflow
 from .fairness import of_workflow_run
 from .kernel import children, db, forks, interventions, pauses, seals, starts, uniques, waits
@@ -37,6 +36,7 @@ from .kernel.interventions import (
 )
 from .models import QueuePause, WorkflowRun
 from .unique import Unique, check_unique, workflow_key_values
+from .validation import to_json_value
 from .workflows import RunHandle, get_workflow
 
 if TYPE_CHECKING:

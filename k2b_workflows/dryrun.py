@@ -26,7 +26,6 @@ from .actions import (
     as_action,
     failed,
     missing_ref,
-    to_json_value,
     validate_result,
 )
 from .exceptions import InvalidInput, StepFailed, Suspend, UnknownWorkflow
@@ -34,6 +33,7 @@ from .kernel import ai, hooks
 from .kernel.budgets import AI_CALLS, validate_cost
 from .kernel.context import KernelStepContext
 from .models import WorkflowRun
+from .validation import to_json_value
 from .workflows import DEFAULT_MAX_STEPS, ChildResult, get_workflow
 
 MAX_DEPTH = 5

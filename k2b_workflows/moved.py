@@ -36,7 +36,7 @@ MOVED: dict[str, str] = {
     "k2b_workflows.logformat": "k2b_workflows.worker.logformat",
     "k2b_workflows.prefetch": "k2b_workflows.worker.prefetch",
     "k2b_workflows.startup": "k2b_workflows.worker.startup",
-    "k2b_workflows.stop_signals": "k2b_workflows.worker.signals",
+    "k2b_workflows.stop_signals": "k2b_workflows.worker.stop_signals",
     "k2b_workflows.supervisor": "k2b_workflows.worker.supervisor",
     "k2b_workflows.timeouts": "k2b_workflows.worker.timeouts",
     "k2b_workflows.topology": "k2b_workflows.worker.topology",

@@ -34,8 +34,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
-from .actions import to_json_value
 from .exceptions import InvalidSchedule
+from .validation import to_json_value
 
 UTC = dt.UTC
 _SECOND = dt.timedelta(seconds=1)
@@ -130,6 +130,23 @@ class Schedule:
                 " would fire after the next one is due",
                 field="jitter",
             )
+
+    @classmethod
+    def from_row(cls, row: Any) -> Schedule:
+        """The spec a stored schedule row holds (a model or a raw row with the same fields).
+
+        Raises ``InvalidSchedule`` for a row written around the validation.
+        """
+        return cls(
+            row.cron or None,
+            every=row.every,
+            # A row stored before #35 may pair every with a zone, which was ignored.
+            timezone=row.timezone if row.cron else "UTC",
+            input=row.input,
+            catch_up=row.catch_up,
+            overlap=row.overlap,
+            jitter=row.jitter,
+        )
 
     # -- ticks ---------------------------------------------------------------
 

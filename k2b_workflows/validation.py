@@ -209,6 +209,27 @@ def stored_json(text: str) -> Any:
     return _STORED_JSON.decode(text)
 
 
+def canonical_json(value: Any) -> str:
+    """The one JSON text of a value: sorted keys, no spaces, no NaN, string keys only.
+
+    Raises ``InvalidInput`` (a ``ValueError``) for values JSON cannot hold,
+    including ``{1: "x"}``, which ``json.dumps`` would silently turn into ``{"1": "x"}``.
+    """
+    return json_text(value, "value", stored=False)
+
+
+def to_json_value(value: Any, what: str, *, stored: bool = True) -> Any:
+    """Return ``value`` as it will read back from the database, or raise ``InvalidInput``.
+
+    ``stored`` (the default): the value is written to a ``jsonb`` column, so
+    NUL characters and values over ``MAX_VALUE_BYTES`` are refused as well, and
+    numbers come back as ``jsonb`` gives them (``jsonb_number``):
+    what a step returns, is hashed and is replayed is then one value.
+    """
+    text = json_text(value, what, stored=stored)
+    return stored_json(text) if stored else json.loads(text)
+
+
 def text(
     value: Any,
     field: str,

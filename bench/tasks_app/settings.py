@@ -1,6 +1,7 @@
 """Settings of the django.tasks comparison: the bench's database, and ``TASKS`` from
-``K2B_BENCH_TASKS``: ``k2b`` (k2b_workflows' backend, pure tasks) or ``db``
-(django-tasks-db's ``DatabaseBackend``, its app installed)."""
+``K2B_BENCH_TASKS``: ``k2b`` (k2b_workflows' backend; its tasks' effect is
+``K2B_BENCH_EFFECT``, pure if unset) or ``db`` (django-tasks-db's
+``DatabaseBackend``, its app installed)."""
 
 import os
 
@@ -18,6 +19,6 @@ else:
     TASKS = {
         "default": {
             "BACKEND": "k2b_workflows.tasks.WorkflowsBackend",
-            "OPTIONS": {"effect": "pure"},
+            "OPTIONS": {"effect": os.environ.get("K2B_BENCH_EFFECT", "pure")},
         }
     }

@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, transaction
 
 from .. import codes, redaction, settings
-from ..actions import Dependency, Result, canonical_json, failed, succeeded, to_json_value, waiting
+from ..actions import Dependency, Result, failed, succeeded, waiting
 from ..exceptions import InvalidInput
+from ..validation import canonical_json, to_json_value
 from . import budgets, db, hashing, waits
 from .db import holding_run_lock
 from .seals import seal_of, text_problem

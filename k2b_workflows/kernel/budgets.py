@@ -133,14 +133,9 @@ def charge(
     if not cost:
         return True
     with connections[using].cursor() as cursor:
-        cursor.execute(
-            _LOCK_ACCOUNT_BUDGET_SQL,
-            [root_id],
-        )
-        row = cursor.fetchone()
+        row = _locked_account(cursor, _LOCK_ACCOUNT_BUDGET_SQL, root_id)
         if row is None:
             return True
-        _sealed(root_id, row)
         budget, spent = _json(row[0]), _json(row[4])
         cursor.execute(
             _CHARGED_SQL, [root_id, run_id, seq, AI_CALLS, bool(budget), root_id, AI_CALLS]
@@ -184,14 +179,9 @@ _COUNT_AI_CALL_SQL = "UPDATE k2b_budget_account SET ai_calls = ai_calls + 1 WHER
 def charge_ai_call(using: str, *, root_id: uuid.UUID, run_id: uuid.UUID, seq: int) -> None:
     """One ``max_ai_calls`` unit for the AI task this step creates (called once, at creation)."""
     with connections[using].cursor() as cursor:
-        cursor.execute(
-            _LOCK_ACCOUNT_AI_CALLS_SQL,
-            [root_id],
-        )
-        row = cursor.fetchone()
+        row = _locked_account(cursor, _LOCK_ACCOUNT_AI_CALLS_SQL, root_id)
         if row is None:
             return
-        _sealed(root_id, row)
         limit, used = row[1], row[4]
         if limit is not None:
             # Counted from the charges, after the lock (see _CHARGED_SQL): ai_calls
@@ -226,14 +216,9 @@ def reserve_children(using: str, *, root_id: uuid.UUID, count: int) -> None:
     if not count:
         return
     with connections[using].cursor() as cursor:
-        cursor.execute(
-            _LOCK_ACCOUNT_STEPS_SQL,
-            [root_id],
-        )
-        row = cursor.fetchone()
+        row = _locked_account(cursor, _LOCK_ACCOUNT_STEPS_SQL, root_id)
         if row is None:
             return
-        _sealed(root_id, row)
         limit, used = row[2], row[4]
         if limit is not None and used + count > limit:
             raise BudgetExceeded("steps", limit, used, count, codes.MAX_STEPS_EXCEEDED)
@@ -241,6 +226,18 @@ def reserve_children(using: str, *, root_id: uuid.UUID, count: int) -> None:
             _COUNT_CHILDREN_SQL,
             [count, root_id],
         )
+
+
+def _locked_account(cursor: Any, lock_sql: str, root_id: uuid.UUID) -> tuple | None:
+    """The root's account row read by ``lock_sql`` (``_LIMITS`` first, then the counter
+    the caller charges), locked: every charge of the tree serializes here. Its limits
+    are checked against their seal before anything is charged; None: the tree has no
+    account."""
+    cursor.execute(lock_sql, [root_id])
+    row = cursor.fetchone()
+    if row is not None:
+        _sealed(root_id, row)
+    return row
 
 
 def _sealed(root_id: uuid.UUID, row: tuple) -> None:

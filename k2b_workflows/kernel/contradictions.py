@@ -37,8 +37,8 @@ from django.db import connections
 
 from .. import codes, redaction
 from ..models import LedgerEntry
+from ..validation import canonical_json
 from . import db, ended
-from .hashing import canonical_json
 
 __all__ = [
     "FAILED",

@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from django.db import DatabaseError
 
 from .. import codes, redaction
-from ..actions import Effect, canonical_json
+from ..actions import Effect
 from ..exceptions import LeaseLost, RunCanceled, Suspend
 from ..models import JournalEntry, LedgerEntry
+from ..validation import canonical_json
 from . import children, db, ended, events, evidence, interventions, retrying, waits, weather
 from .claim import release
 from .journal import Batch, Claim, Pending, RunJournal, Step

@@ -34,14 +34,15 @@ import logging
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 from django.db import DatabaseError, transaction
 
 from .. import codes, settings, tracing, validation
-from ..actions import Action, Effect, Succeeded, as_action, missing_ref, to_json_value
+from ..actions import Action, Effect, Succeeded, as_action, missing_ref
 from ..exceptions import InvalidInput, LeaseLost, RunCanceled, StepFailed, Suspend, UnknownWorkflow
 from ..models import JournalEntry, WorkflowRun
+from ..validation import to_json_value
 from ..workflows import (
     RunHandle,
     WorkflowDefinition,
@@ -85,6 +86,19 @@ logger = logging.getLogger(__name__)
 READ_ASKED_AFTER_S = 0.05
 
 _ASKED_SQL = "SELECT cancel_requested_at IS NOT NULL FROM k2b_run WHERE id = %s"
+
+
+class StepCall(NamedTuple):
+    """A new step as the workflow asked for it (``run.step``), before it runs: what
+    ``_executed`` and ``_new_step`` pass on (the journal's ``Step`` is made from it)."""
+
+    seq: int
+    action: Action
+    name: str
+    input: Any
+    input_hash: str
+    approval_ref: str | None
+    backup_ref: str | None
 
 
 class Execution:
@@ -334,30 +348,16 @@ class Execution:
         if entry is not None:
             return self._replay(entry, name, input, input_hash)
         self.check_parked_step(seq, name, input_hash)
+        call = StepCall(seq, action, name, input, input_hash, approval_ref, backup_ref)
         if self.trace is not None:
-            return self.trace.step(
-                seq,
-                action,
-                input_hash,
-                lambda: self._executed(
-                    seq, action, name, input, input_hash, approval_ref, backup_ref
-                ),
-            )
-        return self._executed(seq, action, name, input, input_hash, approval_ref, backup_ref)
+            return self.trace.step(seq, action, input_hash, lambda: self._executed(call))
+        return self._executed(call)
 
-    def _executed(
-        self,
-        seq: int,
-        action: Action,
-        name: str,
-        input: Any,
-        input_hash: str,
-        approval_ref: str | None,
-        backup_ref: str | None,
-    ) -> Any:
+    def _executed(self, call: StepCall) -> Any:
         """A new step, its errors turned into the run's retry, failure or suspension."""
+        seq, name = call.seq, call.name
         try:
-            return self._new_step(seq, action, name, input, input_hash, approval_ref, backup_ref)
+            return self._new_step(call)
         except (StepFailed, LeaseLost, RunCanceled, db.CommitOutcomeUnknown):
             raise
         except DatabaseError as exc:
@@ -372,23 +372,15 @@ class Execution:
             # swallowed by the workflow's ``except Exception``.
             self.ending.retry_later(f"step {seq} ({name}) raised {type(exc).__name__}: {exc}")
 
-    def _new_step(
-        self,
-        seq: int,
-        action: Action,
-        name: str,
-        input: Any,
-        input_hash: str,
-        approval_ref: str | None,
-        backup_ref: str | None,
-    ) -> Any:
+    def _new_step(self, call: StepCall) -> Any:
+        seq, action, name, input = call.seq, call.action, call.name, call.input
         ctx = KernelStepContext(self, seq)
         if self.inherited_keys and action.effect == Effect.IDEMPOTENT:
             # A fork's step runs again under the key its original used: the provider
             # answers with what it did rather than doing it twice.
             ctx.effect_key = forks.key_for(self.inherited_keys, seq, name, ctx.effect_key)
         started = clock.now()
-        step = Step(seq, action, name, input, input_hash, started, ctx)
+        step = Step(seq, action, name, input, call.input_hash, started, ctx)
         self.retry_policy = retrying.policy_for(action, self.definition)
         if self.run.consecutive_failures >= retrying.max_attempts(self.retry_policy):
             # Crashes in this step counted at the claims: past its own bound.
@@ -400,10 +392,10 @@ class Execution:
                 f"step {seq} is past max_steps={self.definition.max_steps}",
             )
         effect = action.effect
-        refused = missing_ref(action, approval_ref, backup_ref)
+        refused = missing_ref(action, call.approval_ref, call.backup_ref)
         if refused is not None:
             self.journal.step_failed(step, *refused)
-        step.refs = {"approval_ref": approval_ref, "backup_ref": backup_ref}
+        step.refs = {"approval_ref": call.approval_ref, "backup_ref": call.backup_ref}
         try:
             step.cost = budgets.validate_cost(action.cost(input)) if action.defines("cost") else {}
         except budgets.CostRefused as exc:

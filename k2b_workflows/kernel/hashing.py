@@ -18,7 +18,7 @@ import hmac
 from typing import Any
 
 from .. import validation
-from ..actions import canonical_json
+from ..validation import canonical_json
 from .keys import evidence_keys
 
 

@@ -39,7 +39,6 @@ from typing import Any
 from django.db import transaction
 
 from .. import counters, settings
-from ..actions import to_json_value
 from ..exceptions import (
     DatabaseNotMigrated,
     DatabaseUnavailable,
@@ -49,6 +48,7 @@ from ..exceptions import (
 )
 from ..models import WorkflowScheduleSkip
 from ..schedules import SCHEDULED_FOR, CatchUp, Overlap, Schedule, idempotency_key, iso, jitter_for
+from ..validation import to_json_value
 from ..workflows import get_workflow
 from . import db, schedule_seals, starts
 
@@ -259,16 +259,7 @@ def _fire(
 ) -> None:
     """Decide one locked row's due ticks, start their runs and move the row on."""
     try:
-        spec = Schedule(
-            row.cron or None,
-            every=row.every,
-            # A row stored before #35 may pair every with a zone, which was ignored.
-            timezone=row.timezone if row.cron else "UTC",
-            input=row.input,
-            catch_up=row.catch_up,
-            overlap=row.overlap,
-            jitter=row.jitter,
-        )
+        spec = Schedule.from_row(row)
     except InvalidInput as exc:
         # Written around the validation (raw SQL, a restored dump): firing it would
         # guess. Disabled with the reason on its admin page, never silently run.

@@ -291,16 +291,7 @@ class WorkflowSchedule(models.Model):
 
     def spec(self) -> Schedule:
         """The row's spec as a validated ``Schedule`` (raises ``InvalidSchedule``)."""
-        return Schedule(
-            self.cron or None,
-            every=self.every,
-            # A row stored before #35 may pair every with a zone, which was ignored.
-            timezone=self.timezone if self.cron else "UTC",
-            input=self.input,
-            catch_up=self.catch_up,
-            overlap=self.overlap,
-            jitter=self.jitter,
-        )
+        return Schedule.from_row(self)
 
     def fire_at(self, tick: dt.datetime) -> dt.datetime:
         """When a pass fires ``tick``: the tick plus its jitter."""

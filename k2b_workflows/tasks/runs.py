@@ -44,7 +44,6 @@ from ..actions import (
     Unknown,
     failed,
     succeeded_as_stored,
-    to_json_value,
     unknown,
 )
 from ..exceptions import InvalidInput, LeaseLost, RunCanceled, StepFailed
@@ -55,6 +54,7 @@ from ..kernel.budgets import CostRefused
 from ..kernel.hashing import canonical
 from ..models import LedgerEntry, RunStatus, TaskAttempt, WorkflowRun
 from ..redaction import scrub_error
+from ..validation import to_json_value
 from ..workflows import RunHandle, workflow
 from .compat import InvalidTask as InvalidTask
 from .compat import TaskResultDoesNotExist as TaskResultDoesNotExist

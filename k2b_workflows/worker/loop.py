@@ -35,6 +35,7 @@ at start-up on a configuration error (an unmigrated database, a bad URL:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -43,10 +44,9 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
-from typing import TextIO
+from typing import Any
 
 from django.db import DatabaseError, connections
 
@@ -59,13 +59,14 @@ from .claims import Claims
 from .connections import ThreadConnections
 from .health import HealthFile
 from .housekeeping import Housekeeping, SchedulePasses
+from .options import WorkerOptions
 from .prefetch import Prefetch
 from .runner import Runner
 from .selection import Selection
 from .status import StatusLine, default_status_stream
 from .wakeups import Listener
 
-__all__ = ["Worker", "default_status_stream"]
+__all__ = ["Worker", "WorkerOptions", "default_status_stream"]
 
 logger = logging.getLogger(__name__)
 #: The start and stop lines go to the package's logger by name: docs/operations.md
@@ -85,32 +86,22 @@ class Worker:
     and shuts down.
     """
 
-    def __init__(
-        self,
-        *,
-        app_ids: Sequence[str] | None = None,
-        concurrency: int = 1,
-        burst: bool = False,
-        using: str | None = None,
-        worker_id: str | None = None,
-        listen: bool = True,
-        status_stream: TextIO | None = None,
-        wait_for_db: float | None = None,
-        notice_stream: TextIO | None = None,
-        health_file: str | None = None,
-        metrics_port: int | None = None,
-        schedules: bool = True,
-        queues: Sequence[str] | None = None,
-    ) -> None:
+    def __init__(self, options: WorkerOptions | None = None, /, **fields: Any) -> None:
+        """``options``, or ``WorkerOptions``' fields by name (``Worker(concurrency=4)``)."""
+        options = dataclasses.replace(options or WorkerOptions(), **fields)
+        self.options = options
+        concurrency, schedules = options.concurrency, options.schedules
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
-        self.selection = Selection(app_ids, queues)
+        self.selection = Selection(options.app_ids, options.queues)
         self.concurrency = concurrency
-        self.burst = burst
-        self.using = using or settings.database()
-        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        self.listen = listen
-        self.status_stream = status_stream
+        self.burst = options.burst
+        self.using = options.using or settings.database()
+        self.worker_id = (
+            options.worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        )
+        self.listen = options.listen
+        self.status_stream = options.status_stream
         self.stats: Counter[str] = Counter()
         self.stopping = threading.Event()
         self.wake = threading.Event()
@@ -145,11 +136,11 @@ class Worker:
             self.using, self.selection.workflows, self.stats, enabled=schedules
         )
         #: At start-up, give up after this many seconds without a database (None: never).
-        self.wait_for_db = wait_for_db
+        self.wait_for_db = options.wait_for_db
         #: Where start-up notices go ("waiting for the database"), besides the log.
-        self.notice_stream = notice_stream
-        self.health = HealthFile(health_file) if health_file else None
-        self.metrics_port = metrics_port
+        self.notice_stream = options.notice_stream
+        self.health = HealthFile(options.health_file) if options.health_file else None
+        self.metrics_port = options.metrics_port
         self.heartbeat = fleet.Heartbeat(
             using=self.using,
             worker_id=self.worker_id,

@@ -180,3 +180,45 @@ def test_a_claim_takes_no_more_runs_than_asked_whatever_the_plan(prepares):
         running = WorkflowRun.objects.filter(pk__in=[r.pk for r in runs], status="running")
         assert running.count() == 4
         transaction.set_rollback(True)
+
+
+def test_a_claims_preload_reads_each_runs_own_ledger_entries_not_the_whole_ledger():
+    """The preload runs in the claim's transaction, planned without sorts
+    (``claim.CLAIM_PLAN``). Asked for a run's ledger in ``id`` order, PostgreSQL
+    walked the ledger's primary key instead of sorting, reading every run's entries
+    for each claimed run (84 ms a claim over 3,000 tasks' entries, growing with
+    the table). The preload reads each run's own entries and orders them itself.
+    PostgreSQL 16 and later plan an aggregate's ORDER BY that way (presorted input);
+    PostgreSQL 15 sorts inside the aggregate, so the test can only fail on 16 and
+    later: the README's path (the embedded PostgreSQL 18) runs it in CI."""
+    from django.db import transaction
+
+    from k2b_workflows.kernel.load import preload_statement
+    from tests.support.kernel import run_to_end
+
+    runs = [start_workflow_run("hot.external_then_pure", {"n": n}) for n in range(40)]
+    run_to_end()
+    with connection.cursor() as cursor:
+        # A ledger of many runs' entries: each of the 40 runs' entries, 100 times over
+        # (copies of other runs' entries, as the table would hold them).
+        columns = [f.column for f in LedgerEntry._meta.concrete_fields if f.column != "id"]
+        listed = ", ".join(columns)
+        cursor.execute(
+            f"INSERT INTO k2b_ledger ({listed}) SELECT {listed} FROM k2b_ledger"
+            " CROSS JOIN generate_series(1, 100) WHERE run_id <> ALL(%s)",
+            [[r.pk for r in runs[:4]]],
+        )
+        cursor.execute("ANALYZE k2b_ledger")
+        cursor.execute("ANALYZE k2b_journal")
+        cursor.execute("ANALYZE k2b_run")
+    statement, params = preload_statement([r.pk for r in runs[:4]])
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(claim.CLAIM_PLAN)
+        cursor.execute("EXPLAIN (ANALYZE, COSTS OFF) " + statement, params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "k2b_ledger_pkey" not in plan, plan
+    assert "k2b_ledger_step" in plan, plan
+    # And in its order: the chain's, by id.
+    loaded = preload("default", [runs[0].pk])[runs[0].pk]
+    ids = [entry.id for entry in loaded.ledger]
+    assert len(ids) >= 2 and ids == sorted(ids)

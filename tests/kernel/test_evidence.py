@@ -28,10 +28,10 @@ from k2b_workflows import (
     start_workflow_run,
     wake_workflow_runs_waiting_on,
 )
-from k2b_workflows.actions import canonical_json
 from k2b_workflows.kernel import evidence
 from k2b_workflows.models import JournalEntry, LedgerEntry, WorkflowRun
 from k2b_workflows.store import INTEGRITY_CHAIN_BROKEN
+from k2b_workflows.validation import canonical_json
 from tests.models import DomainRow, ProviderCall
 from tests.support.kernel import describe, fresh, journal, run_to_end
 
@@ -306,7 +306,7 @@ def test_a_stored_value_is_the_value_jsonb_gives_back(number):
     """``jsonb`` keeps a number's digits but prints no exponent and has no negative zero:
     a float of 1e16 or more (``1e+16`` in JSON) reads back as an integer, -0.0 as 0.0,
     and the kernel must hash what reads back."""
-    from k2b_workflows.actions import to_json_value
+    from k2b_workflows.validation import to_json_value
 
     value = {"n": number, "list": [number]}
     with connection.cursor() as cursor:

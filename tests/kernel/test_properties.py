@@ -26,17 +26,17 @@ from k2b_workflows.actions import (
     InvalidResult,
     Succeeded,
     Waiting,
-    canonical_json,
-    to_json_value,
     validate_result,
 )
 from k2b_workflows.kernel.evidence import hash_value
 from k2b_workflows.validation import (
     MAX_MESSAGE_CHARS,
+    canonical_json,
     integer,
     run_id,
     storable_message,
     text,
+    to_json_value,
 )
 
 settings.register_profile(

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.crash
 CHILD = textwrap.dedent(
     """
     import sys, threading, time
-    from k2b_workflows.worker.signals import stop_signals
+    from k2b_workflows.worker.stop_signals import stop_signals
 
     # The main thread holds this lock almost all the time, as the worker's main
     # thread holds an Event's or a logging handler's lock while it waits or logs.

@@ -21,7 +21,8 @@ from k2b_workflows.kernel import weather
 from k2b_workflows.management import arguments
 from k2b_workflows.worker import exits, logformat
 from k2b_workflows.worker.loop import Worker, default_status_stream
-from k2b_workflows.worker.signals import stop_signals
+from k2b_workflows.worker.options import WorkerOptions
+from k2b_workflows.worker.stop_signals import stop_signals
 
 #: Threads of one process. Past a few hundred, a process spends its time
 #: switching threads and holding connections; scale out with more processes.
@@ -41,22 +42,6 @@ SELECT current_setting('max_connections')::int,
          WHERE backend_type = 'client backend' AND usename = current_user)
   FROM pg_roles r WHERE r.rolname = current_user
 """
-
-
-@dataclasses.dataclass(frozen=True)
-class WorkerOptions:
-    """What the command's options say of each worker it runs, alone or under a supervisor."""
-
-    apps: list[str] | None
-    concurrency: int
-    burst: bool
-    listen: bool
-    wait_for_db: float | None
-    health_file: str | None
-    metrics_port: int | None
-    schedules: bool
-    #: ``--queue``: only task runs of these django.tasks queues (None: all runs).
-    queues: list[str] | None = None
 
 
 class Command(BaseCommand):
@@ -178,11 +163,13 @@ class Command(BaseCommand):
                 f"--log-format {log_format} ignored: LOGGING configures the k2b_workflows logger"
             )
         worker_options = WorkerOptions(
-            apps=apps,
+            app_ids=apps,
             concurrency=concurrency,
             burst=burst,
             listen=not no_listen,
+            status_stream=default_status_stream(),
             wait_for_db=wait_for_db,
+            notice_stream=sys.stderr,
             health_file=health_file,
             metrics_port=metrics_port,
             schedules=not no_schedules,
@@ -200,7 +187,7 @@ class Command(BaseCommand):
     def _run(self, options: WorkerOptions) -> None:
         self._check_connections(options.concurrency)
         self._check_metrics_port(options.metrics_port)
-        worker = self._worker(options)
+        worker = Worker(options)
         try:
             self._work(worker, options.burst)
         except (DatabaseNotMigrated, ImproperlyConfigured) as exc:
@@ -217,12 +204,13 @@ class Command(BaseCommand):
         self._check_metrics_port(options.metrics_port)
 
         def run_child(index: int, child_health: str | None) -> int:
-            # Each child its own health file; the group's metrics port is the supervisor's.
-            worker = self._worker(
-                dataclasses.replace(options, health_file=child_health, metrics_port=None)
+            # Each child its own health file; the group's metrics port is the supervisor's;
+            # no status line (N live status lines rewriting one terminal line would garble it).
+            worker = Worker(
+                dataclasses.replace(
+                    options, health_file=child_health, metrics_port=None, status_stream=None
+                )
             )
-            # N live status lines rewriting one terminal line would garble it.
-            worker.status_stream = None
             try:
                 self._work(worker, options.burst)
             except (DatabaseNotMigrated, ImproperlyConfigured) as exc:
@@ -259,21 +247,6 @@ class Command(BaseCommand):
             )
         if not 0 <= metrics_port <= 65535:
             raise CommandError("--metrics-port must be between 0 and 65535")
-
-    def _worker(self, options: WorkerOptions) -> Worker:
-        return Worker(
-            app_ids=options.apps,
-            concurrency=options.concurrency,
-            burst=options.burst,
-            listen=options.listen,
-            status_stream=default_status_stream(),
-            wait_for_db=options.wait_for_db,
-            notice_stream=sys.stderr,
-            health_file=options.health_file,
-            metrics_port=options.metrics_port,
-            schedules=options.schedules,
-            queues=options.queues,
-        )
 
     def _work(self, worker: Worker, burst: bool) -> None:
         """Run ``worker`` until it stops, SIGTERM/SIGINT acted on from a thread of their own.
