@@ -219,17 +219,22 @@ def settled_run(using: str, run_id: uuid.UUID) -> WorkflowRun | None:
 # ``atomic()``: a ``TestCase``'s test, a view's block under ATOMIC_REQUESTS)
 # writes under an id of its own, assigned after the top-level one, so comparing
 # with the top-level id alone missed it and the wait sat out its timeout. xmin is
-# 32 bits: it is widened to the epoch of the top-level id, and only ids between
-# that one and the snapshot's end are asked about (never one in the future).
+# 32 bits: it is widened to the epoch of the top-level id. Only ids from the
+# top-level one to 2^31 after it are asked about: the ids of rows written since
+# our transaction began; an older row's id widens to beyond that, and asking
+# about an id not yet assigned raises. Bounded by the snapshot's ``xmax``
+# instead, the check failed whenever no transaction newer than ours had ended:
+# ``xmax`` is the latest *ended* id plus one, not the next to be assigned, so our
+# own savepoint's id was at or past it on a quiet server. Special ids (below 3:
+# frozen, bootstrap) are never ours.
 _WRITTEN_BY_THIS_TRANSACTION_SQL = """
-    SELECT CASE WHEN x.mine >= x.top AND x.mine < x.next
+    SELECT CASE WHEN x.raw >= 3 AND x.mine >= x.top AND x.mine < x.top + 2147483648
                 THEN pg_catalog.pg_xact_status(x.mine::text::xid8) = 'in progress'
                 ELSE false END
       FROM (SELECT t.top,
                    t.top + ((r.xmin::text::bigint - t.top %% 4294967296 + 4294967296)
                             %% 4294967296) AS mine,
-                   pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint
-                       AS next
+                   r.xmin::text::bigint AS raw
               FROM k2b_run r,
                    (SELECT pg_catalog.pg_current_xact_id_if_assigned()::text::bigint AS top) t
              WHERE r.id = %s AND t.top IS NOT NULL) x
