@@ -183,6 +183,23 @@ class ServerCpu:
                 total += (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
         return total
 
+    def settled(self, url: str, db: str, timeout: float = 30.0) -> float | None:
+        """A reading taken once no backend of ``db`` is connected and two readings
+        50 ms apart agree (#52). A reading taken the moment a client exits can miss
+        its backend: still running its exit path (CPU to come), or reaped between
+        the postmaster's line and the scan of its children (in neither)."""
+        if self.postmaster is None:
+            return None
+        settled_commits(url, db, timeout)
+        deadline = time.monotonic() + timeout
+        previous = self.read()
+        while True:
+            time.sleep(0.05)
+            current = self.read()
+            if current == previous or time.monotonic() > deadline:
+                return current
+            previous = current
+
 
 @contextlib.contextmanager
 def _traced(connection: Any) -> Any:
@@ -1267,7 +1284,7 @@ def pgbench(
         )
     finally:
         os.unlink(script.name)
-    after = server_cpu.read() if server_cpu else None
+    after = server_cpu.settled(url, database) if server_cpu else None
     cpu = None
     if server is not None and after is not None:
         cpu = after - server + children_cpu_s() - client
