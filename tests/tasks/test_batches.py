@@ -27,6 +27,7 @@ from k2b_workflows.tasks import (
     batch_status,
     enqueue_batch,
 )
+from k2b_workflows.tasks.compat import tasks_api
 from k2b_workflows.testing import crash_after_effect, run_until_idle
 from tests.models import ProviderCall
 from tests.tasks_app import batched as b
@@ -367,7 +368,8 @@ def test_a_task_on_another_backend_is_refused_as_member_or_callback(
 ):
     settings.TASKS = {
         **settings.TASKS,
-        "elsewhere": {"BACKEND": "django_tasks.backends.dummy.DummyBackend"},
+        # Django's own dummy backend (6.0 and later), else the backport's.
+        "elsewhere": {"BACKEND": f"{tasks_api.__name__}.backends.dummy.DummyBackend"},
     }
     foreign = b.takes_no_batch_id.using(backend="elsewhere")
     given = {"task": b.member, "on_finish": b.on_finish, argument: foreign}
