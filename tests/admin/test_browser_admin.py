@@ -16,7 +16,7 @@ from django.urls import reverse
 from k2b_workflows import start_workflow_run
 from k2b_workflows.models import LedgerEntry, WorkflowRun
 from k2b_workflows.testing import run_until_idle
-from tests.support.browser import click_and_wait, csp_violations, screenshot, set_theme
+from tests.support.browser import click_and_wait, csp_violations, screenshot, set_theme, signed_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -24,28 +24,14 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 @pytest.fixture
 def signed_in_operator(browser, live_server) -> User:
     """An on-call engineer with the permissions of an operator, logged in."""
-    from selenium.webdriver.common.by import By
-
-    user = User.objects.create_user("olga", password="night-shift-2024", is_staff=True)
-    user.user_permissions.add(
-        *Permission.objects.filter(
-            content_type__app_label="k2b_workflows",
-            codename__in=[
-                "view_workflowrun",
-                "resolve_effect",
-                "cancel_workflowrun",
-                "dry_run_workflow",
-            ],
-        )
+    return signed_in(
+        browser,
+        live_server,
+        "olga",
+        "night-shift-2024",
+        ["view_workflowrun", "resolve_effect", "cancel_workflowrun", "dry_run_workflow"],
+        theme="light",
     )
-    browser.delete_all_cookies()
-    set_theme(browser, "light")
-    browser.get(live_server.url + reverse("admin:login"))
-    browser.find_element(By.NAME, "username").send_keys("olga")
-    browser.find_element(By.NAME, "password").send_keys("night-shift-2024")
-    click_and_wait(browser, browser.find_element(By.CSS_SELECTOR, "input[type=submit]"))
-    assert browser.find_element(By.ID, "user-tools").text.upper().startswith("WELCOME")
-    return user
 
 
 def make_incident() -> WorkflowRun:

@@ -14,13 +14,13 @@ import re
 
 import pytest
 from django.contrib import admin
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.urls import reverse
 
 from k2b_workflows.admin import views as admin_views
 from k2b_workflows.models import QueuePause, WorkflowRun
 from k2b_workflows.testing import run_until_idle
-from tests.support.browser import click_and_wait
+from tests.support.browser import click_and_wait, signed_in
 from tests.tasks_app import tasks as t
 
 try:
@@ -37,27 +37,13 @@ UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}
 @pytest.fixture
 def operator(browser, live_server) -> User:
     """An operator who may cancel, retry and pause, logged in."""
-    from selenium.webdriver.common.by import By
-
-    user = User.objects.create_user("ravi", password="night-shift-2024", is_staff=True)
-    user.user_permissions.add(
-        *Permission.objects.filter(
-            content_type__app_label="k2b_workflows",
-            codename__in=[
-                "view_workflowrun",
-                "cancel_workflowrun",
-                "retry_workflowrun",
-                "pause_queue",
-            ],
-        )
+    return signed_in(
+        browser,
+        live_server,
+        "ravi",
+        "night-shift-2024",
+        ["view_workflowrun", "cancel_workflowrun", "retry_workflowrun", "pause_queue"],
     )
-    browser.delete_all_cookies()
-    browser.get(live_server.url + reverse("admin:login"))
-    browser.find_element(By.NAME, "username").send_keys("ravi")
-    browser.find_element(By.NAME, "password").send_keys("night-shift-2024")
-    click_and_wait(browser, browser.find_element(By.CSS_SELECTOR, "input[type=submit]"))
-    assert browser.find_element(By.ID, "user-tools").text.upper().startswith("WELCOME")
-    return user
 
 
 @pytest.fixture

@@ -8,17 +8,16 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.urls import reverse
 
 from k2b_workflows import Schedule, schedule_workflow
 from k2b_workflows.models import WorkflowScheduleSkip
 from k2b_workflows.scheduling import run_schedule_now
 from tests.support.browser import (
-    click_and_wait,
     csp_violations,
     screenshot,
-    set_theme,
+    signed_in,
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -29,28 +28,20 @@ PREVIEW_WAIT = 30
 
 @pytest.fixture
 def scheduler(browser, live_server) -> User:
-    from selenium.webdriver.common.by import By
-
-    user = User.objects.create_user("sam", password="cron-and-coffee", is_staff=True)
-    user.user_permissions.add(
-        *Permission.objects.filter(
-            content_type__app_label="k2b_workflows",
-            codename__in=[
-                "view_workflowschedule",
-                "change_workflowschedule",
-                "pause_workflowschedule",
-                "run_workflowschedule",
-                "view_workflowrun",
-            ],
-        )
+    return signed_in(
+        browser,
+        live_server,
+        "sam",
+        "cron-and-coffee",
+        [
+            "view_workflowschedule",
+            "change_workflowschedule",
+            "pause_workflowschedule",
+            "run_workflowschedule",
+            "view_workflowrun",
+        ],
+        theme="light",
     )
-    browser.delete_all_cookies()
-    set_theme(browser, "light")
-    browser.get(live_server.url + reverse("admin:login"))
-    browser.find_element(By.NAME, "username").send_keys("sam")
-    browser.find_element(By.NAME, "password").send_keys("cron-and-coffee")
-    click_and_wait(browser, browser.find_element(By.CSS_SELECTOR, "input[type=submit]"))
-    return user
 
 
 def test_the_preview_follows_the_cron_as_it_is_typed(browser, live_server, scheduler):

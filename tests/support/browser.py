@@ -104,3 +104,27 @@ def csp_violations(browser) -> list[str]:
         for entry in browser.get_log("browser")
         if "Content Security Policy" in entry["message"] or "Refused to" in entry["message"]
     ]
+
+
+def signed_in(
+    browser, live_server, username: str, password: str, codenames: list[str], *, theme=None
+):
+    """A staff user with the app's permissions ``codenames``, logged in to the admin in
+    ``browser`` (after the colour scheme ``theme``, if given, is set)."""
+    from django.contrib.auth.models import Permission, User
+    from django.urls import reverse
+    from selenium.webdriver.common.by import By
+
+    user = User.objects.create_user(username, password=password, is_staff=True)
+    user.user_permissions.add(
+        *Permission.objects.filter(content_type__app_label="k2b_workflows", codename__in=codenames)
+    )
+    browser.delete_all_cookies()
+    if theme is not None:
+        set_theme(browser, theme)
+    browser.get(live_server.url + reverse("admin:login"))
+    browser.find_element(By.NAME, "username").send_keys(username)
+    browser.find_element(By.NAME, "password").send_keys(password)
+    click_and_wait(browser, browser.find_element(By.CSS_SELECTOR, "input[type=submit]"))
+    assert browser.find_element(By.ID, "user-tools").text.upper().startswith("WELCOME")
+    return user
