@@ -236,7 +236,7 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
         fairness = self.options_of(task).fairness
         if fairness is not None:
             bound, spread = self.bound_arguments(task, input)
-            value = bound[fairness.key] if fairness.key in bound else spread.get(fairness.key)
+            value = _argument(bound, spread, fairness.key)
             where = f"the call of task {input['task']}: its {fairness.key!r}"
             try:
                 key = fairness_key_text(to_json_value(value, where), where)
@@ -322,7 +322,7 @@ class WorkflowsBackend(backends_api.BaseTaskBackend):
         if unique.keys is None:
             values = bound
         else:
-            values = {k: bound[k] if k in bound else spread.get(k) for k in unique.keys}
+            values = {k: _argument(bound, spread, k) for k in unique.keys}
         where = f"the unique key of task {options.path}"
         try:
             values = to_json_value(values, where)
@@ -803,3 +803,9 @@ def _started(using: str, run: WorkflowRun) -> dt.datetime | None:
     if run.status in ("running", "needs_attention"):
         return run.updated_at
     return None
+
+
+def _argument(bound: dict[str, Any], spread: dict[str, Any], name: str) -> Any:
+    """The value of the parameter ``name`` in a bound call (``bound_arguments``): a named
+    parameter's, else what its ``**kwargs`` took under that name (None: not given)."""
+    return bound[name] if name in bound else spread.get(name)
